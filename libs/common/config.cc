@@ -1,0 +1,114 @@
+#include "libs/common/config.h"
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+ABSL_FLAG(std::string, config, "",
+          "Path of a config file of `flag = value` lines; command-line flags override it.");
+
+namespace rlfleet::common {
+
+absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text,
+                                                         absl::string_view origin) {
+  std::vector<ConfigEntry> entries;
+  absl::flat_hash_set<std::string> seen;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    if (size_t hash = line.find('#'); hash != absl::string_view::npos) {
+      line = line.substr(0, hash);
+    }
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    const size_t eq = line.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ":", line_no, ": expected `name = value`, got `", line, "`"));
+    }
+    ConfigEntry entry;
+    absl::string_view key = absl::StripAsciiWhitespace(line.substr(0, eq));
+    absl::ConsumePrefix(&key, "--");
+    entry.key = std::string(key);
+    entry.value = std::string(absl::StripAsciiWhitespace(line.substr(eq + 1)));
+    entry.line = line_no;
+    if (entry.key.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(origin, ":", line_no, ": empty name"));
+    }
+    if (!seen.insert(entry.key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ":", line_no, ": `", entry.key, "` is set twice"));
+    }
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
+
+absl::StatusOr<std::vector<ConfigEntry>> ReadConfigFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  std::string text;
+  text.resize(kMaxConfigFileBytes + 1);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("config file ", path, " is larger than ",
+                                                   kMaxConfigFileBytes, " bytes"));
+  }
+  return ParseConfigText(text, path);
+}
+
+absl::Status ApplyConfigToFlags(const std::vector<ConfigEntry>& entries,
+                                absl::string_view origin) {
+  for (const ConfigEntry& entry : entries) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(entry.key);
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ":", entry.line, ": unknown flag `", entry.key, "`"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(entry.value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat(origin, ":", entry.line, ": bad value `",
+                                                     entry.value, "` for `", entry.key,
+                                                     "`: ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ParseFlagsWithConfig(int argc, char** argv, absl::string_view usage) {
+  absl::SetProgramUsageMessage(usage);
+  std::string config_path;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (absl::ConsumePrefix(&arg, "--config=") || absl::ConsumePrefix(&arg, "-config=")) {
+      config_path = std::string(arg);
+    } else if ((arg == "--config" || arg == "-config") && i + 1 < argc) {
+      config_path = argv[i + 1];
+    }
+  }
+  if (!config_path.empty()) {
+    absl::StatusOr<std::vector<ConfigEntry>> entries = ReadConfigFile(config_path);
+    absl::Status status =
+        entries.ok() ? ApplyConfigToFlags(*entries, config_path) : entries.status();
+    if (!status.ok()) {
+      std::cerr << argv[0] << ": " << status.message() << "\n";
+      std::exit(2);
+    }
+  }
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  return std::vector<std::string>(rest.begin(), rest.end());
+}
+
+}  // namespace rlfleet::common

@@ -1,0 +1,58 @@
+// Configuration: command-line flags (absl) plus an optional config file.
+//
+// A config file holds `name = value` lines, one flag per line, where `name` is a flag's
+// name without dashes; `#` starts a comment; blank lines are ignored. Values from the
+// file become the flags' values, and flags given on the command line override them:
+//
+//   # controller.conf
+//   port = 7000
+//   auth_token_file = /etc/rlfleet/token
+//
+//   rlfleet-controller --config=controller.conf --port=7001   # port 7001 wins
+#ifndef RLFLEET_LIBS_COMMON_CONFIG_H_
+#define RLFLEET_LIBS_COMMON_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+ABSL_DECLARE_FLAG(std::string, config);
+
+namespace rlfleet::common {
+
+// Config files larger than this are refused (they are hand-written, not data).
+inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
+
+struct ConfigEntry {
+  std::string key;
+  std::string value;
+  int line = 0;  // 1-based line number in the file, for error messages.
+};
+
+// Parses config text. `origin` names the source in errors ("file.conf:3: ...").
+// INVALID_ARGUMENT for a line without '=', an empty key or a key given twice.
+absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text,
+                                                         absl::string_view origin);
+
+// Reads and parses a config file. NOT_FOUND if it cannot be opened, INVALID_ARGUMENT if
+// it is larger than kMaxConfigFileBytes or malformed.
+absl::StatusOr<std::vector<ConfigEntry>> ReadConfigFile(const std::string& path);
+
+// Sets each entry's absl flag. INVALID_ARGUMENT naming origin:line for an unknown flag
+// or a value the flag cannot parse. Entries before a failing one stay applied.
+absl::Status ApplyConfigToFlags(const std::vector<ConfigEntry>& entries,
+                                absl::string_view origin);
+
+// Parses the command line the way every rlfleet binary does: finds --config=PATH (or
+// `--config PATH`), applies that file, then parses argv so command-line flags win.
+// Prints the error and exits with status 2 on a bad flag or config file. Returns the
+// positional arguments, argv[0] first.
+std::vector<std::string> ParseFlagsWithConfig(int argc, char** argv, absl::string_view usage);
+
+}  // namespace rlfleet::common
+
+#endif  // RLFLEET_LIBS_COMMON_CONFIG_H_

@@ -1,0 +1,27 @@
+// Identifiers: random, collision-resistant ids for replicas, runs, leases and
+// experiences, and validation of ids that arrive from outside.
+#ifndef RLFLEET_LIBS_COMMON_IDS_H_
+#define RLFLEET_LIBS_COMMON_IDS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace rlfleet::common {
+
+// Longest id accepted from a peer, in bytes.
+inline constexpr size_t kMaxIdBytes = 128;
+
+// Returns "<prefix>-<16 lowercase hex digits>" with 64 random bits from a
+// cryptographically seeded generator, e.g. NewId("rollout") -> "rollout-9f0c2a...".
+// Thread-safe.
+std::string NewId(absl::string_view prefix);
+
+// OK if `id` is 1..kMaxIdBytes bytes of [A-Za-z0-9._:-]; else INVALID_ARGUMENT naming
+// `field` and the reason.
+absl::Status ValidateId(absl::string_view field, absl::string_view id);
+
+}  // namespace rlfleet::common
+
+#endif  // RLFLEET_LIBS_COMMON_IDS_H_

@@ -1,0 +1,140 @@
+#include "libs/rpc/auth.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "libs/common/status_macros.h"
+
+ABSL_FLAG(std::string, auth_token, "",
+          "Bearer token: servers require it on every call, clients send it. Empty: off.");
+ABSL_FLAG(std::string, auth_token_file, "", "File holding the bearer token (preferred over "
+                                            "--auth_token, which shows in `ps`).");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of this side; enables TLS on servers.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle that signs the peer's certificate; enables TLS on clients.");
+ABSL_FLAG(bool, tls_require_client_cert, false,
+          "Servers: require and verify a client certificate (mutual TLS).");
+
+namespace rlfleet::rpc {
+namespace {
+
+constexpr size_t kMaxPemBytes = 1 << 20;
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::string data(kMaxPemBytes + 1, '\0');
+  in.read(data.data(), static_cast<std::streamsize>(data.size()));
+  data.resize(static_cast<size_t>(in.gcount()));
+  if (data.size() > kMaxPemBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is larger than ", kMaxPemBytes, " bytes"));
+  }
+  return data;
+}
+
+absl::StatusOr<AuthOptions> AuthOptionsFromFlags() {
+  AuthOptions options;
+  options.token = absl::GetFlag(FLAGS_auth_token);
+  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (!token_file.empty()) {
+    if (!options.token.empty()) {
+      return absl::InvalidArgumentError("set --auth_token or --auth_token_file, not both");
+    }
+    ASSIGN_OR_RETURN(std::string token, ReadSmallFile(token_file));
+    options.token = std::string(absl::StripAsciiWhitespace(token));
+    if (options.token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--auth_token_file ", token_file,
+                                                     " is empty"));
+    }
+  }
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.require_client_cert = absl::GetFlag(FLAGS_tls_require_client_cert);
+  return options;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const AuthOptions& options) {
+  if (!options.tls_enabled_for_server()) {
+    if (!options.tls_key_file.empty() || options.require_client_cert) {
+      return absl::InvalidArgumentError(
+          "--tls_key / --tls_require_client_cert need --tls_cert on a server");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert needs --tls_key on a server");
+  }
+  if (options.require_client_cert && options.tls_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_require_client_cert needs --tls_ca to verify client certificates");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadSmallFile(options.tls_cert_file));
+  ASSIGN_OR_RETURN(pair.private_key, ReadSmallFile(options.tls_key_file));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (options.require_client_cert) {
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  if (!options.tls_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile(options.tls_ca_file));
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const AuthOptions& options) {
+  if (!options.tls_enabled_for_client()) {
+    if (!options.tls_cert_file.empty()) {
+      return absl::InvalidArgumentError("a client certificate (--tls_cert) needs --tls_ca");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions ssl;
+  ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile(options.tls_ca_file));
+  if (!options.tls_cert_file.empty()) {
+    if (options.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("--tls_cert needs --tls_key");
+    }
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadSmallFile(options.tls_cert_file));
+    ASSIGN_OR_RETURN(ssl.pem_private_key, ReadSmallFile(options.tls_key_file));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+absl::Status CheckBearerToken(const grpc::ServerContextBase& context,
+                              const std::string& expected_token) {
+  if (expected_token.empty()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kAuthorizationKey);
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError("missing `authorization: Bearer <token>` metadata");
+  }
+  absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&value, "Bearer ")) {
+    return absl::UnauthenticatedError("authorization metadata is not a Bearer token");
+  }
+  if (!ConstantTimeEquals(value, expected_token)) {
+    return absl::UnauthenticatedError("wrong bearer token");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rlfleet::rpc

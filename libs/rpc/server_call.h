@@ -1,0 +1,55 @@
+// Helpers for gRPC callback-API handlers in <svc>_service adapters: every unary call
+// goes through HandleUnary, which checks the bearer token, runs the handler body (which
+// returns absl::Status and never sees gRPC status types), converts exceptions from
+// libraries that throw (libtorch) into INTERNAL, and finishes the call.
+//
+//   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+//                                      const RegisterRequest* req,
+//                                      RegisterResponse* resp) override {
+//     return rpc::HandleUnary(ctx, auth_, [&] { return core_->Register(*req, resp); });
+//   }
+#ifndef RLFLEET_LIBS_RPC_SERVER_CALL_H_
+#define RLFLEET_LIBS_RPC_SERVER_CALL_H_
+
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/server_callback.h>
+
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "libs/rpc/auth.h"
+#include "libs/rpc/status_conversion.h"
+
+namespace rlfleet::rpc {
+
+// What every handler needs to authorise a call. Copyable; immutable after start.
+struct CallAuth {
+  std::string token;  // empty: auth off
+};
+
+// Runs `body` (callable returning absl::Status) if the call is authorised and finishes
+// the call with the result. Never throws.
+template <typename Body>
+grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
+                                      const CallAuth& auth, Body&& body) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = CheckBearerToken(*context, auth.token);
+  if (status.ok()) {
+    try {
+      status = std::forward<Body>(body)();
+    } catch (const std::exception& e) {
+      status = absl::InternalError(absl::StrCat("handler threw: ", e.what()));
+    } catch (...) {
+      status = absl::InternalError("handler threw a non-standard exception");
+    }
+  }
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace rlfleet::rpc
+
+#endif  // RLFLEET_LIBS_RPC_SERVER_CALL_H_

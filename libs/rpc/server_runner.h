@@ -1,0 +1,103 @@
+// ServerRunner: builds, runs and gracefully stops one gRPC server for an rlfleet
+// service binary.
+//
+// It serves the standard health service (grpc.health.v1; SERVING once started,
+// NOT_SERVING from the start of shutdown), binds the requested address (port 0 picks a
+// free port, reported by port()), applies the TLS options, and on Shutdown() or SIGTERM /
+// SIGINT stops accepting calls and drains the ones in flight for up to drain_timeout
+// before cancelling them.
+//
+// Thread safety: AddService and Start must be called from one thread before anything
+// else; after Start, every method is thread-safe.
+#ifndef RLFLEET_LIBS_RPC_SERVER_RUNNER_H_
+#define RLFLEET_LIBS_RPC_SERVER_RUNNER_H_
+
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/flags/declare.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "libs/rpc/auth.h"
+
+ABSL_DECLARE_FLAG(std::string, host);
+ABSL_DECLARE_FLAG(int, port);
+ABSL_DECLARE_FLAG(std::string, port_file);
+ABSL_DECLARE_FLAG(absl::Duration, drain_timeout);
+ABSL_DECLARE_FLAG(int, max_message_bytes);
+
+namespace rlfleet::rpc {
+
+// Default cap on one gRPC message, both directions. Bulk bytes go over libs/transport.
+inline constexpr int kDefaultMaxMessageBytes = 16 << 20;
+
+struct ServerOptions {
+  // Address to bind; 127.0.0.1 (loopback) by default, 0.0.0.0 or :: to serve others.
+  std::string host = "127.0.0.1";
+  // 0 picks a free port; port() reports it after Start().
+  int port = 0;
+  // If set, Start() writes the bound port (decimal, newline) to this file atomically.
+  std::string port_file;
+  AuthOptions auth;
+  // How long Shutdown() lets in-flight calls finish before cancelling them.
+  absl::Duration drain_timeout = absl::Seconds(10);
+  int max_message_bytes = kDefaultMaxMessageBytes;
+};
+
+// Reads --host, --port, --port_file, --drain_timeout, --max_message_bytes and the auth
+// flags (auth.h).
+absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
+
+class ServerRunner {
+ public:
+  explicit ServerRunner(ServerOptions options);
+  ~ServerRunner();  // Shuts down (with drain) if still running.
+
+  ServerRunner(const ServerRunner&) = delete;
+  ServerRunner& operator=(const ServerRunner&) = delete;
+
+  // Registers a service; `service` is not owned and must outlive the runner.
+  void AddService(grpc::Service* service);
+
+  // Builds and starts the server. INVALID_ARGUMENT for bad TLS options, NOT_FOUND for a
+  // missing PEM file, UNAVAILABLE if the address cannot be bound (e.g. port in use).
+  absl::Status Start();
+
+  int port() const { return port_; }
+  // host:port as a client would dial it ("[::1]:port" for IPv6 literals).
+  std::string address() const;
+  const ServerOptions& options() const { return options_; }
+
+  // Sets what the health service reports for the whole server.
+  void SetServing(bool serving);
+
+  // Graceful stop: health NOT_SERVING, no new calls, in-flight calls drain for up to
+  // drain_timeout, then are cancelled. Idempotent; returns when the server has stopped.
+  void Shutdown();
+
+  // Blocks until SIGTERM or SIGINT arrives or Shutdown() is called from another thread,
+  // then shuts down gracefully. Returns the signal number, or 0 for Shutdown().
+  int WaitForTermination();
+
+ private:
+  const ServerOptions options_;
+  std::vector<grpc::Service*> services_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  int wake_fds_[2] = {-1, -1};  // written by Shutdown() to wake WaitForTermination().
+
+  absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace rlfleet::rpc
+
+#endif  // RLFLEET_LIBS_RPC_SERVER_RUNNER_H_
