@@ -1,0 +1,115 @@
+#include "services/controller/controller_core.h"
+
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "libs/common/ids.h"
+#include "libs/common/status_macros.h"
+
+namespace rlfleet::controller {
+namespace {
+
+constexpr char kPageTokenPrefix[] = "after:";
+
+bool LabelsMatch(const v1::ReplicaInfo& replica,
+                 const google::protobuf::Map<std::string, std::string>& selector) {
+  for (const auto& [key, value] : selector) {
+    auto it = replica.labels().find(key);
+    if (it == replica.labels().end() || it->second != value) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+ControllerCore::ControllerCore(registry::Registry* registry, common::Clock* clock)
+    : registry_(registry), clock_(clock) {}
+
+absl::Status ControllerCore::Register(const v1::RegisterRequest& request,
+                                      v1::RegisterResponse* response) {
+  if (!request.has_replica()) return absl::InvalidArgumentError("replica is missing");
+  if (request.ttl_ms() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ttl_ms ", request.ttl_ms(), " is negative"));
+  }
+  ASSIGN_OR_RETURN(registry::Lease lease,
+                   registry_->Register(request.replica(), absl::Milliseconds(request.ttl_ms())));
+  response->set_lease_id(lease.lease_id);
+  response->set_ttl_ms(absl::ToInt64Milliseconds(lease.ttl));
+  response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(lease.ttl) / 3);
+  *response->mutable_replica() = std::move(lease.replica);
+  return absl::OkStatus();
+}
+
+absl::Status ControllerCore::Heartbeat(const v1::HeartbeatRequest& request,
+                                       v1::HeartbeatResponse* response) {
+  ASSIGN_OR_RETURN(registry::HeartbeatResult result,
+                   registry_->Heartbeat(request.replica_id(), request.lease_id(), request.load(),
+                                        request.policy_version()));
+  response->set_ttl_ms(absl::ToInt64Milliseconds(result.ttl));
+  response->set_admitted(result.admitted);
+  return absl::OkStatus();
+}
+
+absl::Status ControllerCore::Deregister(const v1::DeregisterRequest& request,
+                                        v1::DeregisterResponse* response) {
+  ASSIGN_OR_RETURN(bool was_registered,
+                   registry_->Deregister(request.replica_id(), request.lease_id()));
+  response->set_was_registered(was_registered);
+  return absl::OkStatus();
+}
+
+absl::Status ControllerCore::ListReplicas(const v1::ListReplicasRequest& request,
+                                          v1::ListReplicasResponse* response) {
+  if (!v1::ReplicaRole_IsValid(request.role())) {
+    return absl::InvalidArgumentError(absl::StrCat("role ", request.role(), " is unknown"));
+  }
+  uint32_t page_size = request.page().page_size();
+  if (page_size == 0) page_size = kDefaultPageSize;
+  if (page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page.page_size ", page_size, " exceeds ", kMaxPageSize));
+  }
+  absl::string_view after;
+  if (!request.page().page_token().empty()) {
+    after = request.page().page_token();
+    if (!absl::ConsumePrefix(&after, kPageTokenPrefix)) {
+      return absl::InvalidArgumentError("page.page_token is not one this server issued");
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::ReplicaInfo> replicas,
+                   registry_->List(request.role(), request.only_admitted()));
+  for (v1::ReplicaInfo& replica : replicas) {  // ordered by id
+    if (!after.empty() && replica.replica_id() <= after) continue;
+    if (!LabelsMatch(replica, request.label_selector())) continue;
+    if (static_cast<uint32_t>(response->replicas_size()) == page_size) {
+      response->set_next_page_token(
+          absl::StrCat(kPageTokenPrefix, response->replicas(page_size - 1).replica_id()));
+      break;
+    }
+    *response->add_replicas() = std::move(replica);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ControllerCore::GetStatus(const v1::GetStatusRequest& /*request*/,
+                                       v1::GetStatusResponse* response) {
+  response->set_state(v1::RUN_STATE_IDLE);
+  ASSIGN_OR_RETURN(std::vector<v1::ReplicaInfo> replicas,
+                   registry_->List(v1::REPLICA_ROLE_UNSPECIFIED, false));
+  std::map<int, v1::RoleSummary> by_role;
+  for (const v1::ReplicaInfo& replica : replicas) {
+    v1::RoleSummary& summary = by_role[replica.role()];
+    summary.set_role(replica.role());
+    summary.set_registered(summary.registered() + 1);
+    if (replica.admitted()) summary.set_admitted(summary.admitted() + 1);
+    if (replica.policy_version().version() > response->policy_version().version()) {
+      *response->mutable_policy_version() = replica.policy_version();
+    }
+  }
+  for (auto& [role, summary] : by_role) *response->add_replicas() = std::move(summary);
+  return absl::OkStatus();
+}
+
+}  // namespace rlfleet::controller

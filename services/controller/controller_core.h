@@ -1,0 +1,43 @@
+// ControllerCore: the controller's logic without gRPC. Today it serves the registry
+// (replicas register, heartbeat, are listed) and the fleet status; the RL loop (StartRun,
+// StopRun, Scale) lands with the controller issue and answers UNIMPLEMENTED until then.
+// Thread-safe (the registry is, and the core keeps no other mutable state).
+#ifndef RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_
+#define RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_
+
+#include "absl/status/status.h"
+#include "libs/common/clock.h"
+#include "libs/registry/registry.h"
+#include "rlfleet/v1/controller.pb.h"
+
+namespace rlfleet::controller {
+
+// Largest ListReplicas page.
+inline constexpr uint32_t kMaxPageSize = 1000;
+inline constexpr uint32_t kDefaultPageSize = 100;
+
+class ControllerCore {
+ public:
+  // `registry` and `clock` are not owned and must outlive the core.
+  ControllerCore(registry::Registry* registry, common::Clock* clock);
+
+  // Registry RPCs; errors as documented in controller.proto (INVALID_ARGUMENT naming
+  // the field, NOT_FOUND for an expired lease).
+  absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response);
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
+  absl::Status Deregister(const v1::DeregisterRequest& request,
+                          v1::DeregisterResponse* response);
+  absl::Status ListReplicas(const v1::ListReplicasRequest& request,
+                            v1::ListReplicasResponse* response);
+
+  // Fleet status: run state (IDLE until a run exists) and replicas per role.
+  absl::Status GetStatus(const v1::GetStatusRequest& request, v1::GetStatusResponse* response);
+
+ private:
+  registry::Registry* const registry_;
+  common::Clock* const clock_;
+};
+
+}  // namespace rlfleet::controller
+
+#endif  // RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_

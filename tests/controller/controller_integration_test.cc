@@ -1,0 +1,179 @@
+// Proof of the chain: the real rlfleet-controller binary, started on a random loopback
+// port, called by the real client (and the rlfleet CLI), with auth off and on, then
+// stopped by SIGTERM.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "services/controller/controller_client.h"
+#include "tests/util/subprocess.h"
+
+namespace rlfleet {
+namespace {
+
+using controller::ControllerClient;
+using testing::RunfilePath;
+using testing::Subprocess;
+
+constexpr char kListening[] = "rlfleet-controller listening on ";
+
+// Starts the controller with `extra` flags and returns its address.
+std::string StartController(Subprocess& process, const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {RunfilePath("services/controller/rlfleet-controller"),
+                                   "--host=127.0.0.1", "--port=0"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  EXPECT_TRUE(process.Start(argv).ok());
+  auto line = process.WaitForLine(
+      [](const std::string& l) { return absl::StartsWith(l, kListening); }, absl::Seconds(30));
+  EXPECT_TRUE(line.ok()) << line.status();
+  if (!line.ok()) return "";
+  std::string rest = line->substr(strlen(kListening));
+  return rest.substr(0, rest.find(' '));
+}
+
+std::unique_ptr<ControllerClient> Connect(const std::string& address, std::string token = "") {
+  rpc::ClientOptions options;
+  options.target = address;
+  options.auth.token = std::move(token);
+  options.default_timeout = absl::Seconds(5);
+  auto client = ControllerClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return std::move(*client);
+}
+
+v1::RegisterRequest RolloutRegistration(const std::string& id) {
+  v1::RegisterRequest request;
+  request.mutable_replica()->set_replica_id(id);
+  request.mutable_replica()->set_role(v1::REPLICA_ROLE_ROLLOUT);
+  request.mutable_replica()->set_grpc_address("127.0.0.1:9999");
+  request.set_ttl_ms(30000);
+  return request;
+}
+
+void ExpectCleanExitOnSigterm(Subprocess& process) {
+  ASSERT_TRUE(process.Signal(SIGTERM).ok());
+  auto status = process.Wait(absl::Seconds(20));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status)) << process.output();
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << process.output();
+  EXPECT_TRUE(absl::StrContains(process.output(), "rlfleet-controller stopped on signal"));
+}
+
+TEST(ControllerBinary, ServesRegistryStatusAndHealthThenStopsOnSigterm) {
+  Subprocess process;
+  const std::string address = StartController(process, {});
+  ASSERT_FALSE(address.empty());
+  auto client = Connect(address);
+
+  auto health = client->CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(health->status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  auto lease = client->Register(RolloutRegistration("rollout-0"));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->ttl_ms(), 30000);
+  EXPECT_EQ(lease->heartbeat_interval_ms(), 10000);
+  EXPECT_FALSE(lease->replica().admitted());
+
+  v1::HeartbeatRequest beat;
+  beat.set_replica_id("rollout-0");
+  beat.set_lease_id(lease->lease_id());
+  beat.mutable_policy_version()->set_version(1);
+  auto beat_response = client->Heartbeat(beat);
+  ASSERT_TRUE(beat_response.ok()) << beat_response.status();
+  EXPECT_TRUE(beat_response->admitted());
+
+  v1::ListReplicasRequest list;
+  list.set_role(v1::REPLICA_ROLE_ROLLOUT);
+  list.set_only_admitted(true);
+  auto replicas = client->ListReplicas(list);
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  ASSERT_EQ(replicas->replicas_size(), 1);
+  EXPECT_EQ(replicas->replicas(0).replica_id(), "rollout-0");
+  EXPECT_EQ(replicas->replicas(0).policy_version().version(), 1u);
+
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->state(), v1::RUN_STATE_IDLE);
+  ASSERT_EQ(status->replicas_size(), 1);
+  EXPECT_EQ(status->replicas(0).admitted(), 1u);
+
+  // Bad input is a clear INVALID_ARGUMENT naming the field, and the server lives on.
+  v1::RegisterRequest bad = RolloutRegistration("has space");
+  auto rejected = client->Register(bad);
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(rejected.status().message(), "replica.replica_id"))
+      << rejected.status();
+  v1::HeartbeatRequest stale = beat;
+  stale.set_lease_id("lease-unknown");
+  EXPECT_EQ(client->Heartbeat(stale).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->StartRun({}).status().code(), absl::StatusCode::kUnimplemented);
+
+  // The CLI against the same binary.
+  Subprocess cli;
+  ASSERT_TRUE(cli.Start({RunfilePath("services/controller/rlfleet"), "status",
+                         "--controller=" + address})
+                  .ok());
+  auto cli_status = cli.Wait(absl::Seconds(20));
+  ASSERT_TRUE(cli_status.ok());
+  EXPECT_EQ(WEXITSTATUS(*cli_status), 0) << cli.output();
+  EXPECT_TRUE(absl::StrContains(cli.output(), "SERVING")) << cli.output();
+  EXPECT_TRUE(absl::StrContains(cli.output(), "rollout    registered 1  admitted 1"))
+      << cli.output();
+
+  ExpectCleanExitOnSigterm(process);
+}
+
+TEST(ControllerBinary, AuthOnFromAConfigFileRejectsCallsWithoutTheToken) {
+  const std::string dir = getenv("TEST_TMPDIR");
+  const std::string token_file = dir + "/token";
+  const std::string config = dir + "/controller.conf";
+  std::ofstream(token_file) << "t0ken-123\n";
+  std::ofstream(config) << "# controller config\nauth_token_file = " << token_file
+                        << "\ndrain_timeout = 5s\n";
+  Subprocess process;
+  const std::string address = StartController(process, {"--config=" + config});
+  ASSERT_FALSE(address.empty());
+  EXPECT_TRUE(absl::StrContains(process.output(), "bearer token required"));
+
+  auto anonymous = Connect(address)->Register(RolloutRegistration("rollout-1"));
+  EXPECT_EQ(anonymous.status().code(), absl::StatusCode::kUnauthenticated) << anonymous.status();
+  auto wrong = Connect(address, "nope")->GetStatus();
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated);
+
+  auto authed = Connect(address, "t0ken-123");
+  auto lease = authed->Register(RolloutRegistration("rollout-1"));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto status = authed->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->replicas(0).registered(), 1u);
+
+  // Health probes work without a token.
+  auto health = Connect(address)->CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(health->status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  ExpectCleanExitOnSigterm(process);
+}
+
+TEST(ControllerBinary, BadFlagsExitWithAClearMessage) {
+  Subprocess process;
+  ASSERT_TRUE(process.Start({RunfilePath("services/controller/rlfleet-controller"),
+                             "--registry=etcd://nowhere"})
+                  .ok());
+  auto status = process.Wait(absl::Seconds(20));
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(WEXITSTATUS(*status), 2);
+  EXPECT_TRUE(absl::StrContains(process.output(), "unknown registry `etcd://nowhere`"))
+      << process.output();
+}
+
+}  // namespace
+}  // namespace rlfleet

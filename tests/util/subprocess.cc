@@ -1,0 +1,123 @@
+#include "tests/util/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace rlfleet::testing {
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+  if (out_fd_ >= 0) close(out_fd_);
+}
+
+absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    pid_ = -1;
+    return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", strerror(rc)));
+  }
+  out_fd_ = fds[0];
+  return absl::OkStatus();
+}
+
+bool Subprocess::ReadSome(absl::Duration timeout) {
+  pollfd pfd{out_fd_, POLLIN, 0};
+  const int ms = static_cast<int>(std::max<int64_t>(absl::ToInt64Milliseconds(timeout), 0));
+  const int n = poll(&pfd, 1, ms);
+  if (n <= 0) return true;  // timeout (or EINTR): not EOF
+  char buf[4096];
+  const ssize_t got = read(out_fd_, buf, sizeof(buf));
+  if (got <= 0) return false;
+  output_.append(buf, static_cast<size_t>(got));
+  return true;
+}
+
+absl::StatusOr<std::string> Subprocess::WaitForLine(
+    const std::function<bool(const std::string&)>& match, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    size_t eol;
+    while ((eol = output_.find('\n', consumed_)) != std::string::npos) {
+      std::string line = output_.substr(consumed_, eol - consumed_);
+      consumed_ = eol + 1;
+      if (match(line)) return line;
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("no matching line; output:\n", output_));
+    }
+    if (!ReadSome(deadline - now)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("process exited before printing the line; output:\n", output_));
+    }
+  }
+}
+
+absl::Status Subprocess::Signal(int signo) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("process is not running");
+  if (kill(pid_, signo) != 0) return absl::InternalError(strerror(errno));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("process is not running");
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      for (;;) {  // drain what the child left in the pipe
+        pollfd pfd{out_fd_, POLLIN, 0};
+        if (poll(&pfd, 1, 0) <= 0 || !ReadSome(absl::ZeroDuration())) break;
+      }
+      return status;
+    }
+    if (absl::Now() >= deadline) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      pid_ = -1;
+      return absl::DeadlineExceededError("process did not exit in time; killed");
+    }
+    // Drain output while waiting so that a chatty child cannot block on a full pipe.
+    ReadSome(absl::Milliseconds(20));
+  }
+}
+
+std::string RunfilePath(const std::string& workspace_relative) {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* workspace = getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr) return workspace_relative;
+  return absl::StrCat(srcdir, "/", workspace ? workspace : "rlfleet", "/", workspace_relative);
+}
+
+}  // namespace rlfleet::testing
