@@ -67,23 +67,39 @@ def _system_libs_impl(ctx):
         "",
     ]
     for name, modules in _PKG_CONFIG_LIBS.items():
-        cflags = [f for f in _pkg_config(ctx, ["--cflags"] + modules) if f != "-I/usr/include"]
+        cflags = _dedup(_pkg_config(ctx, ["--cflags"] + modules))
         libs = _pkg_config(ctx, ["--libs"] + modules)
 
         # Keep the first occurrence of each -l so link order stays valid but short;
         # the shared libraries resolve their own dependencies.
         libs = _dedup(libs)
-        lines.append("cc_library(name = %r, copts = %s, linkopts = %s)" %
-                     (name, _quote_list(cflags), _quote_list(libs)))
+
+        # cc_library copts do not reach dependents: -D becomes `defines`, and an extra
+        # -I directory is symlinked into this repository and exported with `includes`.
+        defines = [f[2:] for f in cflags if f.startswith("-D")]
+        include_dirs = [f[2:] for f in cflags if f.startswith("-I") and f != "-I/usr/include"]
+        hdrs = []
+        includes = []
+        for i, d in enumerate(include_dirs):
+            link = "%s_include_%d" % (name, i)
+            ctx.symlink(d, link)
+            hdrs.append(link + "/**/*.h")
+            includes.append(link)
+        lines.append("cc_library(name = %r, hdrs = glob(%s), includes = %s, defines = %s, linkopts = %s)" %
+                     (name, _quote_list(hdrs), _quote_list(includes), _quote_list(defines),
+                      _quote_list(libs)))
 
     # gtest_main: gtest plus its main().
     lines.append('cc_library(name = "gtest_main", linkopts = ["-lgtest_main"], deps = [":gtest", ":gmock"])')
 
     # libtorch (Debian 1.13, CPU). Its C++ API headers live below /usr/include, which is
     # a built-in include directory, so -isystem is enough.
+    ctx.symlink("/usr/include/torch/csrc/api/include", "torch_api_include")
     lines.append("""cc_library(
     name = "torch",
-    copts = ["-isystem", "/usr/include/torch/csrc/api/include", "-D_GLIBCXX_USE_CXX11_ABI=1"],
+    hdrs = glob(["torch_api_include/**/*.h"]),
+    includes = ["torch_api_include"],
+    defines = ["_GLIBCXX_USE_CXX11_ABI=1"],
     linkopts = ["-ltorch", "-ltorch_cpu", "-lc10"],
 )""")
 
