@@ -25,13 +25,18 @@ Subprocess::~Subprocess() {
     waitpid(pid_, &status, 0);
   }
   if (out_fd_ >= 0) close(out_fd_);
+  if (in_fd_ >= 0) close(in_fd_);
 }
 
 absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
-  int fds[2];
+  // A write to a child that died must be an error, not a fatal SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
+  int fds[2], in[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(strerror(errno));
+  if (pipe2(in, O_CLOEXEC) != 0) return absl::InternalError(strerror(errno));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
   std::vector<char*> args;
@@ -40,8 +45,12 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
   const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(fds[1]);
+  close(in[0]);
+  in_fd_ = in[1];
   if (rc != 0) {
     close(fds[0]);
+    close(in_fd_);
+    in_fd_ = -1;
     pid_ = -1;
     return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", strerror(rc)));
   }
@@ -80,6 +89,19 @@ absl::StatusOr<std::string> Subprocess::WaitForLine(
           absl::StrCat("process exited before printing the line; output:\n", output_));
     }
   }
+}
+
+absl::Status Subprocess::WriteLine(const std::string& line) {
+  if (in_fd_ < 0) return absl::FailedPreconditionError("stdin is closed");
+  std::string data = line + "\n";
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = write(in_fd_, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::FailedPreconditionError(absl::StrCat("write to child: ", strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Subprocess::Signal(int signo) {

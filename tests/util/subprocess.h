@@ -32,6 +32,10 @@ class Subprocess {
   absl::StatusOr<std::string> WaitForLine(const std::function<bool(const std::string&)>& match,
                                           absl::Duration timeout);
 
+  // Writes `line` and a newline to the child's stdin. FAILED_PRECONDITION if the child
+  // has exited or closed its stdin.
+  absl::Status WriteLine(const std::string& line);
+
   // Sends `signo` to the child. FAILED_PRECONDITION if it is not running.
   absl::Status Signal(int signo);
 
@@ -49,6 +53,7 @@ class Subprocess {
 
   pid_t pid_ = -1;
   int out_fd_ = -1;
+  int in_fd_ = -1;
   std::string output_;
   size_t consumed_ = 0;  // bytes of output_ already returned as lines
 };

@@ -1,0 +1,266 @@
+#include "libs/transport/tests/conformance.h"
+
+#include <list>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/transport/tests/pattern.h"
+
+namespace rlfleet::transport::testing {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+std::vector<uint64_t> Sizes(uint64_t max) {
+  std::vector<uint64_t> sizes;
+  for (uint64_t s : {uint64_t{1}, uint64_t{7}, uint64_t{4096}, uint64_t{65536 + 3},
+                     uint64_t{1} << 20, uint64_t{16} << 20, uint64_t{256} << 20}) {
+    if (s <= max) sizes.push_back(s);
+  }
+  return sizes;
+}
+
+}  // namespace
+
+void TransportConformanceTest::SetUp() {
+  local_ = GetParam().make_local();
+  ASSERT_NE(local_, nullptr);
+  peer_ = GetParam().make_peer();
+  ASSERT_NE(peer_, nullptr);
+  auto address = peer_->Address();
+  ASSERT_TRUE(address.ok()) << address.status();
+  auto id = local_->Connect(*address);
+  ASSERT_TRUE(id.ok()) << id.status();
+  peer_id_ = *id;
+  ASSERT_TRUE(peer_->ConnectTo(local_->LocalAddress()).ok());
+}
+
+void TransportConformanceTest::TearDown() {
+  peer_.reset();
+  local_.reset();
+}
+
+MemoryHandle TransportConformanceTest::LocalBuffer(uint64_t size, uint64_t seed,
+                                                   std::vector<uint8_t>* storage) {
+  storage->assign(size, 0);
+  FillPattern(storage->data(), size, seed, 0);
+  auto handle = local_->RegisterMemory(storage->data(), size);
+  EXPECT_TRUE(handle.ok()) << handle.status();
+  return handle.ok() ? *handle : MemoryHandle{};
+}
+
+TEST_P(TransportConformanceTest, CapabilitiesDescribeTheBackend) {
+  Capabilities caps = local_->GetCapabilities();
+  EXPECT_FALSE(caps.backend.empty());
+  EXPECT_TRUE(caps.host_memory);
+  EXPECT_TRUE(caps.two_sided);
+  EXPECT_GE(caps.max_message_bytes, GetParam().max_size);
+}
+
+TEST_P(TransportConformanceTest, SendToPeerIsByteExactForEverySize) {
+  for (uint64_t size : Sizes(GetParam().max_size)) {
+    SCOPED_TRACE(absl::StrCat("size ", size));
+    auto recv = peer_->PostRecv(/*tag=*/size, size);
+    ASSERT_TRUE(recv.ok()) << recv.status();
+    std::vector<uint8_t> storage;
+    MemoryHandle h = LocalBuffer(size, /*seed=*/size + 1, &storage);
+    auto send = local_->Send(peer_id_, size, h, 0, size);
+    ASSERT_TRUE(send->Wait(kTimeout).ok());
+    EXPECT_EQ(send->bytes(), size);
+    ASSERT_TRUE(peer_->WaitRecv(*recv, size, size + 1, kTimeout).ok());
+    ASSERT_TRUE(local_->DeregisterMemory(h).ok());
+  }
+}
+
+TEST_P(TransportConformanceTest, RecvFromPeerIsByteExactForEverySize) {
+  for (uint64_t size : Sizes(GetParam().max_size)) {
+    SCOPED_TRACE(absl::StrCat("size ", size));
+    std::vector<uint8_t> storage;
+    MemoryHandle h = LocalBuffer(size, /*seed=*/0, &storage);
+    std::fill(storage.begin(), storage.end(), 0);
+    auto recv = local_->Recv(peer_id_, /*tag=*/7, h, 0, size);
+    auto send = peer_->PostSend(7, size, /*seed=*/size * 3);
+    ASSERT_TRUE(send.ok()) << send.status();
+    absl::Status status = recv->Wait(kTimeout);
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(recv->bytes(), size);
+    ASSERT_TRUE(VerifyPattern(storage.data(), size, size * 3, 0).ok());
+    ASSERT_TRUE(peer_->WaitSend(*send, kTimeout).ok());
+    ASSERT_TRUE(local_->DeregisterMemory(h).ok());
+  }
+}
+
+TEST_P(TransportConformanceTest, PutAndGetAreByteExactForEverySizeAndOffset) {
+  if (!local_->GetCapabilities().one_sided) GTEST_SKIP() << "backend has no one-sided ops";
+  for (uint64_t size : Sizes(GetParam().max_size)) {
+    SCOPED_TRACE(absl::StrCat("size ", size));
+    const uint64_t offset = size > 4096 ? 4096 + 5 : 3;  // unaligned remote offset
+    auto slot = peer_->Allocate(size + offset, /*seed=*/99);
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    auto remote = peer_->Describe(*slot);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+
+    std::vector<uint8_t> storage;
+    MemoryHandle h = LocalBuffer(size, /*seed=*/size + 11, &storage);
+    auto put = local_->Put(peer_id_, h, 0, *remote, offset, size);
+    absl::Status put_status = put->Wait(kTimeout);
+    ASSERT_TRUE(put_status.ok()) << put_status;
+    ASSERT_TRUE(peer_->Verify(*slot, offset, size, size + 11, 0).ok());
+    ASSERT_TRUE(peer_->Verify(*slot, 0, offset, 99, 0).ok()) << "bytes before the range changed";
+
+    std::fill(storage.begin(), storage.end(), 0);
+    auto get = local_->Get(peer_id_, h, 0, *remote, 0, size);
+    absl::Status get_status = get->Wait(kTimeout);
+    ASSERT_TRUE(get_status.ok()) << get_status;
+    // The first `offset` bytes are still pattern 99, the rest what we put.
+    ASSERT_TRUE(VerifyPattern(storage.data(), std::min(offset, size), 99, 0).ok());
+    if (size > offset) {
+      ASSERT_TRUE(VerifyPattern(storage.data() + offset, size - offset, size + 11, 0).ok());
+    }
+    ASSERT_TRUE(local_->DeregisterMemory(h).ok());
+    ASSERT_TRUE(peer_->Deregister(*slot).ok());
+  }
+}
+
+TEST_P(TransportConformanceTest, ManyConcurrentTransfersAllComplete) {
+  constexpr int kCount = 64;
+  constexpr uint64_t kSize = 64 << 10;
+  std::vector<int> recvs;
+  for (int i = 0; i < kCount; ++i) {
+    auto r = peer_->PostRecv(1000 + i, kSize);
+    ASSERT_TRUE(r.ok()) << r.status();
+    recvs.push_back(*r);
+  }
+  std::vector<std::vector<uint8_t>> storage(kCount);
+  std::vector<std::unique_ptr<Completion>> sends;
+  for (int i = kCount - 1; i >= 0; --i) {  // reverse order: tags must match, not order
+    MemoryHandle h = LocalBuffer(kSize, 5000 + i, &storage[i]);
+    sends.push_back(local_->Send(peer_id_, 1000 + i, h, 0, kSize));
+  }
+  // At the same time, 64 puts into disjoint ranges of one remote region.
+  int slot = 0;
+  std::vector<uint8_t> big;
+  std::vector<std::unique_ptr<Completion>> puts;
+  if (local_->GetCapabilities().one_sided) {
+    auto s = peer_->Allocate(kSize * kCount, 1);
+    ASSERT_TRUE(s.ok()) << s.status();
+    slot = *s;
+    auto remote = peer_->Describe(slot);
+    ASSERT_TRUE(remote.ok());
+    MemoryHandle h = LocalBuffer(kSize * kCount, 5, &big);
+    for (int i = 0; i < kCount; ++i) {
+      puts.push_back(local_->Put(peer_id_, h, i * kSize, *remote, i * kSize, kSize));
+    }
+  }
+  for (auto& s : sends) ASSERT_TRUE(s->Wait(kTimeout).ok());
+  for (auto& p : puts) ASSERT_TRUE(p->Wait(kTimeout).ok());
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_TRUE(peer_->WaitRecv(recvs[i], kSize, 5000 + i, kTimeout).ok()) << "message " << i;
+  }
+  if (slot != 0) ASSERT_TRUE(peer_->Verify(slot, 0, kSize * kCount, 5, 0).ok());
+}
+
+TEST_P(TransportConformanceTest, MessagesWithOneTagArriveInOrder) {
+  constexpr int kCount = 8;
+  std::vector<int> recvs;
+  for (int i = 0; i < kCount; ++i) recvs.push_back(*peer_->PostRecv(42, 1000 + i));
+  std::vector<std::vector<uint8_t>> storage(kCount);
+  std::vector<std::unique_ptr<Completion>> sends;
+  for (int i = 0; i < kCount; ++i) {
+    MemoryHandle h = LocalBuffer(1000 + i, 500 + i, &storage[i]);
+    sends.push_back(local_->Send(peer_id_, 42, h, 0, 1000 + i));
+  }
+  for (auto& s : sends) ASSERT_TRUE(s->Wait(kTimeout).ok());
+  for (int i = 0; i < kCount; ++i) {
+    EXPECT_TRUE(peer_->WaitRecv(recvs[i], 1000 + i, 500 + i, kTimeout).ok()) << "message " << i;
+  }
+}
+
+TEST_P(TransportConformanceTest, BadInputGetsAClearStatus) {
+  std::vector<uint8_t> storage;
+  MemoryHandle h = LocalBuffer(4096, 1, &storage);
+
+  // Unknown peer id.
+  EXPECT_EQ(local_->Send(peer_id_ + 1000, 1, h, 0, 10)->Wait(kTimeout).code(),
+            absl::StatusCode::kNotFound);
+  // Local range outside the registration.
+  EXPECT_EQ(local_->Send(peer_id_, 1, h, 4000, 200)->Wait(kTimeout).code(),
+            absl::StatusCode::kOutOfRange);
+  // Malformed address.
+  EXPECT_EQ(local_->Connect("not an address").status().code(), absl::StatusCode::kInvalidArgument);
+  // Registration errors.
+  EXPECT_EQ(local_->RegisterMemory(nullptr, 10).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(local_->RegisterMemory(storage.data(), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  if (local_->GetCapabilities().one_sided) {
+    auto slot = peer_->Allocate(1024, 3);
+    ASSERT_TRUE(slot.ok());
+    auto remote = peer_->Describe(*slot);
+    ASSERT_TRUE(remote.ok());
+    // Remote range outside the remote registration.
+    EXPECT_EQ(local_->Put(peer_id_, h, 0, *remote, 1000, 100)->Wait(kTimeout).code(),
+              absl::StatusCode::kOutOfRange);
+    // Unknown remote key: a garbled key or a registration id that never existed.
+    v1::RemoteMemoryDescriptor garbled = *remote;
+    garbled.set_packed_rkey("garbage");
+    garbled.set_registration_id(987654);
+    absl::Status unknown = local_->Put(peer_id_, h, 0, garbled, 0, 10)->Wait(kTimeout);
+    EXPECT_TRUE(unknown.code() == absl::StatusCode::kInvalidArgument ||
+                unknown.code() == absl::StatusCode::kFailedPrecondition)
+        << unknown;
+    // A descriptor of another backend.
+    v1::RemoteMemoryDescriptor other = *remote;
+    other.set_backend(v1::TRANSFER_BACKEND_NCCL);
+    EXPECT_EQ(local_->Put(peer_id_, h, 0, other, 0, 10)->Wait(kTimeout).code(),
+              absl::StatusCode::kInvalidArgument);
+    // Stale remote key: the owner deregistered it.
+    ASSERT_TRUE(peer_->Deregister(*slot).ok());
+    absl::Status stale = local_->Put(peer_id_, h, 0, *remote, 0, 10)->Wait(kTimeout);
+    EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+    EXPECT_TRUE(absl::StrContains(stale.message(), "stale")) << stale;
+    EXPECT_EQ(local_->Get(peer_id_, h, 0, *remote, 0, 10)->Wait(kTimeout).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+
+  // Deregistered local memory.
+  ASSERT_TRUE(local_->DeregisterMemory(h).ok());
+  EXPECT_EQ(local_->Send(peer_id_, 1, h, 0, 10)->Wait(kTimeout).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(local_->DeregisterMemory(h).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(local_->Describe(h).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(TransportConformanceTest, OversizedMessageIsDataLossAtTheReceiver) {
+  auto recv = peer_->PostRecv(9, 100);
+  ASSERT_TRUE(recv.ok());
+  std::vector<uint8_t> storage;
+  MemoryHandle h = LocalBuffer(200, 1, &storage);
+  auto send = local_->Send(peer_id_, 9, h, 0, 200);
+  absl::Status received = peer_->WaitRecv(*recv, 200, 1, kTimeout);
+  EXPECT_EQ(received.code(), absl::StatusCode::kDataLoss) << received;
+  (void)send->Wait(kTimeout);
+}
+
+TEST_P(TransportConformanceTest, PeerKilledMidTransferIsAnErrorWithinTheDeadline) {
+  std::vector<uint8_t> storage;
+  MemoryHandle h = LocalBuffer(1 << 20, 1, &storage);
+  // A receive the peer will never satisfy, and a send it will never receive.
+  auto recv = local_->Recv(peer_id_, 77, h, 0, 1 << 20);
+  peer_->Kill();
+  const absl::Duration deadline = absl::Seconds(10);
+  const absl::Time start = absl::Now();
+  absl::Status status = recv->Wait(deadline);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_FALSE(status.ok());
+  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_LT(took, deadline + absl::Seconds(2));
+  // New transfers to the dead peer fail within the deadline too.
+  const absl::Time start2 = absl::Now();
+  absl::Status send = local_->Send(peer_id_, 78, h, 0, 1 << 20)->Wait(deadline);
+  EXPECT_FALSE(send.ok());
+  EXPECT_LT(absl::Now() - start2, deadline + absl::Seconds(2));
+}
+
+}  // namespace rlfleet::transport::testing
