@@ -27,6 +27,8 @@ struct Backend {
   uint64_t max_size = 256ull << 20;
 };
 
+inline void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name; }
+
 class TransportConformanceTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override;

@@ -31,7 +31,10 @@ TransportPeer::~TransportPeer() {
   transport_.reset();
 }
 
-absl::StatusOr<std::string> TransportPeer::Address() { return transport_->LocalAddress(); }
+absl::StatusOr<std::string> TransportPeer::Address() {
+  if (transport_ == nullptr) return absl::UnavailableError("peer was killed");
+  return transport_->LocalAddress();
+}
 
 absl::Status TransportPeer::ConnectTo(const std::string& address) {
   ASSIGN_OR_RETURN(test_peer_, transport_->Connect(address));
@@ -39,6 +42,7 @@ absl::Status TransportPeer::ConnectTo(const std::string& address) {
 }
 
 absl::StatusOr<std::unique_ptr<TransportPeer::Buffer>> TransportPeer::NewBuffer(uint64_t size) {
+  if (transport_ == nullptr) return absl::UnavailableError("peer was killed");
   auto buffer = std::make_unique<Buffer>();
   buffer->bytes.resize(size);
   ASSIGN_OR_RETURN(buffer->handle, transport_->RegisterMemory(buffer->bytes.data(), size));
@@ -120,7 +124,16 @@ absl::Status TransportPeer::WaitSend(int send, absl::Duration timeout) {
 }
 
 void TransportPeer::Kill() {
-  if (on_kill_) on_kill_();
+  if (on_kill_) {
+    on_kill_();
+    return;
+  }
+  // Without a backend-specific way to die, destroying the transport closes its
+  // endpoints, which is what the other side sees of a dead process.
+  for (auto& [id, op] : ops_) {
+    if (op.completion) (void)op.completion->Wait(absl::Milliseconds(10));
+  }
+  transport_.reset();
 }
 
 // ---- the command protocol ----

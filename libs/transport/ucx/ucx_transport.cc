@@ -1,0 +1,953 @@
+#include "libs/transport/ucx/ucx_transport.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "libs/common/status_macros.h"
+
+namespace rlfleet::transport {
+namespace {
+
+// Every UCX status becomes an absl::Status here, with the call and file:line.
+absl::Status UcsStatus(ucs_status_t s, absl::string_view what, const char* file, int line) {
+  if (s == UCS_OK) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat(what, ": ", ucs_status_string(s), " (", file, ":", line, ")");
+  switch (s) {
+    case UCS_ERR_MESSAGE_TRUNCATED:
+      return absl::DataLossError(message);
+    case UCS_ERR_CANCELED:
+      return absl::CancelledError(message);
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE:
+      return absl::ResourceExhaustedError(message);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return absl::InvalidArgumentError(message);
+    case UCS_ERR_UNSUPPORTED:
+      return absl::UnimplementedError(message);
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_BUSY:
+    case UCS_ERR_NO_DEVICE:
+      return absl::UnavailableError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+#define UCS_STATUS(s, what) UcsStatus((s), (what), __FILE__, __LINE__)
+
+constexpr char kAddressMagic[8] = {'R', 'L', 'F', 'U', 'C', 'X', '1', 0};
+constexpr char kRkeyMagic[4] = {'R', 'F', 'K', '1'};
+constexpr size_t kRkeyHeader = 4 + 8 + 8 + 8;  // magic, owner instance, registration, hash
+constexpr uint64_t kMaxUserTag = 0xffffffffull;
+constexpr int kIdleSpins = 20000;
+constexpr absl::Duration kSyncTimeout = absl::Seconds(30);
+
+enum AmId : uint16_t { kAmHello = 1, kAmRevoke = 2, kAmRevokeAck = 3 };
+
+uint64_t Hash64(const void* data, size_t n) {  // FNV-1a (declared above)
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+constexpr size_t kAddressHeader = 8 + 8 + 8 + 8;  // magic, instance, pid, host hash
+constexpr absl::Duration kLivenessInterval = absl::Milliseconds(100);
+
+uint64_t Hash64(const void* data, size_t n);
+
+uint64_t HostHash() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return Hash64(host, strlen(host));
+}
+
+void AppendU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }
+uint64_t ReadU64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+}  // namespace
+
+class UcxTransport::Impl {
+ public:
+  struct Peer;
+
+  // One in-flight UCX operation. Owned by the progress thread; deleted when finished.
+  struct Op {
+    Impl* impl = nullptr;
+    std::shared_ptr<PendingCompletion> completion;
+    Peer* peer = nullptr;
+    uint64_t bytes = 0;
+    int parts = 1;               // UCX requests still to complete (put = put + flush)
+    absl::Status status;         // first error
+    absl::Status override;       // replaces CANCELLED when we cancel (peer died, shutdown)
+    void* request = nullptr;     // receive request, for cancellation
+    bool is_recv = false;
+    uint64_t rkey_registration = 0;  // remote registration in use (Put / Get)
+  };
+
+  struct Peer {
+    Impl* impl = nullptr;
+    PeerId id = 0;
+    uint64_t instance = 0;
+    uint32_t tag_id = 0;
+    std::string address;
+    ucp_ep_h ep = nullptr;
+    pid_t pid = 0;
+    bool watch_pid = false;          // liveness by pid (no UCX peer-failure handling)
+    bool peer_failure_mode = false;  // endpoint created with UCP_ERR_HANDLING_MODE_PEER
+    bool failed = false;
+    absl::Status error;
+    std::map<uint64_t, ucp_rkey_h> rkeys;  // remote registration id -> unpacked key
+    std::set<uint64_t> revoked;
+    std::map<uint64_t, int> inflight;      // remote registration id -> Put/Get in flight
+    std::map<uint64_t, std::vector<uint64_t>> deferred_acks;  // registration -> revoke seqs
+    std::set<Op*> recvs;
+  };
+
+  struct Registration {
+    MemoryHandle handle;
+    ucp_mem_h memh = nullptr;
+    std::string packed_rkey;  // framed
+  };
+
+  struct RevokeWait {
+    uint64_t seq = 0;
+    std::set<uint64_t> waiting;  // peer instances that have not acknowledged
+    absl::Notification done;
+  };
+
+  explicit Impl(UcxOptions options) : options_(std::move(options)) {}
+
+  absl::Status Init();
+  void Shutdown();
+
+  // Runs `fn` on the progress thread and waits for its result.
+  template <typename T>
+  absl::StatusOr<T> RunSync(std::function<absl::StatusOr<T>()> fn) {
+    struct State {
+      absl::Notification done;
+      absl::StatusOr<T> result = absl::InternalError("not run");
+    };
+    auto state = std::make_shared<State>();
+    Post([state, fn = std::move(fn)] {
+      state->result = fn();
+      state->done.Notify();
+    });
+    if (!state->done.WaitForNotificationWithTimeout(kSyncTimeout)) {
+      return absl::DeadlineExceededError("UCX progress thread did not answer in time");
+    }
+    return std::move(state->result);
+  }
+
+  void Post(std::function<void()> task) {
+    {
+      absl::MutexLock lock(&mu_);
+      tasks_.push_back(std::move(task));
+    }
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+
+  // ---- everything below runs on the progress thread ----
+  void Loop();
+  absl::StatusOr<PeerId> ConnectOnThread(const std::string& address, bool send_hello);
+  void OnPeerError(Peer* peer, ucs_status_t status);
+  void CheckLiveness();
+  void FailPeer(Peer* peer);
+  void SendAm(Peer* peer, AmId id, std::string payload);
+  void HandleRevoke(uint64_t owner, uint64_t registration, uint64_t seq);
+  void HandleRevokeAck(uint64_t from_instance, uint64_t seq);
+  void ReleaseRkeyIfIdle(Peer* peer, uint64_t registration);
+  void FinishPart(Op* op, absl::Status status);
+  absl::StatusOr<std::pair<Peer*, uint8_t*>> Resolve(PeerId peer, const MemoryHandle& local,
+                                                      uint64_t offset, uint64_t length,
+                                                      absl::string_view what);
+  absl::StatusOr<ucp_rkey_h> RemoteKey(Peer* peer, const v1::RemoteMemoryDescriptor& remote,
+                                       uint64_t offset, uint64_t length, absl::string_view what);
+  std::unique_ptr<Completion> Submit(std::function<void(Op*)> start);
+
+  static void OnSend(void* request, ucs_status_t status, void* user_data);
+  static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                     void* user_data);
+  static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data,
+                           size_t length, const ucp_am_recv_param_t* param);
+
+  const UcxOptions options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string local_address_;
+  uint64_t instance_ = 0;
+  uint32_t tag_id_ = 0;
+  Capabilities caps_;
+
+  // Progress-thread state.
+  std::map<PeerId, std::unique_ptr<Peer>> peers_;
+  std::map<uint64_t, Peer*> by_instance_;
+  // Peers that connected to us (hello) but that we have no endpoint to yet.
+  std::map<uint64_t, std::string> hello_addresses_;
+  std::map<uint64_t, Registration> registrations_;
+  std::map<uint64_t, std::shared_ptr<RevokeWait>> revokes_;
+  std::set<Op*> ops_;
+  PeerId next_peer_ = 1;
+  uint64_t next_registration_ = 1;
+  uint64_t next_seq_ = 1;
+  bool stop_ = false;
+  absl::Time last_liveness_check_ = absl::InfinitePast();
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  int wake_fd_ = -1;
+  std::thread thread_;
+};
+
+using Impl = UcxTransport::Impl;
+
+absl::Status Impl::Init() {
+  absl::BitGen gen;
+  instance_ = absl::Uniform<uint64_t>(gen) | 1;
+  tag_id_ = static_cast<uint32_t>(instance_ >> 32) | 1;
+
+  ucp_config_t* config = nullptr;
+  RETURN_IF_ERROR(UCS_STATUS(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
+  std::string tls = options_.tls;
+  if (tls.empty() && std::getenv("UCX_TLS") != nullptr) tls = std::getenv("UCX_TLS");
+  if (!options_.tls.empty()) {
+    absl::Status s = UCS_STATUS(ucp_config_modify(config, "TLS", options_.tls.c_str()),
+                                "ucp_config_modify(TLS)");
+    if (!s.ok()) {
+      ucp_config_release(config);
+      return s;
+    }
+  }
+  std::string net_devices = std::getenv("UCX_NET_DEVICES") ? std::getenv("UCX_NET_DEVICES") : "";
+  if (options_.loopback_only && net_devices.empty()) {
+    net_devices = "lo";
+    (void)ucp_config_modify(config, "NET_DEVICES", "lo");
+  }
+  if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
+    const std::string ka = absl::StrCat(absl::ToInt64Milliseconds(options_.keepalive_interval), "ms");
+    (void)ucp_config_modify(config, "KEEPALIVE_INTERVAL", ka.c_str());
+  }
+
+  ucp_params_t params = {};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_AM;
+  ucs_status_t st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  RETURN_IF_ERROR(UCS_STATUS(st, absl::StrCat("ucp_init(UCX_TLS=", tls.empty() ? "all" : tls, ")")));
+
+  ucp_worker_params_t wparams = {};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  RETURN_IF_ERROR(UCS_STATUS(ucp_worker_create(context_, &wparams, &worker_), "ucp_worker_create"));
+
+  for (AmId id : {kAmHello, kAmRevoke, kAmRevokeAck}) {
+    ucp_am_handler_param_t am = {};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    am.id = id;
+    am.cb = &Impl::OnAm;
+    am.arg = this;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG;
+    RETURN_IF_ERROR(
+        UCS_STATUS(ucp_worker_set_am_recv_handler(worker_, &am), "ucp_worker_set_am_recv_handler"));
+  }
+
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  RETURN_IF_ERROR(UCS_STATUS(ucp_worker_get_address(worker_, &address, &address_length),
+                             "ucp_worker_get_address"));
+  local_address_.assign(kAddressMagic, sizeof(kAddressMagic));
+  AppendU64(&local_address_, instance_);
+  AppendU64(&local_address_, static_cast<uint64_t>(getpid()));
+  AppendU64(&local_address_, HostHash());
+  local_address_.append(reinterpret_cast<const char*>(address), address_length);
+  ucp_worker_release_address(worker_, address);
+
+  ucp_context_attr_t attr = {};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  (void)ucp_context_query(context_, &attr);
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+
+  // One-sided is slow when tcp is the only transport besides self (UCX emulates RMA).
+  bool tcp_only = false;
+  if (!tls.empty()) {
+    tcp_only = true;
+    for (absl::string_view t : absl::StrSplit(tls, ',', absl::SkipEmpty())) {
+      if (t != "tcp" && t != "self") tcp_only = false;
+    }
+  }
+  caps_.backend = "ucx";
+  caps_.host_memory = true;
+  caps_.cuda_memory = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  caps_.one_sided = true;
+  caps_.two_sided = true;
+  caps_.one_sided_fast = !tcp_only;
+  caps_.max_message_bytes = uint64_t{1} << 38;
+  caps_.detail = absl::StrCat("UCX ", major, ".", minor, ".", release,
+                              ", UCX_TLS=", tls.empty() ? "all" : tls,
+                              ", UCX_NET_DEVICES=", net_devices.empty() ? "all" : net_devices,
+                              tcp_only ? "; one-sided ops are emulated over tcp: use Send/Recv for bulk" : "");
+
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) return absl::InternalError("eventfd failed");
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void Impl::Loop() {
+  int idle = 0;
+  while (!stop_) {
+    std::deque<std::function<void()>> tasks;
+    {
+      absl::MutexLock lock(&mu_);
+      tasks.swap(tasks_);
+    }
+    for (auto& task : tasks) task();
+    unsigned events = 0;
+    for (unsigned n; (n = ucp_worker_progress(worker_)) > 0;) events += n;
+    if (events > 0 || !tasks.empty()) {
+      idle = 0;
+      continue;
+    }
+    if (++idle < kIdleSpins) continue;
+    CheckLiveness();
+    pollfd pfd{wake_fd_, POLLIN, 0};
+    if (poll(&pfd, 1, 1) > 0) {
+      uint64_t drained;
+      (void)!read(wake_fd_, &drained, sizeof(drained));
+    }
+  }
+}
+
+void Impl::CheckLiveness() {
+  const absl::Time now = absl::Now();
+  if (now - last_liveness_check_ < kLivenessInterval) return;
+  last_liveness_check_ = now;
+  for (auto& [id, peer] : peers_) {
+    if (!peer->watch_pid || peer->failed) continue;
+    if (kill(peer->pid, 0) != 0 && errno == ESRCH) OnPeerError(peer.get(), UCS_ERR_CONNECTION_RESET);
+  }
+}
+
+void Impl::Shutdown() {
+  if (!thread_.joinable()) {
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    if (wake_fd_ >= 0) close(wake_fd_);
+    worker_ = nullptr;
+    context_ = nullptr;
+    wake_fd_ = -1;
+    return;
+  }
+  auto done = RunSync<bool>([this]() -> absl::StatusOr<bool> {
+    const absl::Status closed = absl::UnavailableError("UCX transport closed");
+    for (auto& [id, peer] : peers_) {
+      for (Op* op : peer->recvs) {
+        op->override = closed;
+        if (op->request != nullptr) ucp_request_cancel(worker_, op->request);
+      }
+      for (auto& [reg, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
+      peer->rkeys.clear();
+    }
+    std::vector<void*> closing;
+    for (auto& [id, peer] : peers_) {
+      if (peer->ep == nullptr) continue;
+      ucp_request_param_t param = {};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      // Force needs peer-failure mode on both sides; otherwise flush and close.
+      param.flags = peer->peer_failure_mode || peer->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+      void* request = ucp_ep_close_nbx(peer->ep, &param);
+      if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
+      peer->ep = nullptr;
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    for (void* request : closing) {
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < deadline) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(request);
+    }
+    for (auto& [id, reg] : registrations_) ucp_mem_unmap(context_, reg.memh);
+    registrations_.clear();
+    for (auto& [seq, wait] : revokes_) {
+      if (!wait->done.HasBeenNotified()) wait->done.Notify();
+    }
+    for (Op* op : ops_) op->completion->Finish(closed, 0);  // ops UCX never finished
+    stop_ = true;
+    return true;
+  });
+  (void)done;
+  thread_.join();
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  worker_ = nullptr;
+  context_ = nullptr;
+}
+
+absl::StatusOr<PeerId> Impl::ConnectOnThread(const std::string& address, bool send_hello) {
+  if (address.size() <= kAddressHeader ||
+      std::memcmp(address.data(), kAddressMagic, sizeof(kAddressMagic)) != 0) {
+    return absl::InvalidArgumentError("not a UCX transport address (bad magic or too short)");
+  }
+  const uint64_t instance = ReadU64(address.data() + sizeof(kAddressMagic));
+  auto it = by_instance_.find(instance);
+  if (it != by_instance_.end()) {
+    if (it->second->failed) return it->second->error;
+    return it->second->id;
+  }
+  auto peer = std::make_unique<Peer>();
+  peer->impl = this;
+  peer->id = next_peer_++;
+  peer->instance = instance;
+  peer->tag_id = static_cast<uint32_t>(instance >> 32) | 1;
+  peer->address = address;
+  peer->pid = static_cast<pid_t>(ReadU64(address.data() + 16));
+  const bool same_host = ReadU64(address.data() + 24) == HostHash();
+  ucp_ep_params_t params = {};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data() + kAddressHeader);
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t status) {
+    auto* p = static_cast<Peer*>(arg);
+    p->impl->OnPeerError(p, status);
+  };
+  params.err_handler.arg = peer.get();
+  ucs_status_t st = ucp_ep_create(worker_, &params, &peer->ep);
+  if (st == UCS_ERR_UNREACHABLE && same_host) {
+    // UCX 1.13's shared-memory transports have no peer-failure handling: connect
+    // without it and watch the peer's pid instead (a dead peer is still an error).
+    params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(worker_, &params, &peer->ep);
+    peer->watch_pid = true;
+  }
+  RETURN_IF_ERROR(UCS_STATUS(st, "ucp_ep_create"));
+  peer->peer_failure_mode = !peer->watch_pid;
+  Peer* raw = peer.get();
+  by_instance_[instance] = raw;
+  peers_[raw->id] = std::move(peer);
+  hello_addresses_.erase(instance);
+  if (send_hello) SendAm(raw, kAmHello, local_address_);
+  return raw->id;
+}
+
+void Impl::OnPeerError(Peer* peer, ucs_status_t status) {
+  if (peer->failed) return;
+  peer->failed = true;
+  peer->error = absl::UnavailableError(absl::StrCat(
+      "UCX peer ", absl::Hex(peer->instance), " failed: ", ucs_status_string(status)));
+  Post([this, peer] { FailPeer(peer); });  // not from inside UCX's callback
+}
+
+void Impl::FailPeer(Peer* peer) {
+  // Transfers with the dead peer fail now: without UCX peer-failure handling (shared
+  // memory) UCX may never complete them. Their ops are freed when UCX lets go of them.
+  for (Op* op : ops_) {
+    if (op->peer != peer) continue;
+    op->override = peer->error;
+    op->completion->Finish(peer->error, 0);
+  }
+  for (Op* op : std::set<Op*>(peer->recvs)) {
+    op->override = peer->error;
+    if (op->request != nullptr) ucp_request_cancel(worker_, op->request);
+  }
+  for (auto& [reg, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
+  peer->rkeys.clear();
+  // Revocations waiting on this peer need not wait any longer.
+  for (auto& [seq, wait] : revokes_) {
+    if (wait->waiting.erase(peer->instance) && wait->waiting.empty()) wait->done.Notify();
+  }
+  if (peer->ep != nullptr) {
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    param.cb.send = [](void* request, ucs_status_t, void*) { ucp_request_free(request); };
+    (void)ucp_ep_close_nbx(peer->ep, &param);
+    peer->ep = nullptr;
+  }
+}
+
+void Impl::SendAm(Peer* peer, AmId id, std::string payload) {
+  if (peer->ep == nullptr || peer->failed) return;
+  auto* data = new std::string(1, static_cast<char>(id));
+  data->append(payload);
+  ucp_request_param_t param = {};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_EAGER;
+  param.user_data = data;
+  param.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    delete static_cast<std::string*>(user_data);
+    ucp_request_free(request);
+  };
+  void* request = ucp_am_send_nbx(peer->ep, id, nullptr, 0, data->data(), data->size(), &param);
+  if (!UCS_PTR_IS_PTR(request)) delete data;  // finished at once (or failed)
+}
+
+ucs_status_t Impl::OnAm(void* arg, const void* /*header*/, size_t /*header_length*/, void* data,
+                        size_t length, const ucp_am_recv_param_t* param) {
+  auto* impl = static_cast<Impl*>(arg);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;  // never sent by us
+  std::string payload(static_cast<const char*>(data), length);
+  // The handler id is not passed to the callback: the payload's first byte says which.
+  if (payload.empty()) return UCS_OK;
+  const char kind = payload[0];
+  payload.erase(0, 1);
+  impl->Post([impl, kind, payload = std::move(payload)] {
+    if (kind == kAmHello && payload.size() > kAddressHeader) {
+      // Creating the endpoint back now, while the peer's endpoint is still wiring up,
+      // trips an assertion in UCX 1.13; it is created when first needed instead.
+      const uint64_t instance = ReadU64(payload.data() + sizeof(kAddressMagic));
+      if (!impl->by_instance_.count(instance)) impl->hello_addresses_[instance] = payload;
+    } else if (kind == kAmRevoke && payload.size() == 24) {
+      impl->HandleRevoke(ReadU64(payload.data()), ReadU64(payload.data() + 8),
+                         ReadU64(payload.data() + 16));
+    } else if (kind == kAmRevokeAck && payload.size() == 16) {
+      impl->HandleRevokeAck(ReadU64(payload.data()), ReadU64(payload.data() + 8));
+    }
+  });
+  return UCS_OK;
+}
+
+void Impl::HandleRevoke(uint64_t owner, uint64_t registration, uint64_t seq) {
+  auto it = by_instance_.find(owner);
+  if (it == by_instance_.end()) return;  // never connected: nothing to revoke, nobody to ack
+  Peer* peer = it->second;
+  peer->revoked.insert(registration);
+  if (peer->inflight[registration] > 0) {
+    peer->deferred_acks[registration].push_back(seq);
+    return;
+  }
+  ReleaseRkeyIfIdle(peer, registration);
+  std::string ack;
+  AppendU64(&ack, instance_);
+  AppendU64(&ack, seq);
+  SendAm(peer, kAmRevokeAck, ack);
+}
+
+void Impl::HandleRevokeAck(uint64_t from_instance, uint64_t seq) {
+  auto it = revokes_.find(seq);
+  if (it == revokes_.end()) return;
+  if (it->second->waiting.erase(from_instance) && it->second->waiting.empty()) {
+    it->second->done.Notify();
+  }
+}
+
+void Impl::ReleaseRkeyIfIdle(Peer* peer, uint64_t registration) {
+  if (peer->inflight[registration] > 0) return;
+  peer->inflight.erase(registration);
+  auto rk = peer->rkeys.find(registration);
+  if (rk != peer->rkeys.end()) {
+    ucp_rkey_destroy(rk->second);
+    peer->rkeys.erase(rk);
+  }
+  auto deferred = peer->deferred_acks.find(registration);
+  if (deferred != peer->deferred_acks.end()) {
+    for (uint64_t seq : deferred->second) {
+      std::string ack;
+      AppendU64(&ack, instance_);
+      AppendU64(&ack, seq);
+      SendAm(peer, kAmRevokeAck, ack);
+    }
+    peer->deferred_acks.erase(deferred);
+  }
+}
+
+void Impl::FinishPart(Op* op, absl::Status status) {
+  if (!status.ok() && op->status.ok()) op->status = std::move(status);
+  if (--op->parts > 0) return;
+  absl::Status final_status = op->status;
+  if (absl::IsCancelled(final_status) && !op->override.ok()) final_status = op->override;
+  if (op->peer != nullptr && op->is_recv) op->peer->recvs.erase(op);
+  if (op->peer != nullptr && op->rkey_registration != 0) {
+    Peer* peer = op->peer;
+    if (--peer->inflight[op->rkey_registration] <= 0 && peer->revoked.count(op->rkey_registration)) {
+      ReleaseRkeyIfIdle(peer, op->rkey_registration);
+    }
+  }
+  op->completion->Finish(final_status, final_status.ok() || absl::IsDataLoss(final_status) ? op->bytes : 0);
+  ops_.erase(op);
+  delete op;
+}
+
+void Impl::OnSend(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  ucp_request_free(request);
+  op->impl->FinishPart(op, UCS_STATUS(status, "UCX transfer"));
+}
+
+void Impl::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                  void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  op->request = nullptr;
+  ucp_request_free(request);
+  const uint64_t capacity = op->bytes;
+  if (status == UCS_OK) op->bytes = info->length;
+  absl::Status s;
+  if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+    s = absl::DataLossError(absl::StrCat("message larger than the ", capacity,
+                                         "-byte receive buffer (truncated)"));
+  } else {
+    s = UCS_STATUS(status, "ucp_tag_recv_nbx");
+  }
+  op->impl->FinishPart(op, s);
+}
+
+absl::StatusOr<std::pair<Impl::Peer*, uint8_t*>> Impl::Resolve(PeerId peer_id,
+                                                                const MemoryHandle& local,
+                                                                uint64_t offset, uint64_t length,
+                                                                absl::string_view what) {
+  auto pit = peers_.find(peer_id);
+  if (pit == peers_.end()) return absl::NotFoundError(absl::StrCat(what, ": unknown peer id ", peer_id));
+  Peer* peer = pit->second.get();
+  if (peer->failed) return peer->error;
+  auto rit = registrations_.find(local.id);
+  if (rit == registrations_.end() || rit->second.handle.base != local.base) {
+    return absl::NotFoundError(absl::StrCat(what, ": local memory registration ", local.id,
+                                            " is not registered (deregistered?)"));
+  }
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(what, " local range"), offset, length,
+                             rit->second.handle.length));
+  return std::make_pair(peer, static_cast<uint8_t*>(rit->second.handle.base) + offset);
+}
+
+absl::StatusOr<ucp_rkey_h> Impl::RemoteKey(Peer* peer, const v1::RemoteMemoryDescriptor& remote,
+                                           uint64_t offset, uint64_t length,
+                                           absl::string_view what) {
+  if (remote.backend() != v1::TRANSFER_BACKEND_UCX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": remote descriptor is for backend ", remote.backend(), ", not UCX"));
+  }
+  const std::string& packed = remote.packed_rkey();
+  if (packed.size() <= kRkeyHeader || std::memcmp(packed.data(), kRkeyMagic, 4) != 0 ||
+      ReadU64(packed.data() + 20) != Hash64(packed.data() + kRkeyHeader, packed.size() - kRkeyHeader)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown remote key (malformed)"));
+  }
+  const uint64_t owner = ReadU64(packed.data() + 4);
+  const uint64_t registration = ReadU64(packed.data() + 12);
+  if (owner != peer->instance) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": stale or foreign remote key: it belongs to transport ", absl::Hex(owner),
+        ", the peer is ", absl::Hex(peer->instance), " (restarted?)"));
+  }
+  if (registration != remote.registration_id()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": remote key does not match registration_id ", remote.registration_id()));
+  }
+  if (peer->revoked.count(registration)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": stale remote key: registration ", registration, " was deregistered by its owner"));
+  }
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(what, " remote range"), offset, length,
+                             remote.length_bytes()));
+  auto it = peer->rkeys.find(registration);
+  if (it != peer->rkeys.end()) return it->second;
+  ucp_rkey_h rkey = nullptr;
+  RETURN_IF_ERROR(UCS_STATUS(ucp_ep_rkey_unpack(peer->ep, packed.data() + kRkeyHeader, &rkey),
+                             absl::StrCat(what, ": ucp_ep_rkey_unpack")));
+  peer->rkeys[registration] = rkey;
+  return rkey;
+}
+
+std::unique_ptr<Completion> Impl::Submit(std::function<void(Op*)> start) {
+  auto completion = std::make_shared<PendingCompletion>();
+  auto* op = new Op;
+  op->impl = this;
+  op->completion = completion;
+  Post([this, op, start = std::move(start)] {
+    ops_.insert(op);
+    start(op);
+  });
+  return Share(completion);
+}
+
+namespace {
+
+ucp_request_param_t SendParam(void* op) {
+  ucp_request_param_t param = {};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.cb.send = &Impl::OnSend;
+  param.user_data = op;
+  return param;
+}
+
+}  // namespace
+
+// ---- UcxTransport ----
+
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(const UcxOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  if (absl::Status s = impl->Init(); !s.ok()) {
+    impl->Shutdown();
+    return absl::UnavailableError(absl::StrCat("cannot start UCX: ", s.message()));
+  }
+  return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(impl)));
+}
+
+UcxTransport::UcxTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+UcxTransport::~UcxTransport() { impl_->Shutdown(); }
+
+Capabilities UcxTransport::GetCapabilities() const { return impl_->caps_; }
+
+std::string UcxTransport::LocalAddress() const { return impl_->local_address_; }
+
+absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view peer_address) {
+  std::string address(peer_address);
+  Impl* impl = impl_.get();
+  return impl->RunSync<PeerId>([impl, address] { return impl->ConnectOnThread(address, true); });
+}
+
+absl::StatusOr<MemoryHandle> UcxTransport::RegisterMemory(void* base, uint64_t length,
+                                                          MemoryKind kind, int device) {
+  if (base == nullptr) return absl::InvalidArgumentError("RegisterMemory: null base address");
+  if (length == 0) return absl::InvalidArgumentError("RegisterMemory: zero length");
+  if (kind == MemoryKind::kCuda && !impl_->caps_.cuda_memory) {
+    return absl::InvalidArgumentError("this UCX build has no CUDA memory support");
+  }
+  Impl* impl = impl_.get();
+  return impl->RunSync<MemoryHandle>([=]() -> absl::StatusOr<MemoryHandle> {
+    ucp_mem_map_params_t params = {};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = base;
+    params.length = length;
+    Impl::Registration reg;
+    RETURN_IF_ERROR(UCS_STATUS(ucp_mem_map(impl->context_, &params, &reg.memh), "ucp_mem_map"));
+    void* rkey_buffer = nullptr;
+    size_t rkey_size = 0;
+    ucs_status_t st = ucp_rkey_pack(impl->context_, reg.memh, &rkey_buffer, &rkey_size);
+    if (st != UCS_OK) {
+      ucp_mem_unmap(impl->context_, reg.memh);
+      return UCS_STATUS(st, "ucp_rkey_pack");
+    }
+    reg.handle = MemoryHandle{impl->next_registration_++, base, length, kind, device};
+    reg.packed_rkey.assign(kRkeyMagic, 4);
+    AppendU64(&reg.packed_rkey, impl->instance_);
+    AppendU64(&reg.packed_rkey, reg.handle.id);
+    AppendU64(&reg.packed_rkey, Hash64(rkey_buffer, rkey_size));
+    reg.packed_rkey.append(static_cast<const char*>(rkey_buffer), rkey_size);
+    ucp_rkey_buffer_release(rkey_buffer);
+    MemoryHandle handle = reg.handle;
+    impl->registrations_[handle.id] = std::move(reg);
+    return handle;
+  });
+}
+
+absl::Status UcxTransport::DeregisterMemory(const MemoryHandle& handle) {
+  Impl* impl = impl_.get();
+  // 1. Take the registration out of use and ask every connected peer to drop its key.
+  auto wait = impl->RunSync<std::shared_ptr<Impl::RevokeWait>>(
+      [impl, handle]() -> absl::StatusOr<std::shared_ptr<Impl::RevokeWait>> {
+        auto it = impl->registrations_.find(handle.id);
+        if (it == impl->registrations_.end() || it->second.handle.base != handle.base) {
+          return absl::NotFoundError(
+              absl::StrCat("memory registration ", handle.id, " is not registered"));
+        }
+        // Peers that connected to us may hold the key: reach them too.
+        for (const auto& [instance, address] : std::map<uint64_t, std::string>(impl->hello_addresses_)) {
+          (void)impl->ConnectOnThread(address, /*send_hello=*/false);
+        }
+        auto wait = std::make_shared<Impl::RevokeWait>();
+        const uint64_t seq = impl->next_seq_++;
+        wait->seq = seq;
+        std::string msg;
+        AppendU64(&msg, impl->instance_);
+        AppendU64(&msg, handle.id);
+        AppendU64(&msg, seq);
+        for (auto& [id, peer] : impl->peers_) {
+          if (peer->failed || peer->ep == nullptr) continue;
+          wait->waiting.insert(peer->instance);
+          impl->SendAm(peer.get(), kAmRevoke, msg);
+        }
+        if (wait->waiting.empty()) wait->done.Notify();
+        impl->revokes_[seq] = wait;
+        return wait;
+      });
+  if (!wait.ok()) return wait.status();
+  // 2. Wait until they acknowledged (their transfers with the key have finished).
+  (void)(*wait)->done.WaitForNotificationWithTimeout(impl->options_.revoke_timeout);
+  // 3. Unmap.
+  const uint64_t seq = (*wait)->seq;
+  return impl->RunSync<bool>([impl, handle, seq]() -> absl::StatusOr<bool> {
+           impl->revokes_.erase(seq);
+           auto it = impl->registrations_.find(handle.id);
+           if (it == impl->registrations_.end()) {
+             return absl::NotFoundError(
+                 absl::StrCat("memory registration ", handle.id, " is not registered"));
+           }
+           ucp_mem_unmap(impl->context_, it->second.memh);
+           impl->registrations_.erase(it);
+           return true;
+         })
+      .status();
+}
+
+absl::StatusOr<v1::RemoteMemoryDescriptor> UcxTransport::Describe(const MemoryHandle& handle) {
+  Impl* impl = impl_.get();
+  return impl->RunSync<v1::RemoteMemoryDescriptor>(
+      [impl, handle]() -> absl::StatusOr<v1::RemoteMemoryDescriptor> {
+        auto it = impl->registrations_.find(handle.id);
+        if (it == impl->registrations_.end() || it->second.handle.base != handle.base) {
+          return absl::NotFoundError(
+              absl::StrCat("memory registration ", handle.id, " is not registered"));
+        }
+        const Impl::Registration& reg = it->second;
+        v1::RemoteMemoryDescriptor d;
+        d.set_backend(v1::TRANSFER_BACKEND_UCX);
+        d.set_packed_rkey(reg.packed_rkey);
+        d.set_worker_address(impl->local_address_);
+        d.set_base_address(reinterpret_cast<uint64_t>(reg.handle.base));
+        d.set_length_bytes(reg.handle.length);
+        d.set_memory_kind(reg.handle.kind == MemoryKind::kCuda ? v1::MEMORY_KIND_CUDA
+                                                               : v1::MEMORY_KIND_HOST);
+        d.set_device_index(reg.handle.device);
+        d.set_registration_id(reg.handle.id);
+        d.set_registration_epoch(impl->instance_);
+        return d;
+      });
+}
+
+std::unique_ptr<Completion> UcxTransport::Put(PeerId peer_id, const MemoryHandle& local,
+                                              uint64_t local_offset,
+                                              const v1::RemoteMemoryDescriptor& remote,
+                                              uint64_t remote_offset, uint64_t length) {
+  Impl* impl = impl_.get();
+  return impl->Submit(
+      [=](Impl::Op* op) {
+        auto resolved = impl->Resolve(peer_id, local, local_offset, length, "Put");
+        if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
+        Impl::Peer* peer = resolved->first;
+        auto rkey = impl->RemoteKey(peer, remote, remote_offset, length, "Put");
+        if (!rkey.ok()) return impl->FinishPart(op, rkey.status());
+        op->peer = peer;
+        op->bytes = length;
+        op->rkey_registration = remote.registration_id();
+        ++peer->inflight[op->rkey_registration];
+        op->parts = 2;  // the put, then a flush that completes when the bytes are remote
+        ucp_request_param_t param = SendParam(op);
+        void* request = ucp_put_nbx(peer->ep, resolved->second, length,
+                                    remote.base_address() + remote_offset, *rkey, &param);
+        if (UCS_PTR_IS_ERR(request)) {
+          impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_put_nbx"));
+        }
+        void* flush = ucp_ep_flush_nbx(peer->ep, &param);
+        if (UCS_PTR_IS_ERR(flush)) {
+          impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(flush), "ucp_ep_flush_nbx"));
+        }
+      });
+}
+
+std::unique_ptr<Completion> UcxTransport::Get(PeerId peer_id, const MemoryHandle& local,
+                                              uint64_t local_offset,
+                                              const v1::RemoteMemoryDescriptor& remote,
+                                              uint64_t remote_offset, uint64_t length) {
+  Impl* impl = impl_.get();
+  return impl->Submit(
+      [=](Impl::Op* op) {
+        auto resolved = impl->Resolve(peer_id, local, local_offset, length, "Get");
+        if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
+        Impl::Peer* peer = resolved->first;
+        auto rkey = impl->RemoteKey(peer, remote, remote_offset, length, "Get");
+        if (!rkey.ok()) return impl->FinishPart(op, rkey.status());
+        op->peer = peer;
+        op->bytes = length;
+        op->rkey_registration = remote.registration_id();
+        ++peer->inflight[op->rkey_registration];
+        ucp_request_param_t param = SendParam(op);
+        void* request = ucp_get_nbx(peer->ep, resolved->second, length,
+                                    remote.base_address() + remote_offset, *rkey, &param);
+        if (UCS_PTR_IS_ERR(request)) {
+          impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_get_nbx"));
+        }
+      });
+}
+
+std::unique_ptr<Completion> UcxTransport::Send(PeerId peer_id, uint64_t tag,
+                                               const MemoryHandle& local, uint64_t offset,
+                                               uint64_t length) {
+  if (tag > kMaxUserTag) {
+    return CompletedWith(absl::InvalidArgumentError(
+        absl::StrCat("Send: tag ", tag, " exceeds the UCX backend's 32-bit tag space")));
+  }
+  Impl* impl = impl_.get();
+  return impl->Submit(
+      [=](Impl::Op* op) {
+        auto resolved = impl->Resolve(peer_id, local, offset, length, "Send");
+        if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
+        Impl::Peer* peer = resolved->first;
+        op->peer = peer;
+        op->bytes = length;
+        ucp_request_param_t param = SendParam(op);
+        const ucp_tag_t ucx_tag = (uint64_t{impl->tag_id_} << 32) | tag;
+        void* request = ucp_tag_send_nbx(peer->ep, resolved->second, length, ucx_tag, &param);
+        if (UCS_PTR_IS_ERR(request)) {
+          impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_tag_send_nbx"));
+        }
+      });
+}
+
+std::unique_ptr<Completion> UcxTransport::Recv(PeerId peer_id, uint64_t tag,
+                                               const MemoryHandle& local, uint64_t offset,
+                                               uint64_t capacity) {
+  if (tag > kMaxUserTag) {
+    return CompletedWith(absl::InvalidArgumentError(
+        absl::StrCat("Recv: tag ", tag, " exceeds the UCX backend's 32-bit tag space")));
+  }
+  Impl* impl = impl_.get();
+  return impl->Submit(
+      [=](Impl::Op* op) {
+        auto resolved = impl->Resolve(peer_id, local, offset, capacity, "Recv");
+        if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
+        Impl::Peer* peer = resolved->first;
+        op->peer = peer;
+        op->bytes = capacity;
+        op->is_recv = true;
+        ucp_request_param_t param = {};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                             UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        param.cb.recv = &Impl::OnRecv;
+        param.user_data = op;
+        const ucp_tag_t ucx_tag = (uint64_t{peer->tag_id} << 32) | tag;
+        void* request = ucp_tag_recv_nbx(impl->worker_, resolved->second, capacity, ucx_tag,
+                                         ~ucp_tag_t{0}, &param);
+        if (UCS_PTR_IS_ERR(request)) {
+          return impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_tag_recv_nbx"));
+        }
+        op->request = request;
+        peer->recvs.insert(op);
+      });
+}
+
+}  // namespace rlfleet::transport
