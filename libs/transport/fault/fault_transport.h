@@ -1,0 +1,101 @@
+// A decorator over any Transport that injects faults, for reliability tests
+// (Mooncake's fault_proxy_transport, LevelDB's FaultInjectionTestEnv): it delays,
+// drops, corrupts or fails transfers according to a FaultPlan that tests may change
+// at any time. Registration, description and connection pass straight through.
+//
+//   FaultTransport t(LoopbackTransport::Create(), FaultPlan{.fail_after = 3});
+//
+// Thread-safe.
+#ifndef RLFLEET_LIBS_TRANSPORT_FAULT_FAULT_TRANSPORT_H_
+#define RLFLEET_LIBS_TRANSPORT_FAULT_FAULT_TRANSPORT_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
+#include "absl/synchronization/mutex.h"
+#include "libs/transport/transport.h"
+
+namespace rlfleet::transport {
+
+struct FaultPlan {
+  // Every transfer completes no sooner than this after submission.
+  absl::Duration delay = absl::ZeroDuration();
+  // Probability that a transfer is silently lost: never submitted, never completes
+  // (Wait returns DEADLINE_EXCEEDED), like a message into a black hole.
+  double drop_probability = 0;
+  // Probability that one byte of a transfer's data is flipped: in the received bytes
+  // for Recv / Get, in the bytes that leave for Send / Put (the caller's buffer is
+  // left intact).
+  double corrupt_probability = 0;
+  // Transfers after the first `fail_after` fail at once with UNAVAILABLE; -1 = never.
+  int64_t fail_after = -1;
+  uint64_t seed = 1;
+};
+
+struct FaultCounters {
+  uint64_t transfers = 0;
+  uint64_t delayed = 0;
+  uint64_t dropped = 0;
+  uint64_t corrupted = 0;
+  uint64_t failed = 0;
+};
+
+class FaultTransport : public Transport {
+ public:
+  FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan = {});
+
+  void SetPlan(const FaultPlan& plan);
+  FaultCounters counters();
+  Transport* inner() { return inner_.get(); }
+
+  Capabilities GetCapabilities() const override;
+  std::string LocalAddress() const override { return inner_->LocalAddress(); }
+  absl::StatusOr<PeerId> Connect(absl::string_view a) override { return inner_->Connect(a); }
+  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind,
+                                              int device) override {
+    return inner_->RegisterMemory(base, length, kind, device);
+  }
+  absl::Status DeregisterMemory(const MemoryHandle& h) override { return inner_->DeregisterMemory(h); }
+  absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& h) override {
+    return inner_->Describe(h);
+  }
+  std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                  const v1::RemoteMemoryDescriptor& remote,
+                                  uint64_t remote_offset, uint64_t length) override;
+  std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                  const v1::RemoteMemoryDescriptor& remote,
+                                  uint64_t remote_offset, uint64_t length) override;
+  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
+                                   uint64_t offset, uint64_t length) override;
+  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
+                                   uint64_t offset, uint64_t capacity) override;
+
+ private:
+  enum class Fate { kPass, kDrop, kFail, kCorrupt };
+  struct Decision {
+    Fate fate = Fate::kPass;
+    absl::Duration delay;
+    uint64_t corrupt_at = 0;  // byte index within the transfer, for kCorrupt
+  };
+  // Decides what happens to the next transfer of `length` bytes.
+  Decision Decide(uint64_t length);
+  // Applies drop / fail up front; returns null when the transfer should go ahead.
+  std::unique_ptr<Completion> Intercept(const Decision& d);
+  std::unique_ptr<Completion> Delayed(std::unique_ptr<Completion> inner, absl::Duration delay);
+  // Send / Put of a corrupted copy of local[offset, +length).
+  std::unique_ptr<Completion> CorruptOutbound(
+      const MemoryHandle& local, uint64_t offset, uint64_t length, uint64_t corrupt_at,
+      const std::function<std::unique_ptr<Completion>(const MemoryHandle&)>& submit);
+
+  const std::unique_ptr<Transport> inner_;
+  absl::Mutex mu_;
+  FaultPlan plan_ ABSL_GUARDED_BY(mu_);
+  FaultCounters counters_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rlfleet::transport
+
+#endif  // RLFLEET_LIBS_TRANSPORT_FAULT_FAULT_TRANSPORT_H_
