@@ -1,11 +1,13 @@
 #include "libs/transport/ucx/ucx_transport.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -64,7 +66,6 @@ constexpr char kRkeyMagic[4] = {'R', 'F', 'K', '1'};
 constexpr size_t kRkeyHeader = 4 + 8 + 8 + 8;  // magic, owner instance, registration, hash
 constexpr uint64_t kMaxUserTag = 0xffffffffull;
 constexpr int kIdleSpins = 20000;
-constexpr absl::Duration kSyncTimeout = absl::Seconds(30);
 
 enum AmId : uint16_t { kAmHello = 1, kAmRevoke = 2, kAmRevokeAck = 3 };
 
@@ -149,22 +150,11 @@ class UcxTransport::Impl {
   absl::Status Init();
   void Shutdown();
 
-  // Runs `fn` on the progress thread and waits for its result.
+  // Runs `fn` with the worker lock held (on the calling thread) and returns its result.
   template <typename T>
   absl::StatusOr<T> RunSync(std::function<absl::StatusOr<T>()> fn) {
-    struct State {
-      absl::Notification done;
-      absl::StatusOr<T> result = absl::InternalError("not run");
-    };
-    auto state = std::make_shared<State>();
-    Post([state, fn = std::move(fn)] {
-      state->result = fn();
-      state->done.Notify();
-    });
-    if (!state->done.WaitForNotificationWithTimeout(kSyncTimeout)) {
-      return absl::DeadlineExceededError("UCX progress thread did not answer in time");
-    }
-    return std::move(state->result);
+    absl::MutexLock lock(&worker_mu_);
+    return fn();
   }
 
   void Post(std::function<void()> task) {
@@ -176,7 +166,9 @@ class UcxTransport::Impl {
     (void)!write(wake_fd_, &one, sizeof(one));
   }
 
-  // ---- everything below runs on the progress thread ----
+  // ---- everything below runs with worker_mu_ held ----
+  // Runs deferred tasks and progresses the worker; true if anything happened.
+  bool DriveLocked();
   void Loop();
   absl::StatusOr<PeerId> ConnectOnThread(const std::string& address, bool send_hello);
   void OnPeerError(Peer* peer, ucs_status_t status);
@@ -208,7 +200,7 @@ class UcxTransport::Impl {
   uint32_t tag_id_ = 0;
   Capabilities caps_;
 
-  // Progress-thread state.
+  // Progress-thread state (guarded by worker_mu_).
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::map<uint64_t, Peer*> by_instance_;
   // Peers that connected to us (hello) but that we have no endpoint to yet.
@@ -222,6 +214,12 @@ class UcxTransport::Impl {
   bool stop_ = false;
   absl::Time last_liveness_check_ = absl::InfinitePast();
 
+  // Held by whichever thread touches UCX: the progress thread, or an API thread that
+  // submits a transfer or drives progress while it waits (UCS_THREAD_MODE_SERIALIZED).
+  // Every field above marked "progress-thread state" is guarded by it.
+  absl::Mutex worker_mu_;
+  // Threads inside Completion::Wait driving progress; the progress thread stands back.
+  std::atomic<int> waiters_{0};
   absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   int wake_fd_ = -1;
@@ -266,7 +264,7 @@ absl::Status Impl::Init() {
 
   ucp_worker_params_t wparams = {};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   RETURN_IF_ERROR(UCS_STATUS(ucp_worker_create(context_, &wparams, &worker_), "ucp_worker_create"));
 
   for (AmId id : {kAmHello, kAmRevoke, kAmRevokeAck}) {
@@ -324,23 +322,44 @@ absl::Status Impl::Init() {
   return absl::OkStatus();
 }
 
+bool Impl::DriveLocked() {
+  std::deque<std::function<void()>> tasks;
+  {
+    absl::MutexLock lock(&mu_);
+    tasks.swap(tasks_);
+  }
+  for (auto& task : tasks) task();
+  unsigned events = 0;
+  for (unsigned n; (n = ucp_worker_progress(worker_)) > 0;) events += n;
+  if (events == 0 && tasks.empty()) {
+    CheckLiveness();
+    return false;
+  }
+  return true;
+}
+
 void Impl::Loop() {
   int idle = 0;
-  while (!stop_) {
-    std::deque<std::function<void()>> tasks;
-    {
-      absl::MutexLock lock(&mu_);
-      tasks.swap(tasks_);
+  for (;;) {
+    bool did = false;
+    if (waiters_.load(std::memory_order_relaxed) == 0) {
+      absl::MutexLock lock(&worker_mu_);
+      if (stop_) break;
+      did = DriveLocked();
+    } else {
+      absl::MutexLock lock(&worker_mu_);
+      if (stop_) break;
     }
-    for (auto& task : tasks) task();
-    unsigned events = 0;
-    for (unsigned n; (n = ucp_worker_progress(worker_)) > 0;) events += n;
-    if (events > 0 || !tasks.empty()) {
+    if (did) {
       idle = 0;
       continue;
     }
-    if (++idle < kIdleSpins) continue;
-    CheckLiveness();
+    // Spin a while (transfers often continue at once), but yield the core: on small
+    // machines the application's threads and the peer need it more than an idle loop.
+    if (waiters_.load(std::memory_order_relaxed) == 0 && ++idle < kIdleSpins) {
+      sched_yield();
+      continue;
+    }
     pollfd pfd{wake_fd_, POLLIN, 0};
     if (poll(&pfd, 1, 1) > 0) {
       uint64_t drained;
@@ -407,6 +426,8 @@ void Impl::Shutdown() {
     return true;
   });
   (void)done;
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
   thread_.join();
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
@@ -680,16 +701,67 @@ absl::StatusOr<ucp_rkey_h> Impl::RemoteKey(Peer* peer, const v1::RemoteMemoryDes
   return rkey;
 }
 
+namespace {
+
+// A transfer's completion whose Wait drives the worker itself instead of waking up
+// after the progress thread finished it: one thread hand-off less per transfer.
+class UcxCompletion : public Completion {
+ public:
+  UcxCompletion(Impl* impl, std::shared_ptr<PendingCompletion> pending)
+      : impl_(impl), pending_(std::move(pending)) {}
+
+  absl::Status Wait(absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    impl_->waiters_.fetch_add(1);
+    int idle = 0;
+    while (!pending_->Done() && absl::Now() < deadline) {
+      bool did = false;
+      if (impl_->worker_mu_.TryLock()) {
+        did = impl_->DriveLocked();
+        impl_->worker_mu_.Unlock();
+      }
+      if (did) {
+        idle = 0;
+      } else if (++idle < kWaitSpins) {
+        sched_yield();
+      } else {
+        // Nothing moves (a slow or silent peer): let the progress thread take over and
+        // sleep on the completion for a moment.
+        impl_->waiters_.fetch_sub(1);
+        (void)pending_->Wait(std::min(absl::Milliseconds(1), deadline - absl::Now()));
+        impl_->waiters_.fetch_add(1);
+        idle = 0;
+      }
+    }
+    impl_->waiters_.fetch_sub(1);
+    if (!pending_->Done()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("transfer not finished after ", absl::FormatDuration(timeout)));
+    }
+    return pending_->Wait(absl::ZeroDuration());
+  }
+  bool Done() override { return pending_->Done(); }
+  uint64_t bytes() override { return pending_->bytes(); }
+
+ private:
+  static constexpr int kWaitSpins = 2000;
+  Impl* const impl_;
+  std::shared_ptr<PendingCompletion> pending_;
+};
+
+}  // namespace
+
 std::unique_ptr<Completion> Impl::Submit(std::function<void(Op*)> start) {
   auto completion = std::make_shared<PendingCompletion>();
   auto* op = new Op;
   op->impl = this;
   op->completion = completion;
-  Post([this, op, start = std::move(start)] {
+  {
+    absl::MutexLock lock(&worker_mu_);
     ops_.insert(op);
     start(op);
-  });
-  return Share(completion);
+  }
+  return std::make_unique<UcxCompletion>(this, completion);
 }
 
 namespace {

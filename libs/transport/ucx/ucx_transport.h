@@ -1,10 +1,12 @@
 // UCX (ucp) backend of the Transport interface. The only code that includes UCX
 // headers (STYLE.md: one interface per vendor SDK).
 //
-// One ucp worker per UcxTransport, driven by its own progress thread: every UCX call
-// runs on that thread (UCS_THREAD_MODE_SINGLE); API calls from other threads post
-// tasks to it. The thread spins while transfers make progress and backs off to a
-// 1 ms poll when idle.
+// One ucp worker per UcxTransport (UCS_THREAD_MODE_SERIALIZED under one mutex). A
+// thread that submits a transfer calls UCX itself, and a thread blocked in
+// Completion::Wait drives the worker while it waits, so a transfer needs no hand-off
+// between threads; a background progress thread drives it when nobody waits (for
+// incoming messages and control traffic), spinning with sched_yield while transfers
+// make progress and backing off to a 1 ms poll when idle.
 //
 // Transports are UCX's own choice: UCX_TLS from the environment, or UcxOptions::tls.
 // For local runs UCX_NET_DEVICES is pinned to loopback (`lo`) unless the environment
