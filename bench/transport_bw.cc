@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <iostream>
@@ -66,8 +67,11 @@ int Server() {
   options.tls = absl::GetFlag(FLAGS_tls);
   auto t = UcxTransport::Create(options);
   if (!t.ok()) Die(t.status().ToString());
-  std::vector<uint8_t> buffer(kBufferBytes, 1);
-  MemoryHandle h = *(*t)->RegisterMemory(buffer.data(), kBufferBytes, transport::MemoryKind::kHost, 0);
+  // Transport-allocated memory: on shared-memory transports peers map it directly.
+  auto allocated = (*t)->AllocateMemory(kBufferBytes, transport::MemoryKind::kHost, 0);
+  if (!allocated.ok()) Die(allocated.status().ToString());
+  MemoryHandle h = *allocated;
+  std::memset(h.base, 1, kBufferBytes);
   auto desc = (*t)->Describe(h);
   std::cout << "ADDR " << absl::BytesToHexString((*t)->LocalAddress()) << "\n"
             << "DESC " << absl::BytesToHexString(desc->SerializeAsString()) << std::endl;
@@ -228,8 +232,10 @@ int Client(const std::string& self) {
     auto peer = (*t)->Connect(server.address_);
     if (!peer.ok()) Die(peer.status().ToString());
     server.Command("CONNECT " + absl::BytesToHexString((*t)->LocalAddress()));
-    std::vector<uint8_t> buffer(kBufferBytes, 2);
-    MemoryHandle h = *(*t)->RegisterMemory(buffer.data(), kBufferBytes, transport::MemoryKind::kHost, 0);
+    auto allocated = (*t)->AllocateMemory(kBufferBytes, transport::MemoryKind::kHost, 0);
+    if (!allocated.ok()) Die(allocated.status().ToString());
+    MemoryHandle h = *allocated;
+    std::memset(h.base, 2, kBufferBytes);
     for (absl::string_view primitive : absl::StrSplit(absl::GetFlag(FLAGS_primitives), ',')) {
       for (uint64_t size = 64 << 10; size <= static_cast<uint64_t>(absl::GetFlag(FLAGS_max_size));
            size *= 4) {

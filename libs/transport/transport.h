@@ -104,9 +104,17 @@ class Transport {
   virtual absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length,
                                                       MemoryKind kind = MemoryKind::kHost,
                                                       int device = 0) = 0;
-  // Releases a registration; peers that use its descriptor afterwards get
-  // FAILED_PRECONDITION (or, where the backend cannot tell, an error from the hardware).
-  // NOT_FOUND if it is not registered.
+  // Allocates `length` bytes in the way this backend serves best and registers them
+  // (page-aligned host memory for UCX; device memory for NCCL). Its contents are
+  // unspecified. DeregisterMemory frees it. INVALID_ARGUMENT for zero length;
+  // RESOURCE_EXHAUSTED when the allocation fails.
+  virtual absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length,
+                                                      MemoryKind kind = MemoryKind::kHost,
+                                                      int device = 0) = 0;
+
+  // Releases a registration (and frees the memory if AllocateMemory made it). Peers
+  // that use its descriptor afterwards get FAILED_PRECONDITION (or, where the backend
+  // cannot tell, an error from the hardware). NOT_FOUND if it is not registered.
   virtual absl::Status DeregisterMemory(const MemoryHandle& handle) = 0;
 
   // The descriptor a peer needs to Put into / Get from this registration.

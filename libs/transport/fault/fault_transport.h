@@ -57,6 +57,10 @@ class FaultTransport : public Transport {
                                               int device) override {
     return inner_->RegisterMemory(base, length, kind, device);
   }
+  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind,
+                                              int device) override {
+    return inner_->AllocateMemory(length, kind, device);
+  }
   absl::Status DeregisterMemory(const MemoryHandle& h) override { return inner_->DeregisterMemory(h); }
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& h) override {
     return inner_->Describe(h);

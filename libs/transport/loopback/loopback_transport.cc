@@ -29,6 +29,7 @@ struct LoopbackTransport::Node {
   bool alive ABSL_GUARDED_BY(mu) = true;
   uint64_t next_registration ABSL_GUARDED_BY(mu) = 1;
   std::map<uint64_t, MemoryHandle> registrations ABSL_GUARDED_BY(mu);
+  std::map<uint64_t, std::unique_ptr<uint8_t[]>> allocations ABSL_GUARDED_BY(mu);
   uint64_t next_peer ABSL_GUARDED_BY(mu) = 1;
   std::map<PeerId, std::shared_ptr<Node>> peers ABSL_GUARDED_BY(mu);
   std::map<std::string, PeerId> peer_by_address ABSL_GUARDED_BY(mu);
@@ -200,11 +201,25 @@ absl::StatusOr<MemoryHandle> LoopbackTransport::RegisterMemory(void* base, uint6
   return handle;
 }
 
+absl::StatusOr<MemoryHandle> LoopbackTransport::AllocateMemory(uint64_t length, MemoryKind kind,
+                                                               int device) {
+  if (length == 0) return absl::InvalidArgumentError("AllocateMemory: zero length");
+  std::unique_ptr<uint8_t[]> bytes(new (std::nothrow) uint8_t[length]);
+  if (bytes == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", length, " bytes"));
+  }
+  ASSIGN_OR_RETURN(MemoryHandle handle, RegisterMemory(bytes.get(), length, kind, device));
+  absl::MutexLock lock(&node_->mu);
+  node_->allocations[handle.id] = std::move(bytes);
+  return handle;
+}
+
 absl::Status LoopbackTransport::DeregisterMemory(const MemoryHandle& handle) {
   absl::MutexLock lock(&node_->mu);
   if (node_->registrations.erase(handle.id) == 0) {
     return absl::NotFoundError(absl::StrCat("memory registration ", handle.id, " is not registered"));
   }
+  node_->allocations.erase(handle.id);
   return absl::OkStatus();
 }
 

@@ -34,6 +34,8 @@ class LoopbackTransport : public Transport {
   absl::StatusOr<PeerId> Connect(absl::string_view peer_address) override;
   absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind,
                                               int device) override;
+  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind,
+                                              int device) override;
   absl::Status DeregisterMemory(const MemoryHandle& handle) override;
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& handle) override;
   std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,

@@ -1,5 +1,6 @@
 #include "libs/transport/tests/conformance.h"
 
+#include <cstring>
 #include <list>
 #include <vector>
 
@@ -123,6 +124,29 @@ TEST_P(TransportConformanceTest, PutAndGetAreByteExactForEverySizeAndOffset) {
     ASSERT_TRUE(local_->DeregisterMemory(h).ok());
     ASSERT_TRUE(peer_->Deregister(*slot).ok());
   }
+}
+
+TEST_P(TransportConformanceTest, TransportAllocatedMemoryWorksOnBothSides) {
+  constexpr uint64_t kSize = (4 << 20) + 13;
+  auto local = local_->AllocateMemory(kSize);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto* bytes = static_cast<uint8_t*>(local->base);
+  FillPattern(bytes, kSize, 21, 0);
+  auto recv = peer_->PostRecv(3, kSize);
+  ASSERT_TRUE(recv.ok());
+  ASSERT_TRUE(local_->Send(peer_id_, 3, *local, 0, kSize)->Wait(kTimeout).ok());
+  ASSERT_TRUE(peer_->WaitRecv(*recv, kSize, 21, kTimeout).ok());
+  if (local_->GetCapabilities().one_sided) {
+    auto slot = peer_->Allocate(kSize, 4, /*native=*/true);
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    auto remote = peer_->Describe(*slot);
+    ASSERT_TRUE(remote.ok());
+    ASSERT_TRUE(local_->Put(peer_id_, *local, 0, *remote, 0, kSize)->Wait(kTimeout).ok());
+    ASSERT_TRUE(peer_->Verify(*slot, 0, kSize, 21, 0).ok());
+    ASSERT_TRUE(peer_->Deregister(*slot).ok());
+  }
+  ASSERT_TRUE(local_->DeregisterMemory(*local).ok());
+  EXPECT_EQ(local_->AllocateMemory(0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(TransportConformanceTest, ManyConcurrentTransfersAllComplete) {

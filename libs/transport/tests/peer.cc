@@ -50,9 +50,17 @@ absl::StatusOr<std::unique_ptr<TransportPeer::Buffer>> TransportPeer::NewBuffer(
   return buffer;
 }
 
-absl::StatusOr<int> TransportPeer::Allocate(uint64_t size, uint64_t seed) {
-  ASSIGN_OR_RETURN(auto buffer, NewBuffer(size));
-  FillPattern(buffer->bytes.data(), size, seed, 0);
+absl::StatusOr<int> TransportPeer::Allocate(uint64_t size, uint64_t seed, bool native) {
+  std::unique_ptr<Buffer> buffer;
+  if (native) {
+    if (transport_ == nullptr) return absl::UnavailableError("peer was killed");
+    buffer = std::make_unique<Buffer>();
+    ASSIGN_OR_RETURN(buffer->handle, transport_->AllocateMemory(size));
+    buffer->registered = true;
+  } else {
+    ASSIGN_OR_RETURN(buffer, NewBuffer(size));
+  }
+  FillPattern(buffer->data(), size, seed, 0);
   const int slot = next_++;
   slots_[slot] = std::move(buffer);
   return slot;
@@ -68,8 +76,8 @@ absl::Status TransportPeer::Verify(int slot, uint64_t offset, uint64_t length, u
                                    uint64_t pattern_offset) {
   auto it = slots_.find(slot);
   if (it == slots_.end()) return absl::NotFoundError(absl::StrCat("no slot ", slot));
-  RETURN_IF_ERROR(CheckRange("Verify", offset, length, it->second->bytes.size()));
-  return VerifyPattern(it->second->bytes.data() + offset, length, seed, pattern_offset);
+  RETURN_IF_ERROR(CheckRange("Verify", offset, length, it->second->size()));
+  return VerifyPattern(it->second->data() + offset, length, seed, pattern_offset);
 }
 
 absl::Status TransportPeer::Deregister(int slot) {
@@ -177,8 +185,8 @@ class ProcessPeer : public Peer {
   absl::Status ConnectTo(const std::string& address) override {
     return Call(absl::StrCat("CONNECT ", absl::BytesToHexString(address))).status();
   }
-  absl::StatusOr<int> Allocate(uint64_t size, uint64_t seed) override {
-    return Int(Call(absl::StrCat("ALLOC ", size, " ", seed)));
+  absl::StatusOr<int> Allocate(uint64_t size, uint64_t seed, bool native) override {
+    return Int(Call(absl::StrCat("ALLOC ", size, " ", seed, " ", native ? 1 : 0)));
   }
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(int slot) override {
     ASSIGN_OR_RETURN(std::string hex, Call(absl::StrCat("DESCRIBE ", slot)));
@@ -268,7 +276,7 @@ int RunPeerCommandLoop(TransportPeer& peer) {
     } else if (cmd == "CONNECT" && a.size() == 2) {
       answer = Answer(peer.ConnectTo(absl::HexStringToBytes(a[1])));
     } else if (cmd == "ALLOC") {
-      answer = AnswerOr(peer.Allocate(U(a, 1), U(a, 2)));
+      answer = AnswerOr(peer.Allocate(U(a, 1), U(a, 2), U(a, 3) != 0));
     } else if (cmd == "DESCRIBE") {
       auto d = peer.Describe(static_cast<int>(U(a, 1)));
       answer = d.ok() ? Answer(absl::OkStatus(), absl::BytesToHexString(d->SerializeAsString()))

@@ -23,7 +23,8 @@ class Peer {
   // Connects the peer's transport to `address` (the test's transport).
   virtual absl::Status ConnectTo(const std::string& address) = 0;
   // Allocates and registers `size` bytes filled with pattern `seed`; returns a slot.
-  virtual absl::StatusOr<int> Allocate(uint64_t size, uint64_t seed) = 0;
+  // With `native`, the transport allocates them (Transport::AllocateMemory).
+  virtual absl::StatusOr<int> Allocate(uint64_t size, uint64_t seed, bool native = false) = 0;
   virtual absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(int slot) = 0;
   // Byte-for-byte check of slot[offset, +length) against pattern `seed` from pattern_offset.
   virtual absl::Status Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed,
@@ -49,7 +50,7 @@ class TransportPeer : public Peer {
 
   absl::StatusOr<std::string> Address() override;
   absl::Status ConnectTo(const std::string& address) override;
-  absl::StatusOr<int> Allocate(uint64_t size, uint64_t seed) override;
+  absl::StatusOr<int> Allocate(uint64_t size, uint64_t seed, bool native = false) override;
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(int slot) override;
   absl::Status Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed,
                       uint64_t pattern_offset) override;
@@ -64,9 +65,11 @@ class TransportPeer : public Peer {
 
  private:
   struct Buffer {
-    std::vector<uint8_t> bytes;
+    std::vector<uint8_t> bytes;  // empty when the transport allocated the memory
     MemoryHandle handle;
     bool registered = false;
+    uint8_t* data() { return bytes.empty() ? static_cast<uint8_t*>(handle.base) : bytes.data(); }
+    uint64_t size() const { return bytes.empty() ? handle.length : bytes.size(); }
   };
   struct Op {
     std::unique_ptr<Buffer> buffer;

@@ -206,6 +206,7 @@ class UcxTransport::Impl {
   // Peers that connected to us (hello) but that we have no endpoint to yet.
   std::map<uint64_t, std::string> hello_addresses_;
   std::map<uint64_t, Registration> registrations_;
+  std::set<uint64_t> owned_;  // registrations whose memory AllocateMemory allocated
   std::map<uint64_t, std::shared_ptr<RevokeWait>> revokes_;
   std::set<Op*> ops_;
   PeerId next_peer_ = 1;
@@ -416,7 +417,10 @@ void Impl::Shutdown() {
       }
       ucp_request_free(request);
     }
-    for (auto& [id, reg] : registrations_) ucp_mem_unmap(context_, reg.memh);
+    for (auto& [id, reg] : registrations_) {
+      ucp_mem_unmap(context_, reg.memh);
+      if (owned_.erase(id)) free(reg.handle.base);
+    }
     registrations_.clear();
     for (auto& [seq, wait] : revokes_) {
       if (!wait->done.HasBeenNotified()) wait->done.Notify();
@@ -802,6 +806,38 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view peer_address) {
   return impl->RunSync<PeerId>([impl, address] { return impl->ConnectOnThread(address, true); });
 }
 
+namespace {
+
+// Registers memory with UCX and packs its framed remote key.
+absl::StatusOr<MemoryHandle> MapMemory(Impl* impl, void* base, uint64_t length, MemoryKind kind,
+                                       int device) {
+  ucp_mem_map_params_t params = {};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.address = base;
+  params.length = length;
+  Impl::Registration reg;
+  RETURN_IF_ERROR(UCS_STATUS(ucp_mem_map(impl->context_, &params, &reg.memh), "ucp_mem_map"));
+  void* rkey_buffer = nullptr;
+  size_t rkey_size = 0;
+  ucs_status_t st = ucp_rkey_pack(impl->context_, reg.memh, &rkey_buffer, &rkey_size);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(impl->context_, reg.memh);
+    return UCS_STATUS(st, "ucp_rkey_pack");
+  }
+  reg.handle = MemoryHandle{impl->next_registration_++, base, length, kind, device};
+  reg.packed_rkey.assign(kRkeyMagic, 4);
+  AppendU64(&reg.packed_rkey, impl->instance_);
+  AppendU64(&reg.packed_rkey, reg.handle.id);
+  AppendU64(&reg.packed_rkey, Hash64(rkey_buffer, rkey_size));
+  reg.packed_rkey.append(static_cast<const char*>(rkey_buffer), rkey_size);
+  ucp_rkey_buffer_release(rkey_buffer);
+  MemoryHandle handle = reg.handle;
+  impl->registrations_[handle.id] = std::move(reg);
+  return handle;
+}
+
+}  // namespace
+
 absl::StatusOr<MemoryHandle> UcxTransport::RegisterMemory(void* base, uint64_t length,
                                                           MemoryKind kind, int device) {
   if (base == nullptr) return absl::InvalidArgumentError("RegisterMemory: null base address");
@@ -810,31 +846,32 @@ absl::StatusOr<MemoryHandle> UcxTransport::RegisterMemory(void* base, uint64_t l
     return absl::InvalidArgumentError("this UCX build has no CUDA memory support");
   }
   Impl* impl = impl_.get();
-  return impl->RunSync<MemoryHandle>([=]() -> absl::StatusOr<MemoryHandle> {
-    ucp_mem_map_params_t params = {};
-    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    params.address = base;
-    params.length = length;
-    Impl::Registration reg;
-    RETURN_IF_ERROR(UCS_STATUS(ucp_mem_map(impl->context_, &params, &reg.memh), "ucp_mem_map"));
-    void* rkey_buffer = nullptr;
-    size_t rkey_size = 0;
-    ucs_status_t st = ucp_rkey_pack(impl->context_, reg.memh, &rkey_buffer, &rkey_size);
-    if (st != UCS_OK) {
-      ucp_mem_unmap(impl->context_, reg.memh);
-      return UCS_STATUS(st, "ucp_rkey_pack");
-    }
-    reg.handle = MemoryHandle{impl->next_registration_++, base, length, kind, device};
-    reg.packed_rkey.assign(kRkeyMagic, 4);
-    AppendU64(&reg.packed_rkey, impl->instance_);
-    AppendU64(&reg.packed_rkey, reg.handle.id);
-    AppendU64(&reg.packed_rkey, Hash64(rkey_buffer, rkey_size));
-    reg.packed_rkey.append(static_cast<const char*>(rkey_buffer), rkey_size);
-    ucp_rkey_buffer_release(rkey_buffer);
-    MemoryHandle handle = reg.handle;
-    impl->registrations_[handle.id] = std::move(reg);
-    return handle;
-  });
+  return impl->RunSync<MemoryHandle>([=] { return MapMemory(impl, base, length, kind, device); });
+}
+
+absl::StatusOr<MemoryHandle> UcxTransport::AllocateMemory(uint64_t length, MemoryKind kind,
+                                                          int device) {
+  if (length == 0) return absl::InvalidArgumentError("AllocateMemory: zero length");
+  if (kind != MemoryKind::kHost) {
+    return absl::InvalidArgumentError("the UCX backend allocates host memory only");
+  }
+  // Page-aligned memory registered like any other. (UCP_MEM_MAP_ALLOCATE would give a
+  // posix segment that same-host peers map directly, but with UCX 1.13 a Put into such
+  // a segment from another process hung in our conformance test; see the commit log.)
+  void* base = nullptr;
+  const uint64_t page = 4096;
+  if (posix_memalign(&base, page, (length + page - 1) / page * page) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", length, " bytes"));
+  }
+  Impl* impl = impl_.get();
+  auto handle = impl->RunSync<MemoryHandle>([=] { return MapMemory(impl, base, length, kind, device); });
+  if (!handle.ok()) {
+    free(base);
+    return handle.status();
+  }
+  absl::MutexLock lock(&impl->worker_mu_);
+  impl->owned_.insert(handle->id);
+  return handle;
 }
 
 absl::Status UcxTransport::DeregisterMemory(const MemoryHandle& handle) {
@@ -880,6 +917,7 @@ absl::Status UcxTransport::DeregisterMemory(const MemoryHandle& handle) {
                  absl::StrCat("memory registration ", handle.id, " is not registered"));
            }
            ucp_mem_unmap(impl->context_, it->second.memh);
+           if (impl->owned_.erase(handle.id)) free(it->second.handle.base);
            impl->registrations_.erase(it);
            return true;
          })
