@@ -112,8 +112,8 @@ def _system_libs_impl(ctx):
         ctx.symlink(cuda + "/include", "cuda_include")
         lines.append("""cc_library(
     name = "cuda",
-    hdrs = glob(["cuda_include/*.h", "cuda_include/crt/*.h", "cuda_include/crt/*.hpp", "cuda_include/*.hpp", "cuda_include/nccl_device/**"]),
-    includes = ["cuda_include"],
+    hdrs = glob(["cuda_include/**"]),
+    includes = ["cuda_include", "cuda_include/cccl"],
     linkopts = ["-L{cuda}/lib", "-Wl,-rpath,{cuda}/lib", "-lnccl", "-lcudart"],
 )""".format(cuda = cuda))
     else:
