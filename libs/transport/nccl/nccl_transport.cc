@@ -272,7 +272,13 @@ std::unique_ptr<Completion> Impl::Submit(uint64_t bytes,
   cudaSetDevice(options_.device);
   absl::Status s = enqueue();
   if (!s.ok()) {
-    if (absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) Abort(s);
+    if (absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) {
+      // Stuck in NCCL (a peer rank is gone): the communicator is aborted, and that
+      // is what the caller hears, like every other operation on it from now on.
+      Abort(s);
+      absl::MutexLock lock(&pending_mu_);
+      return CompletedWith(aborted_);
+    }
     return CompletedWith(s);
   }
   Pending p;
