@@ -124,6 +124,7 @@ class UcxTransport::Impl {
     pid_t pid = 0;
     bool watch_pid = false;          // liveness by pid (no UCX peer-failure handling)
     bool peer_failure_mode = false;  // endpoint created with UCP_ERR_HANDLING_MODE_PEER
+    bool put_needs_flush = true;     // false when a locally complete Put is remote too
     bool failed = false;
     absl::Status error;
     std::map<uint64_t, ucp_rkey_h> rkeys;  // remote registration id -> unpacked key
@@ -199,6 +200,7 @@ class UcxTransport::Impl {
   uint64_t instance_ = 0;
   uint32_t tag_id_ = 0;
   Capabilities caps_;
+  bool tcp_only_ = false;  // UCX_TLS names tcp (and self) only
 
   // Progress-thread state (guarded by worker_mu_).
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
@@ -305,6 +307,7 @@ absl::Status Impl::Init() {
       if (t != "tcp" && t != "self") tcp_only = false;
     }
   }
+  tcp_only_ = tcp_only;
   caps_.backend = "ucx";
   caps_.host_memory = true;
   caps_.cuda_memory = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
@@ -469,15 +472,18 @@ absl::StatusOr<PeerId> Impl::ConnectOnThread(const std::string& address, bool se
     p->impl->OnPeerError(p, status);
   };
   params.err_handler.arg = peer.get();
-  ucs_status_t st = ucp_ep_create(worker_, &params, &peer->ep);
-  if (st == UCS_ERR_UNREACHABLE && same_host) {
-    // UCX 1.13's shared-memory transports have no peer-failure handling: connect
-    // without it and watch the peer's pid instead (a dead peer is still an error).
+  if (same_host) {
+    // UCX 1.13's shared-memory transports have no peer-failure handling, and asking for
+    // it would push a same-host peer onto tcp: connect without it and watch the peer's
+    // pid instead (a dead peer is still an error within ~100 ms).
     params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    st = ucp_ep_create(worker_, &params, &peer->ep);
     peer->watch_pid = true;
+    // Shared-memory RMA (cma, posix, knem) copies synchronously: a Put is in the
+    // peer's memory once UCX completes it locally, and needs no endpoint flush. Over
+    // tcp, UCX emulates RMA and only a flush says the bytes arrived.
+    peer->put_needs_flush = tcp_only_;
   }
-  RETURN_IF_ERROR(UCS_STATUS(st, "ucp_ep_create"));
+  RETURN_IF_ERROR(UCS_STATUS(ucp_ep_create(worker_, &params, &peer->ep), "ucp_ep_create"));
   peer->peer_failure_mode = !peer->watch_pid;
   Peer* raw = peer.get();
   by_instance_[instance] = raw;
@@ -965,16 +971,19 @@ std::unique_ptr<Completion> UcxTransport::Put(PeerId peer_id, const MemoryHandle
         op->bytes = length;
         op->rkey_registration = remote.registration_id();
         ++peer->inflight[op->rkey_registration];
-        op->parts = 2;  // the put, then a flush that completes when the bytes are remote
+        // The put, then (where needed) a flush that completes when the bytes are remote.
+        op->parts = peer->put_needs_flush ? 2 : 1;
         ucp_request_param_t param = SendParam(op);
         void* request = ucp_put_nbx(peer->ep, resolved->second, length,
                                     remote.base_address() + remote_offset, *rkey, &param);
         if (UCS_PTR_IS_ERR(request)) {
           impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_put_nbx"));
         }
-        void* flush = ucp_ep_flush_nbx(peer->ep, &param);
-        if (UCS_PTR_IS_ERR(flush)) {
-          impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(flush), "ucp_ep_flush_nbx"));
+        if (peer->put_needs_flush) {
+          void* flush = ucp_ep_flush_nbx(peer->ep, &param);
+          if (UCS_PTR_IS_ERR(flush)) {
+            impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(flush), "ucp_ep_flush_nbx"));
+          }
         }
       });
 }
