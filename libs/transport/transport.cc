@@ -1,6 +1,7 @@
 #include "libs/transport/transport.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace rlfleet::transport {
 
@@ -49,6 +50,48 @@ std::unique_ptr<Completion> Share(std::shared_ptr<PendingCompletion> pending) {
     std::shared_ptr<PendingCompletion> c_;
   };
   return std::make_unique<Shared>(std::move(pending));
+}
+
+std::unique_ptr<Completion> Transport::PutBatch(PeerId peer, const std::vector<PutOp>& ops) {
+  // Completes when every member completed; reports the first error.
+  class All : public Completion {
+   public:
+    explicit All(std::vector<std::unique_ptr<Completion>> parts) : parts_(std::move(parts)) {}
+    absl::Status Wait(absl::Duration timeout) override {
+      const absl::Time deadline = absl::Now() + timeout;
+      absl::Status first;
+      for (auto& part : parts_) {
+        absl::Status s = part->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+        if (absl::IsDeadlineExceeded(s)) return s;
+        first.Update(s);
+      }
+      return first;
+    }
+    bool Done() override {
+      for (auto& part : parts_) {
+        if (!part->Done()) return false;
+      }
+      return true;
+    }
+    uint64_t bytes() override {
+      uint64_t n = 0;
+      for (auto& part : parts_) n += part->bytes();
+      return n;
+    }
+
+   private:
+    std::vector<std::unique_ptr<Completion>> parts_;
+  };
+  if (ops.empty()) return CompletedWith(absl::InvalidArgumentError("PutBatch: no puts"));
+  std::vector<std::unique_ptr<Completion>> parts;
+  for (const PutOp& op : ops) {
+    if (op.remote == nullptr) {
+      parts.push_back(CompletedWith(absl::InvalidArgumentError("PutBatch: op without remote")));
+      continue;
+    }
+    parts.push_back(Put(peer, op.local, op.local_offset, *op.remote, op.remote_offset, op.length));
+  }
+  return std::make_unique<All>(std::move(parts));
 }
 
 absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t length,

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -127,6 +128,21 @@ class Transport {
                                           uint64_t local_offset,
                                           const v1::RemoteMemoryDescriptor& remote,
                                           uint64_t remote_offset, uint64_t length) = 0;
+  // One one-sided write of a batch (see PutBatch). `remote` must stay valid during the
+  // PutBatch call.
+  struct PutOp {
+    MemoryHandle local;
+    uint64_t local_offset = 0;
+    const v1::RemoteMemoryDescriptor* remote = nullptr;
+    uint64_t remote_offset = 0;
+    uint64_t length = 0;
+  };
+  // Puts every op to `peer`; completes once all of them are in the peer's memory, with
+  // the first error if any failed. Backends that need a remote-completion round per
+  // Put (UCX: an endpoint flush) do one for the whole batch, so many chunks cost one
+  // round trip. The default issues the Puts one by one.
+  virtual std::unique_ptr<Completion> PutBatch(PeerId peer, const std::vector<PutOp>& ops);
+
   // One-sided: reads the peer's remote[remote_offset, +length) into local at local_offset.
   virtual std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local,
                                           uint64_t local_offset,

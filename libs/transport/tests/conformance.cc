@@ -149,6 +149,33 @@ TEST_P(TransportConformanceTest, TransportAllocatedMemoryWorksOnBothSides) {
   EXPECT_EQ(local_->AllocateMemory(0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_P(TransportConformanceTest, PutBatchLandsEveryPutBeforeItCompletes) {
+  if (!local_->GetCapabilities().one_sided) GTEST_SKIP() << "backend has no one-sided ops";
+  constexpr int kCount = 32;
+  for (uint64_t chunk : {uint64_t{7}, uint64_t{65536 + 3}, uint64_t{1} << 20}) {
+    SCOPED_TRACE(absl::StrCat("chunk ", chunk));
+    auto slot = peer_->Allocate(chunk * kCount, 1);
+    ASSERT_TRUE(slot.ok());
+    auto remote = peer_->Describe(*slot);
+    ASSERT_TRUE(remote.ok());
+    std::vector<uint8_t> storage;
+    MemoryHandle h = LocalBuffer(chunk * kCount, 8, &storage);
+    std::vector<Transport::PutOp> ops;
+    for (int i = 0; i < kCount; ++i) {
+      ops.push_back({h, i * chunk, &*remote, i * chunk, chunk});
+    }
+    auto done = local_->PutBatch(peer_id_, ops);
+    ASSERT_TRUE(done->Wait(kTimeout).ok());
+    EXPECT_EQ(done->bytes(), chunk * kCount);
+    ASSERT_TRUE(peer_->Verify(*slot, 0, chunk * kCount, 8, 0).ok());
+    // One bad op fails the batch with its error.
+    ops.push_back({h, 0, &*remote, chunk * kCount, 1});
+    EXPECT_EQ(local_->PutBatch(peer_id_, ops)->Wait(kTimeout).code(), absl::StatusCode::kOutOfRange);
+    ASSERT_TRUE(local_->DeregisterMemory(h).ok());
+    ASSERT_TRUE(peer_->Deregister(*slot).ok());
+  }
+}
+
 TEST_P(TransportConformanceTest, ManyConcurrentTransfersAllComplete) {
   constexpr int kCount = 64;
   constexpr uint64_t kSize = 64 << 10;

@@ -111,7 +111,7 @@ class UcxTransport::Impl {
     absl::Status override;       // replaces CANCELLED when we cancel (peer died, shutdown)
     void* request = nullptr;     // receive request, for cancellation
     bool is_recv = false;
-    uint64_t rkey_registration = 0;  // remote registration in use (Put / Get)
+    std::vector<uint64_t> rkey_registrations;  // remote registrations in use (Put / Get)
   };
 
   struct Peer {
@@ -124,7 +124,6 @@ class UcxTransport::Impl {
     pid_t pid = 0;
     bool watch_pid = false;          // liveness by pid (no UCX peer-failure handling)
     bool peer_failure_mode = false;  // endpoint created with UCP_ERR_HANDLING_MODE_PEER
-    bool put_needs_flush = true;     // false when a locally complete Put is remote too
     bool failed = false;
     absl::Status error;
     std::map<uint64_t, ucp_rkey_h> rkeys;  // remote registration id -> unpacked key
@@ -478,10 +477,6 @@ absl::StatusOr<PeerId> Impl::ConnectOnThread(const std::string& address, bool se
     // pid instead (a dead peer is still an error within ~100 ms).
     params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     peer->watch_pid = true;
-    // Shared-memory RMA (cma, posix, knem) copies synchronously: a Put is in the
-    // peer's memory once UCX completes it locally, and needs no endpoint flush. Over
-    // tcp, UCX emulates RMA and only a flush says the bytes arrived.
-    peer->put_needs_flush = tcp_only_;
   }
   RETURN_IF_ERROR(UCS_STATUS(ucp_ep_create(worker_, &params, &peer->ep), "ucp_ep_create"));
   peer->peer_failure_mode = !peer->watch_pid;
@@ -621,10 +616,10 @@ void Impl::FinishPart(Op* op, absl::Status status) {
   absl::Status final_status = op->status;
   if (absl::IsCancelled(final_status) && !op->override.ok()) final_status = op->override;
   if (op->peer != nullptr && op->is_recv) op->peer->recvs.erase(op);
-  if (op->peer != nullptr && op->rkey_registration != 0) {
+  for (uint64_t registration : op->rkey_registrations) {
     Peer* peer = op->peer;
-    if (--peer->inflight[op->rkey_registration] <= 0 && peer->revoked.count(op->rkey_registration)) {
-      ReleaseRkeyIfIdle(peer, op->rkey_registration);
+    if (--peer->inflight[registration] <= 0 && peer->revoked.count(registration)) {
+      ReleaseRkeyIfIdle(peer, registration);
     }
   }
   op->completion->Finish(final_status, final_status.ok() || absl::IsDataLoss(final_status) ? op->bytes : 0);
@@ -959,33 +954,48 @@ std::unique_ptr<Completion> UcxTransport::Put(PeerId peer_id, const MemoryHandle
                                               uint64_t local_offset,
                                               const v1::RemoteMemoryDescriptor& remote,
                                               uint64_t remote_offset, uint64_t length) {
+  return PutBatch(peer_id, {PutOp{local, local_offset, &remote, remote_offset, length}});
+}
+
+std::unique_ptr<Completion> UcxTransport::PutBatch(PeerId peer_id, const std::vector<PutOp>& ops) {
   Impl* impl = impl_.get();
-  return impl->Submit(
-      [=](Impl::Op* op) {
-        auto resolved = impl->Resolve(peer_id, local, local_offset, length, "Put");
-        if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
-        Impl::Peer* peer = resolved->first;
-        auto rkey = impl->RemoteKey(peer, remote, remote_offset, length, "Put");
-        if (!rkey.ok()) return impl->FinishPart(op, rkey.status());
-        op->peer = peer;
-        op->bytes = length;
-        op->rkey_registration = remote.registration_id();
-        ++peer->inflight[op->rkey_registration];
-        // The put, then (where needed) a flush that completes when the bytes are remote.
-        op->parts = peer->put_needs_flush ? 2 : 1;
-        ucp_request_param_t param = SendParam(op);
-        void* request = ucp_put_nbx(peer->ep, resolved->second, length,
-                                    remote.base_address() + remote_offset, *rkey, &param);
-        if (UCS_PTR_IS_ERR(request)) {
-          impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_put_nbx"));
-        }
-        if (peer->put_needs_flush) {
-          void* flush = ucp_ep_flush_nbx(peer->ep, &param);
-          if (UCS_PTR_IS_ERR(flush)) {
-            impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(flush), "ucp_ep_flush_nbx"));
-          }
-        }
-      });
+  return impl->Submit([&](Impl::Op* op) {
+    if (ops.empty()) return impl->FinishPart(op, absl::InvalidArgumentError("PutBatch: no puts"));
+    // Validate everything before issuing anything.
+    std::vector<std::pair<uint8_t*, ucp_rkey_h>> targets;
+    Impl::Peer* peer = nullptr;
+    for (const PutOp& p : ops) {
+      auto resolved = impl->Resolve(peer_id, p.local, p.local_offset, p.length, "Put");
+      if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
+      peer = resolved->first;
+      if (p.remote == nullptr) return impl->FinishPart(op, absl::InvalidArgumentError("Put: no remote"));
+      auto rkey = impl->RemoteKey(peer, *p.remote, p.remote_offset, p.length, "Put");
+      if (!rkey.ok()) return impl->FinishPart(op, rkey.status());
+      targets.emplace_back(resolved->second, *rkey);
+    }
+    op->peer = peer;
+    // Each put, then one flush: the batch completes when every byte is remote. Over
+    // shared memory small puts may sit in a FIFO until then; over tcp UCX emulates RMA.
+    op->parts = static_cast<int>(ops.size()) + 1;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const PutOp& p = ops[i];
+      op->bytes += p.length;
+      op->rkey_registrations.push_back(p.remote->registration_id());
+      ++peer->inflight[p.remote->registration_id()];
+      ucp_request_param_t param = SendParam(op);
+      void* request = ucp_put_nbx(peer->ep, targets[i].first, p.length,
+                                  p.remote->base_address() + p.remote_offset, targets[i].second,
+                                  &param);
+      if (UCS_PTR_IS_ERR(request)) {
+        impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_put_nbx"));
+      }
+    }
+    ucp_request_param_t param = SendParam(op);
+    void* flushed = ucp_ep_flush_nbx(peer->ep, &param);
+    if (UCS_PTR_IS_ERR(flushed)) {
+      impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(flushed), "ucp_ep_flush_nbx"));
+    }
+  });
 }
 
 std::unique_ptr<Completion> UcxTransport::Get(PeerId peer_id, const MemoryHandle& local,
@@ -1002,8 +1012,8 @@ std::unique_ptr<Completion> UcxTransport::Get(PeerId peer_id, const MemoryHandle
         if (!rkey.ok()) return impl->FinishPart(op, rkey.status());
         op->peer = peer;
         op->bytes = length;
-        op->rkey_registration = remote.registration_id();
-        ++peer->inflight[op->rkey_registration];
+        op->rkey_registrations.push_back(remote.registration_id());
+        ++peer->inflight[remote.registration_id()];
         ucp_request_param_t param = SendParam(op);
         void* request = ucp_get_nbx(peer->ep, resolved->second, length,
                                     remote.base_address() + remote_offset, *rkey, &param);

@@ -16,8 +16,8 @@
 // creates an endpoint (error mode PEER: a dead peer fails its transfers) and sends a
 // hello, so the peer gets an endpoint back without calling Connect itself.
 // Send / Recv use tag matching (tag = sender id << 32 | user tag; user tags < 2^32).
-// Put = ucp_put_nbx + endpoint flush (completes when the bytes are remote); Get =
-// ucp_get_nbx. Remote keys are framed (owner instance, registration id, checksum) so a
+// Put = ucp_put_nbx + endpoint flush (completes when the bytes are remote); PutBatch
+// issues many puts and one flush; Get = ucp_get_nbx. Remote keys are framed (owner instance, registration id, checksum) so a
 // garbled or foreign key is INVALID_ARGUMENT before UCX sees it, and DeregisterMemory
 // revokes the key at every connected peer (an active message, acknowledged once their
 // transfers with it finished) before unmapping, so a stale key is FAILED_PRECONDITION.
@@ -70,6 +70,7 @@ class UcxTransport : public Transport {
   std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                   const v1::RemoteMemoryDescriptor& remote,
                                   uint64_t remote_offset, uint64_t length) override;
+  std::unique_ptr<Completion> PutBatch(PeerId peer, const std::vector<PutOp>& ops) override;
   std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                   const v1::RemoteMemoryDescriptor& remote,
                                   uint64_t remote_offset, uint64_t length) override;
