@@ -4,7 +4,7 @@
 // verified weight version (rollout) or at once (roles that hold no weights).
 //
 // Backends are chosen by connection string (OpenRegistry): `memory://` (in-process,
-// for tests and the single-process demo) and, with the Redis backend, `redis://host:port`.
+// for tests and the single-process demo) and `redis://host:port[/key-prefix]`.
 #ifndef RLFLEET_LIBS_REGISTRY_REGISTRY_H_
 #define RLFLEET_LIBS_REGISTRY_REGISTRY_H_
 
@@ -63,8 +63,8 @@ class Registry {
                                                             bool only_admitted) = 0;
 };
 
-// Opens a registry from a connection string. INVALID_ARGUMENT for an unknown scheme;
-// UNIMPLEMENTED for a scheme whose backend is not built in. `clock` is not owned.
+// Opens a registry from a connection string. INVALID_ARGUMENT for an unknown scheme or
+// a malformed address; UNAVAILABLE if Redis cannot be reached. `clock` is not owned.
 absl::StatusOr<std::unique_ptr<Registry>> OpenRegistry(absl::string_view connection,
                                                        common::Clock* clock);
 

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/common/ids.h"
 #include "services/controller/controller_client.h"
 #include "tests/util/subprocess.h"
 
@@ -161,6 +163,38 @@ TEST(ControllerBinary, AuthOnFromAConfigFileRejectsCallsWithoutTheToken) {
   EXPECT_EQ(health->status(), grpc::health::v1::HealthCheckResponse::SERVING);
 
   ExpectCleanExitOnSigterm(process);
+}
+
+TEST(ControllerBinary, RedisRegistrySurvivesAControllerRestart) {
+  const char* port = std::getenv("RLFLEET_REDIS_PORT");
+  if (port == nullptr) GTEST_SKIP() << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
+  const std::string registry = absl::StrCat("--registry=redis://127.0.0.1:", port, "/",
+                                            common::NewId("it"), ":");
+  std::string lease_id;
+  {
+    Subprocess first;
+    const std::string address = StartController(first, {registry});
+    ASSERT_FALSE(address.empty());
+    auto lease = Connect(address)->Register(RolloutRegistration("rollout-r"));
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    lease_id = lease->lease_id();
+    ExpectCleanExitOnSigterm(first);
+  }
+  // A new controller process sees the replica, and its lease still renews.
+  Subprocess second;
+  const std::string address = StartController(second, {registry});
+  ASSERT_FALSE(address.empty());
+  auto client = Connect(address);
+  v1::ListReplicasRequest list;
+  auto replicas = client->ListReplicas(list);
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  ASSERT_EQ(replicas->replicas_size(), 1);
+  EXPECT_EQ(replicas->replicas(0).replica_id(), "rollout-r");
+  v1::HeartbeatRequest beat;
+  beat.set_replica_id("rollout-r");
+  beat.set_lease_id(lease_id);
+  EXPECT_TRUE(client->Heartbeat(beat).ok());
+  ExpectCleanExitOnSigterm(second);
 }
 
 TEST(ControllerBinary, BadFlagsExitWithAClearMessage) {

@@ -8,6 +8,17 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "libs/common/clock.h"
+#include "libs/common/ids.h"
+#include "tests/util/subprocess.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include "absl/strings/str_cat.h"
 
 namespace rlfleet::registry {
 namespace {
@@ -20,10 +31,21 @@ v1::ReplicaInfo Replica(const std::string& id, v1::ReplicaRole role) {
   return info;
 }
 
+// "redis" runs against the redis-server that tools/test.sh starts (RLFLEET_REDIS_PORT),
+// each test under its own key prefix.
+std::string Connection(const std::string& backend) {
+  if (backend != "redis") return backend;
+  const char* port = std::getenv("RLFLEET_REDIS_PORT");
+  if (port == nullptr) return "";
+  return absl::StrCat("redis://127.0.0.1:", port, "/", common::NewId("test"), ":");
+}
+
 class RegistryTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    auto registry = OpenRegistry(GetParam(), &clock_);
+    const std::string connection = Connection(GetParam());
+    if (connection.empty()) GTEST_SKIP() << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
+    auto registry = OpenRegistry(connection, &clock_);
     ASSERT_TRUE(registry.ok()) << registry.status();
     registry_ = std::move(*registry);
   }
@@ -121,7 +143,66 @@ TEST_P(RegistryTest, BadRegistrationsNameTheField) {
   EXPECT_TRUE(absl::StrContains(short_ttl.status().message(), "ttl_ms"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, RegistryTest, ::testing::Values("memory://"));
+INSTANTIATE_TEST_SUITE_P(Backends, RegistryTest, ::testing::Values("memory://", "redis"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "redis" ? std::string("redis") : "memory";
+                         });
+
+TEST(OpenRegistry, BadRedisAddressesAreClearErrors) {
+  common::FakeClock clock;
+  EXPECT_EQ(OpenRegistry("redis://nohost", &clock).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Nothing listens on port 1: UNAVAILABLE within the 2 s connect timeout.
+  auto down = OpenRegistry("redis://127.0.0.1:1", &clock);
+  EXPECT_EQ(down.status().code(), absl::StatusCode::kUnavailable) << down.status();
+}
+
+TEST(RedisRegistry, ReconnectsAfterARedisRestart) {
+  // Its own redis-server on a free loopback port, so that restarting it disturbs nobody.
+  int port = 0;
+  {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    socklen_t len = sizeof(addr);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+    close(fd);
+  }
+  const std::string dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+  auto start_redis = [&](rlfleet::testing::Subprocess& p) {
+    ASSERT_TRUE(p.Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port",
+                         std::to_string(port), "--save", "", "--appendonly", "no", "--dir", dir})
+                    .ok());
+    ASSERT_TRUE(p.WaitForLine([](const std::string& l) {
+                   return absl::StrContains(l, "Ready to accept connections");
+                 }, absl::Seconds(20)).ok());
+  };
+  common::FakeClock clock;
+  auto server = std::make_unique<rlfleet::testing::Subprocess>();
+  start_redis(*server);
+  auto registry = OpenRegistry(absl::StrCat("redis://127.0.0.1:", port), &clock);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  auto lease = (*registry)->Register(Replica("rollout-7", v1::REPLICA_ROLE_ROLLOUT), {});
+  ASSERT_TRUE(lease.ok()) << lease.status();
+
+  // Redis goes away: calls fail fast with UNAVAILABLE, no hang.
+  ASSERT_TRUE(server->Signal(SIGKILL).ok());
+  ASSERT_TRUE(server->Wait(absl::Seconds(10)).ok());
+  auto during = (*registry)->Heartbeat("rollout-7", lease->lease_id, {}, {});
+  EXPECT_EQ(during.status().code(), absl::StatusCode::kUnavailable) << during.status();
+
+  // Redis is back (empty): the next heartbeat reconnects and says NOT_FOUND, so the
+  // replica registers again at once.
+  server = std::make_unique<rlfleet::testing::Subprocess>();
+  start_redis(*server);
+  auto after = (*registry)->Heartbeat("rollout-7", lease->lease_id, {}, {});
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kNotFound) << after.status();
+  ASSERT_TRUE((*registry)->Register(Replica("rollout-7", v1::REPLICA_ROLE_ROLLOUT), {}).ok());
+  EXPECT_EQ((*registry)->List(v1::REPLICA_ROLE_ROLLOUT, false)->size(), 1u);
+}
 
 TEST(OpenRegistry, UnknownSchemeIsInvalidArgument) {
   common::FakeClock clock;

@@ -1,0 +1,71 @@
+// Redis registry backend (`redis://host:port`): the only hiredis user.
+//
+// Each replica is a hash `rlfleet:replica:<id>` with its ReplicaInfo (protobuf bytes),
+// lease id, TTL, admission flag and absolute expiry (ms, from the injected clock, so
+// that every process agrees and tests can drive time by hand); the set
+// `rlfleet:replicas` indexes them. Lease checks are Lua scripts, so a stale lease
+// never renews or removes a newer registration. Redis's own PEXPIRE (twice the TTL)
+// collects records of replicas that vanished.
+//
+// A dropped connection (Redis restarted) is re-dialled on the next call; a call that
+// cannot reach Redis within the timeout is UNAVAILABLE. Registrations lost in a Redis
+// restart come back with the replicas' next heartbeat, which gets NOT_FOUND and
+// registers again.
+//
+// Thread-safe (one connection under a mutex).
+#ifndef RLFLEET_LIBS_REGISTRY_REDIS_REDIS_REGISTRY_H_
+#define RLFLEET_LIBS_REGISTRY_REDIS_REDIS_REGISTRY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "libs/registry/registry.h"
+
+struct redisContext;
+struct redisReply;
+
+namespace rlfleet::registry {
+
+class RedisRegistry : public Registry {
+ public:
+  // Connects to host:port. UNAVAILABLE if Redis does not answer within `timeout`.
+  static absl::StatusOr<std::unique_ptr<RedisRegistry>> Connect(
+      const std::string& host, int port, common::Clock* clock,
+      absl::Duration timeout = absl::Seconds(2), std::string key_prefix = "rlfleet:");
+  ~RedisRegistry() override;
+
+  absl::StatusOr<Lease> Register(const v1::ReplicaInfo& replica, absl::Duration ttl) override;
+  absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id,
+                                            absl::string_view lease_id,
+                                            const v1::LoadStats& load,
+                                            const v1::PolicyVersion& version) override;
+  absl::StatusOr<bool> Deregister(absl::string_view replica_id,
+                                  absl::string_view lease_id) override;
+  absl::StatusOr<std::vector<v1::ReplicaInfo>> List(v1::ReplicaRole role,
+                                                    bool only_admitted) override;
+
+ private:
+  RedisRegistry(std::string host, int port, common::Clock* clock, absl::Duration timeout,
+                std::string key_prefix);
+
+  // Runs one command (argv form), reconnecting once if the connection is broken.
+  absl::StatusOr<std::unique_ptr<redisReply, void (*)(void*)>> Command(
+      const std::vector<std::string>& argv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EnsureConnected() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Key(absl::string_view replica_id) const;
+
+  const std::string host_;
+  const int port_;
+  common::Clock* const clock_;
+  const absl::Duration timeout_;
+  const std::string prefix_;
+  absl::Mutex mu_;
+  redisContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace rlfleet::registry
+
+#endif  // RLFLEET_LIBS_REGISTRY_REDIS_REDIS_REGISTRY_H_
