@@ -106,8 +106,8 @@ class Transport {
                                                       MemoryKind kind = MemoryKind::kHost,
                                                       int device = 0) = 0;
   // Allocates `length` bytes in the way this backend serves best and registers them
-  // (page-aligned host memory for UCX; device memory for NCCL). Its contents are
-  // unspecified. DeregisterMemory frees it. INVALID_ARGUMENT for zero length;
+  // (UCX: memory peers on this host map directly, so their Put / Get are a plain
+  // memcpy; NCCL: device memory). Its contents are unspecified. DeregisterMemory frees it. INVALID_ARGUMENT for zero length;
   // RESOURCE_EXHAUSTED when the allocation fails.
   virtual absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length,
                                                       MemoryKind kind = MemoryKind::kHost,

@@ -771,13 +771,25 @@ std::unique_ptr<Completion> Impl::Submit(std::function<void(Op*)> start) {
 
 namespace {
 
+// Parameters for a send-like request (send, put, get, flush) of `op`. Immediate
+// completion is allowed: with UCP_OP_ATTR_FLAG_NO_IMM_CMPL, UCX 1.13 never called back
+// for a flush that had nothing left to wait for (seen as a hang). See Track().
 ucp_request_param_t SendParam(void* op) {
   ucp_request_param_t param = {};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &Impl::OnSend;
   param.user_data = op;
   return param;
+}
+
+// Accounts for what a send-like nbx call returned: done now (null), failed, or pending
+// (the callback finishes that part later).
+void Track(Impl* impl, Impl::Op* op, void* request, const char* what) {
+  if (request == nullptr) {
+    impl->FinishPart(op, absl::OkStatus());
+  } else if (UCS_PTR_IS_ERR(request)) {
+    impl->FinishPart(op, UcsStatus(UCS_PTR_STATUS(request), what, __FILE__, __LINE__));
+  }
 }
 
 }  // namespace
@@ -809,15 +821,31 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view peer_address) {
 
 namespace {
 
-// Registers memory with UCX and packs its framed remote key.
+// Registers memory with UCX (or, with base == nullptr, has UCX allocate it: on shared
+// memory a posix segment that same-host peers map, so their Puts are a memcpy) and
+// packs its framed remote key. ucp_mem_unmap releases either kind.
 absl::StatusOr<MemoryHandle> MapMemory(Impl* impl, void* base, uint64_t length, MemoryKind kind,
                                        int device) {
   ucp_mem_map_params_t params = {};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   params.address = base;
   params.length = length;
+  if (base == nullptr) {
+    params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    params.flags = UCP_MEM_MAP_ALLOCATE;
+  }
   Impl::Registration reg;
   RETURN_IF_ERROR(UCS_STATUS(ucp_mem_map(impl->context_, &params, &reg.memh), "ucp_mem_map"));
+  if (base == nullptr) {
+    ucp_mem_attr_t attr = {};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+    ucs_status_t st = ucp_mem_query(reg.memh, &attr);
+    if (st != UCS_OK) {
+      ucp_mem_unmap(impl->context_, reg.memh);
+      return UCS_STATUS(st, "ucp_mem_query");
+    }
+    base = attr.address;
+  }
   void* rkey_buffer = nullptr;
   size_t rkey_size = 0;
   ucs_status_t st = ucp_rkey_pack(impl->context_, reg.memh, &rkey_buffer, &rkey_size);
@@ -856,15 +884,15 @@ absl::StatusOr<MemoryHandle> UcxTransport::AllocateMemory(uint64_t length, Memor
   if (kind != MemoryKind::kHost) {
     return absl::InvalidArgumentError("the UCX backend allocates host memory only");
   }
-  // Page-aligned memory registered like any other. (UCP_MEM_MAP_ALLOCATE would give a
-  // posix segment that same-host peers map directly, but with UCX 1.13 a Put into such
-  // a segment from another process hung in our conformance test; see the commit log.)
+  // UCX-allocated memory (UCP_MEM_MAP_ALLOCATE) lets same-host peers map it, but with
+  // UCX 1.13 and two in-process tcp workers it corrupted the heap in our conformance
+  // suite; until that is understood, this is page-aligned memory registered normally.
+  Impl* impl = impl_.get();
   void* base = nullptr;
   const uint64_t page = 4096;
   if (posix_memalign(&base, page, (length + page - 1) / page * page) != 0) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", length, " bytes"));
   }
-  Impl* impl = impl_.get();
   auto handle = impl->RunSync<MemoryHandle>([=] { return MapMemory(impl, base, length, kind, device); });
   if (!handle.ok()) {
     free(base);
@@ -983,18 +1011,13 @@ std::unique_ptr<Completion> UcxTransport::PutBatch(PeerId peer_id, const std::ve
       op->rkey_registrations.push_back(p.remote->registration_id());
       ++peer->inflight[p.remote->registration_id()];
       ucp_request_param_t param = SendParam(op);
-      void* request = ucp_put_nbx(peer->ep, targets[i].first, p.length,
-                                  p.remote->base_address() + p.remote_offset, targets[i].second,
-                                  &param);
-      if (UCS_PTR_IS_ERR(request)) {
-        impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_put_nbx"));
-      }
+      Track(impl, op,
+            ucp_put_nbx(peer->ep, targets[i].first, p.length,
+                        p.remote->base_address() + p.remote_offset, targets[i].second, &param),
+            "ucp_put_nbx");
     }
     ucp_request_param_t param = SendParam(op);
-    void* flushed = ucp_ep_flush_nbx(peer->ep, &param);
-    if (UCS_PTR_IS_ERR(flushed)) {
-      impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(flushed), "ucp_ep_flush_nbx"));
-    }
+    Track(impl, op, ucp_ep_flush_nbx(peer->ep, &param), "ucp_ep_flush_nbx");
   });
 }
 
@@ -1015,11 +1038,10 @@ std::unique_ptr<Completion> UcxTransport::Get(PeerId peer_id, const MemoryHandle
         op->rkey_registrations.push_back(remote.registration_id());
         ++peer->inflight[remote.registration_id()];
         ucp_request_param_t param = SendParam(op);
-        void* request = ucp_get_nbx(peer->ep, resolved->second, length,
-                                    remote.base_address() + remote_offset, *rkey, &param);
-        if (UCS_PTR_IS_ERR(request)) {
-          impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_get_nbx"));
-        }
+        Track(impl, op,
+              ucp_get_nbx(peer->ep, resolved->second, length,
+                          remote.base_address() + remote_offset, *rkey, &param),
+              "ucp_get_nbx");
       });
 }
 
@@ -1040,10 +1062,8 @@ std::unique_ptr<Completion> UcxTransport::Send(PeerId peer_id, uint64_t tag,
         op->bytes = length;
         ucp_request_param_t param = SendParam(op);
         const ucp_tag_t ucx_tag = (uint64_t{impl->tag_id_} << 32) | tag;
-        void* request = ucp_tag_send_nbx(peer->ep, resolved->second, length, ucx_tag, &param);
-        if (UCS_PTR_IS_ERR(request)) {
-          impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_tag_send_nbx"));
-        }
+        Track(impl, op, ucp_tag_send_nbx(peer->ep, resolved->second, length, ucx_tag, &param),
+              "ucp_tag_send_nbx");
       });
 }
 
