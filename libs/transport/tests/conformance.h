@@ -25,6 +25,10 @@ struct Backend {
   std::function<std::unique_ptr<Peer>()> make_peer;
   // Largest transfer the suite moves (256 MiB by default).
   uint64_t max_size = 256ull << 20;
+  // Whether a dead peer is recognised (UNAVAILABLE) rather than only timed out
+  // (DEADLINE_EXCEEDED, still within the deadline). False only for peers in the same
+  // process over shared memory, which cannot be told dead by pid.
+  bool peer_death_detected = true;
 };
 
 inline void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name; }

@@ -18,6 +18,8 @@ std::unique_ptr<Transport> MakeUcx(const std::string& tls) {
 Backend InProcess(const std::string& name, const std::string& tls) {
   Backend b;
   b.name = name;
+  // Over shared memory a peer in this process cannot be told dead by its pid.
+  b.peer_death_detected = tls == "tcp";
   b.make_local = [tls] { return MakeUcx(tls); };
   b.make_peer = [tls]() -> std::unique_ptr<Peer> {
     auto transport = MakeUcx(tls);
@@ -44,7 +46,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(CrossProcess("tcp_two_processes", "tcp"),
                       CrossProcess("shm_two_processes", "sm,self"),
                       CrossProcess("posix_cma_two_processes", "posix,cma,self"),
-                      InProcess("tcp_one_process", "tcp")),
+                      InProcess("tcp_one_process", "tcp"),
+                      InProcess("posix_cma_one_process", "posix,cma,self")),
     BackendName);
 
 }  // namespace

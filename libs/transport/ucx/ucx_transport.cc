@@ -884,10 +884,13 @@ absl::StatusOr<MemoryHandle> UcxTransport::AllocateMemory(uint64_t length, Memor
   if (kind != MemoryKind::kHost) {
     return absl::InvalidArgumentError("the UCX backend allocates host memory only");
   }
-  // UCX-allocated memory (UCP_MEM_MAP_ALLOCATE) lets same-host peers map it, but with
-  // UCX 1.13 and two in-process tcp workers it corrupted the heap in our conformance
-  // suite; until that is understood, this is page-aligned memory registered normally.
   Impl* impl = impl_.get();
+  if (!impl->tcp_only_) {
+    // UCX allocates it: on shared memory a posix segment that same-host peers map, so
+    // their Puts are a plain memcpy. (Not with tcp alone: no gain, and two in-process
+    // tcp workers with UCX-allocated memory corrupted the heap in our suite.)
+    return impl->RunSync<MemoryHandle>([=] { return MapMemory(impl, nullptr, length, kind, device); });
+  }
   void* base = nullptr;
   const uint64_t page = 4096;
   if (posix_memalign(&base, page, (length + page - 1) / page * page) != 0) {
