@@ -1,0 +1,163 @@
+#include "services/reward/reward_core.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/common/status_macros.h"
+#include "libs/tasks/tasks.h"
+
+namespace rlfleet::reward {
+namespace {
+
+constexpr float kFormatPenalty = -0.1f;
+constexpr float kPartialWeight = 0.8f;
+
+// The reference answer: the item's, or the task's own solution of the prompt.
+absl::StatusOr<std::string> Reference(const tasks::Task& task, const v1::ScoreItem& item) {
+  if (!item.reference_answer().empty()) return item.reference_answer();
+  return task.Solve(item.prompt_text());
+}
+
+float PositionsRight(const std::string& answer, const std::string& response) {
+  const size_t n = std::max(answer.size(), response.size());
+  if (n == 0) return 1.0f;
+  size_t right = 0;
+  for (size_t i = 0; i < std::min(answer.size(), response.size()); ++i) right += answer[i] == response[i];
+  return static_cast<float>(right) / static_cast<float>(n);
+}
+
+RewardFn Exact(const tasks::Task* task) {
+  return [task](const v1::ScoreItem& item, v1::ScoreResult* result) -> absl::Status {
+    ASSIGN_OR_RETURN(std::string answer, Reference(*task, item));
+    const bool exact = item.response_text() == answer;
+    result->set_parsed(task->WellFormed(item.response_text()));
+    result->set_reward(exact ? 1.0f : 0.0f);
+    (*result->mutable_components())["exact"] = exact ? 1.0f : 0.0f;
+    return absl::OkStatus();
+  };
+}
+
+RewardFn PartialCredit(const tasks::Task* task) {
+  return [task](const v1::ScoreItem& item, v1::ScoreResult* result) -> absl::Status {
+    ASSIGN_OR_RETURN(std::string answer, Reference(*task, item));
+    const std::string& response = item.response_text();
+    const bool well_formed = task->WellFormed(response);
+    const bool exact = response == answer;
+    const float partial = PositionsRight(answer, response);
+    auto& c = *result->mutable_components();
+    c["exact"] = exact ? 1.0f : 0.0f;
+    c["partial"] = partial;
+    c["format"] = well_formed ? 1.0f : 0.0f;
+    result->set_parsed(well_formed);
+    result->set_reward(!well_formed ? kFormatPenalty : exact ? 1.0f : kPartialWeight * partial);
+    return absl::OkStatus();
+  };
+}
+
+}  // namespace
+
+RewardCore::RewardCore() {
+  for (const std::string& name : tasks::TaskNames()) {
+    const tasks::Task* task = tasks::FindTask(name);
+    v1::RewardFunctionInfo exact;
+    exact.set_name(name + "_exact");
+    exact.set_kind(v1::REWARD_KIND_VERIFIABLE);
+    exact.set_description(absl::StrCat("1 if the response is the answer to `", task->description(), "`, else 0"));
+    exact.add_tasks(name);
+    exact.add_component_names("exact");
+    exact.set_min_reward(0);
+    exact.set_max_reward(1);
+    (void)Register(exact, Exact(task));
+
+    v1::RewardFunctionInfo partial;
+    partial.set_name(name + "_partial_credit");
+    partial.set_kind(v1::REWARD_KIND_VERIFIABLE);
+    partial.set_description(
+        "1 if exact, else 0.8 x fraction of positions right; -0.1 if not in the answer's form");
+    partial.add_tasks(name);
+    for (const char* c : {"exact", "partial", "format"}) partial.add_component_names(c);
+    partial.set_min_reward(kFormatPenalty);
+    partial.set_max_reward(1);
+    (void)Register(partial, PartialCredit(task), /*default_for_tasks=*/true);
+  }
+}
+
+absl::Status RewardCore::Register(v1::RewardFunctionInfo info, RewardFn fn, bool default_for_tasks) {
+  if (info.name().empty()) return absl::InvalidArgumentError("reward function name is empty");
+  absl::MutexLock lock(&mu_);
+  if (functions_.count(info.name())) {
+    return absl::AlreadyExistsError(absl::StrCat("reward function `", info.name(), "` exists"));
+  }
+  if (default_for_tasks) {
+    for (const std::string& task : info.tasks()) default_for_task_[task] = info.name();
+  }
+  const std::string name = info.name();
+  functions_[name] = Entry{std::move(info), std::move(fn)};
+  return absl::OkStatus();
+}
+
+absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) {
+  const absl::Time start = absl::Now();
+  if (request.items_size() == 0) return absl::InvalidArgumentError("items is empty");
+  if (request.items_size() > kMaxItemsPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("items has ", request.items_size(),
+                                                   " entries; the limit is ", kMaxItemsPerRequest));
+  }
+  for (int i = 0; i < request.items_size(); ++i) {
+    const v1::ScoreItem& item = request.items(i);
+    const std::string where = absl::StrCat("items[", i, "]");
+    if (item.prompt_text().empty() || item.response_text().size() > kMaxTextBytes ||
+        item.prompt_text().size() > kMaxTextBytes || item.reference_answer().size() > kMaxTextBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": prompt_text is required (token ids need the shared tokenizer) and texts are at most ",
+          kMaxTextBytes, " bytes"));
+    }
+    RewardFn fn;
+    std::string name = item.reward_function();
+    {
+      absl::MutexLock lock(&mu_);
+      if (name.empty()) {
+        auto d = default_for_task_.find(item.task());
+        if (d == default_for_task_.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ".task `", item.task(),
+                                                         "` has no default reward function"));
+        }
+        name = d->second;
+      }
+      auto f = functions_.find(name);
+      if (f == functions_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".reward_function `", name, "` is unknown"));
+      }
+      const auto& tasks = f->second.info.tasks();
+      if (!tasks.empty() && std::find(tasks.begin(), tasks.end(), item.task()) == tasks.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": `", name, "` does not score task `",
+                                                       item.task(), "`"));
+      }
+      fn = f->second.fn;
+    }
+    v1::ScoreResult* result = response->add_results();
+    result->set_item_id(item.item_id());
+    result->set_reward_function(name);
+    absl::Status s = fn(item, result);
+    if (!s.ok()) return common::Annotate(s, where);
+  }
+  response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status RewardCore::List(const v1::ListRewardFunctionsRequest& request,
+                              v1::ListRewardFunctionsResponse* response) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, entry] : functions_) {
+    const auto& tasks = entry.info.tasks();
+    if (!request.task().empty() &&
+        std::find(tasks.begin(), tasks.end(), request.task()) == tasks.end()) {
+      continue;
+    }
+    *response->add_functions() = entry.info;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rlfleet::reward

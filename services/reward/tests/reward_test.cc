@@ -1,0 +1,138 @@
+// RewardCore's rewards, checked by hand, and the gRPC adapter on a loopback server.
+#include <grpcpp/create_channel.h>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "libs/rpc/server_runner.h"
+#include "services/reward/reward_core.h"
+#include "services/reward/reward_service.h"
+
+namespace rlfleet::reward {
+namespace {
+
+v1::ScoreItem Item(const std::string& task, const std::string& prompt, const std::string& response,
+                   const std::string& function = "") {
+  v1::ScoreItem item;
+  item.set_item_id(prompt + "|" + response);
+  item.set_task(task);
+  item.set_prompt_text(prompt);
+  item.set_response_text(response);
+  item.set_reward_function(function);
+  return item;
+}
+
+v1::ScoreResult ScoreOne(RewardCore& core, const v1::ScoreItem& item) {
+  v1::ScoreRequest request;
+  *request.add_items() = item;
+  v1::ScoreResponse response;
+  absl::Status s = core.Score(request, &response);
+  EXPECT_TRUE(s.ok()) << s;
+  return response.results_size() == 1 ? response.results(0) : v1::ScoreResult();
+}
+
+TEST(RewardCore, PartialCreditIsTheDefaultAndScoresByHand) {
+  RewardCore core;
+  v1::ScoreResult exact = ScoreOne(core, Item("reverse", "reverse:1234", "4321"));
+  EXPECT_EQ(exact.reward_function(), "reverse_partial_credit");
+  EXPECT_FLOAT_EQ(exact.reward(), 1.0f);
+  EXPECT_TRUE(exact.parsed());
+  // 4321 vs 4301: 3 of 4 positions right -> 0.8 * 0.75.
+  v1::ScoreResult partial = ScoreOne(core, Item("reverse", "reverse:1234", "4301"));
+  EXPECT_FLOAT_EQ(partial.reward(), 0.6f);
+  EXPECT_FLOAT_EQ(partial.components().at("partial"), 0.75f);
+  EXPECT_FLOAT_EQ(partial.components().at("exact"), 0.0f);
+  // Too long: 4 right of max(4, 6) positions.
+  EXPECT_FLOAT_EQ(ScoreOne(core, Item("reverse", "reverse:1234", "432100")).reward(), 0.8f * 4 / 6);
+  // Not digits: format penalty, not parsed.
+  v1::ScoreResult garbage = ScoreOne(core, Item("reverse", "reverse:1234", "43x1"));
+  EXPECT_FLOAT_EQ(garbage.reward(), -0.1f);
+  EXPECT_FALSE(garbage.parsed());
+  EXPECT_FLOAT_EQ(ScoreOne(core, Item("add", "add:17+25", "42")).reward(), 1.0f);
+  EXPECT_FLOAT_EQ(ScoreOne(core, Item("sort", "sort:312", "123", "sort_exact")).reward(), 1.0f);
+  EXPECT_FLOAT_EQ(ScoreOne(core, Item("sort", "sort:312", "132", "sort_exact")).reward(), 0.0f);
+}
+
+TEST(RewardCore, ReferenceAnswerOverridesTheSolver) {
+  RewardCore core;
+  v1::ScoreItem item = Item("reverse", "reverse:1234", "9999");
+  item.set_reference_answer("9999");
+  EXPECT_FLOAT_EQ(ScoreOne(core, item).reward(), 1.0f);
+}
+
+TEST(RewardCore, UserFunctionsRegisterByName) {
+  RewardCore core;
+  v1::RewardFunctionInfo info;
+  info.set_name("length_bonus");
+  info.add_tasks("reverse");
+  ASSERT_TRUE(core.Register(info, [](const v1::ScoreItem& item, v1::ScoreResult* r) {
+                    r->set_reward(static_cast<float>(item.response_text().size()));
+                    return absl::OkStatus();
+                  }).ok());
+  EXPECT_EQ(core.Register(info, nullptr).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_FLOAT_EQ(ScoreOne(core, Item("reverse", "reverse:12", "abc", "length_bonus")).reward(), 3.0f);
+  v1::ListRewardFunctionsRequest list;
+  list.set_task("reverse");
+  v1::ListRewardFunctionsResponse functions;
+  ASSERT_TRUE(core.List(list, &functions).ok());
+  EXPECT_EQ(functions.functions_size(), 3);  // exact, partial credit, length_bonus
+}
+
+TEST(RewardCore, BadItemsNameTheItemAndTheProblem) {
+  RewardCore core;
+  v1::ScoreRequest request;
+  v1::ScoreResponse response;
+  EXPECT_EQ(core.Score(request, &response).code(), absl::StatusCode::kInvalidArgument);
+  *request.add_items() = Item("reverse", "reverse:12", "21");
+  *request.add_items() = Item("juggle", "juggle:1", "1");
+  absl::Status s = core.Score(request, &response);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "items[1].task `juggle`")) << s;
+  request.mutable_items(1)->set_task("sort");
+  request.mutable_items(1)->set_reward_function("reverse_exact");
+  s = core.Score(request, &response);
+  EXPECT_TRUE(absl::StrContains(s.message(), "does not score task `sort`")) << s;
+  request.mutable_items(1)->set_reward_function("");
+  request.mutable_items(1)->set_prompt_text("reverse:12");  // wrong task prefix
+  s = core.Score(request, &response);
+  EXPECT_TRUE(absl::StrContains(s.message(), "items[1]")) << s;
+  v1::ScoreRequest big;
+  for (int i = 0; i <= kMaxItemsPerRequest; ++i) *big.add_items() = Item("reverse", "reverse:1", "1");
+  EXPECT_TRUE(absl::StrContains(core.Score(big, &response).message(), "limit is 1024"));
+}
+
+TEST(RewardService, ScoresOverGrpcWithAuth) {
+  RewardCore core;
+  RewardServiceImpl service(&core, rpc::CallAuth{"tok"});
+  rpc::ServerOptions options;
+  options.auth.token = "tok";
+  rpc::ServerRunner runner(options);
+  runner.AddService(&service);
+  ASSERT_TRUE(runner.Start().ok());
+  auto stub = v1::RewardService::NewStub(
+      grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
+  v1::ScoreRequest request;
+  *request.add_items() = Item("add", "add:2+2", "4");
+  v1::ScoreResponse response;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    EXPECT_EQ(stub->Score(&context, request, &response).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.AddMetadata("authorization", "Bearer tok");
+  grpc::Status status = stub->Score(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.results_size(), 1);
+  EXPECT_FLOAT_EQ(response.results(0).reward(), 1.0f);
+  request.mutable_items(0)->set_task("juggle");
+  grpc::ClientContext bad;
+  bad.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  bad.AddMetadata("authorization", "Bearer tok");
+  status = stub->Score(&bad, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "juggle"));
+}
+
+}  // namespace
+}  // namespace rlfleet::reward
