@@ -1,0 +1,93 @@
+// BufferCore: the experience buffer without gRPC. It takes scored experiences exactly
+// once (by experience id), assembles GRPO groups of `group_size`, enforces the
+// staleness bound (max policy-version lag) on the way in and on the way out, drops
+// zero-variance groups when asked, applies byte-capacity backpressure (a Put that
+// does not fit is RESOURCE_EXHAUSTED and nothing of it is taken, so nothing accepted
+// is lost), and leases sampled groups until they are acked, nacked or the lease
+// expires (then they return to the buffer). Every drop is counted by reason.
+//
+// This core keeps its state in memory; durability through Redis is the next layer.
+// Thread-safe; SampleBatch may block up to its wait_ms for enough complete groups.
+#ifndef RLFLEET_SERVICES_BUFFER_BUFFER_CORE_H_
+#define RLFLEET_SERVICES_BUFFER_BUFFER_CORE_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "libs/common/clock.h"
+#include "rlfleet/v1/buffer.pb.h"
+
+namespace rlfleet::buffer {
+
+inline constexpr int kMaxExperiencesPerPut = 1024;
+inline constexpr int kMaxGroupsPerSample = 1024;
+inline constexpr uint64_t kMinCapacityBytes = 1 << 20;
+inline constexpr int64_t kMaxWaitMs = 600000;
+
+class BufferCore {
+ public:
+  // `clock` is not owned; waits in SampleBatch use real time bounded by wait_ms.
+  explicit BufferCore(common::Clock* clock = common::Clock::Real());
+
+  // INVALID_ARGUMENT naming the field for group_size outside 1..1024 or capacity
+  // below 1 MiB. Changing group_size while experiences are held is FAILED_PRECONDITION.
+  absl::Status Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response);
+
+  // INVALID_ARGUMENT for an empty or oversized batch or a run_id mismatch;
+  // RESOURCE_EXHAUSTED (nothing taken) when the acceptable experiences do not fit in
+  // the capacity. Per-experience problems are rejections in the response, not errors.
+  absl::Status Put(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response);
+
+  // INVALID_ARGUMENT for num_groups outside 1..1024, min_groups > num_groups, wait_ms
+  // outside 0..600000 or a bad lease TTL. Fewer groups than min_groups after wait_ms is
+  // not an error: the response holds what there was (an empty lease id if none).
+  absl::Status SampleBatch(const v1::SampleBatchRequest& request, v1::SampleBatchResponse* response);
+
+  // NOT_FOUND for an unknown or expired lease (its groups are back in the buffer).
+  absl::Status Ack(const v1::AckBatchRequest& request, v1::AckBatchResponse* response);
+  absl::Status Nack(const v1::NackBatchRequest& request, v1::NackBatchResponse* response);
+
+  absl::Status GetStats(v1::GetStatsResponse* response);
+
+ private:
+  struct Group {
+    std::string prompt_id;
+    std::vector<v1::Experience> members;
+    uint64_t bytes = 0;
+  };
+  struct LeaseState {
+    std::vector<std::pair<std::string, Group>> groups;  // by group id
+    absl::Time expires_at;
+  };
+
+  // Returns expired leases' groups to the front of the ready queue.
+  void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool TooStaleLocked(uint64_t oldest_version, uint64_t current) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  common::Clock* const clock_;
+  absl::Mutex mu_;
+  v1::ConfigureRequest config_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // every id ever accepted
+  std::map<std::string, Group> filling_ ABSL_GUARDED_BY(mu_);  // groups below group_size
+  std::deque<std::pair<std::string, Group>> ready_ ABSL_GUARDED_BY(mu_);  // complete groups
+  std::map<std::string, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> acked_leases_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t accepted_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t consumed_total_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::DropCounts dropped_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint64_t> staleness_ ABSL_GUARDED_BY(mu_);  // lag at sampling -> count
+};
+
+}  // namespace rlfleet::buffer
+
+#endif  // RLFLEET_SERVICES_BUFFER_BUFFER_CORE_H_

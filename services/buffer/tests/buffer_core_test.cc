@@ -1,0 +1,285 @@
+#include "services/buffer/buffer_core.h"
+
+#include <grpcpp/create_channel.h>
+
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "libs/rpc/server_runner.h"
+#include "services/buffer/buffer_service.h"
+
+namespace rlfleet::buffer {
+namespace {
+
+v1::Experience Exp(const std::string& id, const std::string& group, float reward,
+                   uint64_t version = 1, int tokens = 4) {
+  v1::Experience e;
+  e.mutable_experience_id()->set_value(id);
+  e.set_group_id(group);
+  e.set_prompt_id(group);
+  e.set_reward(reward);
+  for (int i = 0; i < tokens; ++i) {
+    e.add_response_token_ids(5 + i);
+    e.add_response_logprobs(-0.5f);
+    e.add_token_policy_versions(version);
+  }
+  return e;
+}
+
+class BufferCoreTest : public ::testing::Test {
+ protected:
+  void Configure(uint32_t group_size, std::optional<uint32_t> max_staleness = {},
+                 uint64_t capacity = 64 << 20, bool filter = true) {
+    v1::ConfigureRequest c;
+    c.set_group_size(group_size);
+    if (max_staleness) c.set_max_staleness(*max_staleness);
+    c.set_capacity_bytes(capacity);
+    c.set_filter_zero_variance(filter);
+    v1::ConfigureResponse r;
+    ASSERT_TRUE(core_.Configure(c, &r).ok());
+  }
+  v1::PutExperiencesResponse Put(std::vector<v1::Experience> exps, absl::Status* status = nullptr) {
+    v1::PutExperiencesRequest req;
+    for (auto& e : exps) *req.add_experiences() = e;
+    v1::PutExperiencesResponse resp;
+    absl::Status s = core_.Put(req, &resp);
+    if (status) *status = s; else EXPECT_TRUE(s.ok()) << s;
+    return resp;
+  }
+  v1::SampleBatchResponse Sample(uint32_t n, uint64_t current = 0, int64_t wait_ms = 0, uint32_t min = 0) {
+    v1::SampleBatchRequest req;
+    req.set_num_groups(n);
+    req.set_min_groups(min);
+    req.set_current_policy_version(current);
+    req.set_wait_ms(wait_ms);
+    v1::SampleBatchResponse resp;
+    absl::Status s = core_.SampleBatch(req, &resp);
+    EXPECT_TRUE(s.ok()) << s;
+    return resp;
+  }
+  v1::GetStatsResponse Stats() {
+    v1::GetStatsResponse s;
+    EXPECT_TRUE(core_.GetStats(&s).ok());
+    return s;
+  }
+  common::FakeClock clock_;
+  BufferCore core_{&clock_};
+};
+
+TEST_F(BufferCoreTest, AssemblesGroupsAndSamplesOnlyCompleteOnes) {
+  Configure(2);
+  auto r = Put({Exp("a1", "A", 1), Exp("b1", "B", 1), Exp("a2", "A", 0)});
+  EXPECT_EQ(r.accepted(), 3u);
+  EXPECT_EQ(Stats().complete_groups(), 1u);
+  EXPECT_EQ(Stats().partial_groups(), 1u);
+  auto s = Sample(4);
+  ASSERT_EQ(s.groups_size(), 1);
+  EXPECT_EQ(s.groups(0).group_id(), "A");
+  EXPECT_EQ(s.groups(0).experiences_size(), 2);
+  EXPECT_FLOAT_EQ(s.groups(0).reward_mean(), 0.5f);
+  EXPECT_FLOAT_EQ(s.groups(0).reward_std(), 0.5f);
+  EXPECT_FALSE(s.lease_id().empty());
+}
+
+TEST_F(BufferCoreTest, ExactlyOnceByExperienceId) {
+  Configure(1);
+  EXPECT_EQ(Put({Exp("x", "", 1), Exp("x", "", 1)}).duplicates(), 1u);  // within a batch
+  auto again = Put({Exp("x", "", 1), Exp("y", "", 1)});
+  EXPECT_EQ(again.accepted(), 1u);
+  EXPECT_EQ(again.duplicates(), 1u);
+  EXPECT_EQ(again.duplicate_ids(0).value(), "x");
+  // Still a duplicate after it was consumed.
+  auto s = Sample(10);
+  v1::AckBatchRequest ack;
+  ack.set_lease_id(s.lease_id());
+  v1::AckBatchResponse acked;
+  ASSERT_TRUE(core_.Ack(ack, &acked).ok());
+  EXPECT_EQ(Put({Exp("x", "", 1)}).duplicates(), 1u);
+  EXPECT_EQ(Stats().dropped().duplicate(), 3u);
+}
+
+TEST_F(BufferCoreTest, RejectionsNameTheFieldAndAreCounted) {
+  Configure(2);
+  v1::Experience no_reward = Exp("n", "G", 1);
+  no_reward.clear_reward();
+  v1::Experience bad_logprobs = Exp("l", "G", 1);
+  bad_logprobs.add_response_logprobs(0);
+  auto r = Put({no_reward, bad_logprobs, Exp("g1", "G", 1), Exp("g2", "G", 0), Exp("g3", "G", 1)});
+  EXPECT_EQ(r.accepted(), 2u);
+  ASSERT_EQ(r.rejected(), 3u);
+  EXPECT_EQ(r.rejections(0).reason(), v1::REJECT_REASON_NO_REWARD);
+  EXPECT_EQ(r.rejections(1).reason(), v1::REJECT_REASON_INVALID);
+  EXPECT_TRUE(absl::StrContains(r.rejections(1).message(), "response_logprobs: 5 entries, want 4"));
+  EXPECT_EQ(r.rejections(2).reason(), v1::REJECT_REASON_GROUP_FULL);
+  EXPECT_EQ(r.rejections(2).index(), 4u);
+  EXPECT_EQ(Stats().dropped().rejected(), 3u);
+}
+
+TEST_F(BufferCoreTest, StalenessIsEnforcedOnPutAndOnSample) {
+  Configure(1, /*max_staleness=*/1);
+  Put({Exp("v3", "", 1, /*version=*/3)});  // the buffer now knows version 3
+  auto r = Put({Exp("v1", "", 1, /*version=*/1), Exp("v2", "", 1, /*version=*/2)});
+  EXPECT_EQ(r.accepted(), 1u);
+  ASSERT_EQ(r.rejected(), 1u);
+  EXPECT_EQ(r.rejections(0).reason(), v1::REJECT_REASON_STALE);
+  // The trainer has moved to version 4: v2 is now 2 behind and is dropped.
+  auto s = Sample(10, /*current=*/4);
+  EXPECT_EQ(s.dropped_stale_groups(), 1u);
+  ASSERT_EQ(s.groups_size(), 1);
+  EXPECT_EQ(s.groups(0).experiences(0).experience_id().value(), "v3");
+  EXPECT_EQ(Stats().dropped().stale(), 1u);
+}
+
+TEST_F(BufferCoreTest, ZeroVarianceGroupsAreDroppedUnlessDisabled) {
+  Configure(2);
+  Put({Exp("a1", "A", 1), Exp("a2", "A", 1), Exp("b1", "B", 1), Exp("b2", "B", 0)});
+  auto s = Sample(10);
+  EXPECT_EQ(s.dropped_zero_variance_groups(), 1u);
+  ASSERT_EQ(s.groups_size(), 1);
+  EXPECT_EQ(s.groups(0).group_id(), "B");
+  EXPECT_EQ(Stats().dropped().zero_variance(), 2u);
+
+  Configure(2, {}, 64 << 20, /*filter=*/false);  // same group size: allowed while holding
+  Put({Exp("c1", "C", 1), Exp("c2", "C", 1)});
+  EXPECT_EQ(Sample(10).groups_size(), 1);
+}
+
+TEST_F(BufferCoreTest, CapacityBackpressureTakesNothingAndRecoversAfterAck) {
+  Configure(1, {}, /*capacity=*/1 << 20);
+  // ~40 KiB each (under capacity/16 = 64 KiB).
+  std::vector<v1::Experience> batch;
+  for (int i = 0; i < 20; ++i) batch.push_back(Exp(absl::StrCat("e", i), "", 1, 1, 5000));
+  auto first = Put(batch);
+  EXPECT_EQ(first.accepted(), 20u);
+  std::vector<v1::Experience> more;
+  for (int i = 20; i < 40; ++i) more.push_back(Exp(absl::StrCat("e", i), "", 1, 1, 5000));
+  absl::Status full;
+  Put(more, &full);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_TRUE(absl::StrContains(full.message(), "nothing was taken"));
+  EXPECT_EQ(Stats().accepted_total(), 20u);
+  // The trainer consumes; the same batch then fits, and none of it counts as a duplicate.
+  auto s = Sample(20);
+  v1::AckBatchRequest ack;
+  ack.set_lease_id(s.lease_id());
+  v1::AckBatchResponse acked;
+  ASSERT_TRUE(core_.Ack(ack, &acked).ok());
+  EXPECT_EQ(acked.consumed_experiences(), 20u);
+  EXPECT_EQ(Put(more).accepted(), 20u);
+  // One experience too large for the buffer at all is rejected, not backpressured.
+  auto huge = Put({Exp("huge", "", 1, 1, 20000)});
+  ASSERT_EQ(huge.rejected(), 1u);
+  EXPECT_EQ(huge.rejections(0).reason(), v1::REJECT_REASON_TOO_LARGE);
+}
+
+TEST_F(BufferCoreTest, LeasesAckNackAndExpire) {
+  Configure(1);
+  Put({Exp("a", "", 1), Exp("b", "", 0)});
+  auto s = Sample(1);
+  ASSERT_EQ(s.groups_size(), 1);
+  v1::NackBatchRequest nack;
+  nack.set_lease_id(s.lease_id());
+  v1::NackBatchResponse nacked;
+  ASSERT_TRUE(core_.Nack(nack, &nacked).ok());
+  EXPECT_EQ(nacked.returned_experiences(), 1u);
+  // Nacked groups come back first.
+  auto again = Sample(1);
+  EXPECT_EQ(again.groups(0).experiences(0).experience_id().value(), "a");
+  // Let the lease expire: its group returns to the buffer, and a late ack is NOT_FOUND.
+  clock_.Advance(absl::Seconds(61));
+  EXPECT_EQ(Stats().open_leases(), 0u);
+  EXPECT_EQ(Stats().complete_groups(), 2u);
+  v1::AckBatchRequest late;
+  late.set_lease_id(again.lease_id());
+  v1::AckBatchResponse late_response;
+  EXPECT_EQ(core_.Ack(late, &late_response).code(), absl::StatusCode::kNotFound);
+  // Acking twice is safe.
+  auto last = Sample(2);
+  v1::AckBatchRequest ack;
+  ack.set_lease_id(last.lease_id());
+  v1::AckBatchResponse a1, a2;
+  ASSERT_TRUE(core_.Ack(ack, &a1).ok());
+  ASSERT_TRUE(core_.Ack(ack, &a2).ok());
+  EXPECT_EQ(a1.consumed_experiences(), 2u);
+  EXPECT_TRUE(a2.already_acked());
+  EXPECT_EQ(Stats().buffer_bytes(), 0u);
+}
+
+TEST_F(BufferCoreTest, SampleWaitsForGroupsUpToItsDeadline) {
+  Configure(1);
+  const absl::Time start = absl::Now();
+  auto empty = Sample(1, 0, /*wait_ms=*/100, /*min=*/1);
+  EXPECT_EQ(empty.groups_size(), 0);
+  EXPECT_TRUE(empty.lease_id().empty());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
+  std::thread producer([&] {
+    absl::SleepFor(absl::Milliseconds(50));  // a producer that arrives a little later
+    Put({Exp("late", "", 1)});
+  });
+  auto got = Sample(1, 0, /*wait_ms=*/10000, /*min=*/1);
+  producer.join();
+  EXPECT_EQ(got.groups_size(), 1);
+}
+
+TEST_F(BufferCoreTest, BadRequestsAreInvalidArgument) {
+  v1::ConfigureRequest c;
+  c.set_group_size(0);
+  v1::ConfigureResponse cr;
+  EXPECT_EQ(core_.Configure(c, &cr).code(), absl::StatusCode::kInvalidArgument);
+  c.set_group_size(2);
+  c.set_capacity_bytes(1000);
+  EXPECT_TRUE(absl::StrContains(core_.Configure(c, &cr).message(), "capacity_bytes"));
+  v1::SampleBatchRequest s;
+  v1::SampleBatchResponse sr;
+  EXPECT_EQ(core_.SampleBatch(s, &sr).code(), absl::StatusCode::kInvalidArgument);
+  s.set_num_groups(1);
+  s.set_min_groups(2);
+  EXPECT_EQ(core_.SampleBatch(s, &sr).code(), absl::StatusCode::kInvalidArgument);
+  v1::PutExperiencesRequest p;
+  v1::PutExperiencesResponse pr;
+  EXPECT_EQ(core_.Put(p, &pr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BufferService, PutSampleAckOverGrpc) {
+  BufferCore core;
+  BufferServiceImpl service(&core, rpc::CallAuth{});
+  rpc::ServerRunner runner(rpc::ServerOptions{});
+  runner.AddService(&service);
+  ASSERT_TRUE(runner.Start().ok());
+  auto stub = v1::BufferService::NewStub(
+      grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
+  auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(5); };
+  v1::PutExperiencesRequest put;
+  *put.add_experiences() = Exp("a", "", 1);
+  v1::PutExperiencesResponse put_response;
+  grpc::ClientContext c1;
+  c1.set_deadline(deadline());
+  ASSERT_TRUE(stub->PutExperiences(&c1, put, &put_response).ok());
+  EXPECT_EQ(put_response.accepted(), 1u);
+  v1::SampleBatchRequest sample;
+  sample.set_num_groups(1);
+  v1::SampleBatchResponse sampled;
+  grpc::ClientContext c2;
+  c2.set_deadline(deadline());
+  ASSERT_TRUE(stub->SampleBatch(&c2, sample, &sampled).ok());
+  ASSERT_EQ(sampled.groups_size(), 1);
+  v1::AckBatchRequest ack;
+  ack.set_lease_id(sampled.lease_id());
+  v1::AckBatchResponse acked;
+  grpc::ClientContext c3;
+  c3.set_deadline(deadline());
+  ASSERT_TRUE(stub->AckBatch(&c3, ack, &acked).ok());
+  EXPECT_EQ(acked.consumed_experiences(), 1u);
+  v1::SampleBatchRequest bad;  // num_groups 0
+  grpc::ClientContext c4;
+  c4.set_deadline(deadline());
+  grpc::Status status = stub->SampleBatch(&c4, bad, &sampled);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "num_groups"));
+}
+
+}  // namespace
+}  // namespace rlfleet::buffer
