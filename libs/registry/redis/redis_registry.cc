@@ -1,6 +1,6 @@
 #include "libs/registry/redis/redis_registry.h"
 
-#include <hiredis/hiredis.h>
+#include <algorithm>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -10,7 +10,7 @@
 namespace rlfleet::registry {
 namespace {
 
-using Reply = std::unique_ptr<redisReply, void (*)(void*)>;
+using redis::Reply;
 
 // KEYS[1] replica key, KEYS[2] index set. ARGV: id, info, lease, ttl_ms, expires_ms,
 // admitted, load, version, now_ms.
@@ -47,74 +47,24 @@ redis.call('SREM', KEYS[2], ARGV[2])
 return 1
 )lua";
 
-absl::Status ReplyError(const redisReply* reply, absl::string_view what) {
-  if (reply == nullptr) return absl::UnavailableError(absl::StrCat(what, ": no reply from Redis"));
-  if (reply->type == REDIS_REPLY_ERROR) {
-    return absl::InternalError(absl::StrCat(what, ": Redis error: ", std::string(reply->str, reply->len)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RedisRegistry>> RedisRegistry::Connect(
     const std::string& host, int port, common::Clock* clock, absl::Duration timeout,
     std::string key_prefix) {
-  std::unique_ptr<RedisRegistry> registry(
-      new RedisRegistry(host, port, clock, timeout, std::move(key_prefix)));
-  absl::MutexLock lock(&registry->mu_);
-  RETURN_IF_ERROR(registry->EnsureConnected());
-  ASSIGN_OR_RETURN(Reply pong, registry->Command({"PING"}));
-  RETURN_IF_ERROR(ReplyError(pong.get(), "PING"));
-  return registry;
+  ASSIGN_OR_RETURN(auto client, redis::Client::Connect(host, port, timeout));
+  return std::unique_ptr<RedisRegistry>(
+      new RedisRegistry(std::move(client), clock, std::move(key_prefix)));
 }
 
-RedisRegistry::RedisRegistry(std::string host, int port, common::Clock* clock,
-                             absl::Duration timeout, std::string key_prefix)
-    : host_(std::move(host)), port_(port), clock_(clock), timeout_(timeout),
-      prefix_(std::move(key_prefix)) {}
+RedisRegistry::RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock,
+                             std::string key_prefix)
+    : client_(std::move(client)), clock_(clock), prefix_(std::move(key_prefix)) {}
 
-RedisRegistry::~RedisRegistry() {
-  absl::MutexLock lock(&mu_);
-  if (context_ != nullptr) redisFree(context_);
-}
+RedisRegistry::~RedisRegistry() = default;
 
 std::string RedisRegistry::Key(absl::string_view replica_id) const {
   return absl::StrCat(prefix_, "replica:", replica_id);
-}
-
-absl::Status RedisRegistry::EnsureConnected() {
-  if (context_ != nullptr && context_->err == 0) return absl::OkStatus();
-  if (context_ != nullptr) redisFree(context_);
-  const timeval tv = absl::ToTimeval(timeout_);
-  context_ = redisConnectWithTimeout(host_.c_str(), port_, tv);
-  if (context_ == nullptr || context_->err != 0) {
-    const std::string why = context_ != nullptr ? context_->errstr : "out of memory";
-    if (context_ != nullptr) redisFree(context_);
-    context_ = nullptr;
-    return absl::UnavailableError(absl::StrCat("cannot reach Redis at ", host_, ":", port_, ": ", why));
-  }
-  redisSetTimeout(context_, tv);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<Reply> RedisRegistry::Command(const std::vector<std::string>& argv) {
-  std::vector<const char*> args;
-  std::vector<size_t> lengths;
-  for (const std::string& a : argv) {
-    args.push_back(a.data());
-    lengths.push_back(a.size());
-  }
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    RETURN_IF_ERROR(EnsureConnected());
-    void* raw = redisCommandArgv(context_, static_cast<int>(args.size()), args.data(), lengths.data());
-    if (raw != nullptr) return Reply(static_cast<redisReply*>(raw), freeReplyObject);
-    // The connection broke (e.g. Redis restarted): dial again once.
-    redisFree(context_);
-    context_ = nullptr;
-  }
-  return absl::UnavailableError(absl::StrCat("Redis at ", host_, ":", port_, " did not answer `",
-                                             argv[0], "`"));
 }
 
 absl::StatusOr<Lease> RedisRegistry::Register(const v1::ReplicaInfo& replica, absl::Duration ttl) {
@@ -130,14 +80,13 @@ absl::StatusOr<Lease> RedisRegistry::Register(const v1::ReplicaInfo& replica, ab
   v1::ReplicaInfo info = stored;  // load and version live in their own fields
   info.clear_load();
   info.clear_policy_version();
-  absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Reply reply,
-                   Command({"EVAL", kRegisterScript, "2", Key(replica.replica_id()),
+                   client_->Command({"EVAL", kRegisterScript, "2", Key(replica.replica_id()),
                             prefix_ + "replicas", replica.replica_id(), info.SerializeAsString(),
                             lease.lease_id, absl::StrCat(ttl_ms), absl::StrCat(now + ttl_ms),
                             admitted ? "1" : "0", replica.load().SerializeAsString(),
                             replica.policy_version().SerializeAsString(), absl::StrCat(now)}));
-  RETURN_IF_ERROR(ReplyError(reply.get(), "Register"));
+  (void)reply;
   return lease;
 }
 
@@ -151,19 +100,18 @@ absl::StatusOr<HeartbeatResult> RedisRegistry::Heartbeat(absl::string_view repli
   // Admission depends on the role, which the script does not know: rollout replicas
   // need a version > 0, others were admitted at registration already.
   const bool admitted_now = version.version() > 0;
-  absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Reply reply,
-                   Command({"EVAL", kHeartbeatScript, "1", Key(replica_id), std::string(lease_id),
+                   client_->Command({"EVAL", kHeartbeatScript, "1", Key(replica_id), std::string(lease_id),
                             absl::StrCat(now), load.SerializeAsString(),
                             version.SerializeAsString(), admitted_now ? "1" : "0"}));
-  RETURN_IF_ERROR(ReplyError(reply.get(), "Heartbeat"));
-  if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 1 || reply->element[0]->integer == 0) {
+  if (reply.type != Reply::Type::kArray || reply.elements.empty() ||
+      reply.elements[0].integer == 0 || reply.elements.size() < 3) {
     return absl::NotFoundError(absl::StrCat("no live lease ", lease_id, " for replica ",
                                             replica_id, " (expired?): register again"));
   }
   HeartbeatResult result;
-  result.ttl = absl::Milliseconds(reply->element[1]->integer);
-  result.admitted = reply->element[2]->integer != 0;
+  result.ttl = absl::Milliseconds(reply.elements[1].integer);
+  result.admitted = reply.elements[2].integer != 0;
   return result;
 }
 
@@ -171,35 +119,33 @@ absl::StatusOr<bool> RedisRegistry::Deregister(absl::string_view replica_id,
                                                absl::string_view lease_id) {
   RETURN_IF_ERROR(common::ValidateId("replica_id", replica_id));
   RETURN_IF_ERROR(common::ValidateId("lease_id", lease_id));
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Reply reply, Command({"EVAL", kDeregisterScript, "2", Key(replica_id),
+  ASSIGN_OR_RETURN(Reply reply, client_->Command({"EVAL", kDeregisterScript, "2", Key(replica_id),
                                          prefix_ + "replicas", std::string(lease_id),
                                          std::string(replica_id)}));
-  RETURN_IF_ERROR(ReplyError(reply.get(), "Deregister"));
-  return reply->type == REDIS_REPLY_INTEGER && reply->integer == 1;
+  return reply.type == Reply::Type::kInteger && reply.integer == 1;
 }
 
 absl::StatusOr<std::vector<v1::ReplicaInfo>> RedisRegistry::List(v1::ReplicaRole role,
                                                                  bool only_admitted) {
   const int64_t now = absl::ToUnixMillis(clock_->Now());
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Reply ids, Command({"SMEMBERS", prefix_ + "replicas"}));
-  RETURN_IF_ERROR(ReplyError(ids.get(), "List"));
+  ASSIGN_OR_RETURN(Reply ids, client_->Command({"SMEMBERS", prefix_ + "replicas"}));
   std::vector<std::string> members;
-  for (size_t i = 0; i < ids->elements; ++i) {
-    members.emplace_back(ids->element[i]->str, ids->element[i]->len);
-  }
+  for (const Reply& id : ids.elements) members.push_back(id.str);
   std::sort(members.begin(), members.end());
-  std::vector<v1::ReplicaInfo> out;
+  std::vector<std::vector<std::string>> reads;
   for (const std::string& id : members) {
-    ASSIGN_OR_RETURN(Reply h, Command({"HMGET", Key(id), "info", "load", "version", "admitted",
-                                       "expires_ms", "last_ms"}));
-    RETURN_IF_ERROR(ReplyError(h.get(), "List"));
-    if (h->type != REDIS_REPLY_ARRAY || h->elements != 6 || h->element[0]->type != REDIS_REPLY_STRING) {
-      (void)Command({"SREM", prefix_ + "replicas", id});  // collected by Redis: unindex it
+    reads.push_back({"HMGET", Key(id), "info", "load", "version", "admitted", "expires_ms", "last_ms"});
+  }
+  ASSIGN_OR_RETURN(std::vector<Reply> records, client_->Pipeline(reads));
+  std::vector<v1::ReplicaInfo> out;
+  for (size_t k = 0; k < members.size(); ++k) {
+    const std::string& id = members[k];
+    const Reply& h = records[k];
+    if (h.type != Reply::Type::kArray || h.elements.size() != 6 || h.elements[0].is_nil()) {
+      (void)client_->Command({"SREM", prefix_ + "replicas", id});  // collected by Redis
       continue;
     }
-    auto field = [&](int i) { return std::string(h->element[i]->str, h->element[i]->len); };
+    auto field = [&](int i) { return h.elements[i].str; };
     int64_t expires = 0;
     if (!absl::SimpleAtoi(field(4), &expires) || expires <= now) continue;  // lease expired
     v1::ReplicaInfo info;

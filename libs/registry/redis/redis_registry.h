@@ -1,4 +1,4 @@
-// Redis registry backend (`redis://host:port`): the only hiredis user.
+// Redis registry backend (`redis://host:port[/prefix]`), over libs/redis.
 //
 // Each replica is a hash `rlfleet:replica:<id>` with its ReplicaInfo (protobuf bytes),
 // lease id, TTL, admission flag and absolute expiry (ms, from the injected clock, so
@@ -12,7 +12,7 @@
 // restart come back with the replicas' next heartbeat, which gets NOT_FOUND and
 // registers again.
 //
-// Thread-safe (one connection under a mutex).
+// Thread-safe.
 #ifndef RLFLEET_LIBS_REGISTRY_REDIS_REDIS_REGISTRY_H_
 #define RLFLEET_LIBS_REGISTRY_REDIS_REDIS_REGISTRY_H_
 
@@ -20,12 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "libs/redis/redis_client.h"
 #include "libs/registry/registry.h"
-
-struct redisContext;
-struct redisReply;
 
 namespace rlfleet::registry {
 
@@ -48,22 +44,12 @@ class RedisRegistry : public Registry {
                                                     bool only_admitted) override;
 
  private:
-  RedisRegistry(std::string host, int port, common::Clock* clock, absl::Duration timeout,
-                std::string key_prefix);
-
-  // Runs one command (argv form), reconnecting once if the connection is broken.
-  absl::StatusOr<std::unique_ptr<redisReply, void (*)(void*)>> Command(
-      const std::vector<std::string>& argv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status EnsureConnected() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock, std::string key_prefix);
   std::string Key(absl::string_view replica_id) const;
 
-  const std::string host_;
-  const int port_;
+  const std::unique_ptr<redis::Client> client_;
   common::Clock* const clock_;
-  const absl::Duration timeout_;
   const std::string prefix_;
-  absl::Mutex mu_;
-  redisContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace rlfleet::registry

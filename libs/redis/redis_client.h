@@ -1,0 +1,65 @@
+// A small Redis client: the only code that includes hiredis (STYLE.md: one interface
+// per vendor SDK). Commands go in argv form (binary-safe); replies come back as plain
+// values. A broken connection (Redis restarted) is re-dialled once per call; a Redis
+// that does not answer within the timeout is UNAVAILABLE, never a hang.
+//
+// Thread-safe (one connection under a mutex).
+#ifndef RLFLEET_LIBS_REDIS_REDIS_CLIENT_H_
+#define RLFLEET_LIBS_REDIS_REDIS_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+struct redisContext;
+
+namespace rlfleet::redis {
+
+struct Reply {
+  enum class Type { kNil, kInteger, kString, kArray, kStatus, kError };
+  Type type = Type::kNil;
+  int64_t integer = 0;
+  std::string str;  // kString, kStatus, kError
+  std::vector<Reply> elements;
+
+  bool is_nil() const { return type == Type::kNil; }
+};
+
+class Client {
+ public:
+  // Connects and PINGs. UNAVAILABLE if Redis does not answer within `timeout`.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& host, int port,
+                                                         absl::Duration timeout = absl::Seconds(2));
+  ~Client();
+
+  // One command. UNAVAILABLE if Redis cannot be reached; INTERNAL for an error reply
+  // (with Redis's message).
+  absl::StatusOr<Reply> Command(const std::vector<std::string>& argv);
+  // Several commands in one round trip; replies in order. Errors as for Command; an
+  // error reply to any command fails the whole call.
+  absl::StatusOr<std::vector<Reply>> Pipeline(const std::vector<std::vector<std::string>>& commands);
+
+  std::string address() const;
+
+ private:
+  Client(std::string host, int port, absl::Duration timeout);
+  absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<Reply>> RunLocked(const std::vector<std::vector<std::string>>& commands)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string host_;
+  const int port_;
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  redisContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace rlfleet::redis
+
+#endif  // RLFLEET_LIBS_REDIS_REDIS_CLIENT_H_
