@@ -49,12 +49,44 @@ void Reject(v1::PutExperiencesResponse* response, uint32_t index, const v1::Expe
 
 }  // namespace
 
-BufferCore::BufferCore(common::Clock* clock) : clock_(clock) {
+BufferCore::BufferCore(common::Clock* clock, BufferStore* store) : clock_(clock), store_(store) {
   config_.set_group_size(1);
   config_.set_capacity_bytes(kDefaultCapacity);
   config_.set_filter_zero_variance(true);
   config_.set_zero_variance_epsilon(1e-6f);
   config_.set_default_lease_ttl_ms(kDefaultLeaseTtlMs);
+}
+
+void BufferCore::AddLocked(const v1::Experience& e) {
+  const uint32_t group_size = config_.group_size();
+  const std::string group_id = group_size > 1 ? e.group_id() : e.experience_id().value();
+  Group& g = filling_[group_id];
+  g.prompt_id = e.prompt_id();
+  g.bytes += e.ByteSizeLong();
+  g.members.push_back(e);
+  bytes_ += e.ByteSizeLong();
+  seen_.insert(e.experience_id().value());
+  for (uint64_t v : e.token_policy_versions()) current_version_ = std::max(current_version_, v);
+  if (g.members.size() == group_size) {
+    ready_.emplace_back(group_id, std::move(g));
+    filling_.erase(group_id);
+  }
+}
+
+absl::Status BufferCore::Recover() {
+  if (store_ == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(BufferSnapshot snapshot, store_->Load());
+  absl::MutexLock lock(&mu_);
+  for (std::string& id : snapshot.seen_ids) seen_.insert(std::move(id));
+  for (const v1::Experience& e : snapshot.experiences) AddLocked(e);
+  auto counter = [&](const char* name) { return snapshot.counters[name]; };
+  accepted_total_ = counter("accepted_total");
+  consumed_total_ = counter("consumed_total");
+  dropped_.set_stale(counter("dropped_stale"));
+  dropped_.set_zero_variance(counter("dropped_zero_variance"));
+  dropped_.set_duplicate(counter("dropped_duplicate"));
+  dropped_.set_rejected(counter("dropped_rejected"));
+  return absl::OkStatus();
 }
 
 absl::Status BufferCore::Configure(const v1::ConfigureRequest& request,
@@ -157,22 +189,18 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& request,
         "buffer full: ", bytes_, " of ", config_.capacity_bytes(), " bytes held, this batch needs ",
         adding_bytes, " more; retry after the trainer consumes a batch (nothing was taken)"));
   }
-  // Second pass: take them.
-  for (int i : accept) {
-    const v1::Experience& e = request.experiences(i);
-    const std::string group_id = group_size > 1 ? e.group_id() : e.experience_id().value();
-    Group& g = filling_[group_id];
-    g.prompt_id = e.prompt_id();
-    g.bytes += e.ByteSizeLong();
-    g.members.push_back(e);
-    seen_.insert(e.experience_id().value());
-    for (uint64_t v : e.token_policy_versions()) current_version_ = std::max(current_version_, v);
-    if (g.members.size() == group_size) {
-      ready_.emplace_back(group_id, std::move(g));
-      filling_.erase(group_id);
+  // Second pass: store them (all or none), then take them.
+  if (store_ != nullptr) {
+    std::vector<const v1::Experience*> taking;
+    for (int i : accept) taking.push_back(&request.experiences(i));
+    if (absl::Status s = store_->Added(taking); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot record experiences durably (nothing was taken): ",
+                                                 s.message()));
     }
+    (void)store_->Count("dropped_duplicate", response->duplicates());
+    (void)store_->Count("dropped_rejected", response->rejected());
   }
-  bytes_ += adding_bytes;
+  for (int i : accept) AddLocked(request.experiences(i));
   accepted_total_ += accept.size();
   response->set_accepted(static_cast<uint32_t>(accept.size()));
   response->set_buffer_bytes(bytes_);
@@ -235,7 +263,14 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     const bool stale = staleness_override
                            ? (current > oldest && current - oldest > request.max_staleness())
                            : TooStaleLocked(oldest, current);
+    auto forget = [&](const char* counter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (store_ == nullptr) return;
+      std::vector<std::string> ids;
+      for (const v1::Experience& e : group.members) ids.push_back(e.experience_id().value());
+      (void)store_->Removed(ids, counter);  // if it fails they return after a restart, and drop again
+    };
     if (stale) {
+      forget("dropped_stale");
       response->set_dropped_stale_groups(response->dropped_stale_groups() + 1);
       dropped_.set_stale(dropped_.stale() + group.members.size());
       bytes_ -= group.bytes;
@@ -243,6 +278,7 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     }
     if (config_.filter_zero_variance() && group.members.size() > 1 &&
         stddev <= config_.zero_variance_epsilon()) {
+      forget("dropped_zero_variance");
       response->set_dropped_zero_variance_groups(response->dropped_zero_variance_groups() + 1);
       dropped_.set_zero_variance(dropped_.zero_variance() + group.members.size());
       bytes_ -= group.bytes;
@@ -280,6 +316,16 @@ absl::Status BufferCore::Ack(const v1::AckBatchRequest& request, v1::AckBatchRes
   if (it == leases_.end()) {
     return absl::NotFoundError(absl::StrCat("lease `", request.lease_id(),
                                             "` is unknown or expired (its groups are back in the buffer)"));
+  }
+  if (store_ != nullptr) {
+    std::vector<std::string> ids;
+    for (auto& [id, group] : it->second.groups) {
+      for (const v1::Experience& e : group.members) ids.push_back(e.experience_id().value());
+    }
+    if (absl::Status s = store_->Removed(ids, "consumed_total"); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot record the ack durably (lease still open): ",
+                                                 s.message()));
+    }
   }
   uint32_t consumed = 0;
   for (auto& [id, group] : it->second.groups) {

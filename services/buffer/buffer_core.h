@@ -6,8 +6,10 @@
 // is lost), and leases sampled groups until they are acked, nacked or the lease
 // expires (then they return to the buffer). Every drop is counted by reason.
 //
-// This core keeps its state in memory; durability through Redis is the next layer.
-// Thread-safe; SampleBatch may block up to its wait_ms for enough complete groups.
+// With a BufferStore (buffer_store.h), every accepted experience is stored before the
+// Put is answered and removed once consumed or dropped, and Recover() rebuilds the
+// buffer after a restart. Thread-safe; SampleBatch may block up to its wait_ms for
+// enough complete groups.
 #ifndef RLFLEET_SERVICES_BUFFER_BUFFER_CORE_H_
 #define RLFLEET_SERVICES_BUFFER_BUFFER_CORE_H_
 
@@ -24,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "libs/common/clock.h"
 #include "rlfleet/v1/buffer.pb.h"
+#include "services/buffer/buffer_store.h"
 
 namespace rlfleet::buffer {
 
@@ -34,8 +37,13 @@ inline constexpr int64_t kMaxWaitMs = 600000;
 
 class BufferCore {
  public:
-  // `clock` is not owned; waits in SampleBatch use real time bounded by wait_ms.
-  explicit BufferCore(common::Clock* clock = common::Clock::Real());
+  // `clock` and `store` are not owned; `store` may be null (state in memory only).
+  // Waits in SampleBatch use real time bounded by wait_ms.
+  explicit BufferCore(common::Clock* clock = common::Clock::Real(), BufferStore* store = nullptr);
+
+  // Reloads what the store holds (call once, before serving). Experiences come back
+  // into their groups; ids seen before stay duplicates. No-op without a store.
+  absl::Status Recover();
 
   // INVALID_ARGUMENT naming the field for group_size outside 1..1024 or capacity
   // below 1 MiB. Changing group_size while experiences are held is FAILED_PRECONDITION.
@@ -43,7 +51,7 @@ class BufferCore {
 
   // INVALID_ARGUMENT for an empty or oversized batch or a run_id mismatch;
   // RESOURCE_EXHAUSTED (nothing taken) when the acceptable experiences do not fit in
-  // the capacity. Per-experience problems are rejections in the response, not errors.
+  // the capacity; UNAVAILABLE (nothing taken) when the store cannot record them. Per-experience problems are rejections in the response, not errors.
   absl::Status Put(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response);
 
   // INVALID_ARGUMENT for num_groups outside 1..1024, min_groups > num_groups, wait_ms
@@ -51,7 +59,8 @@ class BufferCore {
   // not an error: the response holds what there was (an empty lease id if none).
   absl::Status SampleBatch(const v1::SampleBatchRequest& request, v1::SampleBatchResponse* response);
 
-  // NOT_FOUND for an unknown or expired lease (its groups are back in the buffer).
+  // NOT_FOUND for an unknown or expired lease (its groups are back in the buffer);
+  // UNAVAILABLE if the store cannot record the consumption (the lease stays open).
   absl::Status Ack(const v1::AckBatchRequest& request, v1::AckBatchResponse* response);
   absl::Status Nack(const v1::NackBatchRequest& request, v1::NackBatchResponse* response);
 
@@ -72,7 +81,11 @@ class BufferCore {
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TooStaleLocked(uint64_t oldest_version, uint64_t current) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Adds accepted experiences to their groups (no store writes).
+  void AddLocked(const v1::Experience& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   common::Clock* const clock_;
+  BufferStore* const store_;
   absl::Mutex mu_;
   v1::ConfigureRequest config_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // every id ever accepted

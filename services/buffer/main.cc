@@ -1,10 +1,16 @@
 // rlfleet-buffer: the experience buffer. Flags + wiring only.
 #include <iostream>
 
+#include "absl/flags/flag.h"
+#include "libs/common/clock.h"
 #include "libs/common/config.h"
 #include "libs/rpc/server_runner.h"
 #include "services/buffer/buffer_core.h"
 #include "services/buffer/buffer_service.h"
+
+ABSL_FLAG(std::string, store, "memory://",
+          "Where accepted experiences are kept: memory:// or redis://host:port[/prefix] "
+          "(survives a restart).");
 
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(
@@ -14,7 +20,16 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-buffer: " << options.status() << "\n";
     return 2;
   }
-  rlfleet::buffer::BufferCore core;
+  auto store = rlfleet::buffer::OpenBufferStore(absl::GetFlag(FLAGS_store));
+  if (!store.ok()) {
+    std::cerr << "rlfleet-buffer: --store: " << store.status() << "\n";
+    return 2;
+  }
+  rlfleet::buffer::BufferCore core(rlfleet::common::Clock::Real(), store->get());
+  if (absl::Status s = core.Recover(); !s.ok()) {
+    std::cerr << "rlfleet-buffer: recovering from --store: " << s << "\n";
+    return 1;
+  }
   rlfleet::buffer::BufferServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token});
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);

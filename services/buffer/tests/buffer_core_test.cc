@@ -4,7 +4,10 @@
 
 #include <thread>
 
+#include <cstdlib>
+
 #include "absl/strings/match.h"
+#include "libs/common/ids.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -241,6 +244,110 @@ TEST_F(BufferCoreTest, BadRequestsAreInvalidArgument) {
   v1::PutExperiencesRequest p;
   v1::PutExperiencesResponse pr;
   EXPECT_EQ(core_.Put(p, &pr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A store that fails on demand: the buffer must then take nothing and lose nothing.
+class FailingStore : public BufferStore {
+ public:
+  bool fail = false;
+  int added = 0;
+  absl::Status Added(const std::vector<const v1::Experience*>& e) override {
+    if (fail) return absl::UnavailableError("store down");
+    added += e.size();
+    return absl::OkStatus();
+  }
+  absl::Status Removed(const std::vector<std::string>&, const std::string&) override {
+    return fail ? absl::UnavailableError("store down") : absl::OkStatus();
+  }
+  absl::Status Count(const std::string&, uint64_t) override { return absl::OkStatus(); }
+  absl::StatusOr<BufferSnapshot> Load() override { return BufferSnapshot{}; }
+};
+
+TEST(BufferDurability, AStoreFailureTakesNothingAndKeepsTheLease) {
+  FailingStore store;
+  BufferCore core(common::Clock::Real(), &store);
+  v1::PutExperiencesRequest put;
+  *put.add_experiences() = Exp("a", "", 1);
+  v1::PutExperiencesResponse r;
+  store.fail = true;
+  absl::Status s = core.Put(put, &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(core.GetStats(&stats).ok());
+  EXPECT_EQ(stats.depth_experiences(), 0u);
+  store.fail = false;
+  v1::PutExperiencesResponse r2;
+  ASSERT_TRUE(core.Put(put, &r2).ok());
+  EXPECT_EQ(r2.accepted(), 1u);  // not a duplicate: the failed Put took nothing
+  v1::SampleBatchRequest sample;
+  sample.set_num_groups(1);
+  v1::SampleBatchResponse sampled;
+  ASSERT_TRUE(core.SampleBatch(sample, &sampled).ok());
+  store.fail = true;
+  v1::AckBatchRequest ack;
+  ack.set_lease_id(sampled.lease_id());
+  v1::AckBatchResponse acked;
+  EXPECT_EQ(core.Ack(ack, &acked).code(), absl::StatusCode::kUnavailable);
+  store.fail = false;
+  ASSERT_TRUE(core.Ack(ack, &acked).ok());  // the lease was kept: the retry succeeds
+  EXPECT_EQ(acked.consumed_experiences(), 1u);
+}
+
+TEST(BufferDurability, ARestartedBufferRecoversEverythingNotConsumed) {
+  const char* port = std::getenv("RLFLEET_REDIS_PORT");
+  if (port == nullptr) GTEST_SKIP() << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
+  const std::string connection =
+      absl::StrCat("redis://127.0.0.1:", port, "/", common::NewId("buf"), ":");
+  auto configure = [](BufferCore& core) {
+    v1::ConfigureRequest c;
+    c.set_group_size(2);
+    v1::ConfigureResponse r;
+    ASSERT_TRUE(core.Configure(c, &r).ok());
+  };
+  auto put = [](BufferCore& core, std::vector<v1::Experience> exps) {
+    v1::PutExperiencesRequest req;
+    for (auto& e : exps) *req.add_experiences() = e;
+    v1::PutExperiencesResponse resp;
+    EXPECT_TRUE(core.Put(req, &resp).ok());
+    return resp;
+  };
+  {
+    auto store = OpenBufferStore(connection);
+    ASSERT_TRUE(store.ok()) << store.status();
+    BufferCore core(common::Clock::Real(), store->get());
+    configure(core);
+    put(core, {Exp("a1", "A", 1), Exp("a2", "A", 0), Exp("b1", "B", 1)});
+    v1::SampleBatchRequest sample;
+    sample.set_num_groups(1);
+    v1::SampleBatchResponse sampled;
+    ASSERT_TRUE(core.SampleBatch(sample, &sampled).ok());
+    v1::AckBatchRequest ack;
+    ack.set_lease_id(sampled.lease_id());
+    v1::AckBatchResponse acked;
+    ASSERT_TRUE(core.Ack(ack, &acked).ok());  // group A consumed
+    put(core, {Exp("c1", "C", 1), Exp("c2", "C", 0)});
+    v1::SampleBatchResponse second;
+    ASSERT_TRUE(core.SampleBatch(sample, &second).ok());  // group C leased, never acked
+    ASSERT_EQ(second.groups(0).group_id(), "C");
+  }  // the process "dies"
+  auto store = OpenBufferStore(connection);
+  ASSERT_TRUE(store.ok());
+  BufferCore core(common::Clock::Real(), store->get());
+  configure(core);
+  ASSERT_TRUE(core.Recover().ok());
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(core.GetStats(&stats).ok());
+  EXPECT_EQ(stats.complete_groups(), 1u);  // C is back
+  EXPECT_EQ(stats.partial_groups(), 1u);   // B still waits for its second member
+  EXPECT_EQ(stats.depth_experiences(), 3u);
+  EXPECT_EQ(stats.accepted_total(), 5u);
+  EXPECT_EQ(stats.consumed_total(), 2u);
+  // Ids accepted before the restart are still duplicates, consumed or not.
+  auto again = put(core, {Exp("a1", "A", 1), Exp("c1", "C", 1), Exp("b2", "B", 0)});
+  EXPECT_EQ(again.duplicates(), 2u);
+  EXPECT_EQ(again.accepted(), 1u);
+  ASSERT_TRUE(core.GetStats(&stats).ok());
+  EXPECT_EQ(stats.complete_groups(), 2u);
 }
 
 TEST(BufferService, PutSampleAckOverGrpc) {
