@@ -1,0 +1,91 @@
+// The policy: a decoder-only transformer in libtorch (pre-LayerNorm blocks, fused QKV,
+// causal attention with a preallocated KV cache for incremental decoding, GELU MLP,
+// learned positions, optional scalar value head for PPO critics).
+//
+// This header has no libtorch in it (each file that includes torch/torch.h costs ~20 s
+// and ~1 GB to compile); the model lives behind a pimpl in policy.cc. Device-agnostic:
+// "cpu" by default, "cuda:0" etc. where libtorch was built with CUDA.
+//
+// Not thread-safe: one thread drives a Policy (the rollout scheduler owns it).
+#ifndef RLFLEET_LIBS_MODEL_POLICY_H_
+#define RLFLEET_LIBS_MODEL_POLICY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace rlfleet::model {
+
+struct PolicyConfig {
+  int vocab_size = 32;
+  int d_model = 128;
+  int n_layers = 4;
+  int n_heads = 4;
+  int max_seq_len = 128;  // prompt + response tokens
+  bool value_head = false;
+};
+
+struct SamplingOptions {
+  // Softmax temperature; 0 = greedy (argmax).
+  float temperature = 1.0f;
+  int top_k = 0;        // keep the k most likely tokens; 0 = all
+  float top_p = 1.0f;   // nucleus mass in (0, 1]
+  int max_new_tokens = 48;
+  uint64_t seed = 0;    // same seed, same prompts, same weights: same tokens
+  int32_t eos_id = 2;
+  int32_t pad_id = 0;
+};
+
+struct Generation {
+  std::vector<int32_t> tokens;  // response tokens, EOS included if produced
+  // log p(token) under the distribution sampled from (logits / temperature; raw
+  // logits for greedy), one per token.
+  std::vector<float> logprobs;
+  bool stopped_by_eos = false;
+};
+
+class Policy {
+ public:
+  // A randomly initialised policy (deterministic in `init_seed`). INVALID_ARGUMENT for
+  // a config that does not make a model (d_model not divisible by n_heads, ...).
+  static absl::StatusOr<std::unique_ptr<Policy>> Create(const PolicyConfig& config,
+                                                        const std::string& device = "cpu",
+                                                        uint64_t init_seed = 0);
+  ~Policy();
+
+  const PolicyConfig& config() const;
+  int64_t num_parameters() const;
+
+  // Logits of every position, [batch][position][vocab] flattened, recomputed from
+  // scratch. Sequences must have equal length; PAD tokens are masked as keys.
+  absl::StatusOr<std::vector<float>> Logits(const std::vector<std::vector<int32_t>>& tokens);
+  // The same logits, computed one position at a time through the KV cache.
+  absl::StatusOr<std::vector<float>> IncrementalLogits(const std::vector<std::vector<int32_t>>& tokens);
+
+  // Generates for a batch of prompts (any lengths; left-padded with PAD so the last
+  // prompt token sits at the same position in every row). Each sequence stops on EOS
+  // or after max_new_tokens. INVALID_ARGUMENT for an empty batch, an empty prompt, a
+  // token outside the vocabulary, or prompt + max_new_tokens > max_seq_len.
+  absl::StatusOr<std::vector<Generation>> Generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                   const SamplingOptions& options);
+
+  // Weights as named float32 tensors in a safetensors file (PyTorch's safetensors can
+  // read it, and we read what it writes). Load: INVALID_ARGUMENT naming a missing or
+  // mis-shaped tensor; NOT_FOUND for a missing file.
+  absl::Status SaveSafetensors(const std::string& path) const;
+  absl::Status LoadSafetensors(const std::string& path);
+
+  class Impl;
+
+ private:
+  explicit Policy(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rlfleet::model
+
+#endif  // RLFLEET_LIBS_MODEL_POLICY_H_

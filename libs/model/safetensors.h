@@ -1,0 +1,31 @@
+// Reading and writing safetensors files (the ecosystem's weight format: an 8-byte
+// little-endian header length, a JSON header of name -> {dtype, shape, data_offsets},
+// then raw little-endian tensor bytes). No libtorch here: tensors are byte blobs.
+#ifndef RLFLEET_LIBS_MODEL_SAFETENSORS_H_
+#define RLFLEET_LIBS_MODEL_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace rlfleet::model {
+
+struct TensorBlob {
+  std::string dtype = "F32";  // safetensors dtype name: F32, BF16, F16, I64, I32, U8, ...
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+// Writes atomically (temporary file + rename): a crash never leaves a half file.
+absl::Status WriteSafetensors(const std::string& path, const std::map<std::string, TensorBlob>& tensors);
+
+// NOT_FOUND for a missing file; DATA_LOSS naming what is wrong for a malformed one
+// (header length, JSON, offsets outside the file, size not matching dtype x shape).
+absl::StatusOr<std::map<std::string, TensorBlob>> ReadSafetensors(const std::string& path);
+
+}  // namespace rlfleet::model
+
+#endif  // RLFLEET_LIBS_MODEL_SAFETENSORS_H_

@@ -1,0 +1,144 @@
+#include "libs/model/policy.h"
+
+#include <cmath>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "libs/model/safetensors.h"
+#include "libs/model/tokenizer.h"
+
+namespace rlfleet::model {
+namespace {
+
+PolicyConfig Small() {
+  PolicyConfig c;
+  c.vocab_size = 32;
+  c.d_model = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.max_seq_len = 32;
+  return c;
+}
+
+float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+TEST(Policy, IncrementalDecodingWithTheKvCacheEqualsFullRecomputation) {
+  auto policy = Policy::Create(Small());
+  ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+  // Two rows, the second left-padded: PAD keys are masked in both paths.
+  std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 11, 3, 12, 13},
+                                              {0, 0, 1, 5, 14, 15, 3, 16}};
+  auto full = (*policy)->Logits(tokens);
+  auto incremental = (*policy)->IncrementalLogits(tokens);
+  ASSERT_TRUE(full.ok() && incremental.ok());
+  ASSERT_EQ(full->size(), 2u * 8 * 32);
+  EXPECT_LT(MaxAbsDiff(*full, *incremental), 1e-5f);
+}
+
+TEST(Policy, SameSeedSameTokensAndGreedyIsDeterministic) {
+  auto policy = Policy::Create(Small(), "cpu", /*init_seed=*/7);
+  ASSERT_TRUE(policy.ok());
+  std::vector<std::vector<int32_t>> prompts = {*Tokenizer::EncodePrompt("reverse:123"),
+                                               *Tokenizer::EncodePrompt("add:12+34"),
+                                               *Tokenizer::EncodePrompt("sort:9")};
+  SamplingOptions options;
+  options.max_new_tokens = 12;
+  options.seed = 42;
+  auto a = (*policy)->Generate(prompts, options);
+  auto b = (*policy)->Generate(prompts, options);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status();
+  ASSERT_EQ(a->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*a)[i].tokens, (*b)[i].tokens);
+    EXPECT_EQ((*a)[i].tokens.size(), (*a)[i].logprobs.size());
+    for (float lp : (*a)[i].logprobs) {
+      EXPECT_LE(lp, 0.0f);
+      EXPECT_TRUE(std::isfinite(lp));
+    }
+    // Each sequence stops on its own: at EOS, or at max_new_tokens.
+    if ((*a)[i].stopped_by_eos) {
+      EXPECT_EQ((*a)[i].tokens.back(), options.eos_id);
+    } else {
+      EXPECT_EQ((*a)[i].tokens.size(), 12u);
+    }
+  }
+  options.seed = 43;
+  auto c = (*policy)->Generate(prompts, options);
+  bool any_different = false;
+  for (size_t i = 0; i < 3; ++i) any_different |= (*c)[i].tokens != (*a)[i].tokens;
+  EXPECT_TRUE(any_different) << "a different seed should sample differently";
+  options.temperature = 0;
+  auto g1 = (*policy)->Generate(prompts, options);
+  options.seed = 99;
+  auto g2 = (*policy)->Generate(prompts, options);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ((*g1)[i].tokens, (*g2)[i].tokens);
+}
+
+TEST(Policy, GreedyGenerationMatchesArgmaxOfFullLogits) {
+  auto policy = Policy::Create(Small(), "cpu", 3);
+  ASSERT_TRUE(policy.ok());
+  std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("reverse:4567");
+  SamplingOptions options;
+  options.temperature = 0;
+  options.max_new_tokens = 6;
+  options.eos_id = -1;  // never stop early
+  auto gen = (*policy)->Generate({prompt}, options);
+  ASSERT_TRUE(gen.ok());
+  // Recompute each step from scratch and compare the argmax.
+  std::vector<int32_t> seq = prompt;
+  for (size_t step = 0; step < 6; ++step) {
+    auto logits = (*policy)->Logits({seq});
+    ASSERT_TRUE(logits.ok());
+    const float* last = logits->data() + (seq.size() - 1) * 32;
+    const int32_t best = static_cast<int32_t>(std::max_element(last, last + 32) - last);
+    ASSERT_EQ((*gen)[0].tokens[step], best) << "step " << step;
+    seq.push_back(best);
+  }
+}
+
+TEST(Policy, LimitsAreInvalidArgumentNamingTheLimit) {
+  auto policy = Policy::Create(Small());
+  ASSERT_TRUE(policy.ok());
+  SamplingOptions options;
+  options.max_new_tokens = 40;
+  auto too_long = (*policy)->Generate({{1, 4, 9, 3}}, options);
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(too_long.status().message(), "max_seq_len")) << too_long.status();
+  options.max_new_tokens = 4;
+  EXPECT_TRUE(absl::StrContains((*policy)->Generate({{1, 99}}, options).status().message(),
+                                "outside the vocabulary"));
+  EXPECT_EQ((*policy)->Generate({}, options).status().code(), absl::StatusCode::kInvalidArgument);
+  PolicyConfig bad = Small();
+  bad.n_heads = 5;
+  EXPECT_EQ(Policy::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Policy, SafetensorsRoundTripRestoresTheSameModel) {
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/policy.safetensors";
+  auto a = Policy::Create(Small(), "cpu", 1);
+  auto b = Policy::Create(Small(), "cpu", 2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 3}};
+  ASSERT_GT(MaxAbsDiff(*(*a)->Logits(tokens), *(*b)->Logits(tokens)), 1e-3f);
+  ASSERT_TRUE((*a)->SaveSafetensors(path).ok());
+  ASSERT_TRUE((*b)->LoadSafetensors(path).ok());
+  EXPECT_EQ(MaxAbsDiff(*(*a)->Logits(tokens), *(*b)->Logits(tokens)), 0.0f);
+  auto blobs = ReadSafetensors(path);
+  ASSERT_TRUE(blobs.ok());
+  EXPECT_EQ(blobs->at("tok_emb.weight").shape, (std::vector<int64_t>{32, 32}));
+  // A model of another shape refuses the file, naming the tensor.
+  PolicyConfig other = Small();
+  other.d_model = 64;
+  auto c = Policy::Create(other);
+  absl::Status s = (*c)->LoadSafetensors(path);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "tensor `")) << s;
+  EXPECT_EQ((*c)->LoadSafetensors("/nonexistent.safetensors").code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace rlfleet::model
