@@ -145,6 +145,8 @@ std::vector<float> ToVector(const torch::Tensor& t) {
 
 }  // namespace
 
+void SetComputeThreads(int threads) { torch::set_num_threads(std::max(1, threads)); }
+
 absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& config, const std::string& device,
                                                        uint64_t init_seed) {
   if (config.vocab_size < 4 || config.d_model < 8 || config.n_layers < 1 || config.n_heads < 1 ||

@@ -48,6 +48,10 @@ struct Generation {
   bool stopped_by_eos = false;
 };
 
+// Sets libtorch's intra-op threads for the process (pin OPENBLAS_NUM_THREADS=1 too:
+// both pools on the same cores run several times slower; DESIGN.md).
+void SetComputeThreads(int threads);
+
 class Policy {
  public:
   // A randomly initialised policy (deterministic in `init_seed`). INVALID_ARGUMENT for

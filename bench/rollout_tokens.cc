@@ -1,0 +1,130 @@
+// rollout_tokens: generated tokens/s of libs/model's Policy::Generate against the same
+// model and decode algorithm in PyTorch eager (bench/rollout_tokens_torch.py), in the
+// same run, both with --threads threads (OpenBLAS). Configs: (a) vocab 32, d 128,
+// 4 layers, 4 heads, prompt 16, 48 new; (b) vocab 32, d 256, 6 layers, 8 heads,
+// prompt 16, 96 new; batch 1, 8, 32. Best of --repeats each. Writes a table to --out;
+// last line: rollout_ratio_vs_torch_eager=<ours / eager for (a) at batch 32>.
+//   bazel run //bench:rollout_tokens -- --out=$PWD/bench/results/rollout_tokens.md
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/random/random.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "libs/model/policy.h"
+
+ABSL_FLAG(std::string, out, "rollout_tokens.md", "Where the results table is written.");
+ABSL_FLAG(int, threads, 2, "Intra-op threads for both sides.");
+ABSL_FLAG(int, repeats, 3, "Runs of each measurement; the best is kept.");
+ABSL_FLAG(std::string, torch_script, "bench/rollout_tokens_torch.py", "The PyTorch-eager side.");
+
+namespace {
+
+struct Config {
+  const char* name;
+  rlfleet::model::PolicyConfig model;
+  int prompt;
+  int new_tokens;
+};
+
+std::string Blas() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("openblas") != std::string::npos) return "OpenBLAS";
+    if (line.find("libblas.so") != std::string::npos) return "reference BLAS (libblas)";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // OpenBLAS reads its thread count when it loads, before main: re-run this binary
+  // with OPENBLAS_NUM_THREADS=1 so its pool and libtorch's do not fight for the cores.
+  if (getenv("OPENBLAS_NUM_THREADS") == nullptr) {
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    execv("/proc/self/exe", argv);
+  }
+  absl::ParseCommandLine(argc, argv);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  rlfleet::model::SetComputeThreads(threads);
+  std::vector<Config> configs(2);
+  configs[0] = {"a", {32, 128, 4, 4, 64, false}, 16, 48};
+  configs[1] = {"b", {32, 256, 6, 8, 112, false}, 16, 96};
+  std::ofstream out(absl::GetFlag(FLAGS_out));
+  out << "# rollout_tokens: Policy::Generate (C++ libtorch) vs PyTorch eager, same model and algorithm\n\n"
+      << "threads " << threads << ", best of " << absl::GetFlag(FLAGS_repeats) << "\n\n"
+      << "| config | batch | ours (tokens/s) | eager (tokens/s) | ratio |\n|---|---:|---:|---:|---:|\n";
+  double headline = 0;
+  std::string eager_blas;
+  for (const Config& c : configs) {
+    auto policy = rlfleet::model::Policy::Create(c.model, "cpu", 1);
+    if (!policy.ok()) {
+      std::cerr << policy.status() << "\n";
+      return 1;
+    }
+    const std::string weights = absl::StrCat("/tmp/rollout_tokens_", getpid(), "_", c.name, ".safetensors");
+    if (!(*policy)->SaveSafetensors(weights).ok()) return 1;
+    for (int batch : {1, 8, 32}) {
+      absl::BitGen gen;
+      std::vector<std::vector<int32_t>> prompts(batch);
+      for (auto& p : prompts) {
+        for (int i = 0; i < c.prompt; ++i) p.push_back(absl::Uniform(gen, 4, 32));
+      }
+      rlfleet::model::SamplingOptions options;
+      options.max_new_tokens = c.new_tokens;
+      options.eos_id = -1;  // equal work on both sides: no early stop
+      double ours = 0;
+      for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
+        options.seed = r;
+        const absl::Time start = absl::Now();
+        auto result = (*policy)->Generate(prompts, options);
+        const double s = absl::ToDoubleSeconds(absl::Now() - start);
+        if (!result.ok()) {
+          std::cerr << result.status() << "\n";
+          return 1;
+        }
+        ours = std::max(ours, batch * c.new_tokens / s);
+      }
+      const std::string cmd = absl::StrCat(
+          "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ", absl::GetFlag(FLAGS_torch_script), " ", weights, " ",
+          c.model.d_model, " ", c.model.n_layers, " ", c.model.n_heads, " ", c.model.vocab_size, " ", batch,
+          " ", c.prompt, " ", c.new_tokens, " ", threads, " ", absl::GetFlag(FLAGS_repeats));
+      FILE* pipe = popen(cmd.c_str(), "r");
+      std::string json;
+      char buf[4096];
+      while (pipe != nullptr && fgets(buf, sizeof(buf), pipe) != nullptr) json += buf;
+      if (pipe != nullptr) pclose(pipe);
+      double eager = 0;
+      const size_t k = json.find("\"tokens_per_s\": ");
+      if (k != std::string::npos) {
+        (void)absl::SimpleAtod(json.substr(k + 16, json.find(',', k) - k - 16), &eager);
+      }
+      if (const size_t b = json.find("\"blas\": \""); b != std::string::npos) {
+        eager_blas = json.substr(b + 9, json.find('"', b + 9) - b - 9);
+      }
+      const double ratio = eager > 0 ? ours / eager : 0;
+      std::cerr << absl::StrFormat("config %s batch %2d: ours %8.0f tok/s  eager %8.0f tok/s  ratio %.2f\n",
+                                   c.name, batch, ours, eager, ratio);
+      out << absl::StrFormat("| %s | %d | %.0f | %.0f | %.2f |\n", c.name, batch, ours, eager, ratio);
+      if (c.name == std::string("a") && batch == 32) headline = ratio;
+    }
+    std::remove(weights.c_str());
+  }
+  out << "\nBLAS: ours " << Blas() << "; eager: " << eager_blas << "\n"
+      << "\nrollout_ratio_vs_torch_eager=" << absl::StrFormat("%.3f", headline) << "\n";
+  std::cout << "table written to " << absl::GetFlag(FLAGS_out) << "\n"
+            << "rollout_ratio_vs_torch_eager=" << absl::StrFormat("%.3f", headline) << std::endl;
+  return 0;
+}
