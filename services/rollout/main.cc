@@ -1,0 +1,71 @@
+// rlfleet-rollout: a policy replica. Flags + wiring only.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "libs/common/config.h"
+#include "libs/rpc/server_runner.h"
+#include "services/rollout/rollout_core.h"
+#include "services/rollout/rollout_service.h"
+
+ABSL_FLAG(int, d_model, 128, "Model width.");
+ABSL_FLAG(int, n_layers, 4, "Transformer blocks.");
+ABSL_FLAG(int, n_heads, 4, "Attention heads.");
+ABSL_FLAG(int, max_seq_len, 64, "Prompt + response tokens at most.");
+ABSL_FLAG(std::string, device, "cpu", "Device: cpu or cuda:N.");
+ABSL_FLAG(int, threads, 2, "Compute threads.");
+ABSL_FLAG(std::string, weights, "", "Safetensors file to serve at --weights_version; empty: wait for weights "
+                                    "(or serve the random init with --serve_initial_weights).");
+ABSL_FLAG(uint64_t, weights_version, 1, "Policy version of --weights / the initial weights.");
+ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised model as --weights_version.");
+
+int main(int argc, char** argv) {
+  // OpenBLAS reads its thread count at load time: re-run with one thread so its pool
+  // does not fight libtorch's for the cores (4x slower otherwise; DESIGN.md).
+  if (getenv("OPENBLAS_NUM_THREADS") == nullptr) {
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    execv("/proc/self/exe", argv);
+  }
+  rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-rollout: policy replica.");
+  auto options = rlfleet::rpc::ServerOptionsFromFlags();
+  if (!options.ok()) {
+    std::cerr << "rlfleet-rollout: " << options.status() << "\n";
+    return 2;
+  }
+  rlfleet::model::SetComputeThreads(absl::GetFlag(FLAGS_threads));
+  rlfleet::model::PolicyConfig config;
+  config.d_model = absl::GetFlag(FLAGS_d_model);
+  config.n_layers = absl::GetFlag(FLAGS_n_layers);
+  config.n_heads = absl::GetFlag(FLAGS_n_heads);
+  config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  auto core = rlfleet::rollout::RolloutCore::Create(config, absl::GetFlag(FLAGS_device));
+  if (!core.ok()) {
+    std::cerr << "rlfleet-rollout: " << core.status() << "\n";
+    return 2;
+  }
+  absl::Status installed = absl::OkStatus();
+  if (!absl::GetFlag(FLAGS_weights).empty()) {
+    installed = (*core)->InstallFromFile(absl::GetFlag(FLAGS_weights), absl::GetFlag(FLAGS_weights_version));
+  } else if (absl::GetFlag(FLAGS_serve_initial_weights)) {
+    installed = (*core)->InstallInitial(absl::GetFlag(FLAGS_weights_version));
+  }
+  if (!installed.ok()) {
+    std::cerr << "rlfleet-rollout: --weights: " << installed << "\n";
+    return 2;
+  }
+  rlfleet::rpc::ServerRunner runner(*options);
+  rlfleet::rollout::RolloutServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token},
+                                               [&runner](bool serving) { runner.SetServing(serving); });
+  runner.AddService(&service);
+  if (absl::Status s = runner.Start(); !s.ok()) {
+    std::cerr << "rlfleet-rollout: " << s << "\n";
+    return 1;
+  }
+  runner.SetServing((*core)->serving());  // health is SERVING only with verified weights
+  std::cout << "rlfleet-rollout listening on " << runner.address() << " (policy version "
+            << (*core)->installed_version() << ")" << std::endl;
+  const int signo = runner.WaitForTermination();
+  std::cout << "rlfleet-rollout stopped" << (signo ? " on signal" : "") << std::endl;
+  return 0;
+}
