@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The local fleet demo, on one machine over loopback.
 #
-# Today the fleet that exists is the controller (registry + status) and the `rlfleet`
-# CLI: this script installs what is missing, builds them, starts the controller on a
-# free loopback port, registers nothing by hand but shows that it answers (health,
-# status, replicas), and stops it by pid. The full RL loop joins here as the rollout,
-# reward, buffer, trainer and weights services land.
+# Installs what is missing, builds the fleet, starts the services that exist today
+# (controller, reward, buffer, rollout) on free loopback ports, shows that they answer,
+# sends one prompt through the fleet (rollout generates, reward scores, the buffer takes
+# the scored experiences), and stops everything by pid. The RL loop (trainer, weights,
+# the controller driving them) joins as those services land.
 #   bash tools/demo.sh            # start, show, stop
-#   bash tools/demo.sh --keep     # leave the controller running until Ctrl-C
+#   bash tools/demo.sh --keep     # leave the fleet running until Ctrl-C
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KEEP=0
@@ -17,43 +17,62 @@ bash tools/setup.sh
 DISK_CACHE="${RLFLEET_BAZEL_DISK_CACHE:-$HOME/.cache/rlfleet-bazel-disk}"
 mkdir -p "$DISK_CACHE"
 echo "== building the fleet (first build on a cold cache takes a few minutes)"
-bazel build --disk_cache="$DISK_CACHE" //services/... 2>&1 | grep -E "^(ERROR|INFO: Build completed|FAILED)" || true
-BIN=bazel-bin/services/controller
-[[ -x $BIN/rlfleet-controller ]] || { echo "build failed"; exit 1; }
+bazel build --disk_cache="$DISK_CACHE" //services/... 2>&1 | grep -E "^(ERROR|FAILED)" || true
+B=bazel-bin/services
+for bin in controller/rlfleet-controller reward/rlfleet-reward buffer/rlfleet-buffer rollout/rlfleet-rollout controller/rlfleet; do
+  [[ -x $B/$bin ]] || { echo "build failed: $bin missing"; exit 1; }
+done
 
 RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/rlfleet-demo.XXXXXX")
-CONTROLLER_PID=""
+PIDS=()
 stop() {
-  if [[ -n "$CONTROLLER_PID" ]] && kill -0 "$CONTROLLER_PID" 2>/dev/null; then
-    echo "== stopping controller (pid $CONTROLLER_PID)"
-    kill -TERM "$CONTROLLER_PID"
-    wait "$CONTROLLER_PID" 2>/dev/null || true
-  fi
+  for pid in "${PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  [[ ${#PIDS[@]} -gt 0 ]] && echo "== stopped ${#PIDS[@]} services (pids ${PIDS[*]})"
   [[ $KEEP -eq 1 ]] || bazel shutdown >/dev/null 2>&1 || true
 }
 trap stop EXIT
 
-echo "== starting rlfleet-controller on a free loopback port"
-$BIN/rlfleet-controller --host=127.0.0.1 --port=0 --port_file="$RUN_DIR/controller.port" \
-  >"$RUN_DIR/controller.log" 2>&1 &
-CONTROLLER_PID=$!
-for _ in $(seq 1 100); do
-  [[ -s "$RUN_DIR/controller.port" ]] && break
-  kill -0 "$CONTROLLER_PID" 2>/dev/null || { cat "$RUN_DIR/controller.log"; exit 1; }
-  sleep 0.1
-done
-PORT=$(cat "$RUN_DIR/controller.port")
-ADDR=127.0.0.1:$PORT
-head -1 "$RUN_DIR/controller.log"
+# start NAME BINARY [FLAGS...]: starts a service on a free loopback port; sets ADDR_<NAME>.
+start() {
+  local name=$1 bin=$2
+  shift 2
+  "$B/$bin" --host=127.0.0.1 --port=0 --port_file="$RUN_DIR/$name.port" "$@" >"$RUN_DIR/$name.log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  for _ in $(seq 1 300); do
+    [[ -s "$RUN_DIR/$name.port" ]] && break
+    kill -0 "$pid" 2>/dev/null || { echo "$name failed:"; cat "$RUN_DIR/$name.log"; exit 1; }
+    sleep 0.1
+  done
+  [[ -s "$RUN_DIR/$name.port" ]] || { echo "$name did not start"; exit 1; }
+  printf -v "ADDR_$name" '127.0.0.1:%s' "$(cat "$RUN_DIR/$name.port")"
+  echo "   $(head -1 "$RUN_DIR/$name.log") (pid $pid)"
+}
 
-echo "== rlfleet health --controller=$ADDR"
-$BIN/rlfleet health --controller="$ADDR"
-echo "== rlfleet status --controller=$ADDR"
-$BIN/rlfleet status --controller="$ADDR"
-echo "== rlfleet replicas --controller=$ADDR"
-$BIN/rlfleet replicas --controller="$ADDR"
+echo "== starting the fleet on loopback"
+start controller controller/rlfleet-controller
+start reward reward/rlfleet-reward
+start buffer buffer/rlfleet-buffer --store=memory://
+start rollout rollout/rlfleet-rollout --serve_initial_weights --weights_version=1
+
+echo "== health"
+for name in controller reward buffer rollout; do
+  addr_var="ADDR_$name"
+  printf '   %-10s ' "$name"
+  $B/controller/rlfleet health --controller="${!addr_var}" | sed 's/^controller //'
+done
+echo "== rlfleet status --controller=$ADDR_controller"
+$B/controller/rlfleet status --controller="$ADDR_controller"
+echo "== one prompt through the fleet (an untrained policy: rewards are low until training lands)"
+$B/controller/rlfleet try --rollout="$ADDR_rollout" --reward="$ADDR_reward" --buffer="$ADDR_buffer" \
+  --prompt=reverse:12345 --samples=4
 echo "== the fleet answers; logs in $RUN_DIR"
 if [[ $KEEP -eq 1 ]]; then
-  echo "controller running on $ADDR (pid $CONTROLLER_PID); Ctrl-C to stop"
-  wait "$CONTROLLER_PID"
+  echo "running; Ctrl-C to stop"
+  wait
 fi

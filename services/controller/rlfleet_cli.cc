@@ -3,6 +3,9 @@
 //   rlfleet status   [--controller=HOST:PORT]   run state, replicas per role, health
 //   rlfleet replicas [--role=rollout]           registered replicas
 //   rlfleet health                              the controller's health (exit 0 if SERVING)
+//   rlfleet try --rollout=A --reward=B --buffer=C --prompt=reverse:123 [--samples=4]
+//                                               one prompt through the fleet: generate,
+//                                               score, put into the buffer
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
 #include <iostream>
@@ -11,13 +14,24 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "libs/common/ids.h"
 #include "libs/common/config.h"
 #include "rlfleet/v1/common.pb.h"
+#include "libs/model/tokenizer.h"
+#include "rlfleet/v1/buffer.grpc.pb.h"
+#include "rlfleet/v1/reward.grpc.pb.h"
+#include "rlfleet/v1/rollout.grpc.pb.h"
 #include "services/controller/controller_client.h"
 
 ABSL_FLAG(std::string, controller, "127.0.0.1:7000", "Controller address (host:port).");
 ABSL_FLAG(std::string, role, "", "replicas: only this role (rollout, reward, ...).");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5), "Deadline of each call.");
+ABSL_FLAG(std::string, rollout, "", "try: rollout replica address.");
+ABSL_FLAG(std::string, reward, "", "try: reward service address.");
+ABSL_FLAG(std::string, buffer, "", "try: buffer address (optional).");
+ABSL_FLAG(std::string, prompt, "reverse:12345", "try: the prompt.");
+ABSL_FLAG(int, samples, 4, "try: responses to sample.");
 
 namespace {
 
@@ -88,13 +102,86 @@ int Replicas(ControllerClient& client) {
   return 0;
 }
 
+// A context with the call deadline and the bearer token.
+std::unique_ptr<grpc::ClientContext> Context(const rlfleet::rpc::ClientOptions& options) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+  if (!options.auth.token.empty()) context->AddMetadata("authorization", "Bearer " + options.auth.token);
+  return context;
+}
+
+int Fail(const grpc::Status& status, const std::string& what) {
+  std::cerr << "rlfleet: " << what << ": " << status.error_message() << "\n";
+  return 1;
+}
+
+int Try(const rlfleet::rpc::ClientOptions& base) {
+  const std::string prompt = absl::GetFlag(FLAGS_prompt);
+  auto ids = rlfleet::model::Tokenizer::EncodePrompt(prompt);
+  if (!ids.ok()) return Fail(ids.status());
+  auto channel = [&](const std::string& target) {
+    rlfleet::rpc::ClientOptions o = base;
+    o.target = target;
+    return *rlfleet::rpc::MakeChannel(o);
+  };
+  v1::GenerateBatchRequest gen;
+  gen.set_request_id(rlfleet::common::NewId("try"));
+  gen.set_num_samples(absl::GetFlag(FLAGS_samples));
+  gen.mutable_sampling()->set_temperature(1.0f);
+  gen.mutable_sampling()->set_max_new_tokens(12);
+  v1::BatchPrompt* bp = gen.add_prompts();
+  bp->set_prompt_id(prompt);
+  bp->set_task(prompt.substr(0, prompt.find(':')));
+  for (int32_t id : *ids) bp->add_prompt_token_ids(id);
+  v1::GenerateBatchResponse generated;
+  auto rollout = v1::RolloutService::NewStub(channel(absl::GetFlag(FLAGS_rollout)));
+  if (auto s = rollout->GenerateBatch(Context(base).get(), gen, &generated); !s.ok()) return Fail(s, "GenerateBatch");
+
+  v1::ScoreRequest score;
+  for (const v1::Experience& e : generated.completions()) {
+    v1::ScoreItem* item = score.add_items();
+    item->set_item_id(e.experience_id().value());
+    item->set_task(e.task());
+    item->set_prompt_text(prompt);
+    item->set_response_text(rlfleet::model::Tokenizer::DecodeResponse(
+        std::vector<int32_t>(e.response_token_ids().begin(), e.response_token_ids().end())));
+  }
+  v1::ScoreResponse scored;
+  auto reward = v1::RewardService::NewStub(channel(absl::GetFlag(FLAGS_reward)));
+  if (auto s = reward->Score(Context(base).get(), score, &scored); !s.ok()) return Fail(s, "Score");
+
+  std::cout << "prompt " << prompt << " (policy version "
+            << (generated.completions_size() ? generated.completions(0).token_policy_versions(0) : 0) << ")\n";
+  v1::PutExperiencesRequest put;
+  for (int i = 0; i < generated.completions_size(); ++i) {
+    v1::Experience e = generated.completions(i);
+    e.set_reward(scored.results(i).reward());
+    std::cout << absl::StrFormat("  sample %d: %-14s reward %+.2f\n", i, "\"" + score.items(i).response_text() + "\"",
+                                 scored.results(i).reward());
+    *put.add_experiences() = std::move(e);
+  }
+  if (!absl::GetFlag(FLAGS_buffer).empty()) {
+    auto buffer = v1::BufferService::NewStub(channel(absl::GetFlag(FLAGS_buffer)));
+    v1::PutExperiencesResponse put_response;
+    if (auto s = buffer->PutExperiences(Context(base).get(), put, &put_response); !s.ok()) {
+      return Fail(s, "PutExperiences");
+    }
+    v1::GetStatsResponse stats;
+    if (auto s = buffer->GetStats(Context(base).get(), {}, &stats); !s.ok()) return Fail(s, "GetStats");
+    std::cout << "buffer: accepted " << put_response.accepted() << ", holds " << stats.depth_experiences()
+              << " experiences in " << stats.complete_groups() << " complete groups ("
+              << stats.buffer_bytes() << " bytes)\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = rlfleet::common::ParseFlagsWithConfig(
-      argc, argv, "rlfleet status|replicas|health [--controller=HOST:PORT]");
+      argc, argv, "rlfleet status|replicas|health|try [--controller=HOST:PORT]");
   if (args.size() != 2) {
-    std::cerr << "usage: rlfleet status|replicas|health [--controller=HOST:PORT]\n";
+    std::cerr << "usage: rlfleet status|replicas|health|try [--controller=HOST:PORT]\n";
     return 2;
   }
   auto options = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_controller));
@@ -106,6 +193,7 @@ int main(int argc, char** argv) {
   if (command == "status") return Status(**client);
   if (command == "replicas") return Replicas(**client);
   if (command == "health") return Health(**client);
-  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health)\n";
+  if (command == "try") return Try(*options);
+  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try)\n";
   return 2;
 }
