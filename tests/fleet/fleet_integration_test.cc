@@ -1,0 +1,82 @@
+// The demo's path as a test: the real controller, reward, buffer and rollout binaries
+// on random loopback ports, one prompt through them with the real CLI, then the
+// buffer's stats over gRPC, and a clean SIGTERM stop of every process.
+#include <grpcpp/create_channel.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "rlfleet/v1/buffer.grpc.pb.h"
+#include "tests/util/subprocess.h"
+
+namespace rlfleet {
+namespace {
+
+using testing::RunfilePath;
+using testing::Subprocess;
+
+// Starts `binary` with `flags` on a free port; returns host:port from its first line.
+std::string Start(Subprocess& p, const std::string& binary, std::vector<std::string> flags) {
+  std::vector<std::string> argv = {RunfilePath(binary), "--host=127.0.0.1", "--port=0"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  EXPECT_TRUE(p.Start(argv).ok());
+  auto line = p.WaitForLine([](const std::string& l) { return absl::StrContains(l, " listening on "); },
+                            absl::Seconds(60));
+  EXPECT_TRUE(line.ok()) << line.status();
+  if (!line.ok()) return "";
+  std::string rest = line->substr(line->find(" listening on ") + 14);
+  return rest.substr(0, rest.find(' '));
+}
+
+TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {
+  Subprocess controller, reward, buffer, rollout;
+  const std::string c = Start(controller, "services/controller/rlfleet-controller", {});
+  const std::string r = Start(reward, "services/reward/rlfleet-reward", {});
+  const std::string b = Start(buffer, "services/buffer/rlfleet-buffer", {"--store=memory://"});
+  const std::string o = Start(rollout, "services/rollout/rlfleet-rollout",
+                              {"--serve_initial_weights", "--weights_version=3", "--d_model=32",
+                               "--n_layers=2", "--n_heads=4", "--threads=1"});
+  ASSERT_FALSE(c.empty() || r.empty() || b.empty() || o.empty());
+
+  Subprocess cli;
+  ASSERT_TRUE(cli.Start({RunfilePath("services/controller/rlfleet"), "try", "--rollout=" + o, "--reward=" + r,
+                         "--buffer=" + b, "--prompt=sort:3142", "--samples=3", "--timeout=60s"})
+                  .ok());
+  auto status = cli.Wait(absl::Seconds(120));
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << cli.output();
+  EXPECT_TRUE(absl::StrContains(cli.output(), "prompt sort:3142 (policy version 3)")) << cli.output();
+  EXPECT_TRUE(absl::StrContains(cli.output(), "sample 2:")) << cli.output();
+  EXPECT_TRUE(absl::StrContains(cli.output(), "buffer: accepted 3")) << cli.output();
+
+  // The buffer holds the scored experiences, each with a reward.
+  auto stub = v1::BufferService::NewStub(grpc::CreateChannel(b, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::SampleBatchRequest sample;
+  sample.set_num_groups(10);
+  v1::SampleBatchResponse sampled;
+  ASSERT_TRUE(stub->SampleBatch(&context, sample, &sampled).ok());
+  ASSERT_EQ(sampled.groups_size(), 3);
+  for (const auto& g : sampled.groups()) {
+    ASSERT_EQ(g.experiences_size(), 1);
+    EXPECT_TRUE(g.experiences(0).has_reward());
+    EXPECT_EQ(g.experiences(0).task(), "sort");
+    EXPECT_EQ(g.experiences(0).token_policy_versions(0), 3u);
+  }
+
+  for (Subprocess* p : {&controller, &reward, &buffer, &rollout}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    auto exit = p->Wait(absl::Seconds(30));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << p->output();
+  }
+}
+
+}  // namespace
+}  // namespace rlfleet
