@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "libs/common/status_macros.h"
 #include "libs/model/safetensors.h"
+#include "libs/rl/rl.h"
 
 namespace rlfleet::model {
 namespace {
@@ -66,9 +67,19 @@ class Policy::Impl : public torch::nn::Module {
   // Runs tokens [B, t] at positions [p0, p0 + t) through the model, writing their
   // keys and values into `cache`; returns logits [B, t, V].
   torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache& cache) {
+    return Forward(tokens, p0, &cache);
+  }
+
+  // Without a cache (training): p0 must be 0 and keys are this call's tokens, so
+  // autograd sees no in-place writes.
+  torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache* cache) {
     const int64_t B = tokens.size(0), t = tokens.size(1);
     const int64_t H = config.n_heads, dh = config.d_model / H;
-    cache.key_ok.narrow(1, p0, t).copy_(tokens.ne(kPadForMask));
+    torch::Tensor key_ok = tokens.ne(kPadForMask);
+    if (cache != nullptr) {
+      cache->key_ok.narrow(1, p0, t).copy_(key_ok);
+      key_ok = cache->key_ok.narrow(1, 0, p0 + t);
+    }
     auto positions = torch::arange(p0, p0 + t, torch::TensorOptions().dtype(torch::kLong).device(device));
     torch::Tensor x = tok(tokens) + pos(positions).unsqueeze(0);
     // Causal mask over keys [0, p0 + t): query i (absolute p0 + i) sees keys <= p0 + i
@@ -76,7 +87,7 @@ class Policy::Impl : public torch::nn::Module {
     const int64_t T = p0 + t;
     auto kpos = torch::arange(T, positions.options());
     torch::Tensor allowed = kpos.unsqueeze(0).le(positions.unsqueeze(1));       // [t, T]
-    allowed = allowed.unsqueeze(0) & cache.key_ok.narrow(1, 0, T).unsqueeze(1);  // [B, t, T]
+    allowed = allowed.unsqueeze(0) & key_ok.unsqueeze(1);  // [B, t, T]
     // A query at a PAD position would see nothing: let every query see itself, which
     // keeps the softmax finite (PAD rows' outputs are never used).
     allowed = allowed | kpos.unsqueeze(0).eq(positions.unsqueeze(1)).unsqueeze(0);
@@ -86,9 +97,13 @@ class Policy::Impl : public torch::nn::Module {
       Block& b = blocks[l];
       torch::Tensor h = b->ln1(x);
       auto qkv = b->qkv(h).view({B, t, 3, H, dh}).permute({2, 0, 3, 1, 4});  // [3, B, H, t, dh]
-      cache.k[l].narrow(2, p0, t).copy_(qkv[1]);
-      cache.v[l].narrow(2, p0, t).copy_(qkv[2]);
-      torch::Tensor k = cache.k[l].narrow(2, 0, T), v = cache.v[l].narrow(2, 0, T);
+      torch::Tensor k = qkv[1], v = qkv[2];
+      if (cache != nullptr) {
+        cache->k[l].narrow(2, p0, t).copy_(qkv[1]);
+        cache->v[l].narrow(2, p0, t).copy_(qkv[2]);
+        k = cache->k[l].narrow(2, 0, T);
+        v = cache->v[l].narrow(2, 0, T);
+      }
       torch::Tensor att = torch::matmul(qkv[0], k.transpose(-2, -1)) * scale + bias;
       att = torch::softmax(att, -1);
       torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, t, config.d_model});
@@ -106,6 +121,7 @@ class Policy::Impl : public torch::nn::Module {
   std::vector<Block> blocks;
   torch::nn::LayerNorm ln_f{nullptr};
   torch::nn::Linear head{nullptr}, value{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer;
 };
 
 namespace {
@@ -265,6 +281,90 @@ absl::StatusOr<std::vector<Generation>> Policy::Generate(const std::vector<std::
     ++position;
   }
   return out;
+}
+
+absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch,
+                                             const TrainOptions& options) {
+  if (batch.empty()) return absl::InvalidArgumentError("empty training batch");
+  size_t prompt_len = 0, response_len = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const TrainSequence& s = batch[i];
+    if (s.prompt.empty() || s.response.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has an empty prompt or response"));
+    }
+    if (s.behaviour_logprobs.size() != s.response.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has ", s.behaviour_logprobs.size(),
+                                                     " behaviour logprobs for ", s.response.size(), " tokens"));
+    }
+    prompt_len = std::max(prompt_len, s.prompt.size());
+    response_len = std::max(response_len, s.response.size());
+  }
+  if (static_cast<int>(prompt_len + response_len) > impl_->config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt + response (", prompt_len + response_len,
+                                                   ") exceeds max_seq_len ", impl_->config.max_seq_len));
+  }
+  const int64_t B = batch.size(), P = prompt_len, R = response_len;
+  // Prompts left-padded to P (as in generation), responses right-padded to R.
+  std::vector<std::vector<int32_t>> rows(B);
+  torch::Tensor targets = torch::zeros({B, R}, torch::kLong);
+  torch::Tensor mask = torch::zeros({B, R});
+  torch::Tensor old_lp = torch::zeros({B, R});
+  torch::Tensor adv = torch::zeros({B});
+  for (int64_t b = 0; b < B; ++b) {
+    const TrainSequence& s = batch[b];
+    for (int32_t t : s.prompt) {
+      if (t < 0 || t >= impl_->config.vocab_size) return absl::InvalidArgumentError("token outside the vocabulary");
+    }
+    rows[b].assign(P - s.prompt.size(), 0);
+    rows[b].insert(rows[b].end(), s.prompt.begin(), s.prompt.end());
+    for (int64_t j = 0; j < R; ++j) {
+      const bool real = j < static_cast<int64_t>(s.response.size());
+      const int32_t tok = real ? s.response[j] : 0;
+      if (tok < 0 || tok >= impl_->config.vocab_size) return absl::InvalidArgumentError("token outside the vocabulary");
+      rows[b].push_back(tok);
+      if (real) {
+        targets.index_put_({b, j}, tok);
+        mask.index_put_({b, j}, 1.0);
+        old_lp.index_put_({b, j}, s.behaviour_logprobs[j]);
+      }
+    }
+    adv.index_put_({b}, s.advantage);
+  }
+  const torch::Device dev = impl_->device;
+  torch::Tensor input = ToTensor(rows, dev);
+  targets = targets.to(dev);
+  mask = mask.to(dev);
+  old_lp = old_lp.to(dev);
+  adv = adv.to(dev);
+  if (impl_->optimizer == nullptr) {
+    impl_->optimizer = std::make_unique<torch::optim::AdamW>(
+        impl_->parameters(), torch::optim::AdamWOptions(options.learning_rate).weight_decay(options.weight_decay));
+  }
+  for (auto& group : impl_->optimizer->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(options.learning_rate);
+  }
+  impl_->train();
+  TrainStats stats;
+  for (int epoch = 0; epoch < std::max(1, options.epochs); ++epoch) {
+    impl_->optimizer->zero_grad();
+    torch::Tensor logits = impl_->Forward(input, 0, static_cast<Impl::Cache*>(nullptr));
+    // Logits at P-1+j predict response token j.
+    torch::Tensor lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+    rl::PpoOptions po;
+    po.clip = options.clip;
+    rl::PpoLoss loss = rl::PpoPolicyLoss(lp, old_lp, adv, mask, po);
+    loss.loss.backward();
+    const double norm = torch::nn::utils::clip_grad_norm_(impl_->parameters(), options.grad_clip);
+    impl_->optimizer->step();
+    stats.loss = loss.loss.item<float>();
+    stats.policy_loss = loss.policy_loss.item<float>();
+    stats.clip_fraction = loss.clip_fraction.item<float>();
+    stats.approx_kl = loss.approx_kl.item<float>();
+    stats.grad_norm = static_cast<float>(norm);
+  }
+  impl_->eval();
+  stats.tokens = static_cast<int64_t>(mask.sum().item<float>());
+  return stats;
 }
 
 absl::Status Policy::SaveSafetensors(const std::string& path) const {

@@ -52,6 +52,32 @@ struct Generation {
 // both pools on the same cores run several times slower; DESIGN.md).
 void SetComputeThreads(int threads);
 
+// One sequence of a training batch: the prompt, the response the rollout produced,
+// its per-token log-probs at the time (behaviour) and the sequence's advantage.
+struct TrainSequence {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> response;
+  std::vector<float> behaviour_logprobs;  // one per response token
+  float advantage = 0;
+};
+
+struct TrainOptions {
+  float learning_rate = 5e-4f;  // AdamW
+  float weight_decay = 0.0f;
+  float grad_clip = 1.0f;       // max global gradient norm
+  double clip = 0.2;            // PPO-clip epsilon
+  int epochs = 1;               // passes over the batch (PPO epochs)
+};
+
+struct TrainStats {
+  float loss = 0;
+  float policy_loss = 0;
+  float clip_fraction = 0;
+  float approx_kl = 0;
+  float grad_norm = 0;  // before clipping, last epoch
+  int64_t tokens = 0;
+};
+
 class Policy {
  public:
   // A randomly initialised policy (deterministic in `init_seed`). INVALID_ARGUMENT for
@@ -76,6 +102,11 @@ class Policy {
   // token outside the vocabulary, or prompt + max_new_tokens > max_seq_len.
   absl::StatusOr<std::vector<Generation>> Generate(const std::vector<std::vector<int32_t>>& prompts,
                                                    const SamplingOptions& options);
+
+  // One PPO/GRPO update on `batch` (AdamW, gradient clipping; the optimiser state is
+  // kept across calls). INVALID_ARGUMENT naming the sequence for an empty response,
+  // mismatched log-probs or a too long sequence.
+  absl::StatusOr<TrainStats> TrainStep(const std::vector<TrainSequence>& batch, const TrainOptions& options);
 
   // Weights as named float32 tensors in a safetensors file (PyTorch's safetensors can
   // read it, and we read what it writes). Load: INVALID_ARGUMENT naming a missing or

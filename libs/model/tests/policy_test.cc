@@ -1,5 +1,6 @@
 #include "libs/model/policy.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/match.h"
@@ -138,6 +139,55 @@ TEST(Policy, SafetensorsRoundTripRestoresTheSameModel) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(s.message(), "tensor `")) << s;
   EXPECT_EQ((*c)->LoadSafetensors("/nonexistent.safetensors").code(), absl::StatusCode::kNotFound);
+}
+
+// GRPO on a one-token task: the reward is 1 when the response is the token for '6'.
+// The probability of that token must rise from chance (~1/32) to most of the mass.
+TEST(PolicyTraining, GrpoStepsRaiseTheProbabilityOfRewardedTokens) {
+  auto policy = Policy::Create(Small(), "cpu", 5);
+  ASSERT_TRUE(policy.ok());
+  const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("sort:6");
+  const int32_t target = Tokenizer::EncodeResponse("6")->at(0);
+  auto probability = [&]() {
+    auto logits = (*policy)->Logits({prompt});
+    const float* last = logits->data() + (prompt.size() - 1) * 32;
+    float m = *std::max_element(last, last + 32), z = 0;
+    for (int i = 0; i < 32; ++i) z += std::exp(last[i] - m);
+    return std::exp(last[target] - m) / z;
+  };
+  const float before = probability();
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 1;
+  TrainOptions train;
+  train.learning_rate = 3e-3f;
+  TrainStats stats;
+  for (int step = 0; step < 40; ++step) {
+    sampling.seed = step;
+    auto gens = (*policy)->Generate(std::vector<std::vector<int32_t>>(16, prompt), sampling);
+    ASSERT_TRUE(gens.ok());
+    std::vector<float> rewards;
+    for (const Generation& g : *gens) rewards.push_back(g.tokens[0] == target ? 1.0f : 0.0f);
+    float mean = 0, var = 0;
+    for (float r : rewards) mean += r / rewards.size();
+    for (float r : rewards) var += (r - mean) * (r - mean) / rewards.size();
+    std::vector<TrainSequence> batch;
+    for (size_t i = 0; i < gens->size(); ++i) {
+      const float adv = var > 0 ? (rewards[i] - mean) / (std::sqrt(var) + 1e-6f) : 0.0f;
+      batch.push_back({prompt, (*gens)[i].tokens, (*gens)[i].logprobs, adv});
+    }
+    auto s = (*policy)->TrainStep(batch, train);
+    ASSERT_TRUE(s.ok()) << s.status();
+    stats = *s;
+  }
+  const float after = probability();
+  EXPECT_LT(before, 0.15f);
+  EXPECT_GT(after, 0.5f) << "before " << before;
+  EXPECT_EQ(stats.tokens, 16);
+  EXPECT_TRUE(std::isfinite(stats.grad_norm));
+  // Bad batches are clear errors.
+  EXPECT_EQ((*policy)->TrainStep({}, train).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*policy)->TrainStep({{prompt, {target}, {}, 1.0f}}, train).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
