@@ -50,7 +50,10 @@ RewardFn PartialCredit(const tasks::Task* task) {
     c["partial"] = partial;
     c["format"] = well_formed ? 1.0f : 0.0f;
     result->set_parsed(well_formed);
-    result->set_reward(!well_formed ? kFormatPenalty : exact ? 1.0f : kPartialWeight * partial);
+    // A malformed response still earns its partial credit, minus the penalty: a flat
+    // penalty gives every sample of an untrained policy the same reward, and GRPO then
+    // has no signal at all (every group has zero variance).
+    result->set_reward(exact ? 1.0f : kPartialWeight * partial + (well_formed ? 0.0f : kFormatPenalty));
     return absl::OkStatus();
   };
 }
@@ -74,7 +77,7 @@ RewardCore::RewardCore() {
     partial.set_name(name + "_partial_credit");
     partial.set_kind(v1::REWARD_KIND_VERIFIABLE);
     partial.set_description(
-        "1 if exact, else 0.8 x fraction of positions right; -0.1 if not in the answer's form");
+        "1 if exact, else 0.8 x fraction of positions right, minus 0.1 if not in the answer's form");
     partial.add_tasks(name);
     for (const char* c : {"exact", "partial", "format"}) partial.add_component_names(c);
     partial.set_min_reward(kFormatPenalty);

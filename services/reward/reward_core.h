@@ -4,8 +4,8 @@
 //   <task>_exact            1 if the response equals the answer, else 0
 //   <task>_partial_credit   the task's default: 1 for an exact answer, else 0.8 x the
 //                           fraction of positions right (over the longer of answer and
-//                           response); a response not in the answer's form (format
-//                           penalty) scores -0.1 and parsed = false
+//                           response), minus 0.1 (format penalty, parsed = false) for a
+//                           response not in the answer's form
 // Thread-safe: Register may race with Score.
 #ifndef RLFLEET_SERVICES_REWARD_REWARD_CORE_H_
 #define RLFLEET_SERVICES_REWARD_REWARD_CORE_H_

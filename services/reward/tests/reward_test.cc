@@ -43,9 +43,9 @@ TEST(RewardCore, PartialCreditIsTheDefaultAndScoresByHand) {
   EXPECT_FLOAT_EQ(partial.components().at("exact"), 0.0f);
   // Too long: 4 right of max(4, 6) positions.
   EXPECT_FLOAT_EQ(ScoreOne(core, Item("reverse", "reverse:1234", "432100")).reward(), 0.8f * 4 / 6);
-  // Not digits: format penalty, not parsed.
+  // Not digits: partial credit (3 of 4 right) minus the format penalty, not parsed.
   v1::ScoreResult garbage = ScoreOne(core, Item("reverse", "reverse:1234", "43x1"));
-  EXPECT_FLOAT_EQ(garbage.reward(), -0.1f);
+  EXPECT_FLOAT_EQ(garbage.reward(), 0.8f * 0.75f - 0.1f);
   EXPECT_FALSE(garbage.parsed());
   EXPECT_FLOAT_EQ(ScoreOne(core, Item("add", "add:17+25", "42")).reward(), 1.0f);
   EXPECT_FLOAT_EQ(ScoreOne(core, Item("sort", "sort:312", "123", "sort_exact")).reward(), 1.0f);
