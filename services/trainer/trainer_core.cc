@@ -1,0 +1,253 @@
+#include "services/trainer/trainer_core.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/common/status_macros.h"
+
+namespace rlfleet::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Advantages of the experiences, by group (group_id), as the estimator says.
+absl::StatusOr<std::vector<float>> Advantages(const std::vector<const v1::Experience*>& exps,
+                                              v1::AdvantageEstimator estimator) {
+  std::map<std::string, std::vector<size_t>> groups;
+  for (size_t i = 0; i < exps.size(); ++i) {
+    groups[exps[i]->group_id().empty() ? exps[i]->experience_id().value() : exps[i]->group_id()].push_back(i);
+  }
+  std::vector<float> adv(exps.size(), 0.0f);
+  for (const auto& [id, members] : groups) {
+    const double n = members.size();
+    double sum = 0, sq = 0;
+    for (size_t i : members) {
+      sum += exps[i]->reward();
+      sq += static_cast<double>(exps[i]->reward()) * exps[i]->reward();
+    }
+    const double mean = sum / n;
+    const double stddev = std::sqrt(std::max(0.0, sq / n - mean * mean));
+    for (size_t i : members) {
+      const double r = exps[i]->reward();
+      switch (estimator) {
+        case v1::ADVANTAGE_ESTIMATOR_GROUP_NORM:
+          adv[i] = static_cast<float>((r - mean) / (stddev + 1e-6));
+          break;
+        case v1::ADVANTAGE_ESTIMATOR_GROUP_MEAN:
+          adv[i] = static_cast<float>(r - mean);
+          break;
+        case v1::ADVANTAGE_ESTIMATOR_LEAVE_ONE_OUT:
+          adv[i] = n < 2 ? 0.0f : static_cast<float>(r - (sum - r) / (n - 1));
+          break;
+        default:
+          return absl::UnimplementedError("GAE needs the value head (PPO), which is not in the trainer yet");
+      }
+    }
+  }
+  return adv;
+}
+
+v1::AdvantageEstimator EstimatorFor(const v1::AlgorithmParams& p) {
+  if (p.advantage_estimator() != v1::ADVANTAGE_ESTIMATOR_UNSPECIFIED) return p.advantage_estimator();
+  switch (p.algorithm()) {
+    case v1::ALGORITHM_RLOO:
+      return v1::ADVANTAGE_ESTIMATOR_LEAVE_ONE_OUT;
+    case v1::ALGORITHM_PPO:
+      return v1::ADVANTAGE_ESTIMATOR_GAE;
+    default:
+      return v1::ADVANTAGE_ESTIMATOR_GROUP_NORM;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainerCore>> TrainerCore::Create(const model::PolicyConfig& config,
+                                                                 const std::string& device, uint64_t seed,
+                                                                 BufferSource* buffer) {
+  ASSIGN_OR_RETURN(auto policy, model::Policy::Create(config, device, seed));
+  return std::unique_ptr<TrainerCore>(new TrainerCore(std::move(policy), buffer, device));
+}
+
+absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) {
+  const absl::Time start = absl::Now();
+  const v1::AlgorithmParams& p = request.params();
+  if (p.ppo_epochs() > 16) return absl::InvalidArgumentError("params.ppo_epochs exceeds 16");
+  if (p.clip_ratio() < 0) return absl::InvalidArgumentError("params.clip_ratio is negative");
+  if (p.has_optimizer() && p.optimizer().learning_rate() < 0) {
+    return absl::InvalidArgumentError("params.optimizer.learning_rate is negative");
+  }
+  absl::MutexLock lock(&mu_);
+  if (request.has_expected_step() && request.expected_step() != step_ + 1) {
+    return absl::FailedPreconditionError(absl::StrCat("expected_step ", request.expected_step(),
+                                                      " is not the next step (", step_ + 1,
+                                                      "): the step already ran or one is missing"));
+  }
+  // The batch.
+  v1::SampleBatchResponse sampled;
+  std::vector<const v1::Experience*> exps;
+  double wait_ms = 0;
+  if (request.has_buffer()) {
+    if (buffer_ == nullptr) return absl::FailedPreconditionError("no buffer configured for BufferSource batches");
+    v1::SampleBatchRequest sample;
+    sample.set_num_groups(request.buffer().num_groups());
+    sample.set_min_groups(request.buffer().min_groups() ? request.buffer().min_groups() : request.buffer().num_groups());
+    if (request.buffer().has_max_staleness()) sample.set_max_staleness(request.buffer().max_staleness());
+    sample.set_wait_ms(request.buffer().wait_ms());
+    sample.set_current_policy_version(version_);
+    sample.set_consumer_id("trainer-0");
+    const absl::Time w = absl::Now();
+    RETURN_IF_ERROR(buffer_->Sample(sample, &sampled));
+    wait_ms = absl::ToDoubleMilliseconds(absl::Now() - w);
+    for (const auto& g : sampled.groups()) {
+      for (const auto& e : g.experiences()) exps.push_back(&e);
+    }
+    if (exps.empty()) return absl::UnavailableError("the buffer had no complete groups within wait_ms; retry");
+  } else if (request.has_inline_batch()) {
+    if (request.inline_batch().experiences_size() > 1024) {
+      return absl::InvalidArgumentError("inline_batch.experiences exceeds 1024");
+    }
+    for (const auto& e : request.inline_batch().experiences()) exps.push_back(&e);
+  }
+  if (exps.empty()) return absl::InvalidArgumentError("no batch: set buffer or a non-empty inline_batch");
+  auto fail = [&](absl::Status s) {
+    if (!sampled.lease_id().empty()) (void)buffer_->Nack(sampled.lease_id(), std::string(s.message()));
+    return s;
+  };
+  std::vector<model::TrainSequence> seqs;
+  double rsum = 0, rsq = 0, staleness = 0;
+  for (size_t i = 0; i < exps.size(); ++i) {
+    const v1::Experience& e = *exps[i];
+    if (!e.has_reward()) return fail(absl::InvalidArgumentError(absl::StrCat("experiences[", i, "].reward is not set")));
+    if (e.response_logprobs_size() != e.response_token_ids_size()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("experiences[", i, "].response_logprobs has ",
+                                                          e.response_logprobs_size(), " entries, want ",
+                                                          e.response_token_ids_size())));
+    }
+    model::TrainSequence s;
+    s.prompt.assign(e.prompt_token_ids().begin(), e.prompt_token_ids().end());
+    s.response.assign(e.response_token_ids().begin(), e.response_token_ids().end());
+    s.behaviour_logprobs.assign(e.response_logprobs().begin(), e.response_logprobs().end());
+    seqs.push_back(std::move(s));
+    rsum += e.reward();
+    rsq += static_cast<double>(e.reward()) * e.reward();
+    for (uint64_t v : e.token_policy_versions()) staleness += version_ > v ? version_ - v : 0;
+  }
+  auto adv = Advantages(exps, EstimatorFor(p));
+  if (!adv.ok()) return fail(adv.status());
+  for (size_t i = 0; i < seqs.size(); ++i) seqs[i].advantage = (*adv)[i];
+  model::TrainOptions options;
+  if (p.has_optimizer() && p.optimizer().learning_rate() > 0) options.learning_rate = p.optimizer().learning_rate();
+  if (p.has_optimizer()) {
+    options.weight_decay = p.optimizer().weight_decay();
+    if (p.optimizer().grad_clip_norm() > 0) options.grad_clip = p.optimizer().grad_clip_norm();
+  }
+  if (p.clip_ratio() > 0) options.clip = p.clip_ratio();
+  if (p.ppo_epochs() > 0) options.epochs = p.ppo_epochs();
+  auto stats = policy_->TrainStep(seqs, options);
+  if (!stats.ok()) return fail(stats.status());
+  if (!sampled.lease_id().empty()) RETURN_IF_ERROR(buffer_->Ack(sampled.lease_id()));
+  ++step_;
+  ++version_;
+  const double n = exps.size();
+  v1::TrainMetrics* m = response->mutable_metrics();
+  m->set_loss(stats->loss);
+  m->set_policy_loss(stats->policy_loss);
+  m->set_clip_fraction(stats->clip_fraction);
+  m->set_approx_kl_old(stats->approx_kl);
+  m->set_grad_norm(stats->grad_norm);
+  m->set_tokens(stats->tokens);
+  m->set_sequences(static_cast<uint32_t>(n));
+  m->set_reward_mean(static_cast<float>(rsum / n));
+  m->set_reward_std(static_cast<float>(std::sqrt(std::max(0.0, rsq / n - (rsum / n) * (rsum / n)))));
+  m->set_mean_staleness(stats->tokens ? static_cast<float>(staleness / stats->tokens) : 0.0f);
+  m->set_wait_time_ms(wait_ms);
+  m->set_step_time_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  last_ = *m;
+  response->set_step(step_);
+  response->mutable_new_policy_version()->set_version(version_);
+  response->set_lease_id(sampled.lease_id());
+  return absl::OkStatus();
+}
+
+absl::Status TrainerCore::GetState(v1::GetStateResponse* response) {
+  absl::MutexLock lock(&mu_);
+  response->set_step(step_);
+  response->mutable_policy_version()->set_version(version_);
+  response->set_world_size(1);
+  response->set_phase(v1::TRAINER_PHASE_IDLE);
+  const model::PolicyConfig& c = policy_->config();
+  v1::ModelConfig* mc = response->mutable_config()->mutable_model();
+  mc->set_vocab_size(c.vocab_size);
+  mc->set_d_model(c.d_model);
+  mc->set_n_layers(c.n_layers);
+  mc->set_n_heads(c.n_heads);
+  mc->set_max_seq_len(c.max_seq_len);
+  mc->set_num_parameters(policy_->num_parameters());
+  response->mutable_config()->set_device(device_);
+  *response->mutable_last_metrics() = last_;
+  return absl::OkStatus();
+}
+
+absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& request,
+                                         v1::SaveCheckpointResponse* response) {
+  const absl::Time start = absl::Now();
+  if (request.path().empty() || request.path().size() > 4096) {
+    return absl::InvalidArgumentError("path must be 1..4096 bytes");
+  }
+  absl::MutexLock lock(&mu_);
+  const fs::path dir(request.path());
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !request.overwrite()) {
+    return absl::AlreadyExistsError(absl::StrCat(request.path(), " exists (set overwrite)"));
+  }
+  // Written into a sibling directory, then renamed: a crash mid-write never leaves a
+  // checkpoint that loads wrong.
+  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(absl::ToUnixNanos(absl::Now()));
+  fs::create_directories(tmp, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
+  RETURN_IF_ERROR(policy_->SaveSafetensors((tmp / "weights.safetensors").string()));
+  {
+    std::ofstream state(tmp / "state.txt");
+    state << "step " << step_ << "\nversion " << version_ << "\n";
+    if (!state.flush()) return absl::InternalError("cannot write state.txt");
+  }
+  if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
+  fs::rename(tmp, dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename into ", request.path(), ": ", ec.message()));
+  response->set_path(request.path());
+  response->set_step(step_);
+  response->mutable_policy_version()->set_version(version_);
+  response->set_size_bytes(fs::file_size(dir / "weights.safetensors", ec));
+  response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status TrainerCore::LoadCheckpoint(const v1::LoadCheckpointRequest& request,
+                                         v1::LoadCheckpointResponse* response) {
+  const absl::Time start = absl::Now();
+  const fs::path dir(request.path());
+  std::ifstream state(dir / "state.txt");
+  if (!state) return absl::NotFoundError(absl::StrCat("no checkpoint at ", request.path()));
+  std::string key;
+  uint64_t step = 0, version = 0;
+  state >> key >> step >> key >> version;
+  if (!state || version == 0) return absl::InvalidArgumentError(absl::StrCat(request.path(), "/state.txt is corrupt"));
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(policy_->LoadSafetensors((dir / "weights.safetensors").string()));
+  step_ = step;
+  version_ = version;
+  response->set_step(step_);
+  response->mutable_policy_version()->set_version(version_);
+  response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+}  // namespace rlfleet::trainer
