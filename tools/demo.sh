@@ -2,10 +2,11 @@
 # The local fleet demo, on one machine over loopback.
 #
 # Installs what is missing, builds the fleet, starts the services that exist today
-# (controller, reward, buffer, rollout) on free loopback ports, shows that they answer,
-# sends one prompt through the fleet (rollout generates, reward scores, the buffer takes
-# the scored experiences), and stops everything by pid. The RL loop (trainer, weights,
-# the controller driving them) joins as those services land.
+# (controller, reward, buffer, rollout, trainer) on free loopback ports, shows that they
+# answer, sends one prompt through the fleet (rollout generates, reward scores, the
+# buffer takes the scored experiences), runs one training step on them, and stops
+# everything by pid. The closed loop (weights back to rollout, the controller driving
+# it) joins as the weights service and the controller's loop land.
 #   bash tools/demo.sh            # start, show, stop
 #   bash tools/demo.sh --keep     # leave the fleet running until Ctrl-C
 set -euo pipefail
@@ -19,7 +20,7 @@ mkdir -p "$DISK_CACHE"
 echo "== building the fleet (first build on a cold cache takes a few minutes)"
 bazel build --disk_cache="$DISK_CACHE" //services/... 2>&1 | grep -E "^(ERROR|FAILED)" || true
 B=bazel-bin/services
-for bin in controller/rlfleet-controller reward/rlfleet-reward buffer/rlfleet-buffer rollout/rlfleet-rollout controller/rlfleet; do
+for bin in controller/rlfleet-controller reward/rlfleet-reward buffer/rlfleet-buffer rollout/rlfleet-rollout trainer/rlfleet-trainer controller/rlfleet; do
   [[ -x $B/$bin ]] || { echo "build failed: $bin missing"; exit 1; }
 done
 
@@ -59,9 +60,10 @@ start controller controller/rlfleet-controller
 start reward reward/rlfleet-reward
 start buffer buffer/rlfleet-buffer --store=memory://
 start rollout rollout/rlfleet-rollout --serve_initial_weights --weights_version=1
+start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer"
 
 echo "== health"
-for name in controller reward buffer rollout; do
+for name in controller reward buffer rollout trainer; do
   addr_var="ADDR_$name"
   printf '   %-10s ' "$name"
   $B/controller/rlfleet health --controller="${!addr_var}" | sed 's/^controller //'
@@ -71,6 +73,8 @@ $B/controller/rlfleet status --controller="$ADDR_controller"
 echo "== one prompt through the fleet (an untrained policy: rewards are low until training lands)"
 $B/controller/rlfleet try --rollout="$ADDR_rollout" --reward="$ADDR_reward" --buffer="$ADDR_buffer" \
   --prompt=reverse:12345 --samples=4
+echo "== one training step on what the buffer holds"
+$B/controller/rlfleet train --trainer="$ADDR_trainer" --groups=8
 echo "== the fleet answers; logs in $RUN_DIR"
 if [[ $KEEP -eq 1 ]]; then
   echo "running; Ctrl-C to stop"

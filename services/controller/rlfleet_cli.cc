@@ -6,6 +6,7 @@
 //   rlfleet try --rollout=A --reward=B --buffer=C --prompt=reverse:123 [--samples=4]
 //                                               one prompt through the fleet: generate,
 //                                               score, put into the buffer
+//   rlfleet train --trainer=D [--groups=8]      one TrainStep on groups from the buffer
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
 #include <iostream>
@@ -22,6 +23,7 @@
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "rlfleet/v1/reward.grpc.pb.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
+#include "rlfleet/v1/trainer.grpc.pb.h"
 #include "services/controller/controller_client.h"
 
 ABSL_FLAG(std::string, controller, "127.0.0.1:7000", "Controller address (host:port).");
@@ -32,6 +34,8 @@ ABSL_FLAG(std::string, reward, "", "try: reward service address.");
 ABSL_FLAG(std::string, buffer, "", "try: buffer address (optional).");
 ABSL_FLAG(std::string, prompt, "reverse:12345", "try: the prompt.");
 ABSL_FLAG(int, samples, 4, "try: responses to sample.");
+ABSL_FLAG(std::string, trainer, "", "train: trainer address.");
+ABSL_FLAG(int, groups, 8, "train: groups per step.");
 
 namespace {
 
@@ -175,13 +179,33 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
   return 0;
 }
 
+int Train(const rlfleet::rpc::ClientOptions& base) {
+  rlfleet::rpc::ClientOptions o = base;
+  o.target = absl::GetFlag(FLAGS_trainer);
+  auto channel = rlfleet::rpc::MakeChannel(o);
+  if (!channel.ok()) return Fail(channel.status());
+  auto trainer = v1::TrainerService::NewStub(*channel);
+  v1::TrainStepRequest request;
+  request.mutable_buffer()->set_num_groups(absl::GetFlag(FLAGS_groups));
+  request.mutable_buffer()->set_min_groups(1);
+  v1::TrainStepResponse response;
+  if (auto s = trainer->TrainStep(Context(base).get(), request, &response); !s.ok()) return Fail(s, "TrainStep");
+  const v1::TrainMetrics& m = response.metrics();
+  std::cout << absl::StrFormat(
+      "step %d -> policy version %d: %d sequences, %d tokens, reward %.3f +- %.3f, loss %.4f, grad norm %.3f, "
+      "%.0f ms\n",
+      response.step(), response.new_policy_version().version(), m.sequences(), m.tokens(), m.reward_mean(),
+      m.reward_std(), m.loss(), m.grad_norm(), m.step_time_ms());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = rlfleet::common::ParseFlagsWithConfig(
-      argc, argv, "rlfleet status|replicas|health|try [--controller=HOST:PORT]");
+      argc, argv, "rlfleet status|replicas|health|try|train [--controller=HOST:PORT]");
   if (args.size() != 2) {
-    std::cerr << "usage: rlfleet status|replicas|health|try [--controller=HOST:PORT]\n";
+    std::cerr << "usage: rlfleet status|replicas|health|try|train [--controller=HOST:PORT]\n";
     return 2;
   }
   auto options = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_controller));
@@ -194,6 +218,7 @@ int main(int argc, char** argv) {
   if (command == "replicas") return Replicas(**client);
   if (command == "health") return Health(**client);
   if (command == "try") return Try(*options);
-  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try)\n";
+  if (command == "train") return Train(*options);
+  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train)\n";
   return 2;
 }

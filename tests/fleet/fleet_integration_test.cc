@@ -1,6 +1,7 @@
-// The demo's path as a test: the real controller, reward, buffer and rollout binaries
-// on random loopback ports, one prompt through them with the real CLI, then the
-// buffer's stats over gRPC, and a clean SIGTERM stop of every process.
+// The demo's path as a test: the real controller, reward, buffer, rollout and trainer
+// binaries on random loopback ports, one prompt through them with the real CLI, the
+// buffer's contents over gRPC, one training step that consumes them, and a clean
+// SIGTERM stop of every process.
 #include <grpcpp/create_channel.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -34,14 +35,16 @@ std::string Start(Subprocess& p, const std::string& binary, std::vector<std::str
 }
 
 TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {
-  Subprocess controller, reward, buffer, rollout;
+  Subprocess controller, reward, buffer, rollout, trainer;
   const std::string c = Start(controller, "services/controller/rlfleet-controller", {});
   const std::string r = Start(reward, "services/reward/rlfleet-reward", {});
   const std::string b = Start(buffer, "services/buffer/rlfleet-buffer", {"--store=memory://"});
   const std::string o = Start(rollout, "services/rollout/rlfleet-rollout",
                               {"--serve_initial_weights", "--weights_version=3", "--d_model=32",
                                "--n_layers=2", "--n_heads=4", "--threads=1"});
-  ASSERT_FALSE(c.empty() || r.empty() || b.empty() || o.empty());
+  const std::string t = Start(trainer, "services/trainer/rlfleet-trainer",
+                              {"--buffer=" + b, "--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"});
+  ASSERT_FALSE(c.empty() || r.empty() || b.empty() || o.empty() || t.empty());
 
   Subprocess cli;
   ASSERT_TRUE(cli.Start({RunfilePath("services/controller/rlfleet"), "try", "--rollout=" + o, "--reward=" + r,
@@ -54,7 +57,7 @@ TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {
   EXPECT_TRUE(absl::StrContains(cli.output(), "sample 2:")) << cli.output();
   EXPECT_TRUE(absl::StrContains(cli.output(), "buffer: accepted 3")) << cli.output();
 
-  // The buffer holds the scored experiences, each with a reward.
+  // The buffer holds the scored experiences, each with a reward; look before training.
   auto stub = v1::BufferService::NewStub(grpc::CreateChannel(b, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -70,7 +73,28 @@ TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {
     EXPECT_EQ(g.experiences(0).token_policy_versions(0), 3u);
   }
 
-  for (Subprocess* p : {&controller, &reward, &buffer, &rollout}) {
+  // Give them back, and let the trainer take one step on them from the buffer.
+  grpc::ClientContext nack_context;
+  nack_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::NackBatchRequest nack;
+  nack.set_lease_id(sampled.lease_id());
+  v1::NackBatchResponse nacked;
+  ASSERT_TRUE(stub->NackBatch(&nack_context, nack, &nacked).ok());
+  Subprocess train;
+  ASSERT_TRUE(train.Start({RunfilePath("services/controller/rlfleet"), "train", "--trainer=" + t, "--groups=8",
+                           "--timeout=60s"})
+                  .ok());
+  auto trained = train.Wait(absl::Seconds(120));
+  ASSERT_TRUE(trained.ok());
+  EXPECT_EQ(WEXITSTATUS(*trained), 0) << train.output();
+  EXPECT_TRUE(absl::StrContains(train.output(), "step 1 -> policy version 2: 3 sequences")) << train.output();
+  grpc::ClientContext stats_context;
+  stats_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(stub->GetStats(&stats_context, {}, &stats).ok());
+  EXPECT_EQ(stats.consumed_total(), 3u);
+
+  for (Subprocess* p : {&controller, &reward, &buffer, &rollout, &trainer}) {
     ASSERT_TRUE(p->Signal(SIGTERM).ok());
     auto exit = p->Wait(absl::Seconds(30));
     ASSERT_TRUE(exit.ok()) << exit.status();

@@ -1,0 +1,46 @@
+// gRPC adapter for TrainerCore. PublishWeights answers UNIMPLEMENTED until the weights
+// service lands. Thread-safe.
+#ifndef RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
+#define RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
+
+#include "libs/rpc/server_call.h"
+#include "rlfleet/v1/trainer.grpc.pb.h"
+#include "services/trainer/trainer_core.h"
+
+namespace rlfleet::trainer {
+
+class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
+ public:
+  TrainerServiceImpl(TrainerCore* core, rpc::CallAuth auth) : core_(core), auth_(std::move(auth)) {}
+
+  grpc::ServerUnaryReactor* TrainStep(grpc::CallbackServerContext* c, const v1::TrainStepRequest* req,
+                                      v1::TrainStepResponse* resp) override {
+    return rpc::HandleUnary(c, auth_, [&] { return core_->TrainStep(*req, resp); });
+  }
+  grpc::ServerUnaryReactor* GetState(grpc::CallbackServerContext* c, const v1::GetStateRequest*,
+                                     v1::GetStateResponse* resp) override {
+    return rpc::HandleUnary(c, auth_, [&] { return core_->GetState(resp); });
+  }
+  grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* c, const v1::SaveCheckpointRequest* req,
+                                           v1::SaveCheckpointResponse* resp) override {
+    return rpc::HandleUnary(c, auth_, [&] { return core_->SaveCheckpoint(*req, resp); });
+  }
+  grpc::ServerUnaryReactor* LoadCheckpoint(grpc::CallbackServerContext* c, const v1::LoadCheckpointRequest* req,
+                                           v1::LoadCheckpointResponse* resp) override {
+    return rpc::HandleUnary(c, auth_, [&] { return core_->LoadCheckpoint(*req, resp); });
+  }
+  grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* c, const v1::PublishWeightsRequest*,
+                                           v1::PublishWeightsResponse*) override {
+    return rpc::HandleUnary(c, auth_, [] {
+      return absl::UnimplementedError("PublishWeights needs the weights service, which is not built yet");
+    });
+  }
+
+ private:
+  TrainerCore* const core_;
+  const rpc::CallAuth auth_;
+};
+
+}  // namespace rlfleet::trainer
+
+#endif  // RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
