@@ -7,6 +7,8 @@
 //                                               one prompt through the fleet: generate,
 //                                               score, put into the buffer
 //   rlfleet train --trainer=D [--groups=8]      one TrainStep on groups from the buffer
+//   rlfleet loop --loop_rollout=A --loop_reward=B --loop_buffer=C --loop_trainer=D
+//                                               the RL loop across the services
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
 #include <iostream>
@@ -24,6 +26,7 @@
 #include "rlfleet/v1/reward.grpc.pb.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
+#include "services/controller/cli_loop.h"
 #include "services/controller/controller_client.h"
 
 ABSL_FLAG(std::string, controller, "127.0.0.1:7000", "Controller address (host:port).");
@@ -203,9 +206,9 @@ int Train(const rlfleet::rpc::ClientOptions& base) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = rlfleet::common::ParseFlagsWithConfig(
-      argc, argv, "rlfleet status|replicas|health|try|train [--controller=HOST:PORT]");
+      argc, argv, "rlfleet status|replicas|health|try|train|loop [--controller=HOST:PORT]");
   if (args.size() != 2) {
-    std::cerr << "usage: rlfleet status|replicas|health|try|train [--controller=HOST:PORT]\n";
+    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop [--controller=HOST:PORT]\n";
     return 2;
   }
   auto options = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_controller));
@@ -219,6 +222,7 @@ int main(int argc, char** argv) {
   if (command == "health") return Health(**client);
   if (command == "try") return Try(*options);
   if (command == "train") return Train(*options);
-  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train)\n";
+  if (command == "loop") return rlfleet::controller::RunLoop(*options);
+  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train, loop)\n";
   return 2;
 }

@@ -6,6 +6,8 @@
 
 #include <functional>
 
+#include "absl/time/clock.h"
+
 #include "libs/rpc/server_call.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "services/rollout/rollout_core.h"
@@ -25,6 +27,25 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* c, const v1::GetInfoRequest*,
                                     v1::GetInfoResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->GetInfo(resp); });
+  }
+  // Until the weights service lands, only a FILE-backend hand-off is accepted: one
+  // chunk whose source segment names a safetensors file (the trainer's PublishWeights).
+  grpc::ServerUnaryReactor* UpdateWeights(grpc::CallbackServerContext* c, const v1::PrepareWeightsRequest* req,
+                                          v1::CommitWeightsResponse* resp) override {
+    return rpc::HandleUnary(c, auth_, [&]() -> absl::Status {
+      if (req->chunks_size() != 1 || req->chunks(0).source().segment().backend() != v1::TRANSFER_BACKEND_FILE) {
+        return absl::UnimplementedError(
+            "UpdateWeights takes one chunk from a FILE source until the weights service lands");
+      }
+      const absl::Time start = absl::Now();
+      const uint64_t version = req->manifest().version().version();
+      absl::Status s = core_->InstallFromFile(req->chunks(0).source().segment().worker_address(), version);
+      if (!s.ok()) return s;
+      resp->mutable_installed_version()->set_version(version);
+      resp->set_install_us(absl::ToInt64Microseconds(absl::Now() - start));
+      if (on_state_change_) on_state_change_(core_->serving());
+      return absl::OkStatus();
+    });
   }
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* c, const v1::DrainRequest* req,
                                   v1::DrainResponse* resp) override {

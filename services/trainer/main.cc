@@ -18,6 +18,7 @@ ABSL_FLAG(std::string, device, "cpu", "Device: cpu or cuda:N.");
 ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(uint64_t, seed, 1, "Initial weights' seed.");
 ABSL_FLAG(std::string, buffer, "", "Buffer address (host:port) for TrainStep's BufferSource.");
+ABSL_FLAG(std::string, publish_dir, "", "PublishWeights writes policy-v<N>.safetensors here (single machine).");
 
 int main(int argc, char** argv) {
   if (getenv("OPENBLAS_NUM_THREADS") == nullptr) {  // see DESIGN.md: one BLAS thread pool
@@ -53,7 +54,8 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-trainer: " << core.status() << "\n";
     return 2;
   }
-  rlfleet::trainer::TrainerServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token});
+  rlfleet::trainer::TrainerServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token},
+                                               absl::GetFlag(FLAGS_publish_dir));
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
   if (absl::Status s = runner.Start(); !s.ok()) {

@@ -250,4 +250,28 @@ absl::Status TrainerCore::LoadCheckpoint(const v1::LoadCheckpointRequest& reques
   return absl::OkStatus();
 }
 
+absl::Status TrainerCore::PublishToFile(const std::string& publish_dir, const v1::PublishWeightsRequest&,
+                                        v1::PublishWeightsResponse* response) {
+  const absl::Time start = absl::Now();
+  if (publish_dir.empty()) {
+    return absl::FailedPreconditionError("no --publish_dir: weights can only be published through a file for now");
+  }
+  absl::MutexLock lock(&mu_);
+  std::error_code ec;
+  fs::create_directories(publish_dir, ec);
+  const std::string path = (fs::path(publish_dir) / absl::StrCat("policy-v", version_, ".safetensors")).string();
+  RETURN_IF_ERROR(policy_->SaveSafetensors(path));
+  response->mutable_version()->set_version(version_);
+  response->mutable_manifest()->mutable_version()->set_version(version_);
+  response->mutable_manifest()->set_total_bytes(fs::file_size(path, ec));
+  response->mutable_manifest()->set_created_at_unix_ms(absl::ToUnixMillis(absl::Now()));
+  v1::TransferDescriptor* where = response->mutable_location();
+  where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
+  where->mutable_segment()->set_worker_address(path);
+  where->set_length_bytes(fs::file_size(path, ec));
+  where->set_version(version_);
+  response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
 }  // namespace rlfleet::trainer

@@ -51,6 +51,12 @@ class TrainerCore {
   // NOT_FOUND for a missing checkpoint; INVALID_ARGUMENT for one of another shape.
   absl::Status LoadCheckpoint(const v1::LoadCheckpointRequest& request, v1::LoadCheckpointResponse* response);
 
+  // Writes the current weights to <publish_dir>/policy-v<version>.safetensors
+  // (atomically) and describes the file (TRANSFER_BACKEND_FILE), until the weights
+  // service takes over. FAILED_PRECONDITION without a publish_dir.
+  absl::Status PublishToFile(const std::string& publish_dir, const v1::PublishWeightsRequest& request,
+                             v1::PublishWeightsResponse* response);
+
   model::Policy* policy() { return policy_.get(); }
 
  private:

@@ -1,5 +1,5 @@
-// gRPC adapter for TrainerCore. PublishWeights answers UNIMPLEMENTED until the weights
-// service lands. Thread-safe.
+// gRPC adapter for TrainerCore. PublishWeights writes a file (publish_dir) until the
+// weights service lands. Thread-safe.
 #ifndef RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
 #define RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
 
@@ -11,7 +11,8 @@ namespace rlfleet::trainer {
 
 class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
  public:
-  TrainerServiceImpl(TrainerCore* core, rpc::CallAuth auth) : core_(core), auth_(std::move(auth)) {}
+  TrainerServiceImpl(TrainerCore* core, rpc::CallAuth auth, std::string publish_dir = "")
+      : core_(core), auth_(std::move(auth)), publish_dir_(std::move(publish_dir)) {}
 
   grpc::ServerUnaryReactor* TrainStep(grpc::CallbackServerContext* c, const v1::TrainStepRequest* req,
                                       v1::TrainStepResponse* resp) override {
@@ -29,16 +30,15 @@ class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
                                            v1::LoadCheckpointResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->LoadCheckpoint(*req, resp); });
   }
-  grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* c, const v1::PublishWeightsRequest*,
-                                           v1::PublishWeightsResponse*) override {
-    return rpc::HandleUnary(c, auth_, [] {
-      return absl::UnimplementedError("PublishWeights needs the weights service, which is not built yet");
-    });
+  grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* c, const v1::PublishWeightsRequest* req,
+                                           v1::PublishWeightsResponse* resp) override {
+    return rpc::HandleUnary(c, auth_, [&] { return core_->PublishToFile(publish_dir_, *req, resp); });
   }
 
  private:
   TrainerCore* const core_;
   const rpc::CallAuth auth_;
+  const std::string publish_dir_;
 };
 
 }  // namespace rlfleet::trainer

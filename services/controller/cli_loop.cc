@@ -1,0 +1,191 @@
+#include "services/controller/cli_loop.h"
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "libs/model/tokenizer.h"
+#include "libs/tasks/tasks.h"
+#include "rlfleet/v1/buffer.grpc.pb.h"
+#include "rlfleet/v1/reward.grpc.pb.h"
+#include "rlfleet/v1/rollout.grpc.pb.h"
+#include "rlfleet/v1/trainer.grpc.pb.h"
+
+ABSL_FLAG(std::string, loop_rollout, "", "loop: rollout address.");
+ABSL_FLAG(std::string, loop_reward, "", "loop: reward address.");
+ABSL_FLAG(std::string, loop_buffer, "", "loop: buffer address.");
+ABSL_FLAG(std::string, loop_trainer, "", "loop: trainer address.");
+ABSL_FLAG(std::string, task, "reverse", "loop: built-in task.");
+ABSL_FLAG(int, min_len, 3, "loop: shortest task input.");
+ABSL_FLAG(int, max_len, 5, "loop: longest task input.");
+ABSL_FLAG(int, steps, 200, "loop: training steps.");
+ABSL_FLAG(int, loop_prompts, 32, "loop: prompts (groups) per step.");
+ABSL_FLAG(int, loop_samples, 8, "loop: samples per prompt (group size).");
+ABSL_FLAG(int, eval_every, 10, "loop: held-out greedy evaluation every this many steps.");
+ABSL_FLAG(double, stop_at, 1.0, "loop: stop once held-out exact match reaches this.");
+
+namespace rlfleet::controller {
+namespace {
+
+namespace v1 = rlfleet::v1;
+using model::Tokenizer;
+
+class Ctx {
+ public:
+  explicit Ctx(const rpc::ClientOptions& o) {
+    c_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    if (!o.auth.token.empty()) c_.AddMetadata("authorization", "Bearer " + o.auth.token);
+  }
+  grpc::ClientContext* get() { return &c_; }
+
+ private:
+  grpc::ClientContext c_;
+};
+
+int Fail(const grpc::Status& s, absl::string_view what) {
+  std::cerr << "rlfleet loop: " << what << ": " << s.error_message() << "\n";
+  return 1;
+}
+
+// Generates for `examples` and returns (experiences, rewards) scored by the reward service.
+bool Rollout(const rpc::ClientOptions& o, v1::RolloutService::Stub* rollout, v1::RewardService::Stub* reward,
+             const std::vector<tasks::Example>& examples, int samples, float temperature, uint64_t seed,
+             const std::string& request_id, v1::GenerateBatchResponse* out, v1::ScoreResponse* scored) {
+  v1::GenerateBatchRequest gen;
+  gen.set_request_id(request_id);
+  gen.set_num_samples(samples);
+  gen.mutable_sampling()->set_temperature(temperature);
+  gen.mutable_sampling()->set_max_new_tokens(absl::GetFlag(FLAGS_max_len) + 3);
+  gen.mutable_sampling()->set_seed(seed);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    v1::BatchPrompt* p = gen.add_prompts();
+    p->set_prompt_id(examples[i].prompt);
+    p->set_group_id(absl::StrCat(request_id, "-g", i));
+    p->set_task(absl::GetFlag(FLAGS_task));
+    const auto ids = Tokenizer::EncodePrompt(examples[i].prompt);  // alive for the loop
+    for (int32_t t : *ids) p->add_prompt_token_ids(t);
+  }
+  Ctx c1(o);
+  if (auto s = rollout->GenerateBatch(c1.get(), gen, out); !s.ok()) return Fail(s, "GenerateBatch"), false;
+  v1::ScoreRequest score;
+  for (int i = 0; i < out->completions_size(); ++i) {
+    const v1::Experience& e = out->completions(i);
+    v1::ScoreItem* item = score.add_items();
+    item->set_task(e.task());
+    item->set_prompt_text(examples[i / samples].prompt);
+    item->set_reference_answer(examples[i / samples].answer);
+    item->set_response_text(Tokenizer::DecodeResponse({e.response_token_ids().begin(), e.response_token_ids().end()}));
+  }
+  Ctx c2(o);
+  if (auto s = reward->Score(c2.get(), score, scored); !s.ok()) return Fail(s, "Score"), false;
+  return true;
+}
+
+}  // namespace
+
+int RunLoop(const rpc::ClientOptions& base) {
+  auto channel = [&](const std::string& target) {
+    rpc::ClientOptions o = base;
+    o.target = target;
+    return *rpc::MakeChannel(o);
+  };
+  auto rollout = v1::RolloutService::NewStub(channel(absl::GetFlag(FLAGS_loop_rollout)));
+  auto reward = v1::RewardService::NewStub(channel(absl::GetFlag(FLAGS_loop_reward)));
+  auto buffer = v1::BufferService::NewStub(channel(absl::GetFlag(FLAGS_loop_buffer)));
+  auto trainer = v1::TrainerService::NewStub(channel(absl::GetFlag(FLAGS_loop_trainer)));
+  const tasks::Task* task = tasks::FindTask(absl::GetFlag(FLAGS_task));
+  if (task == nullptr) {
+    std::cerr << "rlfleet loop: unknown --task\n";
+    return 2;
+  }
+  const int prompts = absl::GetFlag(FLAGS_loop_prompts), samples = absl::GetFlag(FLAGS_loop_samples);
+  const tasks::TaskOptions lengths{absl::GetFlag(FLAGS_min_len), absl::GetFlag(FLAGS_max_len)};
+  {
+    v1::ConfigureRequest config;
+    config.set_group_size(samples);
+    config.set_filter_zero_variance(true);
+    v1::ConfigureResponse configured;
+    Ctx c(base);
+    if (auto s = buffer->Configure(c.get(), config, &configured); !s.ok()) return Fail(s, "buffer Configure");
+  }
+  // The rollout replica starts from the trainer's weights (behaviour == policy at step 1).
+  auto publish = [&]() -> bool {
+    v1::PublishWeightsResponse published;
+    Ctx cw(base);
+    if (auto s = trainer->PublishWeights(cw.get(), {}, &published); !s.ok()) return Fail(s, "PublishWeights"), false;
+    v1::PrepareWeightsRequest update;
+    *update.mutable_manifest() = published.manifest();
+    *update.add_chunks()->mutable_source() = published.location();
+    v1::CommitWeightsResponse committed;
+    Ctx cu(base);
+    grpc::Status s = rollout->UpdateWeights(cu.get(), update, &committed);
+    // FAILED_PRECONDITION: the replica already has this version.
+    if (!s.ok() && s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) return Fail(s, "UpdateWeights"), false;
+    return true;
+  };
+  if (!publish()) return 1;
+  absl::BitGen gen(std::seed_seq{11});
+  std::vector<tasks::Example> held_out;
+  for (int i = 0; i < 64; ++i) held_out.push_back(task->Make(gen, lengths));
+  const absl::Time start = absl::Now();
+  std::cout << "loop: " << task->name() << " n=" << lengths.min_len << ".." << lengths.max_len << ", " << prompts
+            << " prompts x " << samples << " samples per step\n";
+  for (int step = 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
+    std::vector<tasks::Example> examples;
+    for (int i = 0; i < prompts; ++i) examples.push_back(task->Make(gen, lengths));
+    v1::GenerateBatchResponse generated;
+    v1::ScoreResponse scored;
+    if (!Rollout(base, rollout.get(), reward.get(), examples, samples, 1.0f, step, absl::StrCat("s", step),
+                 &generated, &scored)) {
+      return 1;
+    }
+    v1::PutExperiencesRequest put;
+    double reward_sum = 0;
+    for (int i = 0; i < generated.completions_size(); ++i) {
+      v1::Experience e = generated.completions(i);
+      e.set_reward(scored.results(i).reward());
+      reward_sum += e.reward();
+      *put.add_experiences() = std::move(e);
+    }
+    v1::PutExperiencesResponse put_response;
+    Ctx cp(base);
+    if (auto s = buffer->PutExperiences(cp.get(), put, &put_response); !s.ok()) return Fail(s, "PutExperiences");
+    v1::TrainStepRequest train;
+    train.mutable_buffer()->set_num_groups(prompts);
+    train.mutable_buffer()->set_min_groups(1);
+    train.mutable_params()->set_algorithm(v1::ALGORITHM_GRPO);
+    train.mutable_params()->set_ppo_epochs(2);
+    train.mutable_params()->set_clip_ratio(0.2f);
+    train.mutable_params()->mutable_optimizer()->set_learning_rate(5e-4f);
+    train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
+    v1::TrainStepResponse trained;
+    Ctx ct(base);
+    grpc::Status ts = trainer->TrainStep(ct.get(), train, &trained);
+    if (!ts.ok() && ts.error_code() != grpc::StatusCode::UNAVAILABLE) return Fail(ts, "TrainStep");
+    // UNAVAILABLE: every group had zero variance; nothing to learn this step.
+    if (ts.ok() && !publish()) return 1;
+    if (step % absl::GetFlag(FLAGS_eval_every) == 0) {
+      v1::GenerateBatchResponse eval;
+      v1::ScoreResponse eval_scored;
+      if (!Rollout(base, rollout.get(), reward.get(), held_out, 1, 0.0f, 0, absl::StrCat("eval", step), &eval,
+                   &eval_scored)) {
+        return 1;
+      }
+      int exact = 0;
+      for (const auto& r : eval_scored.results()) exact += r.reward() >= 1.0f;
+      const double em = static_cast<double>(exact) / held_out.size();
+      std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  held-out exact %.3f\n", step,
+                                   absl::ToDoubleSeconds(absl::Now() - start),
+                                   eval.completions_size() ? eval.completions(0).token_policy_versions(0) : 0,
+                                   reward_sum / generated.completions_size(), em)
+                << std::flush;
+      if (em >= absl::GetFlag(FLAGS_stop_at)) break;
+    }
+  }
+  return 0;
+}
+
+}  // namespace rlfleet::controller
