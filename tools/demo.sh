@@ -3,10 +3,11 @@
 #
 # Installs what is missing, builds the fleet, starts the services that exist today
 # (controller, reward, buffer, rollout, trainer) on free loopback ports, shows that they
-# answer, sends one prompt through the fleet (rollout generates, reward scores, the
-# buffer takes the scored experiences), runs one training step on them, and stops
-# everything by pid. The closed loop (weights back to rollout, the controller driving
-# it) joins as the weights service and the controller's loop land.
+# answer, runs the RL loop across them with `rlfleet loop` (rollout generates, reward
+# scores, the buffer groups, the trainer updates, the new weights go back to rollout
+# through a file) while a newcomer watches held-out accuracy rise, then shows the
+# trained policy answering and stops everything by pid. RLFLEET_DEMO_STEPS bounds
+# the loop (default 300, at most about 3 minutes on 2 cores).
 #   bash tools/demo.sh            # start, show, stop
 #   bash tools/demo.sh --keep     # leave the fleet running until Ctrl-C
 set -euo pipefail
@@ -59,22 +60,29 @@ echo "== starting the fleet on loopback"
 start controller controller/rlfleet-controller
 start reward reward/rlfleet-reward
 start buffer buffer/rlfleet-buffer --store=memory://
-start rollout rollout/rlfleet-rollout --serve_initial_weights --weights_version=1
-start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer"
+start rollout rollout/rlfleet-rollout
+start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --publish_dir="$RUN_DIR/weights"
 
-echo "== health"
-for name in controller reward buffer rollout trainer; do
-  addr_var="ADDR_$name"
-  printf '   %-10s ' "$name"
-  $B/controller/rlfleet health --controller="${!addr_var}" | sed 's/^controller //'
-done
+health() {
+  for name in controller reward buffer rollout trainer; do
+    addr_var="ADDR_$name"
+    printf '   %-10s ' "$name"
+    $B/controller/rlfleet health --controller="${!addr_var}" | sed 's/^controller //' || true
+  done
+}
+echo "== health (the rollout replica is NOT_SERVING until it has verified weights)"
+health
 echo "== rlfleet status --controller=$ADDR_controller"
 $B/controller/rlfleet status --controller="$ADDR_controller"
-echo "== one prompt through the fleet (an untrained policy: rewards are low until training lands)"
-$B/controller/rlfleet try --rollout="$ADDR_rollout" --reward="$ADDR_reward" --buffer="$ADDR_buffer" \
-  --prompt=reverse:12345 --samples=4
-echo "== one training step on what the buffer holds"
-$B/controller/rlfleet train --trainer="$ADDR_trainer" --groups=8
+STEPS="${RLFLEET_DEMO_STEPS:-300}"
+echo "== the RL loop: rollout -> reward -> buffer -> trainer -> weights back to rollout ($STEPS steps at most)"
+echo "   GRPO on reverse n=3..5, 32 prompts x 8 samples per step; held-out greedy exact match every 10 steps"
+$B/controller/rlfleet loop --loop_rollout="$ADDR_rollout" --loop_reward="$ADDR_reward" --loop_buffer="$ADDR_buffer" \
+  --loop_trainer="$ADDR_trainer" --steps="$STEPS" --stop_at=0.6 --timeout=120s
+echo "== health now"
+health
+echo "== the trained policy on one prompt"
+$B/controller/rlfleet try --rollout="$ADDR_rollout" --reward="$ADDR_reward" --prompt=reverse:4817 --samples=4
 echo "== the fleet answers; logs in $RUN_DIR"
 if [[ $KEEP -eq 1 ]]; then
   echo "running; Ctrl-C to stop"

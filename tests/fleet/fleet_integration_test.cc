@@ -102,5 +102,36 @@ TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {
   }
 }
 
+TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
+  const std::string weights = std::string(getenv("TEST_TMPDIR")) + "/weights";
+  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
+  Subprocess reward, buffer, rollout, trainer;
+  const std::string r = Start(reward, "services/reward/rlfleet-reward", {});
+  const std::string b = Start(buffer, "services/buffer/rlfleet-buffer", {});
+  const std::string o = Start(rollout, "services/rollout/rlfleet-rollout", model);  // no weights yet
+  std::vector<std::string> trainer_flags = model;
+  trainer_flags.push_back("--buffer=" + b);
+  trainer_flags.push_back("--publish_dir=" + weights);
+  const std::string t = Start(trainer, "services/trainer/rlfleet-trainer", trainer_flags);
+  ASSERT_FALSE(r.empty() || b.empty() || o.empty() || t.empty());
+  Subprocess loop;
+  ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + o,
+                          "--loop_reward=" + r, "--loop_buffer=" + b, "--loop_trainer=" + t, "--steps=4",
+                          "--eval_every=2", "--loop_prompts=4", "--loop_samples=4", "--max_len=3",
+                          "--timeout=60s"})
+                  .ok());
+  auto done = loop.Wait(absl::Seconds(180));
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(WEXITSTATUS(*done), 0) << loop.output();
+  EXPECT_TRUE(absl::StrContains(loop.output(), "step    4")) << loop.output();
+  // The replica generated with weights the trainer published (v1 at the start, newer
+  // after steps that had a learning signal).
+  EXPECT_FALSE(absl::StrContains(loop.output(), "policy v0 ")) << loop.output();
+  for (Subprocess* p : {&reward, &buffer, &rollout, &trainer}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
+}
+
 }  // namespace
 }  // namespace rlfleet
