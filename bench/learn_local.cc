@@ -29,6 +29,7 @@ ABSL_FLAG(int, prompts, 32, "Prompts (groups) per step.");
 ABSL_FLAG(int, samples, 8, "Samples per prompt (group size).");
 ABSL_FLAG(double, lr, 5e-4, "AdamW learning rate.");
 ABSL_FLAG(int, epochs, 2, "PPO epochs per batch.");
+ABSL_FLAG(double, entropy_coef, 0.0, "Entropy bonus weight.");
 ABSL_FLAG(double, target, 0.9, "Held-out greedy exact match to reach.");
 ABSL_FLAG(int, max_seconds, 300, "Time budget.");
 ABSL_FLAG(int, threads, 2, "Compute threads.");
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
   rlfleet::model::TrainOptions train;
   train.learning_rate = absl::GetFlag(FLAGS_lr);
   train.epochs = absl::GetFlag(FLAGS_epochs);
+  train.entropy_coef = absl::GetFlag(FLAGS_entropy_coef);
   for (int step = 1; absl::Now() - start < absl::Seconds(absl::GetFlag(FLAGS_max_seconds)); ++step) {
     // Rollout.
     std::vector<rlfleet::tasks::Example> examples;

@@ -349,10 +349,13 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
     impl_->optimizer->zero_grad();
     torch::Tensor logits = impl_->Forward(input, 0, static_cast<Impl::Cache*>(nullptr));
     // Logits at P-1+j predict response token j.
-    torch::Tensor lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+    torch::Tensor all_lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1);
+    torch::Tensor lp = all_lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+    torch::Tensor entropy = -(all_lp.exp() * all_lp).sum(-1);
     rl::PpoOptions po;
     po.clip = options.clip;
-    rl::PpoLoss loss = rl::PpoPolicyLoss(lp, old_lp, adv, mask, po);
+    po.entropy_coef = options.entropy_coef;
+    rl::PpoLoss loss = rl::PpoPolicyLoss(lp, old_lp, adv, mask, po, {}, {}, entropy);
     loss.loss.backward();
     const double norm = torch::nn::utils::clip_grad_norm_(impl_->parameters(), options.grad_clip);
     impl_->optimizer->step();
@@ -361,6 +364,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
     stats.clip_fraction = loss.clip_fraction.item<float>();
     stats.approx_kl = loss.approx_kl.item<float>();
     stats.grad_norm = static_cast<float>(norm);
+    stats.entropy = loss.entropy.item<float>();
   }
   impl_->eval();
   stats.tokens = static_cast<int64_t>(mask.sum().item<float>());

@@ -67,6 +67,7 @@ struct TrainOptions {
   float grad_clip = 1.0f;       // max global gradient norm
   double clip = 0.2;            // PPO-clip epsilon
   int epochs = 1;               // passes over the batch (PPO epochs)
+  double entropy_coef = 0.0;    // weight of the entropy bonus (keeps sampling diverse)
 };
 
 struct TrainStats {
@@ -75,6 +76,7 @@ struct TrainStats {
   float clip_fraction = 0;
   float approx_kl = 0;
   float grad_norm = 0;  // before clipping, last epoch
+  float entropy = 0;    // mean policy entropy over response tokens, nats
   int64_t tokens = 0;
 };
 

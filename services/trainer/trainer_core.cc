@@ -151,6 +151,8 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
   }
   if (p.clip_ratio() > 0) options.clip = p.clip_ratio();
   if (p.ppo_epochs() > 0) options.epochs = p.ppo_epochs();
+  if (p.entropy_coef() < 0) return fail(absl::InvalidArgumentError("params.entropy_coef is negative"));
+  options.entropy_coef = p.entropy_coef();
   auto stats = policy_->TrainStep(seqs, options);
   if (!stats.ok()) return fail(stats.status());
   if (!sampled.lease_id().empty()) RETURN_IF_ERROR(buffer_->Ack(sampled.lease_id()));
@@ -163,6 +165,7 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
   m->set_clip_fraction(stats->clip_fraction);
   m->set_approx_kl_old(stats->approx_kl);
   m->set_grad_norm(stats->grad_norm);
+  m->set_entropy(stats->entropy);
   m->set_tokens(stats->tokens);
   m->set_sequences(static_cast<uint32_t>(n));
   m->set_reward_mean(static_cast<float>(rsum / n));
