@@ -39,10 +39,7 @@ namespace v1 = rlfleet::v1;
 using rlfleet::model::Tokenizer;
 
 int main(int argc, char** argv) {
-  if (getenv("OPENBLAS_NUM_THREADS") == nullptr) {
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    execv("/proc/self/exe", argv);
-  }
+  rlfleet::model::PinBlasThreads(argv);
   absl::ParseCommandLine(argc, argv);
   rlfleet::model::SetComputeThreads(absl::GetFlag(FLAGS_threads));
   const rlfleet::tasks::Task* task = rlfleet::tasks::FindTask(absl::GetFlag(FLAGS_task));

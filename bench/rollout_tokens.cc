@@ -50,12 +50,7 @@ std::string Blas() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenBLAS reads its thread count when it loads, before main: re-run this binary
-  // with OPENBLAS_NUM_THREADS=1 so its pool and libtorch's do not fight for the cores.
-  if (getenv("OPENBLAS_NUM_THREADS") == nullptr) {
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    execv("/proc/self/exe", argv);
-  }
+  rlfleet::model::PinBlasThreads(argv);
   absl::ParseCommandLine(argc, argv);
   const int threads = absl::GetFlag(FLAGS_threads);
   rlfleet::model::SetComputeThreads(threads);

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -162,6 +164,12 @@ std::vector<float> ToVector(const torch::Tensor& t) {
 }  // namespace
 
 void SetComputeThreads(int threads) { torch::set_num_threads(std::max(1, threads)); }
+
+void PinBlasThreads(char** argv) {
+  if (getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  execv("/proc/self/exe", argv);
+}
 
 absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& config, const std::string& device,
                                                        uint64_t init_seed) {

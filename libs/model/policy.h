@@ -52,6 +52,12 @@ struct Generation {
 // both pools on the same cores run several times slower; DESIGN.md).
 void SetComputeThreads(int threads);
 
+// Call first in main of every binary that runs the model: OpenBLAS reads its thread
+// count when it loads, before main, so without OPENBLAS_NUM_THREADS in the environment
+// this re-executes the binary (/proc/self/exe, same argv) with it set to 1. Returns
+// only when it was already set (or the re-exec failed).
+void PinBlasThreads(char** argv);
+
 // One sequence of a training batch: the prompt, the response the rollout produced,
 // its per-token log-probs at the time (behaviour) and the sequence's advantage.
 struct TrainSequence {

@@ -2,7 +2,9 @@
 
 #include <hiredis/hiredis.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::redis {
@@ -38,6 +40,27 @@ Reply Convert(const redisReply* r) {
 }
 
 }  // namespace
+
+absl::StatusOr<Url> ParseUrl(absl::string_view connection, absl::string_view default_prefix) {
+  absl::string_view rest = connection;
+  Url url;
+  url.prefix = std::string(default_prefix);
+  const size_t colon = [&] {
+    if (!absl::ConsumePrefix(&rest, "redis://")) return absl::string_view::npos;
+    if (size_t slash = rest.find('/'); slash != absl::string_view::npos) {
+      url.prefix = std::string(rest.substr(slash + 1));
+      rest = rest.substr(0, slash);
+    }
+    return rest.rfind(':');
+  }();
+  if (colon == absl::string_view::npos || colon == 0 || !absl::SimpleAtoi(rest.substr(colon + 1), &url.port) ||
+      url.port <= 0 || url.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad Redis address `", connection, "`: want redis://host:port[/prefix]"));
+  }
+  url.host = std::string(rest.substr(0, colon));
+  return url;
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& host, int port,
                                                         absl::Duration timeout) {

@@ -14,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -30,6 +31,16 @@ struct Reply {
 
   bool is_nil() const { return type == Type::kNil; }
 };
+
+// A parsed `redis://host:port[/key-prefix]` connection string.
+struct Url {
+  std::string host;
+  int port = 0;
+  std::string prefix;  // `default_prefix` when the string has none
+};
+
+// INVALID_ARGUMENT naming the string when it is not redis://host:port[/prefix].
+absl::StatusOr<Url> ParseUrl(absl::string_view connection, absl::string_view default_prefix);
 
 class Client {
  public:

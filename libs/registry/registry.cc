@@ -1,12 +1,11 @@
 #include "libs/registry/registry.h"
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 #include "libs/registry/in_memory/in_memory_registry.h"
+#include "libs/redis/redis_client.h"
 #include "libs/registry/redis/redis_registry.h"
 
 namespace rlfleet::registry {
@@ -44,24 +43,10 @@ absl::StatusOr<std::unique_ptr<Registry>> OpenRegistry(absl::string_view connect
   if (connection == "memory://" || connection == "memory") {
     return std::unique_ptr<Registry>(new InMemoryRegistry(clock));
   }
-  absl::string_view rest = connection;
-  if (absl::ConsumePrefix(&rest, "redis://")) {
-    // redis://host:port[/key-prefix]
-    std::string prefix = "rlfleet:";
-    if (size_t slash = rest.find('/'); slash != absl::string_view::npos) {
-      prefix = std::string(rest.substr(slash + 1));
-      rest = rest.substr(0, slash);
-    }
-    const size_t colon = rest.rfind(':');
-    int port = 0;
-    if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) ||
-        port <= 0 || port > 65535 || colon == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad registry `", connection, "`: want redis://host:port[/prefix]"));
-    }
-    ASSIGN_OR_RETURN(auto redis, RedisRegistry::Connect(std::string(rest.substr(0, colon)), port,
-                                                        clock, absl::Seconds(2), prefix));
-    return std::unique_ptr<Registry>(std::move(redis));
+  if (absl::StartsWith(connection, "redis://")) {
+    ASSIGN_OR_RETURN(redis::Url url, redis::ParseUrl(connection, "rlfleet:"));
+    ASSIGN_OR_RETURN(auto registry, RedisRegistry::Connect(url.host, url.port, clock, absl::Seconds(2), url.prefix));
+    return std::unique_ptr<Registry>(std::move(registry));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown registry `", connection, "`: want memory:// or redis://host:port"));

@@ -2,7 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
+#include "absl/strings/match.h"
 #include "libs/common/status_macros.h"
 #include "libs/redis/redis_client.h"
 
@@ -78,23 +78,13 @@ class RedisBufferStore : public BufferStore {
 
 absl::StatusOr<std::unique_ptr<BufferStore>> OpenBufferStore(absl::string_view connection) {
   if (connection.empty() || connection == "memory://") return std::unique_ptr<BufferStore>();
-  absl::string_view rest = connection;
-  if (!absl::ConsumePrefix(&rest, "redis://")) {
+  if (!absl::StartsWith(connection, "redis://")) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown buffer store `", connection, "`: want memory:// or redis://host:port[/prefix]"));
   }
-  std::string prefix = "rlfleet:buffer:";
-  if (size_t slash = rest.find('/'); slash != absl::string_view::npos) {
-    prefix = std::string(rest.substr(slash + 1));
-    rest = rest.substr(0, slash);
-  }
-  const size_t colon = rest.rfind(':');
-  int port = 0;
-  if (colon == absl::string_view::npos || colon == 0 || !absl::SimpleAtoi(rest.substr(colon + 1), &port) ||
-      port <= 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("bad buffer store `", connection, "`"));
-  }
-  ASSIGN_OR_RETURN(auto client, redis::Client::Connect(std::string(rest.substr(0, colon)), port));
+  ASSIGN_OR_RETURN(redis::Url url, redis::ParseUrl(connection, "rlfleet:buffer:"));
+  ASSIGN_OR_RETURN(auto client, redis::Client::Connect(url.host, url.port));
+  const std::string prefix = url.prefix;
   return std::unique_ptr<BufferStore>(new RedisBufferStore(std::move(client), prefix));
 }
 

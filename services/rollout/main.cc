@@ -21,12 +21,7 @@ ABSL_FLAG(uint64_t, weights_version, 1, "Policy version of --weights / the initi
 ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised model as --weights_version.");
 
 int main(int argc, char** argv) {
-  // OpenBLAS reads its thread count at load time: re-run with one thread so its pool
-  // does not fight libtorch's for the cores (4x slower otherwise; DESIGN.md).
-  if (getenv("OPENBLAS_NUM_THREADS") == nullptr) {
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    execv("/proc/self/exe", argv);
-  }
+  rlfleet::model::PinBlasThreads(argv);
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-rollout: policy replica.");
   auto options = rlfleet::rpc::ServerOptionsFromFlags();
   if (!options.ok()) {

@@ -21,10 +21,7 @@ ABSL_FLAG(std::string, buffer, "", "Buffer address (host:port) for TrainStep's B
 ABSL_FLAG(std::string, publish_dir, "", "PublishWeights writes policy-v<N>.safetensors here (single machine).");
 
 int main(int argc, char** argv) {
-  if (getenv("OPENBLAS_NUM_THREADS") == nullptr) {  // see DESIGN.md: one BLAS thread pool
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    execv("/proc/self/exe", argv);
-  }
+  rlfleet::model::PinBlasThreads(argv);
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-trainer: trainer (one rank).");
   auto options = rlfleet::rpc::ServerOptionsFromFlags();
   if (!options.ok()) {
