@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "libs/model/tokenizer.h"
+#include "services/controller/cli_util.h"
 #include "libs/tasks/tasks.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "rlfleet/v1/reward.grpc.pb.h"
@@ -33,22 +34,9 @@ namespace {
 namespace v1 = rlfleet::v1;
 using model::Tokenizer;
 
-class Ctx {
- public:
-  explicit Ctx(const rpc::ClientOptions& o) {
-    c_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-    if (!o.auth.token.empty()) c_.AddMetadata("authorization", "Bearer " + o.auth.token);
-  }
-  grpc::ClientContext* get() { return &c_; }
+constexpr absl::Duration kCallTimeout = absl::Seconds(120);
 
- private:
-  grpc::ClientContext c_;
-};
-
-int Fail(const grpc::Status& s, absl::string_view what) {
-  std::cerr << "rlfleet loop: " << what << ": " << s.error_message() << "\n";
-  return 1;
-}
+int Fail(const grpc::Status& s, absl::string_view what) { return ReportRpcError(s, absl::StrCat("loop ", what)); }
 
 // Generates for `examples` and returns (experiences, rewards) scored by the reward service.
 bool Rollout(const rpc::ClientOptions& o, v1::RolloutService::Stub* rollout, v1::RewardService::Stub* reward,
@@ -68,8 +56,7 @@ bool Rollout(const rpc::ClientOptions& o, v1::RolloutService::Stub* rollout, v1:
     const auto ids = Tokenizer::EncodePrompt(examples[i].prompt);  // alive for the loop
     for (int32_t t : *ids) p->add_prompt_token_ids(t);
   }
-  Ctx c1(o);
-  if (auto s = rollout->GenerateBatch(c1.get(), gen, out); !s.ok()) return Fail(s, "GenerateBatch"), false;
+  if (auto s = rollout->GenerateBatch(CallContext(o, kCallTimeout).get(), gen, out); !s.ok()) return Fail(s, "GenerateBatch"), false;
   v1::ScoreRequest score;
   for (int i = 0; i < out->completions_size(); ++i) {
     const v1::Experience& e = out->completions(i);
@@ -79,8 +66,7 @@ bool Rollout(const rpc::ClientOptions& o, v1::RolloutService::Stub* rollout, v1:
     item->set_reference_answer(examples[i / samples].answer);
     item->set_response_text(Tokenizer::DecodeResponse({e.response_token_ids().begin(), e.response_token_ids().end()}));
   }
-  Ctx c2(o);
-  if (auto s = reward->Score(c2.get(), score, scored); !s.ok()) return Fail(s, "Score"), false;
+  if (auto s = reward->Score(CallContext(o, kCallTimeout).get(), score, scored); !s.ok()) return Fail(s, "Score"), false;
   return true;
 }
 
@@ -108,20 +94,17 @@ int RunLoop(const rpc::ClientOptions& base) {
     config.set_group_size(samples);
     config.set_filter_zero_variance(true);
     v1::ConfigureResponse configured;
-    Ctx c(base);
-    if (auto s = buffer->Configure(c.get(), config, &configured); !s.ok()) return Fail(s, "buffer Configure");
+    if (auto s = buffer->Configure(CallContext(base, kCallTimeout).get(), config, &configured); !s.ok()) return Fail(s, "buffer Configure");
   }
   // The rollout replica starts from the trainer's weights (behaviour == policy at step 1).
   auto publish = [&]() -> bool {
     v1::PublishWeightsResponse published;
-    Ctx cw(base);
-    if (auto s = trainer->PublishWeights(cw.get(), {}, &published); !s.ok()) return Fail(s, "PublishWeights"), false;
+    if (auto s = trainer->PublishWeights(CallContext(base, kCallTimeout).get(), {}, &published); !s.ok()) return Fail(s, "PublishWeights"), false;
     v1::PrepareWeightsRequest update;
     *update.mutable_manifest() = published.manifest();
     *update.add_chunks()->mutable_source() = published.location();
     v1::CommitWeightsResponse committed;
-    Ctx cu(base);
-    grpc::Status s = rollout->UpdateWeights(cu.get(), update, &committed);
+    grpc::Status s = rollout->UpdateWeights(CallContext(base, kCallTimeout).get(), update, &committed);
     // FAILED_PRECONDITION: the replica already has this version.
     if (!s.ok() && s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) return Fail(s, "UpdateWeights"), false;
     return true;
@@ -151,8 +134,7 @@ int RunLoop(const rpc::ClientOptions& base) {
       *put.add_experiences() = std::move(e);
     }
     v1::PutExperiencesResponse put_response;
-    Ctx cp(base);
-    if (auto s = buffer->PutExperiences(cp.get(), put, &put_response); !s.ok()) return Fail(s, "PutExperiences");
+    if (auto s = buffer->PutExperiences(CallContext(base, kCallTimeout).get(), put, &put_response); !s.ok()) return Fail(s, "PutExperiences");
     v1::TrainStepRequest train;
     train.mutable_buffer()->set_num_groups(prompts);
     train.mutable_buffer()->set_min_groups(1);
@@ -162,8 +144,7 @@ int RunLoop(const rpc::ClientOptions& base) {
     train.mutable_params()->mutable_optimizer()->set_learning_rate(5e-4f);
     train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
     v1::TrainStepResponse trained;
-    Ctx ct(base);
-    grpc::Status ts = trainer->TrainStep(ct.get(), train, &trained);
+    grpc::Status ts = trainer->TrainStep(CallContext(base, kCallTimeout).get(), train, &trained);
     if (!ts.ok() && ts.error_code() != grpc::StatusCode::UNAVAILABLE) return Fail(ts, "TrainStep");
     // UNAVAILABLE: every group had zero variance; nothing to learn this step.
     if (ts.ok() && !publish()) return 1;

@@ -27,6 +27,7 @@
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
 #include "services/controller/cli_loop.h"
+#include "services/controller/cli_util.h"
 #include "services/controller/controller_client.h"
 
 ABSL_FLAG(std::string, controller, "127.0.0.1:7000", "Controller address (host:port).");
@@ -109,17 +110,12 @@ int Replicas(ControllerClient& client) {
   return 0;
 }
 
-// A context with the call deadline and the bearer token.
 std::unique_ptr<grpc::ClientContext> Context(const rlfleet::rpc::ClientOptions& options) {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
-  if (!options.auth.token.empty()) context->AddMetadata("authorization", "Bearer " + options.auth.token);
-  return context;
+  return rlfleet::controller::CallContext(options, absl::GetFlag(FLAGS_timeout));
 }
 
 int Fail(const grpc::Status& status, const std::string& what) {
-  std::cerr << "rlfleet: " << what << ": " << status.error_message() << "\n";
-  return 1;
+  return rlfleet::controller::ReportRpcError(status, what);
 }
 
 int Try(const rlfleet::rpc::ClientOptions& base) {
