@@ -28,16 +28,10 @@ constexpr char kListening[] = "rlfleet-controller listening on ";
 
 // Starts the controller with `extra` flags and returns its address.
 std::string StartController(Subprocess& process, const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {RunfilePath("services/controller/rlfleet-controller"),
-                                   "--host=127.0.0.1", "--port=0"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  EXPECT_TRUE(process.Start(argv).ok());
-  auto line = process.WaitForLine(
-      [](const std::string& l) { return absl::StartsWith(l, kListening); }, absl::Seconds(30));
-  EXPECT_TRUE(line.ok()) << line.status();
-  if (!line.ok()) return "";
-  std::string rest = line->substr(strlen(kListening));
-  return rest.substr(0, rest.find(' '));
+  auto address = testing::StartService(process, "services/controller/rlfleet-controller", extra, absl::Seconds(30));
+  EXPECT_TRUE(address.ok()) << address.status();
+  EXPECT_TRUE(absl::StartsWith(process.output(), kListening)) << process.output();
+  return address.ok() ? *address : "";
 }
 
 std::unique_ptr<ControllerClient> Connect(const std::string& address, std::string token = "") {

@@ -23,15 +23,9 @@ using testing::Subprocess;
 
 // Starts `binary` with `flags` on a free port; returns host:port from its first line.
 std::string Start(Subprocess& p, const std::string& binary, std::vector<std::string> flags) {
-  std::vector<std::string> argv = {RunfilePath(binary), "--host=127.0.0.1", "--port=0"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  EXPECT_TRUE(p.Start(argv).ok());
-  auto line = p.WaitForLine([](const std::string& l) { return absl::StrContains(l, " listening on "); },
-                            absl::Seconds(60));
-  EXPECT_TRUE(line.ok()) << line.status();
-  if (!line.ok()) return "";
-  std::string rest = line->substr(line->find(" listening on ") + 14);
-  return rest.substr(0, rest.find(' '));
+  auto address = testing::StartService(p, binary, flags);
+  EXPECT_TRUE(address.ok()) << address.status();
+  return address.ok() ? *address : "";
 }
 
 TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {

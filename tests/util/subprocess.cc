@@ -142,4 +142,17 @@ std::string RunfilePath(const std::string& workspace_relative) {
   return absl::StrCat(srcdir, "/", workspace ? workspace : "rlfleet", "/", workspace_relative);
 }
 
+absl::StatusOr<std::string> StartService(Subprocess& process, const std::string& binary,
+                                         const std::vector<std::string>& flags, absl::Duration timeout) {
+  constexpr char kListening[] = " listening on ";
+  std::vector<std::string> argv = {RunfilePath(binary), "--host=127.0.0.1", "--port=0"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  if (absl::Status s = process.Start(argv); !s.ok()) return s;
+  auto line = process.WaitForLine(
+      [&](const std::string& l) { return l.find(kListening) != std::string::npos; }, timeout);
+  if (!line.ok()) return line.status();
+  std::string rest = line->substr(line->find(kListening) + strlen(kListening));
+  return rest.substr(0, rest.find(' '));
+}
+
 }  // namespace rlfleet::testing

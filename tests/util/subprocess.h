@@ -61,6 +61,13 @@ class Subprocess {
 // Path of a binary built by Bazel, from the test's runfiles ("services/x/y").
 std::string RunfilePath(const std::string& workspace_relative);
 
+// Starts an rlfleet service binary (runfiles path) on 127.0.0.1 with port 0 and
+// `flags`, waits up to `timeout` for its "... listening on HOST:PORT" line and returns
+// HOST:PORT. Errors as Start / WaitForLine.
+absl::StatusOr<std::string> StartService(Subprocess& process, const std::string& binary,
+                                         const std::vector<std::string>& flags,
+                                         absl::Duration timeout = absl::Seconds(60));
+
 }  // namespace rlfleet::testing
 
 #endif  // RLFLEET_TESTS_UTIL_SUBPROCESS_H_
