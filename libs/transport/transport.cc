@@ -52,36 +52,45 @@ std::unique_ptr<Completion> Share(std::shared_ptr<PendingCompletion> pending) {
   return std::make_unique<Shared>(std::move(pending));
 }
 
-std::unique_ptr<Completion> Transport::PutBatch(PeerId peer, const std::vector<PutOp>& ops) {
-  // Completes when every member completed; reports the first error.
-  class All : public Completion {
-   public:
-    explicit All(std::vector<std::unique_ptr<Completion>> parts) : parts_(std::move(parts)) {}
-    absl::Status Wait(absl::Duration timeout) override {
-      const absl::Time deadline = absl::Now() + timeout;
-      absl::Status first;
-      for (auto& part : parts_) {
-        absl::Status s = part->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
-        if (absl::IsDeadlineExceeded(s)) return s;
-        first.Update(s);
-      }
-      return first;
-    }
-    bool Done() override {
-      for (auto& part : parts_) {
-        if (!part->Done()) return false;
-      }
-      return true;
-    }
-    uint64_t bytes() override {
-      uint64_t n = 0;
-      for (auto& part : parts_) n += part->bytes();
-      return n;
-    }
+namespace {
 
-   private:
-    std::vector<std::unique_ptr<Completion>> parts_;
-  };
+// Completes when every part completed; reports the first error.
+class All : public Completion {
+ public:
+  explicit All(std::vector<std::unique_ptr<Completion>> parts) : parts_(std::move(parts)) {}
+  absl::Status Wait(absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Status first;
+    for (auto& part : parts_) {
+      absl::Status s = part->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      if (absl::IsDeadlineExceeded(s)) return s;
+      first.Update(s);
+    }
+    return first;
+  }
+  bool Done() override {
+    for (auto& part : parts_) {
+      if (!part->Done()) return false;
+    }
+    return true;
+  }
+  uint64_t bytes() override {
+    uint64_t n = 0;
+    for (auto& part : parts_) n += part->bytes();
+    return n;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Completion>> parts_;
+};
+
+}  // namespace
+
+std::unique_ptr<Completion> AllOf(std::vector<std::unique_ptr<Completion>> parts) {
+  return std::make_unique<All>(std::move(parts));
+}
+
+std::unique_ptr<Completion> Transport::PutBatch(PeerId peer, const std::vector<PutOp>& ops) {
   if (ops.empty()) return CompletedWith(absl::InvalidArgumentError("PutBatch: no puts"));
   std::vector<std::unique_ptr<Completion>> parts;
   for (const PutOp& op : ops) {
@@ -91,7 +100,18 @@ std::unique_ptr<Completion> Transport::PutBatch(PeerId peer, const std::vector<P
     }
     parts.push_back(Put(peer, op.local, op.local_offset, *op.remote, op.remote_offset, op.length));
   }
-  return std::make_unique<All>(std::move(parts));
+  return AllOf(std::move(parts));
+}
+
+std::unique_ptr<Completion> Transport::SendRecvBatch(const std::vector<TwoSidedOp>& ops) {
+  if (ops.empty()) return CompletedWith(absl::InvalidArgumentError("SendRecvBatch: no operations"));
+  std::vector<std::unique_ptr<Completion>> parts;
+  parts.reserve(ops.size());
+  for (const TwoSidedOp& op : ops) {
+    parts.push_back(op.send ? Send(op.peer, op.tag, op.memory, op.offset, op.length)
+                            : Recv(op.peer, op.tag, op.memory, op.offset, op.length));
+  }
+  return AllOf(std::move(parts));
 }
 
 absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t length,

@@ -157,7 +157,24 @@ class Transport {
   // DATA_LOSS if the message was larger than capacity.
   virtual std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
                                            uint64_t offset, uint64_t capacity) = 0;
+
+  // One Send (send = true) or Recv of a batch.
+  struct TwoSidedOp {
+    bool send = true;
+    PeerId peer = 0;
+    uint64_t tag = 0;
+    MemoryHandle memory;
+    uint64_t offset = 0;
+    uint64_t length = 0;  // a Recv's capacity
+  };
+  // Submits every op together; completes once all completed, with the first error.
+  // Backends that must issue matching sends and receives together to avoid deadlock
+  // (NCCL: one ncclGroupStart / End) override it; the default submits them one by one.
+  virtual std::unique_ptr<Completion> SendRecvBatch(const std::vector<TwoSidedOp>& ops);
 };
+
+// A Completion that finishes when every one of `parts` has, with the first error.
+std::unique_ptr<Completion> AllOf(std::vector<std::unique_ptr<Completion>> parts);
 
 // A Completion that is already finished: for submissions rejected up front.
 std::unique_ptr<Completion> CompletedWith(absl::Status status, uint64_t bytes = 0);

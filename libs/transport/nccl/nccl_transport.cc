@@ -427,6 +427,15 @@ std::unique_ptr<Completion> NcclTransport::Recv(PeerId peer, uint64_t /*tag*/,
   return Grouped({GroupedOp{false, peer, local, offset, capacity}});
 }
 
+std::unique_ptr<Completion> NcclTransport::SendRecvBatch(const std::vector<TwoSidedOp>& ops) {
+  std::vector<GroupedOp> grouped;
+  grouped.reserve(ops.size());
+  for (const TwoSidedOp& op : ops) {
+    grouped.push_back(GroupedOp{op.send, op.peer, op.memory, op.offset, op.length});
+  }
+  return Grouped(grouped);
+}
+
 std::unique_ptr<Completion> NcclTransport::Grouped(const std::vector<GroupedOp>& ops) {
   Impl* impl = impl_.get();
   absl::MutexLock lock(&impl->submit_mu_);

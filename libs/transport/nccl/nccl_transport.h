@@ -94,6 +94,8 @@ class NcclTransport : public Transport {
                                    uint64_t offset, uint64_t length) override;
   std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
                                    uint64_t offset, uint64_t capacity) override;
+  // One NCCL group (tags are ignored, as for Send / Recv).
+  std::unique_ptr<Completion> SendRecvBatch(const std::vector<TwoSidedOp>& ops) override;
 
   class Impl;
 

@@ -1,0 +1,308 @@
+#include "libs/reshard/executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/common/status_macros.h"
+#include "libs/reshard/cast.h"
+#include "libs/reshard/digest.h"
+
+namespace rlfleet::reshard {
+namespace {
+
+using transport::Completion;
+using transport::MemoryHandle;
+using transport::PeerId;
+using transport::Transport;
+
+class HostMemoryOps : public MemoryOps {
+ public:
+  transport::MemoryKind kind() const override { return transport::MemoryKind::kHost; }
+  void Copy(void* dst, const void* src, uint64_t bytes) override { std::memcpy(dst, src, bytes); }
+  void CastF32ToBf16(void* dst, const void* src, uint64_t count) override {
+    reshard::CastF32ToBf16(dst, src, count);
+  }
+  void ResetDigests(int slots) override { digests_.assign(slots, 0); }
+  void AddDigest(int slot, const void* data, uint64_t bytes, uint64_t shard_offset) override {
+    digests_[slot] += DigestBytes(data, bytes, shard_offset);
+  }
+  absl::StatusOr<std::vector<uint64_t>> Digests() override { return digests_; }
+  absl::Status Sync() override { return absl::OkStatus(); }
+
+ private:
+  std::vector<uint64_t> digests_;
+};
+
+// One (source, destination) pair this process takes part in.
+struct Pair {
+  bool send = true;
+  int peer_rank = 0;  // the other side's rank in its layout
+  PeerId peer = 0;
+  std::vector<Message> messages;
+};
+
+// A submitted round, and what to unpack when it completes.
+struct Round {
+  uint64_t index = 0;
+  std::unique_ptr<Completion> done;
+  std::vector<std::pair<const Message*, uint64_t>> unpack;  // message, staging offset
+};
+
+absl::Status CheckRoles(const Plan& plan, const SourceRole* source,
+                        const DestinationRole* destination) {
+  if (source == nullptr && destination == nullptr) {
+    return absl::InvalidArgumentError("Execute: neither a source nor a destination role");
+  }
+  if (source != nullptr) {
+    if (source->rank < 0 || source->rank >= plan.src.ranks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("source rank ", source->rank, " is not in [0, ", plan.src.ranks, ")"));
+    }
+    if (source->dst_peers.size() != static_cast<size_t>(plan.dst.ranks)) {
+      return absl::InvalidArgumentError(absl::StrCat("source role has ", source->dst_peers.size(),
+                                                     " destination peers; the plan has ",
+                                                     plan.dst.ranks, " destination ranks"));
+    }
+    if (source->shard.length < plan.src_shard_bytes[source->rank]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "source rank ", source->rank, "'s shard is ", source->shard.length,
+          " bytes; the plan needs ", plan.src_shard_bytes[source->rank]));
+    }
+  }
+  if (destination != nullptr) {
+    if (destination->rank < 0 || destination->rank >= plan.dst.ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("destination rank ", destination->rank,
+                                                     " is not in [0, ", plan.dst.ranks, ")"));
+    }
+    if (destination->src_peers.size() != static_cast<size_t>(plan.src.ranks)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("destination role has ", destination->src_peers.size(),
+                       " source peers; the plan has ", plan.src.ranks, " source ranks"));
+    }
+    if (destination->shard.length < plan.dst_shard_bytes[destination->rank]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "destination rank ", destination->rank, "'s shard is ", destination->shard.length,
+          " bytes; the plan needs ", plan.dst_shard_bytes[destination->rank]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::unique_ptr<MemoryOps> NewHostMemoryOps() { return std::make_unique<HostMemoryOps>(); }
+
+std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes) {
+  std::vector<Message> out;
+  Message current;
+  auto flush = [&] {
+    if (current.pieces.empty()) return;
+    current.direct = current.pieces.size() == 1 && !current.pieces[0].cast();
+    out.push_back(std::move(current));
+    current = Message();
+  };
+  for (const Range& r : ranges) {
+    if (r.dst_bytes() > chunk_bytes) {
+      // A big range: chunk-sized messages of its own, each direct unless cast.
+      flush();
+      const uint64_t per = std::max<uint64_t>(1, chunk_bytes / r.dst_elem);
+      for (uint64_t e = 0; e < r.elements; e += per) {
+        Range piece = r;
+        piece.elements = std::min(per, r.elements - e);
+        piece.src_offset = r.src_offset + e * r.src_elem;
+        piece.dst_offset = r.dst_offset + e * r.dst_elem;
+        Message m;
+        m.pieces.push_back(piece);
+        m.wire_bytes = piece.dst_bytes();
+        m.direct = !piece.cast();
+        out.push_back(std::move(m));
+      }
+      continue;
+    }
+    if (current.wire_bytes + r.dst_bytes() > chunk_bytes) flush();
+    current.pieces.push_back(r);
+    current.wire_bytes += r.dst_bytes();
+  }
+  flush();
+  return out;
+}
+
+absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
+                                       const SourceRole* source,
+                                       const DestinationRole* destination, MemoryOps& ops,
+                                       const ExecutorOptions& options) {
+  RETURN_IF_ERROR(CheckRoles(plan, source, destination));
+  if (options.chunk_bytes < 8 || options.depth < 1) {
+    return absl::InvalidArgumentError("Execute: chunk_bytes must be >= 8 and depth >= 1");
+  }
+  const absl::Time start = absl::Now();
+  ExecutionStats stats;
+
+  std::vector<Pair> pairs;
+  if (source != nullptr) {
+    for (int d = 0; d < plan.dst.ranks; ++d) {
+      Pair p{true, d, source->dst_peers[d], CutMessages(plan.Between(source->rank, d), options.chunk_bytes)};
+      if (!p.messages.empty()) pairs.push_back(std::move(p));
+    }
+  }
+  if (destination != nullptr) {
+    for (int s = 0; s < plan.src.ranks; ++s) {
+      Pair p{false, s, destination->src_peers[s], CutMessages(plan.Between(s, destination->rank), options.chunk_bytes)};
+      if (!p.messages.empty()) pairs.push_back(std::move(p));
+    }
+  }
+  uint64_t rounds = 0;
+  for (const Pair& p : pairs) rounds = std::max<uint64_t>(rounds, p.messages.size());
+  stats.rounds = rounds;
+
+  // Staging: per round slot, room for the staged messages of that round.
+  uint64_t slot_bytes = 0;
+  for (uint64_t k = 0; k < rounds; ++k) {
+    uint64_t need = 0;
+    for (const Pair& p : pairs) {
+      if (k < p.messages.size() && !p.messages[k].direct) need += p.messages[k].wire_bytes;
+    }
+    slot_bytes = std::max(slot_bytes, need);
+  }
+  const uint64_t slots = std::min<uint64_t>(options.depth, std::max<uint64_t>(rounds, 1));
+  MemoryHandle staging;
+  if (slot_bytes > 0) {
+    const int device = source != nullptr ? source->shard.device : destination->shard.device;
+    auto allocated = transport.AllocateMemory(slot_bytes * slots, ops.kind(), device);
+    if (!allocated.ok()) {
+      return common::Annotate(allocated.status(), "allocating the resharding staging buffer");
+    }
+    staging = *allocated;
+    stats.staging_bytes = slot_bytes * slots;
+  }
+  absl::Cleanup free_staging = [&] {
+    if (staging.id != 0) transport.DeregisterMemory(staging).IgnoreError();
+  };
+  const bool digests = options.digests && source != nullptr;
+  if (digests) ops.ResetDigests(plan.dst.ranks);
+
+  auto* src_base = source != nullptr ? static_cast<uint8_t*>(source->shard.base) : nullptr;
+  auto* dst_base = destination != nullptr ? static_cast<uint8_t*>(destination->shard.base) : nullptr;
+  auto* stage_base = static_cast<uint8_t*>(staging.base);
+
+  std::deque<Round> in_flight;
+  auto finish_oldest = [&]() -> absl::Status {
+    Round& round = in_flight.front();
+    absl::Status s = round.done->Wait(options.timeout);
+    if (!s.ok()) {
+      return common::Annotate(s, absl::StrCat("resharding round ", round.index, " of ", rounds));
+    }
+    for (const auto& [message, offset] : round.unpack) {
+      uint64_t pos = 0;
+      for (const Range& piece : message->pieces) {
+        ops.Copy(dst_base + piece.dst_offset, stage_base + offset + pos, piece.dst_bytes());
+        pos += piece.dst_bytes();
+      }
+    }
+    if (!round.unpack.empty()) RETURN_IF_ERROR(ops.Sync());
+    in_flight.pop_front();
+    return absl::OkStatus();
+  };
+
+  for (uint64_t k = 0; k < rounds; ++k) {
+    if (in_flight.size() == slots) RETURN_IF_ERROR(finish_oldest());
+    const uint64_t slot_base = (k % slots) * slot_bytes;
+    uint64_t used = 0;
+    bool packed = false;
+    Round round;
+    round.index = k;
+    std::vector<Transport::TwoSidedOp> batch;
+    for (const Pair& p : pairs) {
+      if (k >= p.messages.size()) continue;
+      const Message& m = p.messages[k];
+      Transport::TwoSidedOp op;
+      op.send = p.send;
+      op.peer = p.peer;
+      op.tag = k;
+      op.length = m.wire_bytes;
+      if (p.send) {
+        stats.bytes_sent += m.wire_bytes;
+        if (m.direct) {
+          const Range& piece = m.pieces[0];
+          op.memory = source->shard;
+          op.offset = piece.src_offset;
+          if (digests) ops.AddDigest(p.peer_rank, src_base + piece.src_offset, m.wire_bytes, piece.dst_offset);
+        } else {
+          op.memory = staging;
+          op.offset = slot_base + used;
+          uint64_t pos = op.offset;
+          for (const Range& piece : m.pieces) {
+            if (piece.cast()) {
+              ops.CastF32ToBf16(stage_base + pos, src_base + piece.src_offset, piece.elements);
+            } else {
+              ops.Copy(stage_base + pos, src_base + piece.src_offset, piece.dst_bytes());
+            }
+            if (digests) ops.AddDigest(p.peer_rank, stage_base + pos, piece.dst_bytes(), piece.dst_offset);
+            pos += piece.dst_bytes();
+          }
+          used += m.wire_bytes;
+          packed = true;
+          ++stats.staged_messages;
+        }
+      } else {
+        stats.bytes_received += m.wire_bytes;
+        if (m.direct) {
+          op.memory = destination->shard;
+          op.offset = m.pieces[0].dst_offset;
+        } else {
+          op.memory = staging;
+          op.offset = slot_base + used;
+          round.unpack.emplace_back(&m, op.offset);
+          used += m.wire_bytes;
+          ++stats.staged_messages;
+        }
+      }
+      ++stats.messages;
+      batch.push_back(op);
+    }
+    if (packed) RETURN_IF_ERROR(ops.Sync());
+    round.done = transport.SendRecvBatch(batch);
+    in_flight.push_back(std::move(round));
+  }
+  while (!in_flight.empty()) RETURN_IF_ERROR(finish_oldest());
+  if (digests) {
+    ASSIGN_OR_RETURN(stats.digest_shares, ops.Digests());
+  }
+  stats.elapsed = absl::Now() - start;
+  return stats;
+}
+
+absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* shard,
+                                     MemoryOps& ops) {
+  if (rank < 0 || rank >= plan.dst.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("destination rank ", rank, " is not in [0, ",
+                                                   plan.dst.ranks, ")"));
+  }
+  ops.ResetDigests(1);
+  const auto* base = static_cast<const uint8_t*>(shard);
+  for (const ShardPart& part : plan.dst_parts[rank]) {
+    const uint64_t bytes = part.elements * DTypeSize(part.dtype);
+    if (bytes > 0) ops.AddDigest(0, base + part.offset, bytes, part.offset);
+  }
+  ASSIGN_OR_RETURN(std::vector<uint64_t> sums, ops.Digests());
+  return sums[0];
+}
+
+absl::Status VerifyDigest(const Plan& plan, int rank, const void* shard, MemoryOps& ops,
+                          const std::vector<uint64_t>& shares_from_sources) {
+  ASSIGN_OR_RETURN(uint64_t got, ShardDigest(plan, rank, shard, ops));
+  uint64_t want = 0;
+  for (uint64_t share : shares_from_sources) want += share;
+  if (got != want) {
+    return absl::DataLossError(absl::StrCat("destination rank ", rank, ": shard digest ",
+                                            absl::Hex(got), " != ", absl::Hex(want),
+                                            ", the sum of the sources' shares"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rlfleet::reshard

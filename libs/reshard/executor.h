@@ -1,0 +1,116 @@
+// The resharding executor: runs this process's part of a Plan over a Transport.
+//
+// What moves. For every (source rank, destination rank) pair, the plan's ranges are cut
+// into messages of at most chunk_bytes wire bytes (destination dtype). A message that is
+// one uncast piece goes straight from the source shard to the destination shard (zero
+// copy: FSDP -> TP rows is all such messages); otherwise the sender packs its pieces
+// (casting f32 -> bf16 on the way) into a staging slot and the receiver unpacks them.
+// Both sides derive the same messages from the plan, so nothing but bytes travels.
+//
+// Pipeline. Messages go in rounds: round k holds the k-th message of every pair this
+// process takes part in, submitted as one SendRecvBatch (one NCCL group), tag k. Up to
+// `depth` rounds are in flight; staging is depth x (staged messages per round) x
+// chunk_bytes, so no rank ever holds more than that beyond its own shard: nobody
+// materialises a whole tensor it does not own.
+//
+// Integrity. A source computes, per destination, its share of that destination's shard
+// digest (libs/reshard/digest.h) over the bytes it sends; the destination's own digest
+// of what it received must equal the sum of the shares (VerifyDigest). The shares travel
+// through the control plane (the weights service), not here.
+//
+// Errors: every round's wait has options.timeout; a dead peer is the transport's
+// UNAVAILABLE, a stall DEADLINE_EXCEEDED, each annotated with the round and the peer.
+#ifndef RLFLEET_LIBS_RESHARD_EXECUTOR_H_
+#define RLFLEET_LIBS_RESHARD_EXECUTOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libs/reshard/plan.h"
+#include "libs/transport/transport.h"
+
+namespace rlfleet::reshard {
+
+// Copies, casts and digests where the shard memory lives (host, or a CUDA device).
+// Copies may be asynchronous; Sync() waits for all of them.
+class MemoryOps {
+ public:
+  virtual ~MemoryOps() = default;
+  virtual transport::MemoryKind kind() const = 0;
+  virtual void Copy(void* dst, const void* src, uint64_t bytes) = 0;
+  virtual void CastF32ToBf16(void* dst, const void* src, uint64_t count) = 0;
+  // Adds the digest share of [data, +bytes) at shard offset `shard_offset` to
+  // accumulator `slot` (0 <= slot < slots given to ResetDigests).
+  virtual void ResetDigests(int slots) = 0;
+  virtual void AddDigest(int slot, const void* data, uint64_t bytes, uint64_t shard_offset) = 0;
+  // Waits for queued work; then the accumulators.
+  virtual absl::StatusOr<std::vector<uint64_t>> Digests() = 0;
+  virtual absl::Status Sync() = 0;
+};
+
+// Host memory: memcpy, the scalar cast, the scalar digest.
+std::unique_ptr<MemoryOps> NewHostMemoryOps();
+
+struct ExecutorOptions {
+  uint64_t chunk_bytes = 16ull << 20;
+  int depth = 4;
+  absl::Duration timeout = absl::Seconds(60);  // per round
+  bool digests = true;                          // compute the sources' digest shares
+};
+
+// This process as a source rank: its shard (registered with the transport, plan
+// .src_shard_bytes[rank] long) and a PeerId per destination rank.
+struct SourceRole {
+  int rank = -1;
+  transport::MemoryHandle shard;
+  std::vector<transport::PeerId> dst_peers;
+};
+// This process as a destination rank: its shard and a PeerId per source rank.
+struct DestinationRole {
+  int rank = -1;
+  transport::MemoryHandle shard;
+  std::vector<transport::PeerId> src_peers;
+};
+
+struct ExecutionStats {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t messages = 0;         // sent + received
+  uint64_t staged_messages = 0;  // that needed packing or unpacking
+  uint64_t rounds = 0;
+  uint64_t staging_bytes = 0;    // staging memory this process allocated
+  absl::Duration elapsed;
+  // As a source: digest_shares[d] = this rank's share of destination d's digest.
+  std::vector<uint64_t> digest_shares;
+};
+
+// Runs the part of `plan` that this process plays: as a source, a destination, or both
+// (either may be null). INVALID_ARGUMENT for roles that do not fit the plan (rank out of
+// range, a peer list of the wrong size, a shard smaller than the plan's).
+absl::StatusOr<ExecutionStats> Execute(transport::Transport& transport, const Plan& plan,
+                                       const SourceRole* source,
+                                       const DestinationRole* destination, MemoryOps& ops,
+                                       const ExecutorOptions& options = {});
+
+// The digest of destination `rank`'s shard (its parts, not the padding) at `shard`.
+absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* shard,
+                                     MemoryOps& ops);
+
+// DATA_LOSS naming the destination when its digest differs from the sum of the shares.
+absl::Status VerifyDigest(const Plan& plan, int rank, const void* shard, MemoryOps& ops,
+                          const std::vector<uint64_t>& shares_from_sources);
+
+// The messages of one (source, destination) pair, as both sides cut them.
+struct Message {
+  std::vector<Range> pieces;
+  uint64_t wire_bytes = 0;
+  bool direct = false;  // one uncast piece: no staging
+};
+std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes);
+
+}  // namespace rlfleet::reshard
+
+#endif  // RLFLEET_LIBS_RESHARD_EXECUTOR_H_

@@ -1,0 +1,223 @@
+// The executor over the loopback transport, one thread per rank: random plans arrive
+// byte-exact with digests that verify; corruption is DATA_LOSS; a dead or missing
+// peer is an error within the deadline; staging stays bounded.
+#include "libs/reshard/executor.h"
+
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "libs/reshard/tests/shards.h"
+#include "libs/transport/loopback/loopback_transport.h"
+
+namespace rlfleet::reshard {
+namespace {
+
+using testing::ExpectedShard;
+using transport::LoopbackTransport;
+using transport::MemoryHandle;
+using transport::PeerId;
+
+// D source ranks and T destination ranks, each its own loopback transport.
+struct Fleet {
+  std::vector<std::unique_ptr<LoopbackTransport>> src, dst;
+  std::vector<std::vector<PeerId>> src_to_dst, dst_to_src;  // [rank][peer rank]
+
+  Fleet(int d, int t) {
+    for (int i = 0; i < d; ++i) src.push_back(LoopbackTransport::Create());
+    for (int i = 0; i < t; ++i) dst.push_back(LoopbackTransport::Create());
+    src_to_dst.assign(d, {});
+    dst_to_src.assign(t, {});
+    for (int i = 0; i < d; ++i) {
+      for (int j = 0; j < t; ++j) {
+        src_to_dst[i].push_back(*src[i]->Connect(dst[j]->LocalAddress()));
+        dst_to_src[j].push_back(*dst[j]->Connect(src[i]->LocalAddress()));
+      }
+    }
+  }
+};
+
+MemoryHandle Register(transport::Transport& t, void* base, uint64_t length) {
+  return *t.RegisterMemory(base, length);
+}
+
+struct Outcome {
+  std::vector<absl::Status> src_status, dst_status;
+  std::vector<ExecutionStats> src_stats, dst_stats;
+  std::vector<absl::Duration> src_took;
+  std::vector<std::vector<uint8_t>> dst_bufs;
+};
+
+// Runs the whole plan; `skip_src` leaves one source rank out (a peer that never came).
+Outcome RunPlan(const Plan& plan, const ExecutorOptions& options, int skip_src = -1,
+                std::function<void(Fleet&)> during = nullptr) {
+  const int d = plan.src.ranks, t = plan.dst.ranks;
+  Fleet fleet(d, t);
+  Outcome out;
+  out.src_status.resize(d);
+  out.dst_status.resize(t);
+  out.src_stats.resize(d);
+  out.src_took.resize(d);
+  out.dst_stats.resize(t);
+  std::vector<std::vector<uint8_t>> src_bufs;
+  for (int s = 0; s < d; ++s) {
+    src_bufs.push_back(ExpectedShard(plan, true, s));
+    src_bufs.back().push_back(0);  // so that an empty shard still has an address
+  }
+  for (int r = 0; r < t; ++r) out.dst_bufs.emplace_back(plan.dst_shard_bytes[r] + 1, 0);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < d; ++s) {
+    if (s == skip_src) continue;
+    threads.emplace_back([&, s] {
+      auto ops = NewHostMemoryOps();
+      MemoryHandle shard = Register(*fleet.src[s], src_bufs[s].data(), src_bufs[s].size());
+      SourceRole role{s, shard, fleet.src_to_dst[s]};
+      const absl::Time start = absl::Now();
+      auto stats = Execute(*fleet.src[s], plan, &role, nullptr, *ops, options);
+      out.src_took[s] = absl::Now() - start;
+      out.src_status[s] = stats.status();
+      if (stats.ok()) out.src_stats[s] = *stats;
+    });
+  }
+  for (int r = 0; r < t; ++r) {
+    threads.emplace_back([&, r] {
+      auto ops = NewHostMemoryOps();
+      MemoryHandle shard = Register(*fleet.dst[r], out.dst_bufs[r].data(), out.dst_bufs[r].size());
+      DestinationRole role{r, shard, fleet.dst_to_src[r]};
+      auto stats = Execute(*fleet.dst[r], plan, nullptr, &role, *ops, options);
+      out.dst_status[r] = stats.status();
+      if (stats.ok()) out.dst_stats[r] = *stats;
+    });
+  }
+  if (during) during(fleet);
+  for (auto& th : threads) th.join();
+  for (auto& buf : out.dst_bufs) buf.pop_back();  // the extra byte gave empty shards an address
+  return out;
+}
+
+std::vector<uint64_t> SharesFor(const Outcome& out, int dst_rank) {
+  std::vector<uint64_t> shares;
+  for (const ExecutionStats& s : out.src_stats) shares.push_back(s.digest_shares.at(dst_rank));
+  return shares;
+}
+
+TEST(CutMessagesTest, BigRangesAreDirectSmallOnesBatched) {
+  std::vector<Range> ranges = {{0, 0, 100, 4, 4}, {400, 400, 3, 4, 4}, {412, 412, 3, 4, 4},
+                               {1000, 1000, 10, 4, 2}};
+  auto messages = CutMessages(ranges, 64);
+  // 400 bytes -> 7 direct messages of <= 64 bytes (16 elements), then 12+12+20 bytes in one.
+  ASSERT_EQ(messages.size(), 8u);
+  for (int i = 0; i < 7; ++i) EXPECT_TRUE(messages[i].direct);
+  EXPECT_EQ(messages[6].wire_bytes, 400u - 6 * 64);
+  EXPECT_FALSE(messages[7].direct);
+  EXPECT_EQ(messages[7].pieces.size(), 3u);
+  EXPECT_EQ(messages[7].wire_bytes, 44u);
+}
+
+TEST(ExecutorTest, RandomPlansArriveExactAndDigestsVerify) {
+  std::mt19937_64 rng(3);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int iter = 0; iter < 40; ++iter) {
+    SCOPED_TRACE(absl::StrCat("iteration ", iter));
+    std::vector<TensorSpec> tensors;
+    std::vector<Split> src_splits, dst_splits;
+    for (int t = 0, n = pick(1, 5); t < n; ++t) {
+      TensorSpec spec{absl::StrCat("t", t), {pick(1, 40), pick(1, 40)}, t % 2 ? DType::kBF16 : DType::kF32};
+      tensors.push_back(spec);
+      const Split choices[] = {Split::kFlat, Split::kRows, Split::kColumns, Split::kReplicated};
+      src_splits.push_back(choices[pick(0, 3)]);
+      dst_splits.push_back(choices[pick(1, 3)]);
+    }
+    PlanOptions plan_options;
+    plan_options.cast_f32_to_bf16 = iter % 3 == 0;
+    auto plan = MakePlan(tensors, Layout{pick(1, 4), src_splits}, Layout{pick(1, 4), dst_splits},
+                         plan_options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ExecutorOptions options;
+    options.chunk_bytes = 64u << pick(0, 6);  // 64 B .. 4 KiB: many messages, some staged
+    options.depth = pick(1, 4);
+    options.timeout = absl::Seconds(20);
+    Outcome out = RunPlan(*plan, options);
+    for (const auto& s : out.src_status) ASSERT_TRUE(s.ok()) << s;
+    for (const auto& s : out.dst_status) ASSERT_TRUE(s.ok()) << s;
+    auto ops = NewHostMemoryOps();
+    for (int r = 0; r < plan->dst.ranks; ++r) {
+      ASSERT_EQ(out.dst_bufs[r], ExpectedShard(*plan, false, r)) << "destination " << r;
+      EXPECT_TRUE(VerifyDigest(*plan, r, out.dst_bufs[r].data(), *ops, SharesFor(out, r)).ok());
+      // Staging never exceeds depth x (messages per round) x chunk.
+      EXPECT_LE(out.dst_stats[r].staging_bytes,
+                static_cast<uint64_t>(options.depth) * plan->src.ranks * options.chunk_bytes);
+    }
+  }
+}
+
+TEST(ExecutorTest, CorruptionIsDataLoss) {
+  std::vector<TensorSpec> tensors = {{"w", {64, 48}, DType::kF32}};
+  auto plan = MakePlan(tensors, Layout::Fsdp(2, 1), Layout::Tp(2, {Split::kColumns}));
+  ASSERT_TRUE(plan.ok());
+  Outcome out = RunPlan(*plan, ExecutorOptions{});
+  auto ops = NewHostMemoryOps();
+  ASSERT_TRUE(VerifyDigest(*plan, 1, out.dst_bufs[1].data(), *ops, SharesFor(out, 1)).ok());
+  out.dst_bufs[1][100] ^= 0x10;
+  absl::Status s = VerifyDigest(*plan, 1, out.dst_bufs[1].data(), *ops, SharesFor(out, 1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("destination rank 1"), std::string::npos) << s;
+  // Two units swapped is caught too.
+  out.dst_bufs[1][100] ^= 0x10;
+  std::swap(out.dst_bufs[1][0], out.dst_bufs[1][6]);
+  EXPECT_EQ(VerifyDigest(*plan, 1, out.dst_bufs[1].data(), *ops, SharesFor(out, 1)).code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(ExecutorTest, MissingSourceIsDeadlineExceededWithinTheTimeout) {
+  std::vector<TensorSpec> tensors = {{"w", {32, 32}, DType::kF32}};
+  auto plan = MakePlan(tensors, Layout::Fsdp(2, 1), Layout::Tp(1, {Split::kRows}));
+  ASSERT_TRUE(plan.ok());
+  ExecutorOptions options;
+  options.timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  Outcome out = RunPlan(*plan, options, /*skip_src=*/1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(out.dst_status[0].code(), absl::StatusCode::kDeadlineExceeded) << out.dst_status[0];
+  EXPECT_NE(out.dst_status[0].message().find("resharding round"), std::string::npos);
+}
+
+TEST(ExecutorTest, DeadDestinationIsUnavailableNotAHang) {
+  std::vector<TensorSpec> tensors = {{"w", {256, 256}, DType::kF32}};
+  auto plan = MakePlan(tensors, Layout::Fsdp(1, 1), Layout::Tp(2, {Split::kRows}));
+  ASSERT_TRUE(plan.ok());
+  ExecutorOptions options;
+  options.chunk_bytes = 1024;
+  options.timeout = absl::Seconds(3);
+  // Destination 1 dies at once: the source fails with UNAVAILABLE well before its
+  // 3 s deadline; destination 0, whose source stopped, times out at its deadline
+  // instead of hanging (the weights service then drops or retries the round).
+  Outcome out = RunPlan(*plan, options, -1, [](Fleet& fleet) { fleet.dst[1]->Close(); });
+  EXPECT_EQ(out.src_status[0].code(), absl::StatusCode::kUnavailable) << out.src_status[0];
+  EXPECT_LT(out.src_took[0], absl::Seconds(2));
+  EXPECT_TRUE(out.dst_status[0].ok() || absl::IsDeadlineExceeded(out.dst_status[0]))
+      << out.dst_status[0];
+}
+
+TEST(ExecutorTest, RejectsRolesThatDoNotFitThePlan) {
+  std::vector<TensorSpec> tensors = {{"w", {8, 8}, DType::kF32}};
+  auto plan = MakePlan(tensors, Layout::Fsdp(2, 1), Layout::Tp(2, {Split::kRows}));
+  ASSERT_TRUE(plan.ok());
+  auto t = LoopbackTransport::Create();
+  std::vector<uint8_t> buf(16);
+  MemoryHandle small = Register(*t, buf.data(), buf.size());
+  auto ops = NewHostMemoryOps();
+  SourceRole bad_rank{5, small, {1, 2}};
+  EXPECT_EQ(Execute(*t, *plan, &bad_rank, nullptr, *ops).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  SourceRole too_small{0, small, {1, 2}};
+  auto s = Execute(*t, *plan, &too_small, nullptr, *ops).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("shard is 16 bytes"), std::string::npos) << s;
+  EXPECT_EQ(Execute(*t, *plan, nullptr, nullptr, *ops).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rlfleet::reshard
