@@ -9,7 +9,7 @@ namespace {
 const uint64_t* MixTable() {
   static const std::vector<uint64_t>* table = [] {
     auto* t = new std::vector<uint64_t>(1 << 16);
-    for (uint64_t u = 0; u < t->size(); ++u) (*t)[u] = DigestMix(u + kDigestSalt);
+    for (uint32_t u = 0; u < t->size(); ++u) (*t)[u] = DigestFmix32(u + kDigestSalt);
     return t;
   }();
   return table->data();

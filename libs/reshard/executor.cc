@@ -43,6 +43,9 @@ struct Pair {
   int peer_rank = 0;  // the other side's rank in its layout
   PeerId peer = 0;
   std::vector<Message> messages;
+  // Round r is messages [round_start[r], round_start[r + 1]).
+  std::vector<size_t> round_start;
+  uint64_t rounds() const { return round_start.empty() ? 0 : round_start.size() - 1; }
 };
 
 // A submitted round, and what to unpack when it completes.
@@ -96,7 +99,8 @@ absl::Status CheckRoles(const Plan& plan, const SourceRole* source,
 
 std::unique_ptr<MemoryOps> NewHostMemoryOps() { return std::make_unique<HostMemoryOps>(); }
 
-std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes) {
+std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes,
+                                 uint64_t direct_min_bytes) {
   std::vector<Message> out;
   Message current;
   auto flush = [&] {
@@ -105,24 +109,29 @@ std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chun
     out.push_back(std::move(current));
     current = Message();
   };
+  // Splits `r` into chunk-sized messages of one piece each.
+  auto split = [&](const Range& r) {
+    const uint64_t per = std::max<uint64_t>(1, chunk_bytes / r.dst_elem);
+    for (uint64_t e = 0; e < r.elements; e += per) {
+      Range piece = r;
+      piece.elements = std::min(per, r.elements - e);
+      piece.src_offset = r.src_offset + e * r.src_elem;
+      piece.dst_offset = r.dst_offset + e * r.dst_elem;
+      Message m;
+      m.pieces.push_back(piece);
+      m.wire_bytes = piece.dst_bytes();
+      m.direct = !piece.cast();
+      out.push_back(std::move(m));
+    }
+  };
   for (const Range& r : ranges) {
-    if (r.dst_bytes() > chunk_bytes) {
-      // A big range: chunk-sized messages of its own, each direct unless cast.
+    if ((!r.cast() && r.dst_bytes() >= direct_min_bytes) || r.dst_bytes() > chunk_bytes) {
+      // Worth a message of its own (no copy when uncast), in chunks.
       flush();
-      const uint64_t per = std::max<uint64_t>(1, chunk_bytes / r.dst_elem);
-      for (uint64_t e = 0; e < r.elements; e += per) {
-        Range piece = r;
-        piece.elements = std::min(per, r.elements - e);
-        piece.src_offset = r.src_offset + e * r.src_elem;
-        piece.dst_offset = r.dst_offset + e * r.dst_elem;
-        Message m;
-        m.pieces.push_back(piece);
-        m.wire_bytes = piece.dst_bytes();
-        m.direct = !piece.cast();
-        out.push_back(std::move(m));
-      }
+      split(r);
       continue;
     }
+    // Small (or cast) pieces travel together through staging.
     if (current.wire_bytes + r.dst_bytes() > chunk_bytes) flush();
     current.pieces.push_back(r);
     current.wire_bytes += r.dst_bytes();
@@ -143,20 +152,33 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   ExecutionStats stats;
 
   std::vector<Pair> pairs;
+  auto add_pair = [&](bool send, int peer_rank, PeerId peer, const std::vector<Range>& ranges) {
+    Pair p{send, peer_rank, peer, CutMessages(ranges, options.chunk_bytes, options.direct_min_bytes), {}};
+    if (p.messages.empty()) return;
+    // Rounds: consecutive messages up to chunk_bytes together (at least one).
+    uint64_t in_round = 0;
+    for (size_t m = 0; m < p.messages.size(); ++m) {
+      if (m == 0 || in_round + p.messages[m].wire_bytes > options.chunk_bytes) {
+        p.round_start.push_back(m);
+        in_round = 0;
+      }
+      in_round += p.messages[m].wire_bytes;
+    }
+    p.round_start.push_back(p.messages.size());
+    pairs.push_back(std::move(p));
+  };
   if (source != nullptr) {
     for (int d = 0; d < plan.dst.ranks; ++d) {
-      Pair p{true, d, source->dst_peers[d], CutMessages(plan.Between(source->rank, d), options.chunk_bytes)};
-      if (!p.messages.empty()) pairs.push_back(std::move(p));
+      add_pair(true, d, source->dst_peers[d], plan.Between(source->rank, d));
     }
   }
   if (destination != nullptr) {
     for (int s = 0; s < plan.src.ranks; ++s) {
-      Pair p{false, s, destination->src_peers[s], CutMessages(plan.Between(s, destination->rank), options.chunk_bytes)};
-      if (!p.messages.empty()) pairs.push_back(std::move(p));
+      add_pair(false, s, destination->src_peers[s], plan.Between(s, destination->rank));
     }
   }
   uint64_t rounds = 0;
-  for (const Pair& p : pairs) rounds = std::max<uint64_t>(rounds, p.messages.size());
+  for (const Pair& p : pairs) rounds = std::max<uint64_t>(rounds, p.rounds());
   stats.rounds = rounds;
 
   // Staging: per round slot, room for the staged messages of that round.
@@ -164,7 +186,10 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   for (uint64_t k = 0; k < rounds; ++k) {
     uint64_t need = 0;
     for (const Pair& p : pairs) {
-      if (k < p.messages.size() && !p.messages[k].direct) need += p.messages[k].wire_bytes;
+      if (k >= p.rounds()) continue;
+      for (size_t m = p.round_start[k]; m < p.round_start[k + 1]; ++m) {
+        if (!p.messages[m].direct) need += p.messages[m].wire_bytes;
+      }
     }
     slot_bytes = std::max(slot_bytes, need);
   }
@@ -216,56 +241,72 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
     Round round;
     round.index = k;
     std::vector<Transport::TwoSidedOp> batch;
+    // Digests of this round's bytes, issued after the round is submitted so that they
+    // overlap its transfer (and never delay a pack's Sync).
+    struct DigestTask {
+      int slot;
+      const uint8_t* data;
+      uint64_t bytes;
+      uint64_t shard_offset;
+    };
+    std::vector<DigestTask> digest_tasks;
     for (const Pair& p : pairs) {
-      if (k >= p.messages.size()) continue;
-      const Message& m = p.messages[k];
-      Transport::TwoSidedOp op;
-      op.send = p.send;
-      op.peer = p.peer;
-      op.tag = k;
-      op.length = m.wire_bytes;
-      if (p.send) {
-        stats.bytes_sent += m.wire_bytes;
-        if (m.direct) {
-          const Range& piece = m.pieces[0];
-          op.memory = source->shard;
-          op.offset = piece.src_offset;
-          if (digests) ops.AddDigest(p.peer_rank, src_base + piece.src_offset, m.wire_bytes, piece.dst_offset);
-        } else {
-          op.memory = staging;
-          op.offset = slot_base + used;
-          uint64_t pos = op.offset;
-          for (const Range& piece : m.pieces) {
-            if (piece.cast()) {
-              ops.CastF32ToBf16(stage_base + pos, src_base + piece.src_offset, piece.elements);
-            } else {
-              ops.Copy(stage_base + pos, src_base + piece.src_offset, piece.dst_bytes());
+      if (k >= p.rounds()) continue;
+      for (size_t index = p.round_start[k]; index < p.round_start[k + 1]; ++index) {
+        const Message& m = p.messages[index];
+        Transport::TwoSidedOp op;
+        op.send = p.send;
+        op.peer = p.peer;
+        op.tag = index;
+        op.length = m.wire_bytes;
+        if (p.send) {
+          stats.bytes_sent += m.wire_bytes;
+          if (m.direct) {
+            const Range& piece = m.pieces[0];
+            op.memory = source->shard;
+            op.offset = piece.src_offset;
+            if (digests) {
+              digest_tasks.push_back({p.peer_rank, src_base + piece.src_offset, m.wire_bytes, piece.dst_offset});
             }
-            if (digests) ops.AddDigest(p.peer_rank, stage_base + pos, piece.dst_bytes(), piece.dst_offset);
-            pos += piece.dst_bytes();
+          } else {
+            op.memory = staging;
+            op.offset = slot_base + used;
+            uint64_t pos = op.offset;
+            for (const Range& piece : m.pieces) {
+              if (piece.cast()) {
+                ops.CastF32ToBf16(stage_base + pos, src_base + piece.src_offset, piece.elements);
+              } else {
+                ops.Copy(stage_base + pos, src_base + piece.src_offset, piece.dst_bytes());
+              }
+              if (digests) {
+                digest_tasks.push_back({p.peer_rank, stage_base + pos, piece.dst_bytes(), piece.dst_offset});
+              }
+              pos += piece.dst_bytes();
+            }
+            used += m.wire_bytes;
+            packed = true;
+            ++stats.staged_messages;
           }
-          used += m.wire_bytes;
-          packed = true;
-          ++stats.staged_messages;
-        }
-      } else {
-        stats.bytes_received += m.wire_bytes;
-        if (m.direct) {
-          op.memory = destination->shard;
-          op.offset = m.pieces[0].dst_offset;
         } else {
-          op.memory = staging;
-          op.offset = slot_base + used;
-          round.unpack.emplace_back(&m, op.offset);
-          used += m.wire_bytes;
-          ++stats.staged_messages;
+          stats.bytes_received += m.wire_bytes;
+          if (m.direct) {
+            op.memory = destination->shard;
+            op.offset = m.pieces[0].dst_offset;
+          } else {
+            op.memory = staging;
+            op.offset = slot_base + used;
+            round.unpack.emplace_back(&m, op.offset);
+            used += m.wire_bytes;
+            ++stats.staged_messages;
+          }
         }
+        ++stats.messages;
+        batch.push_back(op);
       }
-      ++stats.messages;
-      batch.push_back(op);
     }
     if (packed) RETURN_IF_ERROR(ops.Sync());
     round.done = transport.SendRecvBatch(batch);
+    for (const DigestTask& t : digest_tasks) ops.AddDigest(t.slot, t.data, t.bytes, t.shard_offset);
     in_flight.push_back(std::move(round));
   }
   while (!in_flight.empty()) RETURN_IF_ERROR(finish_oldest());

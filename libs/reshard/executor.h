@@ -1,17 +1,19 @@
 // The resharding executor: runs this process's part of a Plan over a Transport.
 //
 // What moves. For every (source rank, destination rank) pair, the plan's ranges are cut
-// into messages of at most chunk_bytes wire bytes (destination dtype). A message that is
-// one uncast piece goes straight from the source shard to the destination shard (zero
-// copy: FSDP -> TP rows is all such messages); otherwise the sender packs its pieces
-// (casting f32 -> bf16 on the way) into a staging slot and the receiver unpacks them.
-// Both sides derive the same messages from the plan, so nothing but bytes travels.
+// into messages of at most chunk_bytes wire bytes (destination dtype). An uncast range
+// of at least direct_min_bytes goes straight from the source shard to the destination
+// shard (zero copy: FSDP -> TP rows is almost all such messages); smaller or cast
+// ranges are packed (cast f32 -> bf16 on the way) into a staging slot by the sender and
+// unpacked by the receiver. Both sides derive the same messages from the plan, so
+// nothing but bytes travels.
 //
-// Pipeline. Messages go in rounds: round k holds the k-th message of every pair this
-// process takes part in, submitted as one SendRecvBatch (one NCCL group), tag k. Up to
-// `depth` rounds are in flight; staging is depth x (staged messages per round) x
-// chunk_bytes, so no rank ever holds more than that beyond its own shard: nobody
-// materialises a whole tensor it does not own.
+// Pipeline. Messages go in rounds: round k holds, for every pair this process takes
+// part in, its next messages up to chunk_bytes, all submitted as one SendRecvBatch (one
+// NCCL group); a message's tag is its index in its pair. Up to `depth` rounds are in
+// flight; staging is depth x (staged bytes per round) <= depth x pairs x chunk_bytes,
+// so no rank ever holds more than that beyond its own shard: nobody materialises a
+// whole tensor it does not own.
 //
 // Integrity. A source computes, per destination, its share of that destination's shard
 // digest (libs/reshard/digest.h) over the bytes it sends; the destination's own digest
@@ -55,7 +57,10 @@ class MemoryOps {
 std::unique_ptr<MemoryOps> NewHostMemoryOps();
 
 struct ExecutorOptions {
+  // Most wire bytes per pair per round, and the largest message.
   uint64_t chunk_bytes = 16ull << 20;
+  // An uncast range this large is sent in place, not copied through staging.
+  uint64_t direct_min_bytes = 256ull << 10;
   int depth = 4;
   absl::Duration timeout = absl::Seconds(60);  // per round
   bool digests = true;                          // compute the sources' digest shares
@@ -109,7 +114,10 @@ struct Message {
   uint64_t wire_bytes = 0;
   bool direct = false;  // one uncast piece: no staging
 };
-std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes);
+// Uncast ranges of at least direct_min_bytes go straight (zero copy), in chunks;
+// smaller or cast ones are packed together into staged messages of <= chunk_bytes.
+std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes,
+                                 uint64_t direct_min_bytes);
 
 }  // namespace rlfleet::reshard
 

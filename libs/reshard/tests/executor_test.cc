@@ -105,8 +105,9 @@ std::vector<uint64_t> SharesFor(const Outcome& out, int dst_rank) {
 TEST(CutMessagesTest, BigRangesAreDirectSmallOnesBatched) {
   std::vector<Range> ranges = {{0, 0, 100, 4, 4}, {400, 400, 3, 4, 4}, {412, 412, 3, 4, 4},
                                {1000, 1000, 10, 4, 2}};
-  auto messages = CutMessages(ranges, 64);
-  // 400 bytes -> 7 direct messages of <= 64 bytes (16 elements), then 12+12+20 bytes in one.
+  auto messages = CutMessages(ranges, 64, 32);
+  // 400 bytes -> 7 direct messages of <= 64 bytes (16 elements), then 12+12+20 bytes
+  // (below 32 bytes, or cast) in one staged message.
   ASSERT_EQ(messages.size(), 8u);
   for (int i = 0; i < 7; ++i) EXPECT_TRUE(messages[i].direct);
   EXPECT_EQ(messages[6].wire_bytes, 400u - 6 * 64);
@@ -136,6 +137,7 @@ TEST(ExecutorTest, RandomPlansArriveExactAndDigestsVerify) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     ExecutorOptions options;
     options.chunk_bytes = 64u << pick(0, 6);  // 64 B .. 4 KiB: many messages, some staged
+    options.direct_min_bytes = 32u << pick(0, 6);
     options.depth = pick(1, 4);
     options.timeout = absl::Seconds(20);
     Outcome out = RunPlan(*plan, options);
