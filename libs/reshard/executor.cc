@@ -99,6 +99,23 @@ absl::Status CheckRoles(const Plan& plan, const SourceRole* source,
 
 std::unique_ptr<MemoryOps> NewHostMemoryOps() { return std::make_unique<HostMemoryOps>(); }
 
+StagingPool::~StagingPool() {
+  if (handle_.id != 0) transport_.DeregisterMemory(handle_).IgnoreError();
+}
+
+absl::StatusOr<MemoryHandle> StagingPool::Get(uint64_t bytes, transport::MemoryKind kind,
+                                              int device) {
+  if (handle_.id != 0 && handle_.length >= bytes && handle_.kind == kind && handle_.device == device) {
+    return handle_;
+  }
+  if (handle_.id != 0) {
+    RETURN_IF_ERROR(transport_.DeregisterMemory(handle_));
+    handle_ = MemoryHandle();
+  }
+  ASSIGN_OR_RETURN(handle_, transport_.AllocateMemory(bytes, kind, device));
+  return handle_;
+}
+
 std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes,
                                  uint64_t direct_min_bytes) {
   std::vector<Message> out;
@@ -195,17 +212,21 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   }
   const uint64_t slots = std::min<uint64_t>(options.depth, std::max<uint64_t>(rounds, 1));
   MemoryHandle staging;
+  bool owned = false;
   if (slot_bytes > 0) {
     const int device = source != nullptr ? source->shard.device : destination->shard.device;
-    auto allocated = transport.AllocateMemory(slot_bytes * slots, ops.kind(), device);
+    auto allocated = options.staging_pool != nullptr
+                         ? options.staging_pool->Get(slot_bytes * slots, ops.kind(), device)
+                         : transport.AllocateMemory(slot_bytes * slots, ops.kind(), device);
     if (!allocated.ok()) {
       return common::Annotate(allocated.status(), "allocating the resharding staging buffer");
     }
     staging = *allocated;
+    owned = options.staging_pool == nullptr;
     stats.staging_bytes = slot_bytes * slots;
   }
   absl::Cleanup free_staging = [&] {
-    if (staging.id != 0) transport.DeregisterMemory(staging).IgnoreError();
+    if (owned) transport.DeregisterMemory(staging).IgnoreError();
   };
   const bool digests = options.digests && source != nullptr;
   if (digests) ops.ResetDigests(plan.dst.ranks);

@@ -56,6 +56,23 @@ class MemoryOps {
 // Host memory: memcpy, the scalar cast, the scalar digest.
 std::unique_ptr<MemoryOps> NewHostMemoryOps();
 
+// Staging memory kept across Execute calls, so that syncing every new weight version
+// does not allocate, map and fault in fresh pages each time. Grows when a plan needs
+// more. One Execute at a time per pool; must not outlive its transport.
+class StagingPool {
+ public:
+  explicit StagingPool(transport::Transport& transport) : transport_(transport) {}
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+  // A registration of at least `bytes` bytes of `kind` memory on `device`.
+  absl::StatusOr<transport::MemoryHandle> Get(uint64_t bytes, transport::MemoryKind kind, int device);
+
+ private:
+  transport::Transport& transport_;
+  transport::MemoryHandle handle_;
+};
+
 struct ExecutorOptions {
   // Most wire bytes per pair per round, and the largest message.
   uint64_t chunk_bytes = 16ull << 20;
@@ -64,6 +81,7 @@ struct ExecutorOptions {
   int depth = 4;
   absl::Duration timeout = absl::Seconds(60);  // per round
   bool digests = true;                          // compute the sources' digest shares
+  StagingPool* staging_pool = nullptr;          // null: allocate and free per call
 };
 
 // This process as a source rank: its shard (registered with the transport, plan

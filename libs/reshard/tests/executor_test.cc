@@ -154,6 +154,22 @@ TEST(ExecutorTest, RandomPlansArriveExactAndDigestsVerify) {
   }
 }
 
+TEST(ExecutorTest, StagingPoolIsReusedAcrossRuns) {
+  auto a = LoopbackTransport::Create();
+  StagingPool pool(*a);
+  auto first = pool.Get(1000, transport::MemoryKind::kHost, 0);
+  ASSERT_TRUE(first.ok());
+  auto again = pool.Get(500, transport::MemoryKind::kHost, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(first->id, again->id);  // big enough: the same registration
+  auto bigger = pool.Get(5000, transport::MemoryKind::kHost, 0);
+  ASSERT_TRUE(bigger.ok());
+  EXPECT_NE(bigger->id, first->id);
+  EXPECT_GE(bigger->length, 5000u);
+  // The old one was released.
+  EXPECT_EQ(a->DeregisterMemory(*first).code(), absl::StatusCode::kNotFound);
+}
+
 TEST(ExecutorTest, CorruptionIsDataLoss) {
   std::vector<TensorSpec> tensors = {{"w", {64, 48}, DType::kF32}};
   auto plan = MakePlan(tensors, Layout::Fsdp(2, 1), Layout::Tp(2, {Split::kColumns}));
