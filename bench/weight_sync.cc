@@ -10,8 +10,8 @@
 // same UCX_TLS run by this binary. Last line:
 //   weight_sync_ratio_vs_ucx_perftest=<ratio at R=1>
 //
-// Replicas are fed directly by the trainer ranks here (egress R x shard); the relay that
-// keeps it at 1.0 is the next step, and the table says so.
+// By default the replicas relay in a chain (trainer egress 1.0 x shard for every R);
+// --relay=false feeds every replica from the trainers (egress R x) for comparison.
 //
 //   bazel run -c opt //bench:weight_sync -- --out=$PWD/bench/results/weight_sync.md
 #include <signal.h>
@@ -47,6 +47,9 @@ ABSL_FLAG(int, repeats, 3, "Timed runs per R (after a warm-up); the median is re
 ABSL_FLAG(int, chunk_mib, 16, "Executor chunk size.");
 ABSL_FLAG(std::string, out, "weight_sync.md", "Where the table is written.");
 ABSL_FLAG(bool, columns, true, "Split every other matrix by columns (else all by rows).");
+ABSL_FLAG(bool, relay, true,
+          "Replicas form a chain: trainers feed replica 0, each replica forwards to the next "
+          "(trainer egress 1x). false: trainers feed every replica (egress R x).");
 ABSL_FLAG(bool, digests, true, "Sources compute digest shares (destinations always check).");
 // rank role
 ABSL_FLAG(int, src_rank, -1, "rank role: trainer rank (0 or 1), or -1.");
@@ -111,7 +114,10 @@ int Rank() {
 
   // PEERS <trainer0> <trainer1> <replica0.tp0> <replica0.tp1> ...
   std::vector<PeerId> trainers;                 // as a destination
+  PeerId relay_from = 0, forward_to = 0;        // as a destination in a chain
   std::vector<std::vector<PeerId>> replicas;    // as a source: [replica][tp]
+  const bool relay = absl::GetFlag(FLAGS_relay);
+  const int replica = absl::GetFlag(FLAGS_replica);
   ExecutorOptions exec;
   exec.chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_mib)) << 20;
   exec.timeout = kTimeout;
@@ -128,22 +134,27 @@ int Rank() {
         if (!id.ok()) Die(id.status().ToString());
         return *id;
       };
+      auto rank_address = [&](int r, int j) { return a[1 + kTrainerRanks + r * kTp + j]; };
       if (src >= 0) {
-        for (int r = 0; r < R; ++r) {
-          replicas.push_back({connect(a[1 + kTrainerRanks + r * kTp]), connect(a[2 + kTrainerRanks + r * kTp])});
+        for (int r = 0; r < (relay ? 1 : R); ++r) {
+          replicas.push_back({connect(rank_address(r, 0)), connect(rank_address(r, 1))});
         }
+      } else if (relay && replica > 0) {
+        relay_from = connect(rank_address(replica - 1, tp));
       } else {
         trainers = {connect(a[1]), connect(a[2])};
       }
+      if (src < 0 && relay && replica + 1 < R) forward_to = connect(rank_address(replica + 1, tp));
       std::cout << "OK" << std::endl;
     } else if (a[0] == "RUN") {
       auto ops = NewHostMemoryOps();
       const absl::Time start = absl::Now();
       if (src >= 0) {
         // One executor per replica, concurrently (each its own digest accumulators).
-        std::vector<absl::StatusOr<ExecutionStats>> results(R);
+        const int feeds = static_cast<int>(replicas.size());
+        std::vector<absl::StatusOr<ExecutionStats>> results(feeds);
         std::vector<std::thread> threads;
-        for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < feeds; ++r) {
           threads.emplace_back([&, r] {
             auto own_ops = NewHostMemoryOps();
             SourceRole role{src, *shard, replicas[r]};
@@ -163,7 +174,7 @@ int Rank() {
         }
         std::cout << "DONE " << seconds << " " << sent << " " << absl::StrJoin(shares, ";") << std::endl;
       } else {
-        DestinationRole role{tp, *shard, trainers};
+        DestinationRole role{tp, *shard, trainers, relay_from, forward_to};
         ExecutorOptions mine = exec;
         mine.staging_pool = pools[0].get();
         auto stats = Execute(**t, plan, nullptr, &role, *ops, mine);
@@ -221,7 +232,8 @@ Row Measure(const std::string& self, const Plan& plan, int R) {
       "--role=rank", "--tls=" + tls, absl::StrCat("--model_mib=", absl::GetFlag(FLAGS_model_mib)),
       absl::StrCat("--chunk_mib=", absl::GetFlag(FLAGS_chunk_mib)), absl::StrCat("--num_replicas=", R),
       absl::StrCat("--columns=", absl::GetFlag(FLAGS_columns)),
-      absl::StrCat("--digests=", absl::GetFlag(FLAGS_digests))};
+      absl::StrCat("--digests=", absl::GetFlag(FLAGS_digests)),
+      absl::StrCat("--relay=", absl::GetFlag(FLAGS_relay))};
   auto start = [&](std::vector<std::string> extra) {
     std::vector<std::string> argv = {self};
     argv.insert(argv.end(), common.begin(), common.end());
@@ -266,7 +278,9 @@ Row Measure(const std::string& self, const Plan& plan, int R) {
         if (!absl::GetFlag(FLAGS_digests)) continue;
         std::vector<std::string> per_replica = absl::StrSplit(f[2], ';');
         for (int r = 0; r < R; ++r) {
-          std::vector<std::string> shares = absl::StrSplit(per_replica[r], ',');
+          // Relayed replicas hold the same bytes as replica 0: the same shares check them.
+          std::vector<std::string> shares =
+              absl::StrSplit(per_replica[absl::GetFlag(FLAGS_relay) ? 0 : r], ',');
           for (int j = 0; j < kTp; ++j) {
             uint64_t v = 0;
             (void)absl::SimpleAtoi(shares[j], &v);
@@ -315,8 +329,11 @@ int Driver(const std::string& self) {
       << "Model " << absl::GetFlag(FLAGS_model_mib) << " MiB bf16 (2048x2048 matrices split by rows "
       << "and columns alternately, replicated norms), UCX_TLS=" << tls << ", chunk "
       << absl::GetFlag(FLAGS_chunk_mib) << " MiB, median of " << absl::GetFlag(FLAGS_repeats)
-      << " after a warm-up; every destination verified by digest and byte for byte. Each replica "
-         "is fed directly by the trainer ranks (no relay yet: trainer egress = R x shard).\n\n"
+      << " after a warm-up; every destination verified by digest and byte for byte. "
+      << (absl::GetFlag(FLAGS_relay)
+             ? "Replicas relay in a chain: the trainers feed replica 0, each replica forwards "
+               "every message to the next as soon as it arrived.\n\n"
+             : "Each replica is fed directly by the trainer ranks (trainer egress = R x shard).\n\n")
       << "| R | moved / needed | trainer egress (x shard) | seconds | GB/s | verified |\n"
       << "|---:|---:|---:|---:|---:|---|\n";
   for (const Row& row : rows) {

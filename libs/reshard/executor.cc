@@ -41,6 +41,7 @@ class HostMemoryOps : public MemoryOps {
 struct Pair {
   bool send = true;
   int peer_rank = 0;  // the other side's rank in its layout
+  int src_rank = 0;   // the plan's source rank of this pair (tags)
   PeerId peer = 0;
   std::vector<Message> messages;
   // Round r is messages [round_start[r], round_start[r + 1]).
@@ -53,7 +54,22 @@ struct Round {
   uint64_t index = 0;
   std::unique_ptr<Completion> done;
   std::vector<std::pair<const Message*, uint64_t>> unpack;  // message, staging offset
+  // What a relay passes on once the round arrived: same tags, same bytes.
+  std::vector<transport::Transport::TwoSidedOp> forward;
 };
+
+// A relay's forwards of one round, in flight.
+struct Forward {
+  uint64_t index = 0;
+  std::unique_ptr<Completion> done;
+};
+
+// Tags fit the smallest tag space we know (UCX: 32 bits): 8 bits of source rank, 24 of
+// message index.
+constexpr int kTagIndexBits = 24;
+uint64_t Tag(int src_rank, size_t index) {
+  return (static_cast<uint64_t>(src_rank) << kTagIndexBits) | index;
+}
 
 absl::Status CheckRoles(const Plan& plan, const SourceRole* source,
                         const DestinationRole* destination) {
@@ -81,7 +97,8 @@ absl::Status CheckRoles(const Plan& plan, const SourceRole* source,
       return absl::InvalidArgumentError(absl::StrCat("destination rank ", destination->rank,
                                                      " is not in [0, ", plan.dst.ranks, ")"));
     }
-    if (destination->src_peers.size() != static_cast<size_t>(plan.src.ranks)) {
+    if (destination->relay_from == 0 &&
+        destination->src_peers.size() != static_cast<size_t>(plan.src.ranks)) {
       return absl::InvalidArgumentError(
           absl::StrCat("destination role has ", destination->src_peers.size(),
                        " source peers; the plan has ", plan.src.ranks, " source ranks"));
@@ -169,8 +186,10 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   ExecutionStats stats;
 
   std::vector<Pair> pairs;
-  auto add_pair = [&](bool send, int peer_rank, PeerId peer, const std::vector<Range>& ranges) {
-    Pair p{send, peer_rank, peer, CutMessages(ranges, options.chunk_bytes, options.direct_min_bytes), {}};
+  auto add_pair = [&](bool send, int peer_rank, int src_rank, PeerId peer,
+                      const std::vector<Range>& ranges) {
+    Pair p{send, peer_rank, src_rank, peer,
+           CutMessages(ranges, options.chunk_bytes, options.direct_min_bytes), {}};
     if (p.messages.empty()) return;
     // Rounds: consecutive messages up to chunk_bytes together (at least one).
     uint64_t in_round = 0;
@@ -186,16 +205,32 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   };
   if (source != nullptr) {
     for (int d = 0; d < plan.dst.ranks; ++d) {
-      add_pair(true, d, source->dst_peers[d], plan.Between(source->rank, d));
+      add_pair(true, d, source->rank, source->dst_peers[d], plan.Between(source->rank, d));
     }
   }
   if (destination != nullptr) {
     for (int s = 0; s < plan.src.ranks; ++s) {
-      add_pair(false, s, destination->src_peers[s], plan.Between(s, destination->rank));
+      const PeerId from = destination->relay_from != 0 ? destination->relay_from : destination->src_peers[s];
+      add_pair(false, s, s, from, plan.Between(s, destination->rank));
     }
   }
   uint64_t rounds = 0;
-  for (const Pair& p : pairs) rounds = std::max<uint64_t>(rounds, p.rounds());
+  uint64_t max_tag = 0;
+  for (const Pair& p : pairs) {
+    rounds = std::max<uint64_t>(rounds, p.rounds());
+    if (p.messages.size() >= (uint64_t{1} << kTagIndexBits)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Execute: ", p.messages.size(), " messages between source ", p.src_rank,
+          " and its peer exceed 2^", kTagIndexBits, "; raise chunk_bytes or direct_min_bytes"));
+    }
+    max_tag = std::max(max_tag, Tag(p.src_rank, p.messages.size()));
+  }
+  if (max_tag > transport.GetCapabilities().max_tag) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Execute: the plan needs message tags up to ", max_tag, "; the ",
+        transport.GetCapabilities().backend, " backend allows ", transport.GetCapabilities().max_tag,
+        " (too many source ranks)"));
+  }
   stats.rounds = rounds;
 
   // Staging: per round slot, room for the staged messages of that round.
@@ -210,7 +245,9 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
     }
     slot_bytes = std::max(slot_bytes, need);
   }
-  const uint64_t slots = std::min<uint64_t>(options.depth, std::max<uint64_t>(rounds, 1));
+  // A relay keeps a slot until its forward is done too: twice the slots.
+  const bool relay = destination != nullptr && destination->forward_to != 0;
+  const uint64_t slots = std::min<uint64_t>(options.depth * (relay ? 2 : 1), std::max<uint64_t>(rounds, 1));
   MemoryHandle staging;
   bool owned = false;
   if (slot_bytes > 0) {
@@ -236,6 +273,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   auto* stage_base = static_cast<uint8_t*>(staging.base);
 
   std::deque<Round> in_flight;
+  std::deque<Forward> forwards;
   auto finish_oldest = [&]() -> absl::Status {
     Round& round = in_flight.front();
     absl::Status s = round.done->Wait(options.timeout);
@@ -250,12 +288,28 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
       }
     }
     if (!round.unpack.empty()) RETURN_IF_ERROR(ops.Sync());
+    if (!round.forward.empty()) {
+      for (const auto& op : round.forward) stats.bytes_forwarded += op.length;
+      forwards.push_back({round.index, transport.SendRecvBatch(round.forward)});
+    }
     in_flight.pop_front();
     return absl::OkStatus();
   };
+  auto finish_forward = [&]() -> absl::Status {
+    absl::Status s = forwards.front().done->Wait(options.timeout);
+    if (!s.ok()) {
+      return common::Annotate(s, absl::StrCat("forwarding resharding round ", forwards.front().index,
+                                              " to the next replica"));
+    }
+    forwards.pop_front();
+    return absl::OkStatus();
+  };
 
+  const uint64_t window = std::min<uint64_t>(options.depth, slots);
   for (uint64_t k = 0; k < rounds; ++k) {
-    if (in_flight.size() == slots) RETURN_IF_ERROR(finish_oldest());
+    if (in_flight.size() == window) RETURN_IF_ERROR(finish_oldest());
+    // The slot this round takes must be free of an earlier round's forward.
+    while (!forwards.empty() && forwards.front().index + slots <= k) RETURN_IF_ERROR(finish_forward());
     const uint64_t slot_base = (k % slots) * slot_bytes;
     uint64_t used = 0;
     bool packed = false;
@@ -278,7 +332,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
         Transport::TwoSidedOp op;
         op.send = p.send;
         op.peer = p.peer;
-        op.tag = index;
+        op.tag = Tag(p.src_rank, index);
         op.length = m.wire_bytes;
         if (p.send) {
           stats.bytes_sent += m.wire_bytes;
@@ -320,6 +374,12 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
             used += m.wire_bytes;
             ++stats.staged_messages;
           }
+          if (relay) {
+            Transport::TwoSidedOp forward = op;
+            forward.send = true;
+            forward.peer = destination->forward_to;
+            round.forward.push_back(forward);
+          }
         }
         ++stats.messages;
         batch.push_back(op);
@@ -331,6 +391,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
     in_flight.push_back(std::move(round));
   }
   while (!in_flight.empty()) RETURN_IF_ERROR(finish_oldest());
+  while (!forwards.empty()) RETURN_IF_ERROR(finish_forward());
   if (digests) {
     ASSIGN_OR_RETURN(stats.digest_shares, ops.Digests());
   }

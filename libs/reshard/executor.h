@@ -10,7 +10,7 @@
 //
 // Pipeline. Messages go in rounds: round k holds, for every pair this process takes
 // part in, its next messages up to chunk_bytes, all submitted as one SendRecvBatch (one
-// NCCL group); a message's tag is its index in its pair. Up to `depth` rounds are in
+// NCCL group); a message's tag is (source rank << 24) | its index in its pair. Up to `depth` rounds are in
 // flight; staging is depth x (staged bytes per round) <= depth x pairs x chunk_bytes,
 // so no rank ever holds more than that beyond its own shard: nobody materialises a
 // whole tensor it does not own.
@@ -92,15 +92,25 @@ struct SourceRole {
   std::vector<transport::PeerId> dst_peers;
 };
 // This process as a destination rank: its shard and a PeerId per source rank.
+//
+// Relay (a chain of replicas with the same layout, so that the trainer ranks send each
+// byte once): a destination with `forward_to` passes every message on to that peer as
+// soon as its round arrived (the same bytes, from its shard or its staging slot); the
+// next replica's rank sets `relay_from` to the forwarding peer instead of src_peers and
+// receives exactly what the plan's sources would have sent it, so the digest shares
+// check it too.
 struct DestinationRole {
   int rank = -1;
   transport::MemoryHandle shard;
-  std::vector<transport::PeerId> src_peers;
+  std::vector<transport::PeerId> src_peers;  // one per source rank, unless relay_from
+  transport::PeerId relay_from = 0;          // non-zero: everything comes from this peer
+  transport::PeerId forward_to = 0;          // non-zero: forward everything to this peer
 };
 
 struct ExecutionStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  uint64_t bytes_forwarded = 0;
   uint64_t messages = 0;         // sent + received
   uint64_t staged_messages = 0;  // that needed packing or unpacking
   uint64_t rounds = 0;

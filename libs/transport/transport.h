@@ -57,6 +57,7 @@ struct Capabilities {
   // transfers should then go through Send / Recv.
   bool one_sided_fast = false;
   uint64_t max_message_bytes = 0;  // largest single transfer
+  uint64_t max_tag = ~uint64_t{0};  // largest Send / Recv tag (UCX: 2^32 - 1)
   std::string detail;          // backend specifics, e.g. the UCX transports in use
 };
 

@@ -88,6 +88,7 @@ absl::Status Impl::Init() {
   caps_.two_sided = true;
   caps_.one_sided_fast = !tcp_only;
   caps_.max_message_bytes = uint64_t{1} << 38;
+  caps_.max_tag = kMaxUserTag;
   caps_.detail = absl::StrCat("UCX ", major, ".", minor, ".", release,
                               ", UCX_TLS=", tls.empty() ? "all" : tls,
                               ", UCX_NET_DEVICES=", net_devices.empty() ? "all" : net_devices,
