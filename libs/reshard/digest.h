@@ -38,7 +38,10 @@ constexpr uint32_t kDigestSalt = 0x5bd1e995u;
 
 // The digest share of `bytes` (even) bytes at `data`, which sit at byte offset
 // `shard_offset` (even) of their shard.
+// Uses AVX2 where the CPU has it.
 uint64_t DigestBytes(const void* data, uint64_t bytes, uint64_t shard_offset);
+// The portable scalar version (tests compare the two).
+uint64_t DigestBytesPortable(const void* data, uint64_t bytes, uint64_t shard_offset);
 
 }  // namespace rlfleet::reshard
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/reshard/cast.h"
+#include "libs/reshard/digest.h"
 #include "libs/reshard/tests/shards.h"
 
 namespace rlfleet::reshard {
@@ -149,6 +150,25 @@ TEST_P(PlanPropertyTest, RandomLayoutsMoveExactlyTheNeededBytes) {
 
 INSTANTIATE_TEST_SUITE_P(CastOrNot, PlanPropertyTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "CastF32ToBf16" : "SameDtype"; });
+
+TEST(DigestTest, VectorAndPortableAgreeAndAreAdditive) {
+  std::mt19937_64 rng(9);
+  std::vector<uint8_t> data(4096 + 6);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (uint64_t bytes : {0u, 2u, 14u, 16u, 18u, 1000u, 4096u}) {
+    for (uint64_t offset : {0u, 2u, 1000002u}) {
+      EXPECT_EQ(DigestBytes(data.data() + 2, bytes, offset),
+                DigestBytesPortable(data.data() + 2, bytes, offset))
+          << bytes << " bytes at " << offset;
+    }
+  }
+  // Additive: the digest of a buffer is the sum of its parts' shares.
+  const uint64_t whole = DigestBytes(data.data(), 4096, 0);
+  EXPECT_EQ(whole, DigestBytes(data.data(), 1000, 0) + DigestBytes(data.data() + 1000, 3096, 1000));
+  // Any single changed unit changes it.
+  data[100] ^= 1;
+  EXPECT_NE(whole, DigestBytes(data.data(), 4096, 0));
+}
 
 TEST(PlanTest, LargeModelPlanIsSmall) {
   // A 32-layer model's worth of matrices, FSDP over 8 -> TP over 4: the plan has a few
