@@ -83,7 +83,11 @@ class Policy::Impl : public torch::nn::Module {
       key_ok = cache->key_ok.narrow(1, 0, p0 + t);
     }
     auto positions = torch::arange(p0, p0 + t, torch::TensorOptions().dtype(torch::kLong).device(device));
-    torch::Tensor x = tok(tokens) + pos(positions).unsqueeze(0);
+    // Position embeddings count real tokens only, so a left-padded prompt sees the same
+    // positions as it would alone: what a sequence generates must not depend on what
+    // else is in its batch. (key_ok here covers slots [0, p0 + t).)
+    torch::Tensor pos_ids = (key_ok.to(torch::kLong).cumsum(1).narrow(1, p0, t) - 1).clamp_min(0);
+    torch::Tensor x = tok(tokens) + pos(pos_ids);
     // Causal mask over keys [0, p0 + t): query i (absolute p0 + i) sees keys <= p0 + i
     // that are not PAD.
     const int64_t T = p0 + t;

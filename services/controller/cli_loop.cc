@@ -27,6 +27,10 @@ ABSL_FLAG(int, loop_prompts, 32, "loop: prompts (groups) per step.");
 ABSL_FLAG(int, loop_samples, 8, "loop: samples per prompt (group size).");
 ABSL_FLAG(int, eval_every, 10, "loop: held-out greedy evaluation every this many steps.");
 ABSL_FLAG(double, stop_at, 1.0, "loop: stop once held-out exact match reaches this.");
+ABSL_FLAG(double, lr, 5e-4, "loop: AdamW learning rate.");
+ABSL_FLAG(int, ppo_epochs, 2, "loop: PPO epochs per batch.");
+ABSL_FLAG(double, entropy_coef, 0.0, "loop: entropy bonus weight.");
+ABSL_FLAG(double, temperature, 1.0, "loop: sampling temperature of the training rollouts.");
 
 namespace rlfleet::controller {
 namespace {
@@ -114,6 +118,8 @@ int RunLoop(const rpc::ClientOptions& base) {
   std::vector<tasks::Example> held_out;
   for (int i = 0; i < 64; ++i) held_out.push_back(task->Make(gen, lengths));
   const absl::Time start = absl::Now();
+  int idle_steps = 0;         // steps whose every group had zero reward variance
+  float last_entropy = 0.0f;  // of the last step that trained
   std::cout << "loop: " << task->name() << " n=" << lengths.min_len << ".." << lengths.max_len << ", " << prompts
             << " prompts x " << samples << " samples per step\n";
   for (int step = 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
@@ -121,7 +127,8 @@ int RunLoop(const rpc::ClientOptions& base) {
     for (int i = 0; i < prompts; ++i) examples.push_back(task->Make(gen, lengths));
     v1::GenerateBatchResponse generated;
     v1::ScoreResponse scored;
-    if (!Rollout(base, rollout.get(), reward.get(), examples, samples, 1.0f, step, absl::StrCat("s", step),
+    if (!Rollout(base, rollout.get(), reward.get(), examples, samples,
+                 static_cast<float>(absl::GetFlag(FLAGS_temperature)), step, absl::StrCat("s", step),
                  &generated, &scored)) {
       return 1;
     }
@@ -139,14 +146,17 @@ int RunLoop(const rpc::ClientOptions& base) {
     train.mutable_buffer()->set_num_groups(prompts);
     train.mutable_buffer()->set_min_groups(1);
     train.mutable_params()->set_algorithm(v1::ALGORITHM_GRPO);
-    train.mutable_params()->set_ppo_epochs(2);
+    train.mutable_params()->set_ppo_epochs(absl::GetFlag(FLAGS_ppo_epochs));
     train.mutable_params()->set_clip_ratio(0.2f);
-    train.mutable_params()->mutable_optimizer()->set_learning_rate(5e-4f);
+    train.mutable_params()->set_entropy_coef(static_cast<float>(absl::GetFlag(FLAGS_entropy_coef)));
+    train.mutable_params()->mutable_optimizer()->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
     train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
     v1::TrainStepResponse trained;
     grpc::Status ts = trainer->TrainStep(CallContext(base, kCallTimeout).get(), train, &trained);
     if (!ts.ok() && ts.error_code() != grpc::StatusCode::UNAVAILABLE) return Fail(ts, "TrainStep");
     // UNAVAILABLE: every group had zero variance; nothing to learn this step.
+    if (!ts.ok()) ++idle_steps;
+    if (ts.ok()) last_entropy = trained.metrics().entropy();
     if (ts.ok() && !publish()) return 1;
     if (step % absl::GetFlag(FLAGS_eval_every) == 0) {
       v1::GenerateBatchResponse eval;
@@ -158,10 +168,11 @@ int RunLoop(const rpc::ClientOptions& base) {
       int exact = 0;
       for (const auto& r : eval_scored.results()) exact += r.reward() >= 1.0f;
       const double em = static_cast<double>(exact) / held_out.size();
-      std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  held-out exact %.3f\n", step,
-                                   absl::ToDoubleSeconds(absl::Now() - start),
+      std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  entropy %.3f  "
+                                   "idle steps %d  held-out exact %.3f\n",
+                                   step, absl::ToDoubleSeconds(absl::Now() - start),
                                    eval.completions_size() ? eval.completions(0).token_policy_versions(0) : 0,
-                                   reward_sum / generated.completions_size(), em)
+                                   reward_sum / generated.completions_size(), last_entropy, idle_steps, em)
                 << std::flush;
       if (em >= absl::GetFlag(FLAGS_stop_at)) break;
     }

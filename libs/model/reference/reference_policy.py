@@ -36,7 +36,9 @@ def logits(w, cfg, tokens, pad=0):
     B, T = tokens.shape
     d, H = cfg["d_model"], cfg["n_heads"]
     dh = d // H
-    x = w["tok_emb.weight"][tokens] + w["pos_emb.weight"][torch.arange(T)].unsqueeze(0)
+    # Position embeddings count real tokens only (left padding does not shift them).
+    pos_ids = ((tokens != pad).long().cumsum(1) - 1).clamp(min=0)
+    x = w["tok_emb.weight"][tokens] + w["pos_emb.weight"][pos_ids]
     pos = torch.arange(T)
     allowed = pos.unsqueeze(0) <= pos.unsqueeze(1)                     # [T, T]
     allowed = allowed.unsqueeze(0) & (tokens != pad).unsqueeze(1)       # [B, T, T]

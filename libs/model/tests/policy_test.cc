@@ -101,6 +101,27 @@ TEST(Policy, GreedyGenerationMatchesArgmaxOfFullLogits) {
   }
 }
 
+TEST(Policy, WhatASequenceGeneratesDoesNotDependOnItsBatch) {
+  // A short prompt left-padded next to a longer one must generate what it generates
+  // alone (position embeddings count real tokens only).
+  auto policy = Policy::Create(Small(), "cpu", 5);
+  ASSERT_TRUE(policy.ok());
+  std::vector<int32_t> short_prompt = *Tokenizer::EncodePrompt("reverse:45");
+  std::vector<int32_t> long_prompt = *Tokenizer::EncodePrompt("reverse:1234567");
+  SamplingOptions options;
+  options.temperature = 0;
+  options.max_new_tokens = 6;
+  options.eos_id = -1;
+  auto alone = (*policy)->Generate({short_prompt}, options);
+  auto batched = (*policy)->Generate({long_prompt, short_prompt}, options);
+  ASSERT_TRUE(alone.ok() && batched.ok());
+  EXPECT_EQ((*alone)[0].tokens, (*batched)[1].tokens);
+  ASSERT_EQ((*alone)[0].logprobs.size(), (*batched)[1].logprobs.size());
+  for (size_t i = 0; i < (*alone)[0].logprobs.size(); ++i) {
+    EXPECT_NEAR((*alone)[0].logprobs[i], (*batched)[1].logprobs[i], 1e-4) << "token " << i;
+  }
+}
+
 TEST(Policy, LimitsAreInvalidArgumentNamingTheLimit) {
   auto policy = Policy::Create(Small());
   ASSERT_TRUE(policy.ok());
