@@ -78,7 +78,7 @@ STEPS="${RLFLEET_DEMO_STEPS:-300}"
 echo "== the RL loop: rollout -> reward -> buffer -> trainer -> weights back to rollout ($STEPS steps at most)"
 echo "   GRPO on reverse n=3..5, 32 prompts x 8 samples per step; held-out greedy exact match every 10 steps"
 $B/controller/rlfleet loop --loop_rollout="$ADDR_rollout" --loop_reward="$ADDR_reward" --loop_buffer="$ADDR_buffer" \
-  --loop_trainer="$ADDR_trainer" --entropy_coef="${RLFLEET_DEMO_ENTROPY:-0.03}" --steps="$STEPS" --stop_at="${RLFLEET_DEMO_STOP_AT:-0.8}" --timeout=120s
+  --loop_trainer="$ADDR_trainer" --entropy_coef="${RLFLEET_DEMO_ENTROPY:-0.03}" --steps="$STEPS" --stop_at="${RLFLEET_DEMO_STOP_AT:-0.8}" --run_dir="$RUN_DIR/run" --timeout=120s
 echo "== health now"
 health
 echo "== the trained policy on one prompt"

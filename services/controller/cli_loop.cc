@@ -1,5 +1,9 @@
 #include "services/controller/cli_loop.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -27,6 +31,8 @@ ABSL_FLAG(int, loop_prompts, 32, "loop: prompts (groups) per step.");
 ABSL_FLAG(int, loop_samples, 8, "loop: samples per prompt (group size).");
 ABSL_FLAG(int, eval_every, 10, "loop: held-out greedy evaluation every this many steps.");
 ABSL_FLAG(double, stop_at, 1.0, "loop: stop once held-out exact match reaches this.");
+ABSL_FLAG(std::string, run_dir, "",
+          "loop: folder for metrics.csv and reward_curve.png (created); empty: ./rlfleet-runs/<start time>.");
 ABSL_FLAG(double, lr, 5e-4, "loop: AdamW learning rate.");
 ABSL_FLAG(int, ppo_epochs, 2, "loop: PPO epochs per batch.");
 ABSL_FLAG(double, entropy_coef, 0.0, "loop: entropy bonus weight.");
@@ -74,6 +80,39 @@ bool Rollout(const rpc::ClientOptions& o, v1::RolloutService::Stub* rollout, v1:
   return true;
 }
 
+// Renders the run's curves from metrics.csv with gnuplot: reward_curve.png (training
+// reward and held-out exact match over steps and over wall time) and, on stdout, the
+// same over steps as text. A missing gnuplot is a hint, not a failure.
+void PlotCurves(const std::filesystem::path& dir) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    std::cout << "(no gnuplot: apt-get install gnuplot-nox to get reward_curve.png)\n";
+    return;
+  }
+  const std::filesystem::path script = dir / "reward_curve.gp";
+  std::ofstream gp(script);
+  gp << "set datafile separator ','\n"
+     << "set key autotitle columnhead bottom right\n"
+     << "set yrange [-0.2:1.05]\n"
+     << "set terminal pngcairo size 1100,450 noenhanced\n"
+     << "set output '" << (dir / "reward_curve.png").string() << "'\n"
+     << "set multiplot layout 1,2\n"
+     << "set xlabel 'step'\n"
+     << "plot '" << (dir / "metrics.csv").string() << "' using 1:4 with lines lw 1, '' using 1:7 with linespoints lw 2 pt 7\n"
+     << "set xlabel 'seconds'\n"
+     << "plot '" << (dir / "metrics.csv").string() << "' using 2:4 with lines lw 1, '' using 2:7 with linespoints lw 2 pt 7\n"
+     << "unset multiplot\n"
+     << "set terminal dumb size 100,24\n"
+     << "set output\n"
+     << "set xlabel 'step'\n"
+     << "plot '" << (dir / "metrics.csv").string() << "' using 1:4 with lines, '' using 1:7 with points pt '*'\n";
+  gp.close();
+  const std::string cmd = absl::StrCat("gnuplot '", script.string(), "' 2>&1");
+  if (std::system(cmd.c_str()) != 0) {
+    // pngcairo missing in some builds: fall back to the plain png terminal.
+    std::cout << "(gnuplot could not render; see " << script.string() << ")\n";
+  }
+}
+
 }  // namespace
 
 int RunLoop(const rpc::ClientOptions& base) {
@@ -118,6 +157,16 @@ int RunLoop(const rpc::ClientOptions& base) {
   std::vector<tasks::Example> held_out;
   for (int i = 0; i < 64; ++i) held_out.push_back(task->Make(gen, lengths));
   const absl::Time start = absl::Now();
+  std::filesystem::path run_dir = absl::GetFlag(FLAGS_run_dir);
+  if (run_dir.empty()) run_dir = std::filesystem::path("rlfleet-runs") / absl::FormatTime("%Y%m%d-%H%M%S", start, absl::LocalTimeZone());
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir, ec);
+  std::ofstream csv(run_dir / "metrics.csv");
+  if (ec || !csv) {
+    std::cerr << "rlfleet loop: cannot write " << (run_dir / "metrics.csv").string() << "\n";
+    return 2;
+  }
+  csv << "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact\n";
   int idle_steps = 0;         // steps whose every group had zero reward variance
   float last_entropy = 0.0f;  // of the last step that trained
   std::cout << "loop: " << task->name() << " n=" << lengths.min_len << ".." << lengths.max_len << ", " << prompts
@@ -158,7 +207,16 @@ int RunLoop(const rpc::ClientOptions& base) {
     if (!ts.ok()) ++idle_steps;
     if (ts.ok()) last_entropy = trained.metrics().entropy();
     if (ts.ok() && !publish()) return 1;
-    if (step % absl::GetFlag(FLAGS_eval_every) == 0) {
+    double heldout = std::nan("");
+    const bool eval_now = step % absl::GetFlag(FLAGS_eval_every) == 0;
+    auto log_row = [&](uint64_t version) {
+      csv << absl::StrFormat("%d,%.2f,%d,%.4f,%.4f,%d,%s\n", step, absl::ToDoubleSeconds(absl::Now() - start),
+                             version, reward_sum / generated.completions_size(), last_entropy, idle_steps,
+                             std::isnan(heldout) ? "nan" : absl::StrFormat("%.4f", heldout))
+          << std::flush;
+    };
+    if (!eval_now) log_row(generated.completions_size() ? generated.completions(0).token_policy_versions(0) : 0);
+    if (eval_now) {
       v1::GenerateBatchResponse eval;
       v1::ScoreResponse eval_scored;
       if (!Rollout(base, rollout.get(), reward.get(), held_out, 1, 0.0f, 0, absl::StrCat("eval", step), &eval,
@@ -168,6 +226,8 @@ int RunLoop(const rpc::ClientOptions& base) {
       int exact = 0;
       for (const auto& r : eval_scored.results()) exact += r.reward() >= 1.0f;
       const double em = static_cast<double>(exact) / held_out.size();
+      heldout = em;
+      log_row(eval.completions_size() ? eval.completions(0).token_policy_versions(0) : 0);
       std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  entropy %.3f  "
                                    "idle steps %d  held-out exact %.3f\n",
                                    step, absl::ToDoubleSeconds(absl::Now() - start),
@@ -177,6 +237,10 @@ int RunLoop(const rpc::ClientOptions& base) {
       if (em >= absl::GetFlag(FLAGS_stop_at)) break;
     }
   }
+  csv.close();
+  PlotCurves(run_dir);
+  std::cout << "metrics: " << (run_dir / "metrics.csv").string() << "\ncurve:   "
+            << (run_dir / "reward_curve.png").string() << "\n";
   return 0;
 }
 

@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -108,11 +110,12 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   trainer_flags.push_back("--publish_dir=" + weights);
   const std::string t = Start(trainer, "services/trainer/rlfleet-trainer", trainer_flags);
   ASSERT_FALSE(r.empty() || b.empty() || o.empty() || t.empty());
+  const std::string run_dir = std::string(std::getenv("TEST_TMPDIR")) + "/run";
   Subprocess loop;
   ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + o,
                           "--loop_reward=" + r, "--loop_buffer=" + b, "--loop_trainer=" + t, "--steps=4",
                           "--eval_every=2", "--loop_prompts=4", "--loop_samples=4", "--max_len=3",
-                          "--timeout=60s"})
+                          "--run_dir=" + run_dir, "--timeout=60s"})
                   .ok());
   auto done = loop.Wait(absl::Seconds(180));
   ASSERT_TRUE(done.ok());
@@ -121,6 +124,14 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   // The replica generated with weights the trainer published (v1 at the start, newer
   // after steps that had a learning signal).
   EXPECT_FALSE(absl::StrContains(loop.output(), "policy v0 ")) << loop.output();
+  // The run's metrics: a header and one row per step, held-out exact match at steps 2 and 4.
+  std::ifstream csv(run_dir + "/metrics.csv");
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(csv, line);) rows.push_back(line);
+  ASSERT_EQ(rows.size(), 5u);
+  EXPECT_EQ(rows[0], "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact");
+  EXPECT_TRUE(absl::EndsWith(rows[1], ",nan")) << rows[1];
+  EXPECT_FALSE(absl::EndsWith(rows[4], ",nan")) << rows[4];
   for (Subprocess* p : {&reward, &buffer, &rollout, &trainer}) {
     ASSERT_TRUE(p->Signal(SIGTERM).ok());
     ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
