@@ -60,7 +60,15 @@ echo "== starting the fleet on loopback"
 start controller controller/rlfleet-controller
 start reward reward/rlfleet-reward
 start buffer buffer/rlfleet-buffer --store=memory://
+ROLLOUTS="${RLFLEET_DEMO_ROLLOUTS:-1}"
+ROLLOUT_ADDRS=()
 start rollout rollout/rlfleet-rollout
+ROLLOUT_ADDRS+=("$ADDR_rollout")
+for i in $(seq 2 "$ROLLOUTS"); do
+  start "rollout$i" rollout/rlfleet-rollout
+  addr_var="ADDR_rollout$i"
+  ROLLOUT_ADDRS+=("${!addr_var}")
+done
 start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --publish_dir="$RUN_DIR/weights"
 
 health() {
@@ -77,7 +85,7 @@ $B/controller/rlfleet status --controller="$ADDR_controller"
 STEPS="${RLFLEET_DEMO_STEPS:-300}"
 echo "== the RL loop: rollout -> reward -> buffer -> trainer -> weights back to rollout ($STEPS steps at most)"
 echo "   GRPO on reverse n=3..5, 32 prompts x 8 samples per step; held-out greedy exact match every 10 steps"
-$B/controller/rlfleet loop --loop_rollout="$ADDR_rollout" --loop_reward="$ADDR_reward" --loop_buffer="$ADDR_buffer" \
+$B/controller/rlfleet loop --loop_rollout="$(IFS=,; echo "${ROLLOUT_ADDRS[*]}")" --loop_reward="$ADDR_reward" --loop_buffer="$ADDR_buffer" \
   --loop_trainer="$ADDR_trainer" --entropy_coef="${RLFLEET_DEMO_ENTROPY:-0.03}" --steps="$STEPS" --stop_at="${RLFLEET_DEMO_STOP_AT:-0.8}" --run_dir="$RUN_DIR/run" --timeout=120s
 echo "== health now"
 health

@@ -5,11 +5,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "libs/model/tokenizer.h"
 #include "services/controller/cli_util.h"
@@ -19,7 +21,7 @@
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
 
-ABSL_FLAG(std::string, loop_rollout, "", "loop: rollout address.");
+ABSL_FLAG(std::string, loop_rollout, "", "loop: rollout replica addresses, comma-separated.");
 ABSL_FLAG(std::string, loop_reward, "", "loop: reward address.");
 ABSL_FLAG(std::string, loop_buffer, "", "loop: buffer address.");
 ABSL_FLAG(std::string, loop_trainer, "", "loop: trainer address.");
@@ -48,8 +50,118 @@ constexpr absl::Duration kCallTimeout = absl::Seconds(120);
 
 int Fail(const grpc::Status& s, absl::string_view what) { return ReportRpcError(s, absl::StrCat("loop ", what)); }
 
+// The rollout replicas of a run. Prompts are split evenly over the live replicas and
+// generated concurrently; a replica that fails (dead: UNAVAILABLE at once; hung: its
+// call's deadline) is dropped and its prompts go to the others, so a run survives
+// losing replicas as long as one is left.
+class RolloutPool {
+ public:
+  RolloutPool(const rpc::ClientOptions& base, const std::vector<std::string>& addresses) : base_(base) {
+    for (const std::string& a : addresses) {
+      rpc::ClientOptions o = base;
+      o.target = a;
+      replicas_.push_back({a, v1::RolloutService::NewStub(*rpc::MakeChannel(o)), true});
+    }
+  }
+
+  int live() const {
+    int n = 0;
+    for (const auto& r : replicas_) n += r.alive;
+    return n;
+  }
+
+  // Generates `samples` completions for each prompt of `gen` (whose request_id is a
+  // prefix); the result lists them in prompt order, as one GenerateBatch would.
+  grpc::Status Generate(const v1::GenerateBatchRequest& gen, v1::GenerateBatchResponse* out) {
+    std::vector<int> pending(gen.prompts_size());
+    for (int i = 0; i < gen.prompts_size(); ++i) pending[i] = i;
+    std::vector<v1::GenerateBatchResponse> per_prompt(gen.prompts_size());
+    int attempt = 0;
+    while (!pending.empty()) {
+      std::vector<size_t> alive;
+      for (size_t r = 0; r < replicas_.size(); ++r) {
+        if (replicas_[r].alive) alive.push_back(r);
+      }
+      if (alive.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no rollout replica left");
+      // Contiguous shares of the pending prompts, one per live replica.
+      const size_t n = std::min(alive.size(), pending.size());
+      std::vector<std::vector<int>> shares(n);
+      for (size_t i = 0; i < pending.size(); ++i) shares[i * n / pending.size()].push_back(pending[i]);
+      std::vector<grpc::Status> status(n);
+      std::vector<v1::GenerateBatchResponse> replies(n);
+      std::vector<std::thread> threads;
+      for (size_t k = 0; k < n; ++k) {
+        threads.emplace_back([&, k] {
+          v1::GenerateBatchRequest part = gen;
+          part.clear_prompts();
+          part.set_request_id(absl::StrCat(gen.request_id(), "-a", attempt, "-r", k));
+          for (int i : shares[k]) *part.add_prompts() = gen.prompts(i);
+          status[k] = replicas_[alive[k]].stub->GenerateBatch(CallContext(base_, kCallTimeout).get(), part, &replies[k]);
+        });
+      }
+      for (auto& t : threads) t.join();
+      std::vector<int> again;
+      for (size_t k = 0; k < n; ++k) {
+        Replica& replica = replicas_[alive[k]];
+        if (!status[k].ok()) {
+          if (status[k].error_code() != grpc::StatusCode::UNAVAILABLE &&
+              status[k].error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+            return status[k];  // a request the replica rejects: not a replica failure
+          }
+          replica.alive = false;
+          std::cout << "rollout replica " << replica.address << " failed (" << status[k].error_message()
+                    << "): dropped; re-dispatching its " << shares[k].size() << " prompts\n";
+          again.insert(again.end(), shares[k].begin(), shares[k].end());
+          continue;
+        }
+        const int samples = gen.num_samples();
+        for (size_t j = 0; j < shares[k].size(); ++j) {
+          for (int s = 0; s < samples; ++s) {
+            *per_prompt[shares[k][j]].add_completions() = replies[k].completions(static_cast<int>(j) * samples + s);
+          }
+        }
+      }
+      std::sort(again.begin(), again.end());
+      pending = std::move(again);
+      ++attempt;
+    }
+    for (auto& p : per_prompt) {
+      for (auto& c : *p.mutable_completions()) *out->add_completions() = std::move(c);
+    }
+    return grpc::Status::OK;
+  }
+
+  // Installs a published version on every live replica (FAILED_PRECONDITION: it has
+  // it already); a replica that cannot be reached is dropped.
+  grpc::Status UpdateWeights(const v1::PrepareWeightsRequest& update) {
+    for (Replica& replica : replicas_) {
+      if (!replica.alive) continue;
+      v1::CommitWeightsResponse committed;
+      grpc::Status s = replica.stub->UpdateWeights(CallContext(base_, kCallTimeout).get(), update, &committed);
+      if (s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) continue;
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        replica.alive = false;
+        std::cout << "rollout replica " << replica.address << " failed (" << s.error_message() << "): dropped\n";
+        continue;
+      }
+      return s;
+    }
+    if (live() == 0) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no rollout replica left");
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct Replica {
+    std::string address;
+    std::unique_ptr<v1::RolloutService::Stub> stub;
+    bool alive = true;
+  };
+  const rpc::ClientOptions base_;
+  std::vector<Replica> replicas_;
+};
+
 // Generates for `examples` and returns (experiences, rewards) scored by the reward service.
-bool Rollout(const rpc::ClientOptions& o, v1::RolloutService::Stub* rollout, v1::RewardService::Stub* reward,
+bool Rollout(const rpc::ClientOptions& o, RolloutPool& rollout, v1::RewardService::Stub* reward,
              const std::vector<tasks::Example>& examples, int samples, float temperature, uint64_t seed,
              const std::string& request_id, v1::GenerateBatchResponse* out, v1::ScoreResponse* scored) {
   v1::GenerateBatchRequest gen;
@@ -66,7 +178,7 @@ bool Rollout(const rpc::ClientOptions& o, v1::RolloutService::Stub* rollout, v1:
     const auto ids = Tokenizer::EncodePrompt(examples[i].prompt);  // alive for the loop
     for (int32_t t : *ids) p->add_prompt_token_ids(t);
   }
-  if (auto s = rollout->GenerateBatch(CallContext(o, kCallTimeout).get(), gen, out); !s.ok()) return Fail(s, "GenerateBatch"), false;
+  if (auto s = rollout.Generate(gen, out); !s.ok()) return Fail(s, "GenerateBatch"), false;
   v1::ScoreRequest score;
   for (int i = 0; i < out->completions_size(); ++i) {
     const v1::Experience& e = out->completions(i);
@@ -121,7 +233,11 @@ int RunLoop(const rpc::ClientOptions& base) {
     o.target = target;
     return *rpc::MakeChannel(o);
   };
-  auto rollout = v1::RolloutService::NewStub(channel(absl::GetFlag(FLAGS_loop_rollout)));
+  RolloutPool rollout(base, absl::StrSplit(absl::GetFlag(FLAGS_loop_rollout), ',', absl::SkipEmpty()));
+  if (rollout.live() == 0) {
+    std::cerr << "rlfleet loop: --loop_rollout names no replica\n";
+    return 2;
+  }
   auto reward = v1::RewardService::NewStub(channel(absl::GetFlag(FLAGS_loop_reward)));
   auto buffer = v1::BufferService::NewStub(channel(absl::GetFlag(FLAGS_loop_buffer)));
   auto trainer = v1::TrainerService::NewStub(channel(absl::GetFlag(FLAGS_loop_trainer)));
@@ -146,10 +262,7 @@ int RunLoop(const rpc::ClientOptions& base) {
     v1::PrepareWeightsRequest update;
     *update.mutable_manifest() = published.manifest();
     *update.add_chunks()->mutable_source() = published.location();
-    v1::CommitWeightsResponse committed;
-    grpc::Status s = rollout->UpdateWeights(CallContext(base, kCallTimeout).get(), update, &committed);
-    // FAILED_PRECONDITION: the replica already has this version.
-    if (!s.ok() && s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) return Fail(s, "UpdateWeights"), false;
+    if (grpc::Status s = rollout.UpdateWeights(update); !s.ok()) return Fail(s, "UpdateWeights"), false;
     return true;
   };
   if (!publish()) return 1;
@@ -176,7 +289,7 @@ int RunLoop(const rpc::ClientOptions& base) {
     for (int i = 0; i < prompts; ++i) examples.push_back(task->Make(gen, lengths));
     v1::GenerateBatchResponse generated;
     v1::ScoreResponse scored;
-    if (!Rollout(base, rollout.get(), reward.get(), examples, samples,
+    if (!Rollout(base, rollout, reward.get(), examples, samples,
                  static_cast<float>(absl::GetFlag(FLAGS_temperature)), step, absl::StrCat("s", step),
                  &generated, &scored)) {
       return 1;
@@ -219,7 +332,7 @@ int RunLoop(const rpc::ClientOptions& base) {
     if (eval_now) {
       v1::GenerateBatchResponse eval;
       v1::ScoreResponse eval_scored;
-      if (!Rollout(base, rollout.get(), reward.get(), held_out, 1, 0.0f, 0, absl::StrCat("eval", step), &eval,
+      if (!Rollout(base, rollout, reward.get(), held_out, 1, 0.0f, 0, absl::StrCat("eval", step), &eval,
                    &eval_scored)) {
         return 1;
       }

@@ -138,5 +138,41 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   }
 }
 
+TEST(Fleet, TheLoopSurvivesARolloutReplicaKilledMidRun) {
+  const std::string weights = std::string(getenv("TEST_TMPDIR")) + "/weights-kill";
+  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
+  Subprocess reward, buffer, rollout_a, rollout_b, trainer;
+  const std::string r = Start(reward, "services/reward/rlfleet-reward", {});
+  const std::string b = Start(buffer, "services/buffer/rlfleet-buffer", {});
+  const std::string a = Start(rollout_a, "services/rollout/rlfleet-rollout", model);
+  const std::string o = Start(rollout_b, "services/rollout/rlfleet-rollout", model);
+  std::vector<std::string> trainer_flags = model;
+  trainer_flags.push_back("--buffer=" + b);
+  trainer_flags.push_back("--publish_dir=" + weights);
+  const std::string t = Start(trainer, "services/trainer/rlfleet-trainer", trainer_flags);
+  ASSERT_FALSE(r.empty() || b.empty() || a.empty() || o.empty() || t.empty());
+  Subprocess loop;
+  ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + a + "," + o,
+                          "--loop_reward=" + r, "--loop_buffer=" + b, "--loop_trainer=" + t, "--steps=6",
+                          "--eval_every=1", "--loop_prompts=6", "--loop_samples=4", "--max_len=3",
+                          "--run_dir=" + std::string(getenv("TEST_TMPDIR")) + "/run-kill", "--timeout=60s"})
+                  .ok());
+  // After the first step, one replica dies hard.
+  auto first = loop.WaitForLine([](const std::string& l) { return absl::StrContains(l, "step    1"); },
+                                absl::Seconds(120));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(rollout_b.Signal(SIGKILL).ok());
+  auto done = loop.Wait(absl::Seconds(180));
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(WEXITSTATUS(*done), 0) << loop.output();
+  // It noticed, dropped the replica, and every later step ran on the survivor.
+  EXPECT_TRUE(absl::StrContains(loop.output(), "rollout replica " + o + " failed")) << loop.output();
+  EXPECT_TRUE(absl::StrContains(loop.output(), "step    6")) << loop.output();
+  for (Subprocess* p : {&reward, &buffer, &rollout_a, &trainer}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
+}
+
 }  // namespace
 }  // namespace rlfleet
