@@ -1,0 +1,260 @@
+#include "services/controller/run_loop.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/common/status_macros.h"
+#include "libs/model/tokenizer.h"
+#include "libs/tasks/tasks.h"
+
+namespace rlfleet::controller {
+namespace {
+
+using model::Tokenizer;
+
+bool ReplicaFailure(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+// Generates for `examples` and scores the completions with the reward service.
+absl::Status RolloutAndScore(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward,
+                             const std::vector<tasks::Example>& examples, int samples,
+                             float temperature, uint64_t seed, const std::string& request_id,
+                             v1::GenerateBatchResponse* out, v1::ScoreResponse* scored) {
+  v1::GenerateBatchRequest gen;
+  gen.set_request_id(request_id);
+  gen.set_num_samples(samples);
+  gen.mutable_sampling()->set_temperature(temperature);
+  gen.mutable_sampling()->set_max_new_tokens(config.max_len + 3);
+  gen.mutable_sampling()->set_seed(seed);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    v1::BatchPrompt* p = gen.add_prompts();
+    p->set_prompt_id(examples[i].prompt);
+    p->set_group_id(absl::StrCat(request_id, "-g", i));
+    p->set_task(config.task);
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, Tokenizer::EncodePrompt(examples[i].prompt));
+    for (int32_t t : ids) p->add_prompt_token_ids(t);
+  }
+  RETURN_IF_ERROR(common::Annotate(rollout.Generate(gen, out), "GenerateBatch"));
+  v1::ScoreRequest score;
+  for (int i = 0; i < out->completions_size(); ++i) {
+    const v1::Experience& e = out->completions(i);
+    v1::ScoreItem* item = score.add_items();
+    item->set_task(e.task());
+    item->set_prompt_text(examples[i / samples].prompt);
+    item->set_reference_answer(examples[i / samples].answer);
+    item->set_response_text(
+        Tokenizer::DecodeResponse({e.response_token_ids().begin(), e.response_token_ids().end()}));
+  }
+  return common::Annotate(reward.Score(score, scored), "Score");
+}
+
+uint64_t VersionOf(const v1::GenerateBatchResponse& r) {
+  return r.completions_size() > 0 && r.completions(0).token_policy_versions_size() > 0
+             ? r.completions(0).token_policy_versions(0)
+             : 0;
+}
+
+}  // namespace
+
+RolloutPool::RolloutPool(std::vector<std::unique_ptr<RolloutReplica>> replicas, Log log)
+    : log_(std::move(log)) {
+  for (auto& r : replicas) replicas_.push_back({std::move(r), true});
+}
+
+int RolloutPool::live() const {
+  int n = 0;
+  for (const Replica& r : replicas_) n += r.alive;
+  return n;
+}
+
+void RolloutPool::Drop(Replica& replica, const absl::Status& why, const std::string& what) {
+  replica.alive = false;
+  if (log_) {
+    log_(absl::StrCat("rollout replica ", replica.peer->address(), " failed (", why.message(),
+                      "): dropped", what));
+  }
+}
+
+absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request,
+                                   v1::GenerateBatchResponse* response) {
+  std::vector<int> pending(request.prompts_size());
+  for (int i = 0; i < request.prompts_size(); ++i) pending[i] = i;
+  std::vector<v1::GenerateBatchResponse> per_prompt(request.prompts_size());
+  const int samples = request.num_samples();
+  for (int attempt = 0; !pending.empty(); ++attempt) {
+    std::vector<size_t> alive;
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      if (replicas_[r].alive) alive.push_back(r);
+    }
+    if (alive.empty()) return absl::UnavailableError("no rollout replica left");
+    // Contiguous shares of the pending prompts, one per live replica.
+    const size_t n = std::min(alive.size(), pending.size());
+    std::vector<std::vector<int>> shares(n);
+    for (size_t i = 0; i < pending.size(); ++i) shares[i * n / pending.size()].push_back(pending[i]);
+    std::vector<absl::Status> status(n);
+    std::vector<v1::GenerateBatchResponse> replies(n);
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < n; ++k) {
+      threads.emplace_back([&, k] {
+        v1::GenerateBatchRequest part = request;
+        part.clear_prompts();
+        part.set_request_id(absl::StrCat(request.request_id(), "-a", attempt, "-r", k));
+        for (int i : shares[k]) *part.add_prompts() = request.prompts(i);
+        status[k] = replicas_[alive[k]].peer->GenerateBatch(part, &replies[k]);
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::vector<int> again;
+    for (size_t k = 0; k < n; ++k) {
+      if (!status[k].ok()) {
+        if (!ReplicaFailure(status[k])) return status[k];
+        Drop(replicas_[alive[k]], status[k],
+             absl::StrCat("; re-dispatching its ", shares[k].size(), " prompts"));
+        again.insert(again.end(), shares[k].begin(), shares[k].end());
+        continue;
+      }
+      if (replies[k].completions_size() != static_cast<int>(shares[k].size()) * samples) {
+        return absl::InternalError(absl::StrCat("rollout replica ", replicas_[alive[k]].peer->address(),
+                                                " returned ", replies[k].completions_size(),
+                                                " completions for ", shares[k].size(), " prompts x ",
+                                                samples));
+      }
+      for (size_t j = 0; j < shares[k].size(); ++j) {
+        for (int s = 0; s < samples; ++s) {
+          *per_prompt[shares[k][j]].add_completions() =
+              std::move(*replies[k].mutable_completions(static_cast<int>(j) * samples + s));
+        }
+      }
+    }
+    std::sort(again.begin(), again.end());
+    pending = std::move(again);
+  }
+  for (auto& p : per_prompt) {
+    for (auto& c : *p.mutable_completions()) *response->add_completions() = std::move(c);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request) {
+  for (Replica& replica : replicas_) {
+    if (!replica.alive) continue;
+    absl::Status s = replica.peer->UpdateWeights(request);
+    if (s.ok() || absl::IsFailedPrecondition(s)) continue;  // installed, or had it already
+    if (!ReplicaFailure(s)) return s;
+    Drop(replica, s, "");
+  }
+  if (live() == 0) return absl::UnavailableError("no rollout replica left");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLoopConfig(const LoopConfig& c) {
+  if (tasks::FindTask(c.task) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("task: unknown task '", c.task, "'"));
+  }
+  if (c.min_len < 1 || c.max_len < c.min_len) {
+    return absl::InvalidArgumentError(absl::StrCat("min_len / max_len: need 1 <= min_len <= max_len, got ",
+                                                   c.min_len, " / ", c.max_len));
+  }
+  if (c.prompts < 1 || c.prompts > 1024) return absl::InvalidArgumentError("prompts: must be in 1..1024");
+  if (c.samples < 2 || c.samples > 64) return absl::InvalidArgumentError("samples: must be in 2..64 (GRPO groups)");
+  if (c.steps < 1) return absl::InvalidArgumentError("steps: must be >= 1");
+  if (c.eval_every < 0) return absl::InvalidArgumentError("eval_every: must be >= 0");
+  if (!(c.lr > 0)) return absl::InvalidArgumentError("lr: must be > 0");
+  if (c.ppo_epochs < 1 || c.ppo_epochs > 16) return absl::InvalidArgumentError("ppo_epochs: must be in 1..16");
+  if (c.entropy_coef < 0) return absl::InvalidArgumentError("entropy_coef: must be >= 0");
+  if (c.temperature < 0) return absl::InvalidArgumentError("temperature: must be >= 0");
+  return absl::OkStatus();
+}
+
+absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward,
+                     BufferPeer& buffer, TrainerPeer& trainer, const std::atomic<bool>& stop,
+                     const std::function<void(const LoopProgress&)>& on_progress) {
+  RETURN_IF_ERROR(ValidateLoopConfig(config));
+  const tasks::Task* task = tasks::FindTask(config.task);
+  const tasks::TaskOptions lengths{config.min_len, config.max_len};
+  {
+    v1::ConfigureRequest configure;
+    configure.set_group_size(config.samples);
+    configure.set_filter_zero_variance(true);
+    RETURN_IF_ERROR(common::Annotate(buffer.Configure(configure), "buffer Configure"));
+  }
+  // The rollout replicas start from the trainer's weights (behaviour == policy at step 1).
+  auto publish = [&]() -> absl::Status {
+    v1::PublishWeightsResponse published;
+    RETURN_IF_ERROR(common::Annotate(trainer.PublishWeights(&published), "PublishWeights"));
+    v1::PrepareWeightsRequest update;
+    *update.mutable_manifest() = published.manifest();
+    *update.add_chunks()->mutable_source() = published.location();
+    return common::Annotate(rollout.UpdateWeights(update), "UpdateWeights");
+  };
+  RETURN_IF_ERROR(publish());
+  absl::BitGen gen(std::seed_seq{config.seed});
+  std::vector<tasks::Example> held_out;
+  for (int i = 0; i < config.held_out; ++i) held_out.push_back(task->Make(gen, lengths));
+  const absl::Time start = absl::Now();
+  LoopProgress progress;
+  for (int step = 1; step <= config.steps && !stop.load(); ++step) {
+    auto at_step = [&](const absl::Status& s) {
+      return common::Annotate(s, absl::StrCat("step ", step));
+    };
+    std::vector<tasks::Example> examples;
+    for (int i = 0; i < config.prompts; ++i) examples.push_back(task->Make(gen, lengths));
+    v1::GenerateBatchResponse generated;
+    v1::ScoreResponse scored;
+    RETURN_IF_ERROR(at_step(RolloutAndScore(config, rollout, reward, examples, config.samples,
+                                            static_cast<float>(config.temperature), step,
+                                            absl::StrCat("s", step), &generated, &scored)));
+    v1::PutExperiencesRequest put;
+    double reward_sum = 0;
+    for (int i = 0; i < generated.completions_size(); ++i) {
+      v1::Experience e = generated.completions(i);
+      e.set_reward(scored.results(i).reward());
+      reward_sum += e.reward();
+      *put.add_experiences() = std::move(e);
+    }
+    RETURN_IF_ERROR(at_step(common::Annotate(buffer.PutExperiences(put), "PutExperiences")));
+    v1::TrainStepRequest train;
+    train.mutable_buffer()->set_num_groups(config.prompts);
+    train.mutable_buffer()->set_min_groups(1);
+    train.mutable_params()->set_algorithm(v1::ALGORITHM_GRPO);
+    train.mutable_params()->set_ppo_epochs(config.ppo_epochs);
+    train.mutable_params()->set_clip_ratio(0.2f);
+    train.mutable_params()->set_entropy_coef(static_cast<float>(config.entropy_coef));
+    train.mutable_params()->mutable_optimizer()->set_learning_rate(static_cast<float>(config.lr));
+    train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
+    v1::TrainStepResponse trained;
+    absl::Status ts = trainer.TrainStep(train, &trained);
+    // UNAVAILABLE: every group had zero variance; nothing to learn this step.
+    if (!ts.ok() && !absl::IsUnavailable(ts)) return at_step(common::Annotate(ts, "TrainStep"));
+    if (ts.ok()) {
+      progress.entropy = trained.metrics().entropy();
+      RETURN_IF_ERROR(at_step(publish()));
+    } else {
+      ++progress.idle_steps;
+    }
+    progress.step = step;
+    progress.train_reward = generated.completions_size() ? reward_sum / generated.completions_size() : 0;
+    progress.policy_version = VersionOf(generated);
+    progress.held_out_exact.reset();
+    if (config.eval_every > 0 && step % config.eval_every == 0) {
+      v1::GenerateBatchResponse eval;
+      v1::ScoreResponse eval_scored;
+      RETURN_IF_ERROR(at_step(RolloutAndScore(config, rollout, reward, held_out, 1, 0.0f, 0,
+                                              absl::StrCat("eval", step), &eval, &eval_scored)));
+      int exact = 0;
+      for (const auto& r : eval_scored.results()) exact += r.reward() >= 1.0f;
+      progress.held_out_exact = static_cast<double>(exact) / held_out.size();
+      progress.policy_version = VersionOf(eval);
+    }
+    progress.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (on_progress) on_progress(progress);
+    if (progress.held_out_exact && *progress.held_out_exact >= config.stop_at) break;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rlfleet::controller

@@ -1,0 +1,120 @@
+// The RL loop the controller drives, free of gRPC: prompts -> rollout replicas ->
+// reward -> buffer -> trainer -> new weights -> rollout replicas, with held-out greedy
+// evaluation. Peers are interfaces (gRPC adapters in run_peers_grpc.h, fakes in tests),
+// so the same loop runs from the `rlfleet loop` CLI today and from
+// ControllerService.StartRun next.
+#ifndef RLFLEET_SERVICES_CONTROLLER_RUN_LOOP_H_
+#define RLFLEET_SERVICES_CONTROLLER_RUN_LOOP_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "rlfleet/v1/buffer.pb.h"
+#include "rlfleet/v1/reward.pb.h"
+#include "rlfleet/v1/rollout.pb.h"
+#include "rlfleet/v1/trainer.pb.h"
+
+namespace rlfleet::controller {
+
+class RolloutReplica {
+ public:
+  virtual ~RolloutReplica() = default;
+  virtual std::string address() const = 0;
+  virtual absl::Status GenerateBatch(const v1::GenerateBatchRequest& request,
+                                     v1::GenerateBatchResponse* response) = 0;
+  // FAILED_PRECONDITION when the replica already has the version.
+  virtual absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) = 0;
+};
+
+class RewardPeer {
+ public:
+  virtual ~RewardPeer() = default;
+  virtual absl::Status Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) = 0;
+};
+
+class BufferPeer {
+ public:
+  virtual ~BufferPeer() = default;
+  virtual absl::Status Configure(const v1::ConfigureRequest& request) = 0;
+  virtual absl::Status PutExperiences(const v1::PutExperiencesRequest& request) = 0;
+};
+
+class TrainerPeer {
+ public:
+  virtual ~TrainerPeer() = default;
+  // UNAVAILABLE when the buffer had no group with a learning signal.
+  virtual absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) = 0;
+  virtual absl::Status PublishWeights(v1::PublishWeightsResponse* response) = 0;
+};
+
+// The rollout replicas of a run. Prompts are split evenly over the live replicas and
+// generated concurrently; a replica that fails with UNAVAILABLE (dead) or
+// DEADLINE_EXCEEDED (hung past its call deadline) is dropped and its prompts go to the
+// others, so a run survives losing replicas as long as one is left. Other errors (a
+// request the replica rejects) are returned as they are.
+class RolloutPool {
+ public:
+  using Log = std::function<void(const std::string&)>;
+  RolloutPool(std::vector<std::unique_ptr<RolloutReplica>> replicas, Log log);
+
+  int live() const;
+  // Completions for every prompt of `request`, `num_samples` each, in prompt order (as
+  // one GenerateBatch would list them). UNAVAILABLE when no replica is left.
+  absl::Status Generate(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response);
+  // Installs a version on every live replica.
+  absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request);
+
+ private:
+  struct Replica {
+    std::unique_ptr<RolloutReplica> peer;
+    bool alive = true;
+  };
+  void Drop(Replica& replica, const absl::Status& why, const std::string& what);
+  std::vector<Replica> replicas_;
+  Log log_;
+};
+
+struct LoopConfig {
+  std::string task = "reverse";
+  int min_len = 3;
+  int max_len = 5;
+  int steps = 200;
+  int prompts = 32;       // groups per step
+  int samples = 8;        // group size
+  int eval_every = 10;    // held-out greedy evaluation; 0 = never
+  int held_out = 64;      // held-out prompts
+  double stop_at = 1.0;   // stop once held-out exact match reaches this
+  double lr = 5e-4;
+  int ppo_epochs = 2;
+  double entropy_coef = 0.0;
+  double temperature = 1.0;
+  uint64_t seed = 11;     // prompts and held-out set
+};
+
+struct LoopProgress {
+  int step = 0;
+  double seconds = 0;
+  uint64_t policy_version = 0;  // of the rollouts this step (eval's at eval steps)
+  double train_reward = 0;      // mean over the step's samples
+  float entropy = 0;            // of the last step that trained
+  int idle_steps = 0;           // steps whose every group had zero reward variance
+  std::optional<double> held_out_exact;
+};
+
+// INVALID_ARGUMENT naming the field for a config out of range or an unknown task.
+absl::Status ValidateLoopConfig(const LoopConfig& config);
+
+// Runs the loop until config.steps, config.stop_at, `stop`, or an error (annotated with
+// the step and the peer call). Calls `on_progress` after every step.
+absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward,
+                     BufferPeer& buffer, TrainerPeer& trainer, const std::atomic<bool>& stop,
+                     const std::function<void(const LoopProgress&)>& on_progress);
+
+}  // namespace rlfleet::controller
+
+#endif  // RLFLEET_SERVICES_CONTROLLER_RUN_LOOP_H_

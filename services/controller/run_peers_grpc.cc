@@ -1,0 +1,130 @@
+#include "services/controller/run_peers_grpc.h"
+
+#include <grpcpp/client_context.h>
+
+#include "absl/time/clock.h"
+#include "libs/rpc/status_conversion.h"
+#include "rlfleet/v1/buffer.grpc.pb.h"
+#include "rlfleet/v1/reward.grpc.pb.h"
+#include "rlfleet/v1/rollout.grpc.pb.h"
+#include "rlfleet/v1/trainer.grpc.pb.h"
+
+namespace rlfleet::controller {
+namespace {
+
+// What every adapter shares: the channel, a deadline and the token per call.
+template <typename Service>
+class Peer {
+ public:
+  Peer(std::shared_ptr<grpc::Channel> channel, const rpc::ClientOptions& options,
+       absl::Duration timeout)
+      : stub_(Service::NewStub(channel)), options_(options), timeout_(timeout) {}
+
+ protected:
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    if (!options_.auth.token.empty()) {
+      context->AddMetadata(rpc::kAuthorizationKey, "Bearer " + options_.auth.token);
+    }
+    return context;
+  }
+  std::unique_ptr<typename Service::Stub> stub_;
+
+ private:
+  const rpc::ClientOptions options_;
+  const absl::Duration timeout_;
+};
+
+class GrpcRolloutReplica : public RolloutReplica, Peer<v1::RolloutService> {
+ public:
+  GrpcRolloutReplica(std::shared_ptr<grpc::Channel> c, const rpc::ClientOptions& o,
+                     absl::Duration t, std::string address)
+      : Peer(std::move(c), o, t), address_(std::move(address)) {}
+  std::string address() const override { return address_; }
+  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request,
+                             v1::GenerateBatchResponse* response) override {
+    return rpc::ToAbslStatus(stub_->GenerateBatch(Context().get(), request, response));
+  }
+  absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) override {
+    v1::CommitWeightsResponse response;
+    return rpc::ToAbslStatus(stub_->UpdateWeights(Context().get(), request, &response));
+  }
+
+ private:
+  const std::string address_;
+};
+
+class GrpcRewardPeer : public RewardPeer, Peer<v1::RewardService> {
+ public:
+  using Peer::Peer;
+  absl::Status Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) override {
+    return rpc::ToAbslStatus(stub_->Score(Context().get(), request, response));
+  }
+};
+
+class GrpcBufferPeer : public BufferPeer, Peer<v1::BufferService> {
+ public:
+  using Peer::Peer;
+  absl::Status Configure(const v1::ConfigureRequest& request) override {
+    v1::ConfigureResponse response;
+    return rpc::ToAbslStatus(stub_->Configure(Context().get(), request, &response));
+  }
+  absl::Status PutExperiences(const v1::PutExperiencesRequest& request) override {
+    v1::PutExperiencesResponse response;
+    return rpc::ToAbslStatus(stub_->PutExperiences(Context().get(), request, &response));
+  }
+};
+
+class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {
+ public:
+  using Peer::Peer;
+  absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) override {
+    return rpc::ToAbslStatus(stub_->TrainStep(Context().get(), request, response));
+  }
+  absl::Status PublishWeights(v1::PublishWeightsResponse* response) override {
+    return rpc::ToAbslStatus(stub_->PublishWeights(Context().get(), {}, response));
+  }
+};
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const rpc::ClientOptions& options,
+                                                       const std::string& address) {
+  rpc::ClientOptions o = options;
+  o.target = address;
+  return rpc::MakeChannel(o);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RolloutReplica>> NewGrpcRolloutReplica(
+    const rpc::ClientOptions& options, const std::string& address, absl::Duration timeout) {
+  auto channel = Channel(options, address);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<RolloutReplica>(new GrpcRolloutReplica(*channel, options, timeout, address));
+}
+
+absl::StatusOr<std::unique_ptr<RewardPeer>> NewGrpcRewardPeer(const rpc::ClientOptions& options,
+                                                              const std::string& address,
+                                                              absl::Duration timeout) {
+  auto channel = Channel(options, address);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<RewardPeer>(new GrpcRewardPeer(*channel, options, timeout));
+}
+
+absl::StatusOr<std::unique_ptr<BufferPeer>> NewGrpcBufferPeer(const rpc::ClientOptions& options,
+                                                              const std::string& address,
+                                                              absl::Duration timeout) {
+  auto channel = Channel(options, address);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<BufferPeer>(new GrpcBufferPeer(*channel, options, timeout));
+}
+
+absl::StatusOr<std::unique_ptr<TrainerPeer>> NewGrpcTrainerPeer(const rpc::ClientOptions& options,
+                                                                const std::string& address,
+                                                                absl::Duration timeout) {
+  auto channel = Channel(options, address);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<TrainerPeer>(new GrpcTrainerPeer(*channel, options, timeout));
+}
+
+}  // namespace rlfleet::controller

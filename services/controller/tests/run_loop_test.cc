@@ -1,0 +1,189 @@
+// The run loop against fake peers: nothing is lost when a rollout replica dies (its
+// prompts go to the survivor), stop is honoured, bad config and rejected requests are
+// clear errors.
+#include "services/controller/run_loop.h"
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "libs/model/tokenizer.h"
+#include "libs/tasks/tasks.h"
+
+namespace rlfleet::controller {
+namespace {
+
+// Answers every prompt correctly; can be made to fail from its n-th call on.
+class FakeRollout : public RolloutReplica {
+ public:
+  FakeRollout(std::string address, int fail_from_call = -1, absl::Status failure = absl::UnavailableError("gone"))
+      : address_(std::move(address)), fail_from_(fail_from_call), failure_(std::move(failure)) {}
+  std::string address() const override { return address_; }
+  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request,
+                             v1::GenerateBatchResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    if (fail_from_ >= 0 && calls_ >= fail_from_) return failure_;
+    ++calls_;
+    for (const auto& p : request.prompts()) {
+      ++prompts_;
+      const std::string answer = *tasks::FindTask(p.task())->Solve(p.prompt_id());
+      const std::vector<int32_t> tokens = *model::Tokenizer::EncodeResponse(answer);
+      for (uint32_t s = 0; s < request.num_samples(); ++s) {
+        v1::Experience* e = response->add_completions();
+        e->mutable_experience_id()->set_value(absl::StrCat(address_, "-", ids_++));
+        e->set_task(p.task());
+        e->set_group_id(p.group_id());
+        for (int32_t t : tokens) {
+          e->add_response_token_ids(t);
+          e->add_token_policy_versions(version_);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    version_ = request.manifest().version().version();
+    return absl::OkStatus();
+  }
+  int prompts() {
+    absl::MutexLock lock(&mu_);
+    return prompts_;
+  }
+
+ private:
+  const std::string address_;
+  const int fail_from_;
+  const absl::Status failure_;
+  absl::Mutex mu_;
+  int calls_ = 0, prompts_ = 0, ids_ = 0;
+  uint64_t version_ = 0;
+};
+
+class FakeReward : public RewardPeer {
+ public:
+  absl::Status Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) override {
+    for (const auto& item : request.items()) {
+      response->add_results()->set_reward(item.response_text() == item.reference_answer() ? 1.0f : 0.0f);
+    }
+    return absl::OkStatus();
+  }
+};
+
+class FakeBuffer : public BufferPeer {
+ public:
+  absl::Status Configure(const v1::ConfigureRequest&) override { return absl::OkStatus(); }
+  absl::Status PutExperiences(const v1::PutExperiencesRequest& request) override {
+    experiences += request.experiences_size();
+    return absl::OkStatus();
+  }
+  int experiences = 0;
+};
+
+class FakeTrainer : public TrainerPeer {
+ public:
+  absl::Status TrainStep(const v1::TrainStepRequest&, v1::TrainStepResponse* response) override {
+    response->mutable_metrics()->set_entropy(0.5f);
+    ++steps;
+    return absl::OkStatus();
+  }
+  absl::Status PublishWeights(v1::PublishWeightsResponse* response) override {
+    response->mutable_manifest()->mutable_version()->set_version(++version);
+    return absl::OkStatus();
+  }
+  int steps = 0;
+  uint64_t version = 0;
+};
+
+LoopConfig Small() {
+  LoopConfig c;
+  c.steps = 3;
+  c.prompts = 6;
+  c.samples = 2;
+  c.eval_every = 1;
+  c.held_out = 8;
+  c.stop_at = 2.0;  // never stop early
+  return c;
+}
+
+TEST(RunLoop, AReplicaThatDiesLosesNothing) {
+  std::vector<std::unique_ptr<RolloutReplica>> replicas;
+  replicas.push_back(std::make_unique<FakeRollout>("a"));
+  replicas.push_back(std::make_unique<FakeRollout>("b", /*fail_from_call=*/1));
+  auto* a = static_cast<FakeRollout*>(replicas[0].get());
+  std::vector<std::string> logs;
+  RolloutPool pool(std::move(replicas), [&](const std::string& l) { logs.push_back(l); });
+  FakeReward reward;
+  FakeBuffer buffer;
+  FakeTrainer trainer;
+  std::atomic<bool> stop{false};
+  std::vector<LoopProgress> progress;
+  absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop,
+                           [&](const LoopProgress& p) { progress.push_back(p); });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(progress.size(), 3u);
+  EXPECT_EQ(pool.live(), 1);
+  ASSERT_FALSE(logs.empty());
+  EXPECT_TRUE(absl::StrContains(logs[0], "rollout replica b failed")) << logs[0];
+  EXPECT_TRUE(absl::StrContains(logs[0], "re-dispatching")) << logs[0];
+  // Every prompt of every step reached the buffer: 3 steps x 6 prompts x 2 samples.
+  EXPECT_EQ(buffer.experiences, 36);
+  EXPECT_EQ(trainer.steps, 3);
+  // The fakes answer right, and the held-out set was evaluated each step.
+  EXPECT_EQ(progress.back().train_reward, 1.0);
+  ASSERT_TRUE(progress.back().held_out_exact.has_value());
+  EXPECT_EQ(*progress.back().held_out_exact, 1.0);
+  // Replica a served everything after b died (b had one call: step 1's first share).
+  EXPECT_GT(a->prompts(), 3 * 6);
+}
+
+TEST(RunLoop, StopsWhenAskedAndWhenNoReplicaIsLeft) {
+  {
+    std::vector<std::unique_ptr<RolloutReplica>> replicas;
+    replicas.push_back(std::make_unique<FakeRollout>("a"));
+    RolloutPool pool(std::move(replicas), nullptr);
+    FakeReward reward;
+    FakeBuffer buffer;
+    FakeTrainer trainer;
+    std::atomic<bool> stop{true};
+    int steps = 0;
+    ASSERT_TRUE(RunLoop(Small(), pool, reward, buffer, trainer, stop, [&](const LoopProgress&) { ++steps; }).ok());
+    EXPECT_EQ(steps, 0);
+  }
+  std::vector<std::unique_ptr<RolloutReplica>> replicas;
+  replicas.push_back(std::make_unique<FakeRollout>("a", 0));
+  RolloutPool pool(std::move(replicas), nullptr);
+  FakeReward reward;
+  FakeBuffer buffer;
+  FakeTrainer trainer;
+  std::atomic<bool> stop{false};
+  absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "step 1")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "no rollout replica left")) << s;
+}
+
+TEST(RunLoop, BadConfigAndRejectedRequestsAreClearErrors) {
+  LoopConfig bad = Small();
+  bad.samples = 1;
+  EXPECT_TRUE(absl::StrContains(ValidateLoopConfig(bad).message(), "samples")) << ValidateLoopConfig(bad);
+  bad = Small();
+  bad.task = "juggle";
+  EXPECT_EQ(ValidateLoopConfig(bad).code(), absl::StatusCode::kInvalidArgument);
+
+  // A replica that rejects the request is not dropped: the error is the run's.
+  std::vector<std::unique_ptr<RolloutReplica>> replicas;
+  replicas.push_back(std::make_unique<FakeRollout>("a", 0, absl::InvalidArgumentError("prompt too long")));
+  replicas.push_back(std::make_unique<FakeRollout>("b"));
+  RolloutPool pool(std::move(replicas), nullptr);
+  FakeReward reward;
+  FakeBuffer buffer;
+  FakeTrainer trainer;
+  std::atomic<bool> stop{false};
+  absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "prompt too long")) << s;
+  EXPECT_EQ(pool.live(), 2);
+}
+
+}  // namespace
+}  // namespace rlfleet::controller
