@@ -87,44 +87,41 @@ class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {
   }
 };
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const rpc::ClientOptions& options,
-                                                       const std::string& address) {
+// Makes an adapter of type `Impl` over a channel to `address`.
+template <typename Interface, typename Impl, typename... Extra>
+absl::StatusOr<std::unique_ptr<Interface>> Make(const rpc::ClientOptions& options,
+                                               const std::string& address, absl::Duration timeout,
+                                               Extra... extra) {
   rpc::ClientOptions o = options;
   o.target = address;
-  return rpc::MakeChannel(o);
+  auto channel = rpc::MakeChannel(o);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<Interface>(new Impl(*channel, options, timeout, extra...));
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RolloutReplica>> NewGrpcRolloutReplica(
     const rpc::ClientOptions& options, const std::string& address, absl::Duration timeout) {
-  auto channel = Channel(options, address);
-  if (!channel.ok()) return channel.status();
-  return std::unique_ptr<RolloutReplica>(new GrpcRolloutReplica(*channel, options, timeout, address));
+  return Make<RolloutReplica, GrpcRolloutReplica>(options, address, timeout, address);
 }
 
 absl::StatusOr<std::unique_ptr<RewardPeer>> NewGrpcRewardPeer(const rpc::ClientOptions& options,
                                                               const std::string& address,
                                                               absl::Duration timeout) {
-  auto channel = Channel(options, address);
-  if (!channel.ok()) return channel.status();
-  return std::unique_ptr<RewardPeer>(new GrpcRewardPeer(*channel, options, timeout));
+  return Make<RewardPeer, GrpcRewardPeer>(options, address, timeout);
 }
 
 absl::StatusOr<std::unique_ptr<BufferPeer>> NewGrpcBufferPeer(const rpc::ClientOptions& options,
                                                               const std::string& address,
                                                               absl::Duration timeout) {
-  auto channel = Channel(options, address);
-  if (!channel.ok()) return channel.status();
-  return std::unique_ptr<BufferPeer>(new GrpcBufferPeer(*channel, options, timeout));
+  return Make<BufferPeer, GrpcBufferPeer>(options, address, timeout);
 }
 
 absl::StatusOr<std::unique_ptr<TrainerPeer>> NewGrpcTrainerPeer(const rpc::ClientOptions& options,
                                                                 const std::string& address,
                                                                 absl::Duration timeout) {
-  auto channel = Channel(options, address);
-  if (!channel.ok()) return channel.status();
-  return std::unique_ptr<TrainerPeer>(new GrpcTrainerPeer(*channel, options, timeout));
+  return Make<TrainerPeer, GrpcTrainerPeer>(options, address, timeout);
 }
 
 }  // namespace rlfleet::controller
