@@ -37,6 +37,8 @@ ABSL_FLAG(double, temperature, 1.0, "loop: sampling temperature of the training 
 namespace rlfleet::controller {
 namespace {
 
+namespace v1 = rlfleet::v1;
+
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(120);
 
@@ -79,6 +81,65 @@ void PlotCurves(const std::filesystem::path& dir) {
 }
 
 }  // namespace
+
+// The loop flags as a v1::RunConfig (what `rlfleet run` sends).
+v1::RunConfig RunConfigFromFlags() {
+  v1::RunConfig c;
+  c.set_task(absl::GetFlag(FLAGS_task));
+  (*c.mutable_task_params())["min_len"] = absl::StrCat(absl::GetFlag(FLAGS_min_len));
+  (*c.mutable_task_params())["max_len"] = absl::StrCat(absl::GetFlag(FLAGS_max_len));
+  c.set_algorithm(v1::ALGORITHM_GRPO);
+  c.set_group_size(absl::GetFlag(FLAGS_loop_samples));
+  c.set_batch_size(absl::GetFlag(FLAGS_loop_prompts));
+  c.set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
+  c.set_total_steps(absl::GetFlag(FLAGS_steps));
+  c.set_eval_interval_steps(absl::GetFlag(FLAGS_eval_every));
+  c.set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  c.set_ppo_epochs(absl::GetFlag(FLAGS_ppo_epochs));
+  c.set_entropy_coef(static_cast<float>(absl::GetFlag(FLAGS_entropy_coef)));
+  c.set_stop_at_exact_match(static_cast<float>(absl::GetFlag(FLAGS_stop_at)));
+  return c;
+}
+
+int StartRunAndWatch(ControllerClient& client) {
+  v1::StartRunRequest request;
+  *request.mutable_config() = RunConfigFromFlags();
+  auto started = client.StartRun(request);
+  if (!started.ok()) return Fail(started.status(), "StartRun");
+  const std::string run_id = started->run_id();
+  std::cout << "run " << run_id << " started\n" << std::flush;
+  const int eval_every = absl::GetFlag(FLAGS_eval_every);
+  uint64_t printed = 0;
+  for (;;) {
+    auto status = client.GetStatus();
+    if (!status.ok()) return Fail(status.status(), "GetStatus");
+    if (status->run_id() != run_id) return Fail(absl::AbortedError("another run replaced this one"), "watch");
+    const bool ended = status->state() == v1::RUN_STATE_COMPLETED || status->state() == v1::RUN_STATE_STOPPED ||
+                       status->state() == v1::RUN_STATE_FAILED;
+    const uint64_t step = status->step();
+    if (step != printed && eval_every > 0 && (step % eval_every == 0 || ended)) {
+      printed = step;
+      std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  held-out exact %.3f\n", step,
+                                   status->metrics().elapsed_ms() / 1000.0, status->policy_version().version(),
+                                   status->metrics().reward_mean(), status->metrics().eval_exact_match())
+                << std::flush;
+    }
+    if (ended) {
+      std::cout << "run " << run_id << " " << v1::RunState_Name(status->state())
+                << (status->error().empty() ? "" : ": " + status->error()) << "\n";
+      return status->state() == v1::RUN_STATE_FAILED ? 1 : 0;
+    }
+    absl::SleepFor(absl::Milliseconds(300));  // GetStatus is a poll; WatchRun would stream
+  }
+}
+
+int StopRun(ControllerClient& client) {
+  v1::StopRunRequest request;
+  auto stopped = client.StopRun(request);
+  if (!stopped.ok()) return Fail(stopped.status(), "StopRun");
+  std::cout << "run " << v1::RunState_Name(stopped->state()) << " after " << stopped->step() << " steps\n";
+  return 0;
+}
 
 int RunLoop(const rpc::ClientOptions& base) {
   LoopConfig config;

@@ -5,8 +5,12 @@ namespace {
 
 absl::Status NotYet(absl::string_view rpc) {
   return absl::UnimplementedError(absl::StrCat(
-      rpc, " is not available yet: this controller serves the registry and status; the RL "
-           "loop (StartRun / StopRun / Scale) lands with the controller issue"));
+      rpc, " is not available yet: replicas are the controller's --rollout list for now"));
+}
+
+absl::Status NoRuns() {
+  return absl::FailedPreconditionError(
+      "this controller runs no RL loop: start it with --rollout, --reward, --buffer and --trainer");
 }
 
 }  // namespace
@@ -39,19 +43,39 @@ grpc::ServerUnaryReactor* RegistryServiceImpl::ListReplicas(
 grpc::ServerUnaryReactor* ControllerServiceImpl::GetStatus(grpc::CallbackServerContext* context,
                                                            const v1::GetStatusRequest* request,
                                                            v1::GetStatusResponse* response) {
-  return rpc::HandleUnary(context, auth_, [&] { return core_->GetStatus(*request, response); });
+  return rpc::HandleUnary(context, auth_, [&] {
+    absl::Status s = core_->GetStatus(*request, response);
+    if (s.ok() && runs_ != nullptr) runs_->Fill(response);
+    return s;
+  });
 }
 
 grpc::ServerUnaryReactor* ControllerServiceImpl::StartRun(grpc::CallbackServerContext* context,
-                                                          const v1::StartRunRequest*,
-                                                          v1::StartRunResponse*) {
-  return rpc::HandleUnary(context, auth_, [] { return NotYet("StartRun"); });
+                                                          const v1::StartRunRequest* request,
+                                                          v1::StartRunResponse* response) {
+  return rpc::HandleUnary(context, auth_, [&]() -> absl::Status {
+    if (runs_ == nullptr) return NoRuns();
+    absl::StatusOr<std::string> id = runs_->Start(request->config(), request->run_id());
+    if (!id.ok()) return id.status();
+    response->set_run_id(*id);
+    response->set_state(v1::RUN_STATE_STARTING);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* ControllerServiceImpl::StopRun(grpc::CallbackServerContext* context,
-                                                         const v1::StopRunRequest*,
-                                                         v1::StopRunResponse*) {
-  return rpc::HandleUnary(context, auth_, [] { return NotYet("StopRun"); });
+                                                         const v1::StopRunRequest* request,
+                                                         v1::StopRunResponse* response) {
+  return rpc::HandleUnary(context, auth_, [&]() -> absl::Status {
+    if (runs_ == nullptr) return NoRuns();
+    if (request->checkpoint()) {
+      return absl::UnimplementedError("checkpoint: checkpoints at StopRun are not implemented yet");
+    }
+    if (request->grace_ms() < 0) return absl::InvalidArgumentError("grace_ms: negative");
+    const absl::Duration grace =
+        absl::Milliseconds(std::min<int64_t>(request->grace_ms() == 0 ? 30000 : request->grace_ms(), 120000));
+    return runs_->Stop(request->run_id(), grace, response);
+  });
 }
 
 grpc::ServerUnaryReactor* ControllerServiceImpl::Scale(grpc::CallbackServerContext* context,

@@ -7,6 +7,7 @@
 #include "libs/rpc/server_call.h"
 #include "rlfleet/v1/controller.grpc.pb.h"
 #include "services/controller/controller_core.h"
+#include "services/controller/run_manager.h"
 
 namespace rlfleet::controller {
 
@@ -34,7 +35,9 @@ class RegistryServiceImpl final : public v1::RegistryService::CallbackService {
 
 class ControllerServiceImpl final : public v1::ControllerService::CallbackService {
  public:
-  ControllerServiceImpl(ControllerCore* core, rpc::CallAuth auth) : core_(core), auth_(auth) {}
+  // `runs` (may be null: StartRun is then FAILED_PRECONDITION) runs the RL loop.
+  ControllerServiceImpl(ControllerCore* core, RunManager* runs, rpc::CallAuth auth)
+      : core_(core), runs_(runs), auth_(auth) {}
 
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
@@ -51,6 +54,7 @@ class ControllerServiceImpl final : public v1::ControllerService::CallbackServic
 
  private:
   ControllerCore* const core_;
+  RunManager* const runs_;
   const rpc::CallAuth auth_;
 };
 

@@ -2,15 +2,23 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
 #include "libs/common/clock.h"
 #include "libs/common/config.h"
 #include "libs/registry/registry.h"
 #include "libs/rpc/server_runner.h"
 #include "services/controller/controller_core.h"
 #include "services/controller/controller_service.h"
+#include "services/controller/run_manager.h"
+#include "services/controller/run_peers_grpc.h"
 
 ABSL_FLAG(std::string, registry, "memory://",
           "Replica registry: memory:// (in-process) or redis://host:port.");
+ABSL_FLAG(std::string, rollout, "", "Rollout replica addresses (host:port, comma-separated) runs use.");
+ABSL_FLAG(std::string, reward, "", "Reward service address runs use.");
+ABSL_FLAG(std::string, buffer, "", "Experience buffer address runs use.");
+ABSL_FLAG(std::string, trainer, "", "Trainer address runs use.");
+ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(120), "Deadline of each call a run makes.");
 
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(
@@ -31,7 +39,36 @@ int main(int argc, char** argv) {
   rlfleet::controller::ControllerCore core(registry->get(), clock);
   const rlfleet::rpc::CallAuth auth{options->auth.token};
   rlfleet::controller::RegistryServiceImpl registry_service(&core, auth);
-  rlfleet::controller::ControllerServiceImpl controller_service(&core, auth);
+  // Runs: the RL loop over the peers named by flags (registry discovery comes later).
+  std::unique_ptr<rlfleet::controller::RunManager> runs;
+  if (!absl::GetFlag(FLAGS_reward).empty() || !absl::GetFlag(FLAGS_rollout).empty()) {
+    rlfleet::rpc::ClientOptions client;
+    client.auth.token = options->auth.token;
+    auto factory = [client]() -> absl::StatusOr<rlfleet::controller::RunPeers> {
+      using namespace rlfleet::controller;  // NOLINT: the factory functions
+      const absl::Duration timeout = absl::GetFlag(FLAGS_peer_timeout);
+      RunPeers peers;
+      for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_rollout), ',', absl::SkipEmpty())) {
+        auto r = NewGrpcRolloutReplica(client, std::string(a), timeout);
+        if (!r.ok()) return r.status();
+        peers.rollouts.push_back(std::move(*r));
+      }
+      if (peers.rollouts.empty()) return absl::FailedPreconditionError("the controller has no --rollout replica");
+      auto reward = NewGrpcRewardPeer(client, absl::GetFlag(FLAGS_reward), timeout);
+      auto buffer = NewGrpcBufferPeer(client, absl::GetFlag(FLAGS_buffer), timeout);
+      auto trainer = NewGrpcTrainerPeer(client, absl::GetFlag(FLAGS_trainer), timeout);
+      if (!reward.ok()) return reward.status();
+      if (!buffer.ok()) return buffer.status();
+      if (!trainer.ok()) return trainer.status();
+      peers.reward = std::move(*reward);
+      peers.buffer = std::move(*buffer);
+      peers.trainer = std::move(*trainer);
+      return peers;
+    };
+    runs = std::make_unique<rlfleet::controller::RunManager>(
+        factory, [](const std::string& line) { std::cout << line << std::endl; });
+  }
+  rlfleet::controller::ControllerServiceImpl controller_service(&core, runs.get(), auth);
 
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&registry_service);

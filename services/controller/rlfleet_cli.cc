@@ -8,7 +8,11 @@
 //                                               score, put into the buffer
 //   rlfleet train --trainer=D [--groups=8]      one TrainStep on groups from the buffer
 //   rlfleet loop --loop_rollout=A --loop_reward=B --loop_buffer=C --loop_trainer=D
-//                                               the RL loop across the services
+//                                               the RL loop across the services, driven
+//                                               from here (metrics.csv, reward_curve.png)
+//   rlfleet run [loop flags]                    the controller runs the loop (StartRun);
+//                                               progress until it ends
+//   rlfleet stop                                StopRun
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
 #include <iostream>
@@ -202,9 +206,9 @@ int Train(const rlfleet::rpc::ClientOptions& base) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = rlfleet::common::ParseFlagsWithConfig(
-      argc, argv, "rlfleet status|replicas|health|try|train|loop [--controller=HOST:PORT]");
+      argc, argv, "rlfleet status|replicas|health|try|train|loop|run|stop [--controller=HOST:PORT]");
   if (args.size() != 2) {
-    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop [--controller=HOST:PORT]\n";
+    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop|run|stop [--controller=HOST:PORT]\n";
     return 2;
   }
   auto options = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_controller));
@@ -219,6 +223,8 @@ int main(int argc, char** argv) {
   if (command == "try") return Try(*options);
   if (command == "train") return Train(*options);
   if (command == "loop") return rlfleet::controller::RunLoop(*options);
-  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train, loop)\n";
+  if (command == "run") return rlfleet::controller::StartRunAndWatch(**client);
+  if (command == "stop") return rlfleet::controller::StopRun(**client);
+  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train, loop, run, stop)\n";
   return 2;
 }

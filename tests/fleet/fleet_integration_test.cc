@@ -174,5 +174,63 @@ TEST(Fleet, TheLoopSurvivesARolloutReplicaKilledMidRun) {
   }
 }
 
+TEST(Fleet, TheControllerRunsTheLoopAndStopsOnRequest) {
+  const std::string weights = std::string(getenv("TEST_TMPDIR")) + "/weights-run";
+  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
+  Subprocess reward, buffer, rollout, trainer, controller;
+  const std::string r = Start(reward, "services/reward/rlfleet-reward", {});
+  const std::string b = Start(buffer, "services/buffer/rlfleet-buffer", {});
+  const std::string o = Start(rollout, "services/rollout/rlfleet-rollout", model);
+  std::vector<std::string> trainer_flags = model;
+  trainer_flags.push_back("--buffer=" + b);
+  trainer_flags.push_back("--publish_dir=" + weights);
+  const std::string t = Start(trainer, "services/trainer/rlfleet-trainer", trainer_flags);
+  const std::string c = Start(controller, "services/controller/rlfleet-controller",
+                              {"--rollout=" + o, "--reward=" + r, "--buffer=" + b, "--trainer=" + t});
+  ASSERT_FALSE(r.empty() || b.empty() || o.empty() || t.empty() || c.empty());
+  const std::vector<std::string> loop_flags = {"--controller=" + c, "--eval_every=2", "--loop_prompts=4",
+                                               "--loop_samples=4", "--max_len=3"};
+  auto cli = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = {RunfilePath("services/controller/rlfleet")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), loop_flags.begin(), loop_flags.end());
+    return argv;
+  };
+  // A bounded run completes.
+  Subprocess run;
+  ASSERT_TRUE(run.Start(cli({"run", "--steps=4"})).ok());
+  auto done = run.Wait(absl::Seconds(180));
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(WEXITSTATUS(*done), 0) << run.output();
+  EXPECT_TRUE(absl::StrContains(run.output(), "step    4")) << run.output();
+  EXPECT_TRUE(absl::StrContains(run.output(), "RUN_STATE_COMPLETED")) << run.output();
+
+  // An endless run: a second StartRun is refused while it is active; stop ends it.
+  Subprocess endless;
+  ASSERT_TRUE(endless.Start(cli({"run", "--steps=0"})).ok());
+  auto progress = endless.WaitForLine([](const std::string& l) { return absl::StartsWith(l, "step "); },
+                                      absl::Seconds(120));
+  ASSERT_TRUE(progress.ok()) << progress.status();
+  Subprocess second;
+  ASSERT_TRUE(second.Start(cli({"run", "--steps=3"})).ok());
+  auto refused = second.Wait(absl::Seconds(60));
+  ASSERT_TRUE(refused.ok());
+  EXPECT_NE(WEXITSTATUS(*refused), 0);
+  EXPECT_TRUE(absl::StrContains(second.output(), "is active")) << second.output();
+  Subprocess stop;
+  ASSERT_TRUE(stop.Start(cli({"stop"})).ok());
+  auto stopped = stop.Wait(absl::Seconds(60));
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(WEXITSTATUS(*stopped), 0) << stop.output();
+  auto ended = endless.Wait(absl::Seconds(60));
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(WEXITSTATUS(*ended), 0) << endless.output();
+  EXPECT_TRUE(absl::StrContains(endless.output(), "RUN_STATE_STOPPED")) << endless.output();
+  for (Subprocess* p : {&controller, &reward, &buffer, &rollout, &trainer}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
+}
+
 }  // namespace
 }  // namespace rlfleet

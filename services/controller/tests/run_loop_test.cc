@@ -2,6 +2,7 @@
 // prompts go to the survivor), stop is honoured, bad config and rejected requests are
 // clear errors.
 #include "services/controller/run_loop.h"
+#include "services/controller/run_manager.h"
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
@@ -183,6 +184,56 @@ TEST(RunLoop, BadConfigAndRejectedRequestsAreClearErrors) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "prompt too long")) << s;
   EXPECT_EQ(pool.live(), 2);
+}
+
+TEST(RunManager, RunConfigErrorsNameTheField) {
+  v1::RunConfig c;
+  c.set_max_staleness(2);
+  EXPECT_TRUE(absl::StrContains(LoopConfigFromRun(c).status().message(), "config.max_staleness"));
+  c.Clear();
+  (*c.mutable_task_params())["max_len"] = "five";
+  EXPECT_TRUE(absl::StrContains(LoopConfigFromRun(c).status().message(), "task_params[max_len]"));
+  c.Clear();
+  c.set_group_size(1);
+  EXPECT_EQ(LoopConfigFromRun(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c.Clear();
+  c.set_total_steps(7);
+  c.set_batch_size(3);
+  auto loop = LoopConfigFromRun(c);
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  EXPECT_EQ(loop->steps, 7);
+  EXPECT_EQ(loop->prompts, 3);
+}
+
+TEST(RunManager, StartRunsAndStopStops) {
+  auto factory = []() -> absl::StatusOr<RunPeers> {
+    RunPeers peers;
+    peers.rollouts.push_back(std::make_unique<FakeRollout>("a"));
+    peers.reward = std::make_unique<FakeReward>();
+    peers.buffer = std::make_unique<FakeBuffer>();
+    peers.trainer = std::make_unique<FakeTrainer>();
+    return peers;
+  };
+  RunManager runs(factory, nullptr);
+  v1::RunConfig c;
+  c.set_total_steps(0);  // until stopped
+  c.set_batch_size(2);
+  c.set_group_size(2);
+  c.set_eval_interval_steps(1);
+  auto id = runs.Start(c, "");
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(runs.Start(c, "").status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::StopRunResponse stopped;
+  ASSERT_TRUE(runs.Stop("", absl::Seconds(30), &stopped).ok());
+  EXPECT_EQ(stopped.state(), v1::RUN_STATE_STOPPED);
+  v1::GetStatusResponse status;
+  runs.Fill(&status);
+  EXPECT_EQ(status.run_id(), *id);
+  EXPECT_EQ(status.state(), v1::RUN_STATE_STOPPED);
+  EXPECT_EQ(runs.Stop("other", absl::Seconds(1), &stopped).code(), absl::StatusCode::kNotFound);
+  // A finished run makes room for the next.
+  c.set_total_steps(2);
+  ASSERT_TRUE(runs.Start(c, "second").ok());
 }
 
 }  // namespace

@@ -1,0 +1,73 @@
+// The controller's run: at most one at a time, RunLoop (run_loop.h) on a thread of its
+// own over peers that a factory makes (gRPC adapters in the service, fakes in tests).
+// StartRun / StopRun / GetStatus of ControllerService are these calls. Thread-safe;
+// free of gRPC.
+#ifndef RLFLEET_SERVICES_CONTROLLER_RUN_MANAGER_H_
+#define RLFLEET_SERVICES_CONTROLLER_RUN_MANAGER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rlfleet/v1/controller.pb.h"
+#include "services/controller/run_loop.h"
+
+namespace rlfleet::controller {
+
+struct RunPeers {
+  std::vector<std::unique_ptr<RolloutReplica>> rollouts;
+  std::unique_ptr<RewardPeer> reward;
+  std::unique_ptr<BufferPeer> buffer;
+  std::unique_ptr<TrainerPeer> trainer;
+};
+using PeerFactory = std::function<absl::StatusOr<RunPeers>()>;
+
+// The loop's settings from a v1::RunConfig. INVALID_ARGUMENT naming the field
+// ("config.group_size: ...").
+absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& config);
+
+class RunManager {
+ public:
+  // `log` gets one line per event (run started / finished, replica dropped, eval).
+  RunManager(PeerFactory peers, std::function<void(const std::string&)> log);
+  ~RunManager();  // stops an active run and waits for it
+
+  // Starts a run; returns its id (`run_id`, or a new one). FAILED_PRECONDITION while a
+  // run is active; INVALID_ARGUMENT for the config; the factory's error when peers
+  // cannot be made.
+  absl::StatusOr<std::string> Start(const v1::RunConfig& config, const std::string& run_id);
+  // Asks the active run to stop after its current step and waits up to `grace`.
+  // NOT_FOUND for a run_id that is not the current one; OK when none is active.
+  absl::Status Stop(const std::string& run_id, absl::Duration grace, v1::StopRunResponse* response);
+  // Fills the run fields of a status reply: run_id, state, step, metrics, config,
+  // started_at_unix_ms, error.
+  void Fill(v1::GetStatusResponse* response);
+
+ private:
+  void Body(LoopConfig config, RunPeers peers);
+
+  const PeerFactory peers_;
+  const std::function<void(const std::string&)> log_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  absl::Mutex mu_;
+  std::string run_id_ ABSL_GUARDED_BY(mu_);
+  v1::RunState state_ ABSL_GUARDED_BY(mu_) = v1::RUN_STATE_IDLE;
+  v1::RunConfig config_ ABSL_GUARDED_BY(mu_);
+  LoopProgress progress_ ABSL_GUARDED_BY(mu_);
+  float last_exact_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time started_ ABSL_GUARDED_BY(mu_);
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace rlfleet::controller
+
+#endif  // RLFLEET_SERVICES_CONTROLLER_RUN_MANAGER_H_
