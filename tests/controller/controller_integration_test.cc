@@ -110,7 +110,10 @@ TEST(ControllerBinary, ServesRegistryStatusAndHealthThenStopsOnSigterm) {
   v1::HeartbeatRequest stale = beat;
   stale.set_lease_id("lease-unknown");
   EXPECT_EQ(client->Heartbeat(stale).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(client->StartRun({}).status().code(), absl::StatusCode::kUnimplemented);
+  // Started without peers, it runs no loop and says what is missing.
+  auto no_run = client->StartRun({});
+  EXPECT_EQ(no_run.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(no_run.status().message(), "--rollout")) << no_run.status();
 
   // The CLI against the same binary.
   Subprocess cli;
