@@ -57,7 +57,6 @@ start() {
 }
 
 echo "== starting the fleet on loopback"
-start controller controller/rlfleet-controller
 start reward reward/rlfleet-reward
 start buffer buffer/rlfleet-buffer --store=memory://
 ROLLOUTS="${RLFLEET_DEMO_ROLLOUTS:-1}"
@@ -70,6 +69,8 @@ for i in $(seq 2 "$ROLLOUTS"); do
   ROLLOUT_ADDRS+=("${!addr_var}")
 done
 start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --publish_dir="$RUN_DIR/weights"
+start controller controller/rlfleet-controller --rollout="$(IFS=,; echo "${ROLLOUT_ADDRS[*]}")" \
+  --reward="$ADDR_reward" --buffer="$ADDR_buffer" --trainer="$ADDR_trainer" --runs_dir="$RUN_DIR/runs"
 
 health() {
   for name in controller reward buffer rollout trainer; do
@@ -83,10 +84,11 @@ health
 echo "== rlfleet status --controller=$ADDR_controller"
 $B/controller/rlfleet status --controller="$ADDR_controller"
 STEPS="${RLFLEET_DEMO_STEPS:-300}"
-echo "== the RL loop: rollout -> reward -> buffer -> trainer -> weights back to rollout ($STEPS steps at most)"
+echo "== the RL loop, run by the controller: rollout -> reward -> buffer -> trainer -> weights back to rollout ($STEPS steps at most)"
 echo "   GRPO on reverse n=3..5, 32 prompts x 8 samples per step; held-out greedy exact match every 10 steps"
-$B/controller/rlfleet loop --loop_rollout="$(IFS=,; echo "${ROLLOUT_ADDRS[*]}")" --loop_reward="$ADDR_reward" --loop_buffer="$ADDR_buffer" \
-  --loop_trainer="$ADDR_trainer" --entropy_coef="${RLFLEET_DEMO_ENTROPY:-0.03}" --steps="$STEPS" --stop_at="${RLFLEET_DEMO_STOP_AT:-0.8}" --run_dir="$RUN_DIR/run" --timeout=120s
+echo "   rlfleet run --controller=$ADDR_controller (rlfleet stop in another terminal ends it early)"
+$B/controller/rlfleet run --controller="$ADDR_controller" --entropy_coef="${RLFLEET_DEMO_ENTROPY:-0.03}" \
+  --steps="$STEPS" --stop_at="${RLFLEET_DEMO_STOP_AT:-0.8}" --timeout=120s
 echo "== health now"
 health
 echo "== the trained policy on one prompt"

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "services/controller/cli_util.h"
 #include "services/controller/run_loop.h"
+#include "services/controller/run_metrics.h"
 #include "services/controller/run_peers_grpc.h"
 
 ABSL_FLAG(std::string, loop_rollout, "", "loop: rollout replica addresses, comma-separated.");
@@ -47,39 +48,6 @@ int Fail(const absl::Status& s, absl::string_view what) {
   return 1;
 }
 
-// Renders the run's curves from metrics.csv with gnuplot: reward_curve.png (training
-// reward and held-out exact match over steps and over wall time) and, on stdout, the
-// same over steps as text. A missing gnuplot is a hint, not a failure.
-void PlotCurves(const std::filesystem::path& dir) {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    std::cout << "(no gnuplot: apt-get install gnuplot-nox to get reward_curve.png)\n";
-    return;
-  }
-  const std::filesystem::path script = dir / "reward_curve.gp";
-  std::ofstream gp(script);
-  gp << "set datafile separator ','\n"
-     << "set key autotitle columnhead bottom right\n"
-     << "set yrange [-0.2:1.05]\n"
-     << "set terminal pngcairo size 1100,450 noenhanced\n"
-     << "set output '" << (dir / "reward_curve.png").string() << "'\n"
-     << "set multiplot layout 1,2\n"
-     << "set xlabel 'step'\n"
-     << "plot '" << (dir / "metrics.csv").string() << "' using 1:4 with lines lw 1, '' using 1:7 with linespoints lw 2 pt 7\n"
-     << "set xlabel 'seconds'\n"
-     << "plot '" << (dir / "metrics.csv").string() << "' using 2:4 with lines lw 1, '' using 2:7 with linespoints lw 2 pt 7\n"
-     << "unset multiplot\n"
-     << "set terminal dumb size 100,24\n"
-     << "set output\n"
-     << "set xlabel 'step'\n"
-     << "plot '" << (dir / "metrics.csv").string() << "' using 1:4 with lines, '' using 1:7 with points pt '*'\n";
-  gp.close();
-  const std::string cmd = absl::StrCat("gnuplot '", script.string(), "' 2>&1");
-  if (std::system(cmd.c_str()) != 0) {
-    // pngcairo missing in some builds: fall back to the plain png terminal.
-    std::cout << "(gnuplot could not render; see " << script.string() << ")\n";
-  }
-}
-
 }  // namespace
 
 // The loop flags as a v1::RunConfig (what `rlfleet run` sends).
@@ -99,6 +67,12 @@ v1::RunConfig RunConfigFromFlags() {
   c.set_entropy_coef(static_cast<float>(absl::GetFlag(FLAGS_entropy_coef)));
   c.set_stop_at_exact_match(static_cast<float>(absl::GetFlag(FLAGS_stop_at)));
   return c;
+}
+
+// Prints the text curve of a run folder on this machine, if gnuplot drew one.
+static void PrintCurve(const std::filesystem::path& dir) {
+  std::ifstream text(dir / "reward_curve.txt");
+  if (text) std::cout << text.rdbuf();
 }
 
 int StartRunAndWatch(ControllerClient& client) {
@@ -125,6 +99,10 @@ int StartRunAndWatch(ControllerClient& client) {
                 << std::flush;
     }
     if (ended) {
+      if (!status->run_dir().empty()) {
+        PrintCurve(status->run_dir());
+        std::cout << "metrics and curve (on the controller's machine): " << status->run_dir() << "\n";
+      }
       std::cout << "run " << run_id << " " << v1::RunState_Name(status->state())
                 << (status->error().empty() ? "" : ": " + status->error()) << "\n";
       return status->state() == v1::RUN_STATE_FAILED ? 1 : 0;
@@ -182,21 +160,15 @@ int RunLoop(const rpc::ClientOptions& base) {
   if (run_dir.empty()) {
     run_dir = std::filesystem::path("rlfleet-runs") / absl::FormatTime("%Y%m%d-%H%M%S", start, absl::LocalTimeZone());
   }
-  std::error_code ec;
-  std::filesystem::create_directories(run_dir, ec);
-  std::ofstream csv(run_dir / "metrics.csv");
-  if (ec || !csv) {
-    std::cerr << "rlfleet loop: cannot write " << (run_dir / "metrics.csv").string() << "\n";
+  RunMetrics metrics;
+  if (absl::Status s = metrics.Open(run_dir); !s.ok()) {
+    std::cerr << "rlfleet loop: " << s.message() << "\n";
     return 2;
   }
-  csv << "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact\n";
   std::cout << "loop: " << config.task << " n=" << config.min_len << ".." << config.max_len << ", "
             << config.prompts << " prompts x " << config.samples << " samples per step\n";
   auto on_progress = [&](const LoopProgress& p) {
-    csv << absl::StrFormat("%d,%.2f,%d,%.4f,%.4f,%d,%s\n", p.step, p.seconds, p.policy_version, p.train_reward,
-                           p.entropy, p.idle_steps,
-                           p.held_out_exact ? absl::StrFormat("%.4f", *p.held_out_exact) : "nan")
-        << std::flush;
+    metrics.Add(p);
     if (!p.held_out_exact) return;
     std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  entropy %.3f  "
                                  "idle steps %d  held-out exact %.3f\n",
@@ -206,11 +178,10 @@ int RunLoop(const rpc::ClientOptions& base) {
   };
   std::atomic<bool> stop{false};
   absl::Status run = controller::RunLoop(config, rollout, **reward, **buffer, **trainer, stop, on_progress);
-  csv.close();
+  const std::string files = metrics.Finish();
   if (!run.ok()) return Fail(run, "run");
-  PlotCurves(run_dir);
-  std::cout << "metrics: " << (run_dir / "metrics.csv").string() << "\ncurve:   "
-            << (run_dir / "reward_curve.png").string() << "\n";
+  PrintCurve(metrics.dir());
+  std::cout << files << "\n";
   return 0;
 }
 

@@ -18,6 +18,8 @@ ABSL_FLAG(std::string, rollout, "", "Rollout replica addresses (host:port, comma
 ABSL_FLAG(std::string, reward, "", "Reward service address runs use.");
 ABSL_FLAG(std::string, buffer, "", "Experience buffer address runs use.");
 ABSL_FLAG(std::string, trainer, "", "Trainer address runs use.");
+ABSL_FLAG(std::string, runs_dir, "rlfleet-runs",
+          "Each run writes metrics.csv and reward_curve.png into <runs_dir>/<run id>; empty: none.");
 ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(120), "Deadline of each call a run makes.");
 
 int main(int argc, char** argv) {
@@ -66,7 +68,7 @@ int main(int argc, char** argv) {
       return peers;
     };
     runs = std::make_unique<rlfleet::controller::RunManager>(
-        factory, [](const std::string& line) { std::cout << line << std::endl; });
+        factory, [](const std::string& line) { std::cout << line << std::endl; }, absl::GetFlag(FLAGS_runs_dir));
   }
   rlfleet::controller::ControllerServiceImpl controller_service(&core, runs.get(), auth);
 

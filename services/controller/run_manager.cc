@@ -1,5 +1,6 @@
 #include "services/controller/run_manager.h"
 
+#include <filesystem>
 #include <limits>
 
 #include "absl/strings/numbers.h"
@@ -7,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "libs/common/ids.h"
+#include "services/controller/run_metrics.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -57,8 +59,9 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c) {
   return loop;
 }
 
-RunManager::RunManager(PeerFactory peers, std::function<void(const std::string&)> log)
-    : peers_(std::move(peers)), log_(std::move(log)) {}
+RunManager::RunManager(PeerFactory peers, std::function<void(const std::string&)> log,
+                       std::string runs_dir)
+    : peers_(std::move(peers)), log_(std::move(log)), runs_dir_(std::move(runs_dir)) {}
 
 RunManager::~RunManager() {
   stop_ = true;
@@ -88,6 +91,7 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
     last_exact_ = 0;
     started_ = absl::Now();
     error_.clear();
+    run_dir_ = runs_dir_.empty() ? "" : (std::filesystem::path(runs_dir_) / id).string();
     stop_requested_ = false;
   }
   stop_ = false;
@@ -98,8 +102,23 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
 
 void RunManager::Body(LoopConfig config, RunPeers peers) {
   RolloutPool pool(std::move(peers.rollouts), log_);
+  RunMetrics metrics;
+  bool write_metrics = false;
+  {
+    std::string dir;
+    {
+      absl::MutexLock lock(&mu_);
+      dir = run_dir_;
+    }
+    if (!dir.empty()) {
+      absl::Status opened = metrics.Open(dir);
+      write_metrics = opened.ok();
+      if (!opened.ok() && log_) log_(absl::StrCat("run metrics: ", opened.message()));
+    }
+  }
   absl::Time last_log = absl::InfinitePast();
   auto on_progress = [&](const LoopProgress& p) {
+    if (write_metrics) metrics.Add(p);
     std::string id;
     {
       absl::MutexLock lock(&mu_);
@@ -129,6 +148,7 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
                         s.ok() ? "" : ": " + error_);
   }
   if (log_) log_(line);
+  if (write_metrics && log_) log_(metrics.Finish());
 }
 
 absl::Status RunManager::Stop(const std::string& run_id, absl::Duration grace,
@@ -161,6 +181,7 @@ void RunManager::Fill(v1::GetStatusResponse* response) {
   *response->mutable_config() = config_;
   response->set_started_at_unix_ms(absl::ToUnixMillis(started_));
   response->set_error(error_);
+  response->set_run_dir(run_dir_);
   v1::MetricsSummary* m = response->mutable_metrics();
   m->set_reward_mean(static_cast<float>(progress_.train_reward));
   m->set_eval_exact_match(last_exact_);

@@ -36,7 +36,9 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& config);
 class RunManager {
  public:
   // `log` gets one line per event (run started / finished, replica dropped, eval).
-  RunManager(PeerFactory peers, std::function<void(const std::string&)> log);
+  // With `runs_dir`, each run writes its metrics and curves (run_metrics.h) into
+  // runs_dir/<run id>.
+  RunManager(PeerFactory peers, std::function<void(const std::string&)> log, std::string runs_dir = "");
   ~RunManager();  // stops an active run and waits for it
 
   // Starts a run; returns its id (`run_id`, or a new one). FAILED_PRECONDITION while a
@@ -55,6 +57,7 @@ class RunManager {
 
   const PeerFactory peers_;
   const std::function<void(const std::string&)> log_;
+  const std::string runs_dir_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
   absl::Mutex mu_;
@@ -65,6 +68,7 @@ class RunManager {
   float last_exact_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time started_ ABSL_GUARDED_BY(mu_);
   std::string error_ ABSL_GUARDED_BY(mu_);
+  std::string run_dir_ ABSL_GUARDED_BY(mu_);
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -185,8 +185,10 @@ TEST(Fleet, TheControllerRunsTheLoopAndStopsOnRequest) {
   trainer_flags.push_back("--buffer=" + b);
   trainer_flags.push_back("--publish_dir=" + weights);
   const std::string t = Start(trainer, "services/trainer/rlfleet-trainer", trainer_flags);
+  const std::string runs = std::string(getenv("TEST_TMPDIR")) + "/runs";
   const std::string c = Start(controller, "services/controller/rlfleet-controller",
-                              {"--rollout=" + o, "--reward=" + r, "--buffer=" + b, "--trainer=" + t});
+                              {"--rollout=" + o, "--reward=" + r, "--buffer=" + b, "--trainer=" + t,
+                               "--runs_dir=" + runs});
   ASSERT_FALSE(r.empty() || b.empty() || o.empty() || t.empty() || c.empty());
   const std::vector<std::string> loop_flags = {"--controller=" + c, "--eval_every=2", "--loop_prompts=4",
                                                "--loop_samples=4", "--max_len=3"};
@@ -204,6 +206,13 @@ TEST(Fleet, TheControllerRunsTheLoopAndStopsOnRequest) {
   EXPECT_EQ(WEXITSTATUS(*done), 0) << run.output();
   EXPECT_TRUE(absl::StrContains(run.output(), "step    4")) << run.output();
   EXPECT_TRUE(absl::StrContains(run.output(), "RUN_STATE_COMPLETED")) << run.output();
+  // The run's metrics: header + 4 steps, in runs/<run id>/.
+  const std::string started = run.output().substr(run.output().find("run ") + 4);
+  const std::string run_id = started.substr(0, started.find(' '));
+  std::ifstream csv(runs + "/" + run_id + "/metrics.csv");
+  int lines = 0;
+  for (std::string line; std::getline(csv, line);) ++lines;
+  EXPECT_EQ(lines, 5) << runs + "/" + run_id;
 
   // An endless run: a second StartRun is refused while it is active; stop ends it.
   Subprocess endless;
