@@ -34,6 +34,9 @@ ABSL_FLAG(double, lr, 5e-4, "loop: AdamW learning rate.");
 ABSL_FLAG(int, ppo_epochs, 2, "loop: PPO epochs per batch.");
 ABSL_FLAG(double, entropy_coef, 0.0, "loop: entropy bonus weight.");
 ABSL_FLAG(double, temperature, 1.0, "loop: sampling temperature of the training rollouts.");
+ABSL_FLAG(int, max_staleness, 0,
+          "loop/run: 0 = synchronous; k > 0 = the next step's generation overlaps training, and "
+          "experiences up to k versions old are trained on.");
 
 namespace rlfleet::controller {
 namespace {
@@ -66,6 +69,7 @@ v1::RunConfig RunConfigFromFlags() {
   c.set_ppo_epochs(absl::GetFlag(FLAGS_ppo_epochs));
   c.set_entropy_coef(static_cast<float>(absl::GetFlag(FLAGS_entropy_coef)));
   c.set_stop_at_exact_match(static_cast<float>(absl::GetFlag(FLAGS_stop_at)));
+  c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
   return c;
 }
 
@@ -133,6 +137,7 @@ int RunLoop(const rpc::ClientOptions& base) {
   config.ppo_epochs = absl::GetFlag(FLAGS_ppo_epochs);
   config.entropy_coef = absl::GetFlag(FLAGS_entropy_coef);
   config.temperature = absl::GetFlag(FLAGS_temperature);
+  config.max_staleness = absl::GetFlag(FLAGS_max_staleness);
   if (absl::Status s = ValidateLoopConfig(config); !s.ok()) {
     std::cerr << "rlfleet loop: " << s.message() << "\n";
     return 2;
@@ -167,8 +172,10 @@ int RunLoop(const rpc::ClientOptions& base) {
   }
   std::cout << "loop: " << config.task << " n=" << config.min_len << ".." << config.max_len << ", "
             << config.prompts << " prompts x " << config.samples << " samples per step\n";
+  LoopProgress last;
   auto on_progress = [&](const LoopProgress& p) {
     metrics.Add(p);
+    last = p;
     if (!p.held_out_exact) return;
     std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  entropy %.3f  "
                                  "idle steps %d  held-out exact %.3f\n",
@@ -180,6 +187,10 @@ int RunLoop(const rpc::ClientOptions& base) {
   absl::Status run = controller::RunLoop(config, rollout, **reward, **buffer, **trainer, stop, on_progress);
   const std::string files = metrics.Finish();
   if (!run.ok()) return Fail(run, "run");
+  std::cout << absl::StrFormat("trained %d sequences in %d steps, %.1f s: %.2f samples/s (%s)\n",
+                               last.trained_sequences, last.step, last.seconds,
+                               last.seconds > 0 ? last.trained_sequences / last.seconds : 0.0,
+                               config.max_staleness == 0 ? "sync" : absl::StrCat("async, k=", config.max_staleness));
   PrintCurve(metrics.dir());
   std::cout << files << "\n";
   return 0;

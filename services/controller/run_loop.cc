@@ -1,6 +1,7 @@
 #include "services/controller/run_loop.h"
 
 #include <algorithm>
+#include <memory>
 #include <thread>
 
 #include "absl/random/random.h"
@@ -62,10 +63,12 @@ uint64_t VersionOf(const v1::GenerateBatchResponse& r) {
 
 RolloutPool::RolloutPool(std::vector<std::unique_ptr<RolloutReplica>> replicas, Log log)
     : log_(std::move(log)) {
+  absl::MutexLock lock(&mu_);
   for (auto& r : replicas) replicas_.push_back({std::move(r), true});
 }
 
-int RolloutPool::live() const {
+int RolloutPool::live() {
+  absl::MutexLock lock(&mu_);
   int n = 0;
   for (const Replica& r : replicas_) n += r.alive;
   return n;
@@ -81,6 +84,7 @@ void RolloutPool::Drop(Replica& replica, const absl::Status& why, const std::str
 
 absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request,
                                    v1::GenerateBatchResponse* response) {
+  absl::MutexLock lock(&mu_);
   std::vector<int> pending(request.prompts_size());
   for (int i = 0; i < request.prompts_size(); ++i) pending[i] = i;
   std::vector<v1::GenerateBatchResponse> per_prompt(request.prompts_size());
@@ -140,6 +144,7 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request,
 }
 
 absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request) {
+  absl::MutexLock lock(&mu_);
   for (Replica& replica : replicas_) {
     if (!replica.alive) continue;
     absl::Status s = replica.peer->UpdateWeights(request);
@@ -147,8 +152,10 @@ absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request
     if (!ReplicaFailure(s)) return s;
     Drop(replica, s, "");
   }
-  if (live() == 0) return absl::UnavailableError("no rollout replica left");
-  return absl::OkStatus();
+  for (const Replica& r : replicas_) {
+    if (r.alive) return absl::OkStatus();
+  }
+  return absl::UnavailableError("no rollout replica left");
 }
 
 absl::Status ValidateLoopConfig(const LoopConfig& c) {
@@ -167,6 +174,9 @@ absl::Status ValidateLoopConfig(const LoopConfig& c) {
   if (c.ppo_epochs < 1 || c.ppo_epochs > 16) return absl::InvalidArgumentError("ppo_epochs: must be in 1..16");
   if (c.entropy_coef < 0) return absl::InvalidArgumentError("entropy_coef: must be >= 0");
   if (c.temperature < 0) return absl::InvalidArgumentError("temperature: must be >= 0");
+  if (c.max_staleness < 0 || c.max_staleness > 64) {
+    return absl::InvalidArgumentError("max_staleness: must be in 0..64");
+  }
   return absl::OkStatus();
 }
 
@@ -197,17 +207,55 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   for (int i = 0; i < config.held_out; ++i) held_out.push_back(task->Make(gen, lengths));
   const absl::Time start = absl::Now();
   LoopProgress progress;
+  // One step's rollouts: made on this thread (prompts come from one RNG in order),
+  // generated and scored on this thread (sync) or on a helper thread (async).
+  struct Produced {
+    v1::GenerateBatchResponse generated;
+    v1::ScoreResponse scored;
+    absl::Status status;
+  };
+  auto produce = [&](int step, std::vector<tasks::Example> examples) {
+    auto p = std::make_shared<Produced>();
+    p->status = RolloutAndScore(config, rollout, reward, examples, config.samples,
+                                static_cast<float>(config.temperature), step, absl::StrCat("s", step),
+                                &p->generated, &p->scored);
+    return p;
+  };
+  auto make_examples = [&]() {
+    std::vector<tasks::Example> examples;
+    for (int i = 0; i < config.prompts; ++i) examples.push_back(task->Make(gen, lengths));
+    return examples;
+  };
+  std::shared_ptr<Produced> next;
+  std::thread ahead;
+  auto join_ahead = [&] {
+    if (ahead.joinable()) ahead.join();
+  };
+  struct Joiner {
+    std::function<void()> f;
+    ~Joiner() { f(); }
+  } joiner{join_ahead};
   for (int step = 1; step <= config.steps && !stop.load(); ++step) {
     auto at_step = [&](const absl::Status& s) {
       return common::Annotate(s, absl::StrCat("step ", step));
     };
-    std::vector<tasks::Example> examples;
-    for (int i = 0; i < config.prompts; ++i) examples.push_back(task->Make(gen, lengths));
-    v1::GenerateBatchResponse generated;
-    v1::ScoreResponse scored;
-    RETURN_IF_ERROR(at_step(RolloutAndScore(config, rollout, reward, examples, config.samples,
-                                            static_cast<float>(config.temperature), step,
-                                            absl::StrCat("s", step), &generated, &scored)));
+    std::shared_ptr<Produced> now;
+    if (config.max_staleness == 0) {
+      now = produce(step, make_examples());
+    } else {
+      if (step == 1) next = produce(step, make_examples());
+      join_ahead();
+      now = next;
+      if (step < config.steps && !stop.load()) {
+        // The next step's generation runs while this step trains.
+        ahead = std::thread([&, s = step + 1, examples = make_examples()]() mutable {
+          next = produce(s, std::move(examples));
+        });
+      }
+    }
+    RETURN_IF_ERROR(at_step(now->status));
+    const v1::GenerateBatchResponse& generated = now->generated;
+    const v1::ScoreResponse& scored = now->scored;
     v1::PutExperiencesRequest put;
     double reward_sum = 0;
     for (int i = 0; i < generated.completions_size(); ++i) {
@@ -220,6 +268,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     v1::TrainStepRequest train;
     train.mutable_buffer()->set_num_groups(config.prompts);
     train.mutable_buffer()->set_min_groups(1);
+    if (config.max_staleness > 0) train.mutable_buffer()->set_max_staleness(config.max_staleness);
     train.mutable_params()->set_algorithm(v1::ALGORITHM_GRPO);
     train.mutable_params()->set_ppo_epochs(config.ppo_epochs);
     train.mutable_params()->set_clip_ratio(0.2f);
@@ -232,6 +281,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     if (!ts.ok() && !absl::IsUnavailable(ts)) return at_step(common::Annotate(ts, "TrainStep"));
     if (ts.ok()) {
       progress.entropy = trained.metrics().entropy();
+      progress.trained_sequences += trained.metrics().sequences();
       RETURN_IF_ERROR(at_step(publish()));
     } else {
       ++progress.idle_steps;

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "rlfleet/v1/reward.pb.h"
 #include "rlfleet/v1/rollout.pb.h"
@@ -56,13 +58,13 @@ class TrainerPeer {
 // generated concurrently; a replica that fails with UNAVAILABLE (dead) or
 // DEADLINE_EXCEEDED (hung past its call deadline) is dropped and its prompts go to the
 // others, so a run survives losing replicas as long as one is left. Other errors (a
-// request the replica rejects) are returned as they are.
+// request the replica rejects) are returned as they are. Thread-safe.
 class RolloutPool {
  public:
   using Log = std::function<void(const std::string&)>;
   RolloutPool(std::vector<std::unique_ptr<RolloutReplica>> replicas, Log log);
 
-  int live() const;
+  int live();
   // Completions for every prompt of `request`, `num_samples` each, in prompt order (as
   // one GenerateBatch would list them). UNAVAILABLE when no replica is left.
   absl::Status Generate(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response);
@@ -74,8 +76,12 @@ class RolloutPool {
     std::unique_ptr<RolloutReplica> peer;
     bool alive = true;
   };
-  void Drop(Replica& replica, const absl::Status& why, const std::string& what);
-  std::vector<Replica> replicas_;
+  void Drop(Replica& replica, const absl::Status& why, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One call at a time (an async run's next generation and its evaluation or weight
+  // update take turns; a replica generates or installs, not both).
+  absl::Mutex mu_;
+  std::vector<Replica> replicas_ ABSL_GUARDED_BY(mu_);
   Log log_;
 };
 
@@ -94,6 +100,10 @@ struct LoopConfig {
   double entropy_coef = 0.0;
   double temperature = 1.0;
   uint64_t seed = 11;     // prompts and held-out set
+  // 0: synchronous (generate, then train, then publish). k > 0: the next step's
+  // generation overlaps this step's training, and the trainer accepts experiences up to
+  // k versions old (the buffer drops older ones).
+  int max_staleness = 0;
 };
 
 struct LoopProgress {
@@ -103,6 +113,7 @@ struct LoopProgress {
   double train_reward = 0;      // mean over the step's samples
   float entropy = 0;            // of the last step that trained
   int idle_steps = 0;           // steps whose every group had zero reward variance
+  uint64_t trained_sequences = 0;  // summed over the steps that trained
   std::optional<double> held_out_exact;
 };
 

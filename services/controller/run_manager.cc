@@ -46,7 +46,7 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c) {
   if (c.learning_rate() != 0) loop.lr = c.learning_rate();
   loop.steps = c.total_steps() == 0 ? std::numeric_limits<int>::max()
                                      : static_cast<int>(std::min<uint64_t>(c.total_steps(), 1u << 30));
-  if (c.max_staleness() != 0) return Field("max_staleness", "asynchronous runs are not implemented yet; use 0");
+  loop.max_staleness = static_cast<int>(std::min<uint32_t>(c.max_staleness(), 1000));
   if (c.seed() != 0) loop.seed = c.seed();
   loop.eval_every = static_cast<int>(c.eval_interval_steps());
   if (c.temperature() != 0) loop.temperature = c.temperature();

@@ -4,6 +4,8 @@
 #include "services/controller/run_loop.h"
 #include "services/controller/run_manager.h"
 
+#include <set>
+
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
@@ -75,14 +77,19 @@ class FakeBuffer : public BufferPeer {
   absl::Status Configure(const v1::ConfigureRequest&) override { return absl::OkStatus(); }
   absl::Status PutExperiences(const v1::PutExperiencesRequest& request) override {
     experiences += request.experiences_size();
+    for (const auto& e : request.experiences()) {
+      EXPECT_TRUE(ids.insert(e.experience_id().value()).second) << "duplicate " << e.experience_id().value();
+    }
     return absl::OkStatus();
   }
   int experiences = 0;
+  std::set<std::string> ids;
 };
 
 class FakeTrainer : public TrainerPeer {
  public:
-  absl::Status TrainStep(const v1::TrainStepRequest&, v1::TrainStepResponse* response) override {
+  absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) override {
+    last_max_staleness = request.buffer().max_staleness();
     response->mutable_metrics()->set_entropy(0.5f);
     ++steps;
     return absl::OkStatus();
@@ -93,6 +100,7 @@ class FakeTrainer : public TrainerPeer {
   }
   int steps = 0;
   uint64_t version = 0;
+  uint32_t last_max_staleness = 0;
 };
 
 LoopConfig Small() {
@@ -135,6 +143,28 @@ TEST(RunLoop, AReplicaThatDiesLosesNothing) {
   EXPECT_EQ(*progress.back().held_out_exact, 1.0);
   // Replica a served everything after b died (b had one call: step 1's first share).
   EXPECT_GT(a->prompts(), 3 * 6);
+}
+
+TEST(RunLoop, AsyncModeOverlapsAndLosesNothing) {
+  std::vector<std::unique_ptr<RolloutReplica>> replicas;
+  replicas.push_back(std::make_unique<FakeRollout>("a"));
+  replicas.push_back(std::make_unique<FakeRollout>("b"));
+  RolloutPool pool(std::move(replicas), nullptr);
+  FakeReward reward;
+  FakeBuffer buffer;
+  FakeTrainer trainer;
+  std::atomic<bool> stop{false};
+  LoopConfig c = Small();
+  c.steps = 5;
+  c.max_staleness = 1;
+  std::vector<LoopProgress> progress;
+  absl::Status s = RunLoop(c, pool, reward, buffer, trainer, stop, [&](const LoopProgress& p) { progress.push_back(p); });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(progress.size(), 5u);
+  EXPECT_EQ(buffer.experiences, 5 * 6 * 2);  // every step's rollouts, none generated twice
+  EXPECT_EQ(trainer.steps, 5);
+  EXPECT_EQ(trainer.last_max_staleness, 1u);
+  EXPECT_EQ(progress.back().train_reward, 1.0);
 }
 
 TEST(RunLoop, StopsWhenAskedAndWhenNoReplicaIsLeft) {
@@ -188,8 +218,8 @@ TEST(RunLoop, BadConfigAndRejectedRequestsAreClearErrors) {
 
 TEST(RunManager, RunConfigErrorsNameTheField) {
   v1::RunConfig c;
-  c.set_max_staleness(2);
-  EXPECT_TRUE(absl::StrContains(LoopConfigFromRun(c).status().message(), "config.max_staleness"));
+  c.set_max_staleness(500);
+  EXPECT_TRUE(absl::StrContains(LoopConfigFromRun(c).status().message(), "max_staleness"));
   c.Clear();
   (*c.mutable_task_params())["max_len"] = "five";
   EXPECT_TRUE(absl::StrContains(LoopConfigFromRun(c).status().message(), "task_params[max_len]"));
