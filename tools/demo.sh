@@ -88,7 +88,7 @@ echo "== the RL loop, run by the controller: rollout -> reward -> buffer -> trai
 echo "   GRPO on reverse n=3..5, 32 prompts x 8 samples per step; held-out greedy exact match every 10 steps"
 echo "   rlfleet run --controller=$ADDR_controller (rlfleet stop in another terminal ends it early)"
 $B/controller/rlfleet run --controller="$ADDR_controller" --entropy_coef="${RLFLEET_DEMO_ENTROPY:-0.03}" \
-  --steps="$STEPS" --stop_at="${RLFLEET_DEMO_STOP_AT:-0.8}" --timeout=120s
+  --steps="$STEPS" --stop_at="${RLFLEET_DEMO_STOP_AT:-0.8}" --max_staleness="${RLFLEET_DEMO_STALENESS:-0}" --timeout=120s
 echo "== health now"
 health
 echo "== the trained policy on one prompt"
