@@ -25,7 +25,7 @@ bool LabelsMatch(const v1::ReplicaInfo& replica,
 }  // namespace
 
 ControllerCore::ControllerCore(registry::Registry* registry, common::Clock* clock)
-    : registry_(registry), clock_(clock) {}
+    : registry_(registry), clock_(clock), watch_(registry, clock) {}
 
 absl::Status ControllerCore::Register(const v1::RegisterRequest& request,
                                       v1::RegisterResponse* response) {
@@ -56,6 +56,7 @@ absl::Status ControllerCore::Deregister(const v1::DeregisterRequest& request,
                                         v1::DeregisterResponse* response) {
   ASSIGN_OR_RETURN(bool was_registered,
                    registry_->Deregister(request.replica_id(), request.lease_id()));
+  if (was_registered) watch_.NoteDeregistered(request.replica_id());
   response->set_was_registered(was_registered);
   return absl::OkStatus();
 }
@@ -92,6 +93,18 @@ absl::Status ControllerCore::ListReplicas(const v1::ListReplicasRequest& request
   }
   return absl::OkStatus();
 }
+
+absl::StatusOr<std::shared_ptr<registry::Subscription>> ControllerCore::Watch(
+    const v1::WatchReplicasRequest& request) {
+  if (!v1::ReplicaRole_IsValid(request.role())) {
+    return absl::InvalidArgumentError(absl::StrCat("role ", request.role(), " is unknown"));
+  }
+  // A fresh view first, so that the snapshot is current.
+  RETURN_IF_ERROR(watch_.Poll());
+  return watch_.Subscribe(request.role(), request.send_snapshot());
+}
+
+void ControllerCore::StartWatching(absl::Duration interval) { watch_.Start(interval); }
 
 absl::Status ControllerCore::GetStatus(const v1::GetStatusRequest& /*request*/,
                                        v1::GetStatusResponse* response) {

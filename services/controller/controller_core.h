@@ -1,13 +1,13 @@
-// ControllerCore: the controller's logic without gRPC. Today it serves the registry
-// (replicas register, heartbeat, are listed) and the fleet status; the RL loop (StartRun,
-// StopRun, Scale) lands with the controller issue and answers UNIMPLEMENTED until then.
-// Thread-safe (the registry is, and the core keeps no other mutable state).
+// ControllerCore: the controller's registry logic without gRPC: replicas register,
+// heartbeat, are listed and watched, and the fleet status. (Runs: run_manager.h.)
+// Thread-safe.
 #ifndef RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_
 #define RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_
 
 #include "absl/status/status.h"
 #include "libs/common/clock.h"
 #include "libs/registry/registry.h"
+#include "libs/registry/watch.h"
 #include "rlfleet/v1/controller.pb.h"
 
 namespace rlfleet::controller {
@@ -33,9 +33,15 @@ class ControllerCore {
   // Fleet status: run state (IDLE until a run exists) and replicas per role.
   absl::Status GetStatus(const v1::GetStatusRequest& request, v1::GetStatusResponse* response);
 
+  // Registry changes (WatchReplicas). INVALID_ARGUMENT for an unknown role.
+  absl::StatusOr<std::shared_ptr<registry::Subscription>> Watch(const v1::WatchReplicasRequest& request);
+  // Polls the registry for WatchReplicas every `interval` (a thread until destruction).
+  void StartWatching(absl::Duration interval);
+
  private:
   registry::Registry* const registry_;
   common::Clock* const clock_;
+  registry::RegistryWatch watch_;
 };
 
 }  // namespace rlfleet::controller

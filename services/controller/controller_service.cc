@@ -1,5 +1,10 @@
 #include "services/controller/controller_service.h"
 
+#include <optional>
+#include <thread>
+
+#include "libs/rpc/status_conversion.h"
+
 namespace rlfleet::controller {
 namespace {
 
@@ -13,7 +18,82 @@ absl::Status NoRuns() {
       "this controller runs no RL loop: start it with --rollout, --reward, --buffer and --trainer");
 }
 
+// Streams a registry subscription. A detached worker thread waits for events and
+// writes them one at a time (StartWrite, then OnWriteDone); the stream ends when the
+// client cancels (CANCELLED) or the subscription closes (server stopping, or the
+// watcher fell too far behind: UNAVAILABLE, re-watch with a snapshot). The worker
+// touches the reactor last in Finish; OnDone deletes it.
+class WatchReactor : public grpc::ServerWriteReactor<v1::ReplicaEvent> {
+ public:
+  explicit WatchReactor(std::shared_ptr<registry::Subscription> sub) : sub_(std::move(sub)) {
+    std::thread([this] { Run(); }).detach();
+  }
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) broken_ = true;
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Run() {
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (cancelled_ || broken_) break;
+      }
+      std::optional<v1::ReplicaEvent> event = sub_->Next(absl::Milliseconds(200));
+      if (!event) {
+        if (sub_->closed()) {
+          sub_->Close();
+          Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              "watch closed (server stopping or watcher too far behind): re-watch "
+                              "with send_snapshot"));
+          return;
+        }
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      event_ = std::move(*event);
+      writing_ = true;
+      StartWrite(&event_);
+      auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !writing_ || cancelled_; };
+      mu_.Await(absl::Condition(&done));
+    }
+    sub_->Close();
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+  }
+
+  const std::shared_ptr<registry::Subscription> sub_;
+  absl::Mutex mu_;
+  v1::ReplicaEvent event_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// An immediate error for a stream that cannot start.
+class FailedWrite : public grpc::ServerWriteReactor<v1::ReplicaEvent> {
+ public:
+  explicit FailedWrite(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
+
+grpc::ServerWriteReactor<v1::ReplicaEvent>* RegistryServiceImpl::WatchReplicas(
+    grpc::CallbackServerContext* context, const v1::WatchReplicasRequest* request) {
+  if (absl::Status s = rpc::CheckBearerToken(*context, auth_.token); !s.ok()) {
+    return new FailedWrite(rpc::ToGrpcStatus(s));
+  }
+  absl::StatusOr<std::shared_ptr<registry::Subscription>> sub = core_->Watch(*request);
+  if (!sub.ok()) return new FailedWrite(rpc::ToGrpcStatus(sub.status()));
+  return new WatchReactor(std::move(*sub));
+}
 
 grpc::ServerUnaryReactor* RegistryServiceImpl::Register(grpc::CallbackServerContext* context,
                                                         const v1::RegisterRequest* request,

@@ -27,6 +27,8 @@ class RegistryServiceImpl final : public v1::RegistryService::CallbackService {
   grpc::ServerUnaryReactor* ListReplicas(grpc::CallbackServerContext* context,
                                          const v1::ListReplicasRequest* request,
                                          v1::ListReplicasResponse* response) override;
+  grpc::ServerWriteReactor<v1::ReplicaEvent>* WatchReplicas(
+      grpc::CallbackServerContext* context, const v1::WatchReplicasRequest* request) override;
 
  private:
   ControllerCore* const core_;

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   rlfleet::controller::ControllerCore core(registry->get(), clock);
+  core.StartWatching(absl::Milliseconds(200));  // WatchReplicas sees changes within this
   const rlfleet::rpc::CallAuth auth{options->auth.token};
   rlfleet::controller::RegistryServiceImpl registry_service(&core, auth);
   // Runs: the RL loop over the peers named by flags (registry discovery comes later).

@@ -15,6 +15,8 @@
 #include "gtest/gtest.h"
 #include "libs/common/ids.h"
 #include "services/controller/controller_client.h"
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include "tests/util/subprocess.h"
 
 namespace rlfleet {
@@ -204,6 +206,60 @@ TEST(ControllerBinary, BadFlagsExitWithAClearMessage) {
   EXPECT_EQ(WEXITSTATUS(*status), 2);
   EXPECT_TRUE(absl::StrContains(process.output(), "unknown registry `etcd://nowhere`"))
       << process.output();
+}
+
+TEST(ControllerBinary, WatchReplicasStreamsChangesAndEndsOnCancel) {
+  Subprocess process;
+  const std::string address = StartController(process, {});
+  ASSERT_FALSE(address.empty());
+  auto client = Connect(address);
+  ASSERT_TRUE(client->Register(RolloutRegistration("rollout-a")).ok());
+
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = v1::RegistryService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WatchReplicasRequest request;
+  request.set_role(v1::REPLICA_ROLE_ROLLOUT);
+  request.set_send_snapshot(true);
+  auto reader = stub->WatchReplicas(&context, request);
+  v1::ReplicaEvent event;
+  // The snapshot, then what happens after.
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.type(), v1::REPLICA_EVENT_TYPE_ADDED);
+  EXPECT_EQ(event.replica().replica_id(), "rollout-a");
+  auto lease = client->Register(RolloutRegistration("rollout-b"));
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.type(), v1::REPLICA_EVENT_TYPE_ADDED);
+  EXPECT_EQ(event.replica().replica_id(), "rollout-b");
+  v1::DeregisterRequest gone;
+  gone.set_replica_id("rollout-b");
+  gone.set_lease_id(lease->lease_id());
+  ASSERT_TRUE(client->Deregister(gone).ok());
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.type(), v1::REPLICA_EVENT_TYPE_REMOVED);
+  EXPECT_EQ(event.replica().replica_id(), "rollout-b");
+  EXPECT_GT(event.revision(), 0u);
+  context.TryCancel();
+  while (reader->Read(&event)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+
+  // A bad request is a clear error on the stream.
+  grpc::ClientContext bad_context;
+  v1::WatchReplicasRequest bad;
+  bad.set_role(static_cast<v1::ReplicaRole>(99));
+  auto bad_reader = stub->WatchReplicas(&bad_context, bad);
+  EXPECT_FALSE(bad_reader->Read(&event));
+  grpc::Status bad_status = bad_reader->Finish();
+  EXPECT_EQ(bad_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(bad_status.error_message(), "role 99")) << bad_status.error_message();
+
+  ASSERT_TRUE(process.Signal(SIGTERM).ok());
+  auto exit = process.Wait(absl::Seconds(30));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(WEXITSTATUS(*exit), 0) << process.output();
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include "libs/registry/watch.h"
 #include "absl/strings/str_cat.h"
 
 namespace rlfleet::registry {
@@ -102,6 +103,56 @@ TEST_P(RegistryTest, LeaseExpiresWithoutHeartbeatAndHeartbeatRenewsIt) {
   auto late = registry_->Heartbeat("trainer-0", lease->lease_id, {}, {});
   EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(absl::StrContains(late.status().message(), "register again"));
+}
+
+TEST_P(RegistryTest, WatchSeesEveryKindOfChange) {
+  RegistryWatch watch(registry_.get(), &clock_);
+  auto lease = registry_->Register(Replica("rollout-1", v1::REPLICA_ROLE_ROLLOUT), absl::Seconds(3));
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(registry_->Register(Replica("reward-1", v1::REPLICA_ROLE_REWARD), absl::Seconds(60)).ok());
+  ASSERT_TRUE(watch.Poll().ok());
+  // A late watcher of rollouts gets the snapshot first, and only rollouts.
+  auto rollouts = watch.Subscribe(v1::REPLICA_ROLE_ROLLOUT, /*snapshot=*/true);
+  auto all = watch.Subscribe(v1::REPLICA_ROLE_UNSPECIFIED, /*snapshot=*/false);
+  auto next = [](Subscription& s) {
+    auto e = s.Next(absl::ZeroDuration());
+    return e ? std::make_pair(e->type(), e->replica().replica_id())
+             : std::make_pair(v1::REPLICA_EVENT_TYPE_UNSPECIFIED, std::string());
+  };
+  EXPECT_EQ(next(*rollouts), std::make_pair(v1::REPLICA_EVENT_TYPE_ADDED, std::string("rollout-1")));
+  EXPECT_EQ(next(*rollouts).first, v1::REPLICA_EVENT_TYPE_UNSPECIFIED);  // nothing more
+
+  // Admitted once it reports a version; then a load change is an update.
+  v1::PolicyVersion v;
+  v.set_version(1);
+  ASSERT_TRUE(registry_->Heartbeat("rollout-1", lease->lease_id, {}, v).ok());
+  ASSERT_TRUE(watch.Poll().ok());
+  EXPECT_EQ(next(*rollouts), std::make_pair(v1::REPLICA_EVENT_TYPE_ADMITTED, std::string("rollout-1")));
+  v1::LoadStats load;
+  load.set_active_sequences(4);
+  ASSERT_TRUE(registry_->Heartbeat("rollout-1", lease->lease_id, load, v).ok());
+  ASSERT_TRUE(watch.Poll().ok());
+  EXPECT_EQ(next(*rollouts), std::make_pair(v1::REPLICA_EVENT_TYPE_UPDATED, std::string("rollout-1")));
+
+  // Deregistered on request: REMOVED; a lease that runs out: EXPIRED.
+  auto trainer = registry_->Register(Replica("trainer-0", v1::REPLICA_ROLE_TRAINER), absl::Seconds(60));
+  ASSERT_TRUE(trainer.ok());
+  ASSERT_TRUE(watch.Poll().ok());
+  ASSERT_TRUE(registry_->Deregister("trainer-0", trainer->lease_id).ok());
+  watch.NoteDeregistered("trainer-0");
+  clock_.Advance(absl::Seconds(4));  // rollout-1's 3 s lease runs out
+  ASSERT_TRUE(watch.Poll().ok());
+  EXPECT_EQ(next(*rollouts), std::make_pair(v1::REPLICA_EVENT_TYPE_EXPIRED, std::string("rollout-1")));
+  std::vector<std::pair<v1::ReplicaEventType, std::string>> seen;
+  for (auto e = next(*all); e.first != v1::REPLICA_EVENT_TYPE_UNSPECIFIED; e = next(*all)) seen.push_back(e);
+  const std::vector<std::pair<v1::ReplicaEventType, std::string>> want = {
+      {v1::REPLICA_EVENT_TYPE_ADMITTED, "rollout-1"},
+      {v1::REPLICA_EVENT_TYPE_UPDATED, "rollout-1"},
+      {v1::REPLICA_EVENT_TYPE_ADDED, "trainer-0"},
+      {v1::REPLICA_EVENT_TYPE_ADMITTED, "trainer-0"},  // roles without weights: at once
+      {v1::REPLICA_EVENT_TYPE_EXPIRED, "rollout-1"},
+      {v1::REPLICA_EVENT_TYPE_REMOVED, "trainer-0"}};
+  EXPECT_EQ(seen, want);
 }
 
 TEST_P(RegistryTest, ReRegisterReplacesTheOldLease) {
