@@ -182,13 +182,14 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& request,
     accept.push_back(i);
   }
   response->set_rejected(response->rejections_size());
-  dropped_.set_duplicate(dropped_.duplicate() + response->duplicates());
-  dropped_.set_rejected(dropped_.rejected() + response->rejected());
   if (bytes_ + adding_bytes > config_.capacity_bytes()) {
+    // Nothing is taken or counted: the producer retries the same batch.
     return absl::ResourceExhaustedError(absl::StrCat(
         "buffer full: ", bytes_, " of ", config_.capacity_bytes(), " bytes held, this batch needs ",
         adding_bytes, " more; retry after the trainer consumes a batch (nothing was taken)"));
   }
+  dropped_.set_duplicate(dropped_.duplicate() + response->duplicates());
+  dropped_.set_rejected(dropped_.rejected() + response->rejected());
   // Second pass: store them (all or none), then take them.
   if (store_ != nullptr) {
     std::vector<const v1::Experience*> taking;

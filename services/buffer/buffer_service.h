@@ -1,8 +1,13 @@
-// gRPC adapter for BufferCore (BufferService). StreamExperiences is not served yet
-// (UNIMPLEMENTED); producers use PutExperiences. Thread-safe.
+// gRPC adapter for BufferCore (BufferService). Thread-safe.
+//
+// StreamExperiences applies each message as a PutExperiences when read, one message at
+// a time: while the buffer is full (RESOURCE_EXHAUSTED) it retries the message and does
+// not read the next (flow control) for up to `full_wait`, then ends the stream with
+// RESOURCE_EXHAUSTED; any other error ends it at once. The reply sums every message.
 #ifndef RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 #define RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 
+#include "absl/time/time.h"
 #include "libs/rpc/server_call.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "services/buffer/buffer_core.h"
@@ -11,7 +16,12 @@ namespace rlfleet::buffer {
 
 class BufferServiceImpl final : public v1::BufferService::CallbackService {
  public:
-  BufferServiceImpl(BufferCore* core, rpc::CallAuth auth) : core_(core), auth_(std::move(auth)) {}
+  BufferServiceImpl(BufferCore* core, rpc::CallAuth auth,
+                    absl::Duration full_wait = absl::Seconds(30))
+      : core_(core), auth_(std::move(auth)), full_wait_(full_wait) {}
+
+  grpc::ServerReadReactor<v1::PutExperiencesRequest>* StreamExperiences(
+      grpc::CallbackServerContext* c, v1::PutExperiencesResponse* resp) override;
 
   grpc::ServerUnaryReactor* PutExperiences(grpc::CallbackServerContext* c,
                                            const v1::PutExperiencesRequest* req,
@@ -46,6 +56,7 @@ class BufferServiceImpl final : public v1::BufferService::CallbackService {
  private:
   BufferCore* const core_;
   const rpc::CallAuth auth_;
+  const absl::Duration full_wait_;
 };
 
 }  // namespace rlfleet::buffer

@@ -8,6 +8,9 @@
 #include "services/buffer/buffer_core.h"
 #include "services/buffer/buffer_service.h"
 
+ABSL_FLAG(absl::Duration, stream_full_wait, absl::Seconds(30),
+          "StreamExperiences: how long a message waits for room in a full buffer before the "
+          "stream ends with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, store, "memory://",
           "Where accepted experiences are kept: memory:// or redis://host:port[/prefix] "
           "(survives a restart).");
@@ -30,7 +33,8 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-buffer: recovering from --store: " << s << "\n";
     return 1;
   }
-  rlfleet::buffer::BufferServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token});
+  rlfleet::buffer::BufferServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token},
+                                             absl::GetFlag(FLAGS_stream_full_wait));
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
   if (absl::Status s = runner.Start(); !s.ok()) {
