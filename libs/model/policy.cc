@@ -75,6 +75,11 @@ class Policy::Impl : public torch::nn::Module {
   // Without a cache (training): p0 must be 0 and keys are this call's tokens, so
   // autograd sees no in-place writes.
   torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache* cache) {
+    return head(Trunk(tokens, p0, cache));
+  }
+
+  // The final hidden states [B, t, d_model] (after ln_f), before the LM head.
+  torch::Tensor Trunk(const torch::Tensor& tokens, int64_t p0, Cache* cache) {
     const int64_t B = tokens.size(0), t = tokens.size(1);
     const int64_t H = config.n_heads, dh = config.d_model / H;
     torch::Tensor key_ok = tokens.ne(kPadForMask);
@@ -116,7 +121,7 @@ class Policy::Impl : public torch::nn::Module {
       x = x + b->proj(y);
       x = x + b->fc2(torch::gelu(b->fc1(b->ln2(x))));
     }
-    return head(ln_f(x));
+    return ln_f(x);
   }
 
   static constexpr int64_t kPadForMask = 0;
@@ -213,6 +218,30 @@ absl::StatusOr<std::vector<float>> Policy::Logits(const std::vector<std::vector<
   torch::NoGradGuard no_grad;
   auto cache = impl_->NewCache(tokens.size());
   return ToVector(impl_->Forward(ToTensor(tokens, impl_->device), 0, cache));
+}
+
+absl::StatusOr<std::vector<float>> Policy::Values(const std::vector<std::vector<int32_t>>& sequences) {
+  if (!impl_->value) {
+    return absl::FailedPreconditionError("Values: the model has no value head (PolicyConfig.value_head)");
+  }
+  RETURN_IF_ERROR(CheckTokens(sequences, impl_->config.vocab_size, /*equal_length=*/false));
+  size_t longest = 0;
+  for (const auto& s : sequences) longest = std::max(longest, s.size());
+  if (static_cast<int>(longest) > impl_->config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("Values: a sequence of ", longest,
+                                                   " tokens is longer than max_seq_len ",
+                                                   impl_->config.max_seq_len));
+  }
+  // Left-padded, so every sequence ends at the last position (positions count real
+  // tokens only, so padding changes nothing).
+  std::vector<std::vector<int32_t>> padded(sequences.size());
+  for (size_t b = 0; b < sequences.size(); ++b) {
+    padded[b].assign(longest - sequences[b].size(), 0);
+    padded[b].insert(padded[b].end(), sequences[b].begin(), sequences[b].end());
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor hidden = impl_->Trunk(ToTensor(padded, impl_->device), 0, nullptr);
+  return ToVector(impl_->value(hidden.select(1, -1)).squeeze(-1));
 }
 
 absl::StatusOr<std::vector<float>> Policy::IncrementalLogits(const std::vector<std::vector<int32_t>>& tokens) {

@@ -102,6 +102,10 @@ class Policy {
   // scratch. Sequences must have equal length; PAD tokens are masked as keys.
   absl::StatusOr<std::vector<float>> Logits(const std::vector<std::vector<int32_t>>& tokens);
   // The same logits, computed one position at a time through the KV cache.
+  // The value head's scalar at the last token of each sequence (lengths may differ).
+  // FAILED_PRECONDITION without a value head; INVALID_ARGUMENT for a token out of the
+  // vocabulary or a sequence longer than max_seq_len.
+  absl::StatusOr<std::vector<float>> Values(const std::vector<std::vector<int32_t>>& sequences);
   absl::StatusOr<std::vector<float>> IncrementalLogits(const std::vector<std::vector<int32_t>>& tokens);
 
   // Generates for a batch of prompts (any lengths; left-padded with PAD so the last

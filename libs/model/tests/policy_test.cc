@@ -122,6 +122,24 @@ TEST(Policy, WhatASequenceGeneratesDoesNotDependOnItsBatch) {
   }
 }
 
+TEST(Policy, ValuesAreTheValueHeadAtTheLastTokenWhateverTheBatch) {
+  PolicyConfig c = Small();
+  auto plain = Policy::Create(c);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->Values({{1, 2}}).status().code(), absl::StatusCode::kFailedPrecondition);
+  c.value_head = true;
+  auto policy = Policy::Create(c, "cpu", 4);
+  ASSERT_TRUE(policy.ok());
+  std::vector<int32_t> a = *Tokenizer::EncodePrompt("reverse:12");
+  std::vector<int32_t> b = *Tokenizer::EncodePrompt("reverse:98765");
+  auto alone = (*policy)->Values({a});
+  auto both = (*policy)->Values({b, a});
+  ASSERT_TRUE(alone.ok() && both.ok());
+  ASSERT_EQ(both->size(), 2u);
+  EXPECT_NEAR((*alone)[0], (*both)[1], 1e-5);
+  EXPECT_NE((*both)[0], (*both)[1]);
+}
+
 TEST(Policy, LimitsAreInvalidArgumentNamingTheLimit) {
   auto policy = Policy::Create(Small());
   ASSERT_TRUE(policy.ok());
