@@ -1,0 +1,234 @@
+// buffer_ingest: durable ingest into the experience buffer (issue 5's benchmark).
+//
+// Starts its own redis-server (AOF on, random loopback port) and the buffer binary
+// with --store=redis://..., then streams experiences (StreamExperiences, --batch per
+// message, --producers concurrent streams): every experience is acknowledged only after
+// Redis took it (one MULTI/EXEC per message). Small (1 KiB) and large (1 MiB)
+// experiences. References in the same run: `redis-benchmark -t set -P 16` with the same
+// value size against the same redis-server, and memcpy for the large ones. Writes a
+// table to --out; last line: buffer_ingest_ratio_vs_redis_set=<1 KiB experiences/s over
+// pipelined SETs/s>.
+//
+//   bazel run -c opt //bench:buffer_ingest -- --out=$PWD/bench/results/buffer_ingest.md
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "rlfleet/v1/buffer.grpc.pb.h"
+#include "tests/util/subprocess.h"
+
+ABSL_FLAG(int, producers, 4, "Concurrent producer streams.");
+ABSL_FLAG(int, batch, 256, "Experiences per stream message (small experiences).");
+ABSL_FLAG(int, small_count, 100000, "1 KiB experiences in total.");
+ABSL_FLAG(int, large_count, 128, "1 MiB experiences in total.");
+ABSL_FLAG(std::string, out, "buffer_ingest.md", "Where the table is written.");
+
+namespace rlfleet::bench {
+namespace {
+
+using testing::Subprocess;
+
+void Die(const std::string& m) {
+  std::cerr << "buffer_ingest: " << m << std::endl;
+  std::exit(1);
+}
+
+int FreePort() {
+  return 20000 + static_cast<int>((getpid() * 7919 + absl::ToUnixNanos(absl::Now())) % 30000);
+}
+
+std::string Run(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) Die("popen " + cmd);
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  pclose(p);
+  return out;
+}
+
+// An experience of about `bytes` bytes on the wire.
+v1::Experience Exp(const std::string& id, size_t bytes) {
+  v1::Experience e;
+  e.mutable_experience_id()->set_value(id);
+  e.set_group_id(id);
+  e.set_reward(1.0f);
+  for (size_t i = 0; i < bytes; ++i) e.add_response_token_ids(static_cast<int32_t>(i % 100));
+  return e;
+}
+
+struct Result {
+  double seconds = 0;
+  uint64_t accepted = 0;
+};
+
+// `count` experiences of `bytes` each over `producers` streams, `batch` per message.
+Result Ingest(const std::string& address, int count, size_t bytes, int batch, int producers,
+              const std::string& tag) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(64 << 20);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  // Messages prepared up front: the producers measure ingest, not protobuf building.
+  std::vector<std::vector<v1::PutExperiencesRequest>> messages(producers);
+  for (int p = 0; p < producers; ++p) {
+    const int mine = count / producers;
+    for (int i = 0; i < mine; i += batch) {
+      v1::PutExperiencesRequest m;
+      for (int j = i; j < std::min(mine, i + batch); ++j) {
+        *m.add_experiences() = Exp(absl::StrCat(tag, "-", p, "-", j), bytes);
+      }
+      messages[p].push_back(std::move(m));
+    }
+  }
+  std::vector<uint64_t> accepted(producers, 0);
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int p = 0; p < producers; ++p) {
+    threads.emplace_back([&, p] {
+      auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      auto stub = v1::BufferService::NewStub(channel);
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+      v1::PutExperiencesResponse total;
+      auto writer = stub->StreamExperiences(&context, &total);
+      for (const auto& m : messages[p]) {
+        if (!writer->Write(m)) break;
+      }
+      writer->WritesDone();
+      grpc::Status s = writer->Finish();
+      if (!s.ok()) Die("stream: " + s.error_message());
+      accepted[p] = total.accepted();
+    });
+  }
+  for (auto& t : threads) t.join();
+  Result r;
+  r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  for (uint64_t a : accepted) r.accepted += a;
+  return r;
+}
+
+double RedisSetPerSecond(int port, size_t bytes, int n) {
+  const std::string out = Run(absl::StrCat("redis-benchmark -h 127.0.0.1 -p ", port, " -t set -P 16 -d ", bytes,
+                                           " -n ", n, " -q 2>/dev/null"));
+  // "SET: 123456.79 requests per second, p50=..."; the last report wins.
+  double rps = 0;
+  for (absl::string_view line : absl::StrSplit(out, absl::ByAnyChar("\r\n"))) {
+    auto pos = line.find("SET: ");
+    if (pos == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(pos + 5);
+    rest = rest.substr(0, rest.find(' '));
+    (void)absl::SimpleAtod(rest, &rps);
+  }
+  return rps;
+}
+
+double MemcpyGbps() {
+  const size_t n = 256 << 20;
+  std::vector<char> a(n, 1), b(n, 0);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const absl::Time t = absl::Now();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::max(best, n / absl::ToDoubleSeconds(absl::Now() - t) / 1e9);
+  }
+  return best + (b[n / 2] == 7 ? 1e-12 : 0);  // keep the copy
+}
+
+int Main(const std::string& self) {
+  const int port = FreePort();
+  char dir[] = "/tmp/buffer_ingest_XXXXXX";
+  if (mkdtemp(dir) == nullptr) Die("mkdtemp");
+  Subprocess redis;
+  if (!redis.Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", absl::StrCat(port), "--dir", dir,
+                    "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--loglevel", "warning"})
+           .ok()) {
+    Die("cannot start redis-server");
+  }
+  for (int i = 0; i < 100 && Run(absl::StrCat("redis-cli -p ", port, " ping 2>/dev/null")).find("PONG") ==
+                                 std::string::npos;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  // The buffer binary sits next to this one in bazel-bin.
+  const std::string buffer_bin = self.substr(0, self.rfind("/bench/")) + "/services/buffer/rlfleet-buffer";
+  Subprocess buffer;
+  auto address = testing::StartService(buffer, buffer_bin,
+                                       {absl::StrCat("--store=redis://127.0.0.1:", port, "/bench:"),
+                                        "--max_message_bytes=67108864"});
+  if (!address.ok()) Die("buffer: " + address.status().ToString());
+  {
+    auto stub = v1::BufferService::NewStub(grpc::CreateChannel(*address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext c;
+    v1::ConfigureRequest config;
+    config.set_group_size(1);
+    config.set_capacity_bytes(uint64_t{8} << 30);
+    v1::ConfigureResponse r;
+    if (grpc::Status s = stub->Configure(&c, config, &r); !s.ok()) Die("Configure: " + s.error_message());
+  }
+  const int producers = absl::GetFlag(FLAGS_producers);
+  const int small = absl::GetFlag(FLAGS_small_count), large = absl::GetFlag(FLAGS_large_count);
+  std::cerr << "ingesting " << small << " x 1 KiB over " << producers << " streams..." << std::endl;
+  Result s1 = Ingest(*address, small, 1024, absl::GetFlag(FLAGS_batch), producers, "s");
+  std::cerr << "ingesting " << large << " x 1 MiB..." << std::endl;
+  Result s2 = Ingest(*address, large, 1 << 20, 8, producers, "l");
+  std::cerr << "redis-benchmark..." << std::endl;
+  const double set_small = RedisSetPerSecond(port, 1024, 200000);
+  const double set_large = RedisSetPerSecond(port, 1 << 20, 200);
+  const double memcpy_gbps = MemcpyGbps();
+  (void)buffer.Signal(SIGTERM);
+  (void)buffer.Wait(absl::Seconds(30));
+  (void)redis.Signal(SIGTERM);
+  (void)redis.Wait(absl::Seconds(30));
+  Run(absl::StrCat("rm -rf ", dir));
+
+  const double small_eps = s1.accepted / s1.seconds;
+  const double large_mbps = s2.accepted * 1.048576 / s2.seconds;
+  const double ratio = set_small > 0 ? small_eps / set_small : 0;
+  std::ofstream out(absl::GetFlag(FLAGS_out));
+  out << "# buffer_ingest: durable StreamExperiences into the buffer (Redis store, AOF everysec)\n\n"
+      << producers << " producer streams; 1 KiB experiences " << absl::GetFlag(FLAGS_batch)
+      << " per message, 1 MiB experiences 8 per message; each acknowledged after Redis took it.\n\n"
+      << "| experiences | accepted | seconds | experiences/s | MB/s | reference |\n|---|---:|---:|---:|---:|---|\n"
+      << absl::StrFormat("| 1 KiB | %d | %.2f | %.0f | %.1f | redis-benchmark SET -P 16 -d 1024: %.0f/s |\n", s1.accepted,
+                         s1.seconds, small_eps, small_eps * 1024 / 1e6, set_small)
+      << absl::StrFormat("| 1 MiB | %d | %.2f | %.1f | %.1f | SET -P 16 -d 1048576: %.1f/s (%.1f MB/s); memcpy %.1f GB/s |\n",
+                         s2.accepted, s2.seconds, s2.accepted / s2.seconds, large_mbps, set_large,
+                         set_large * 1.048576, memcpy_gbps)
+      << absl::StrFormat("\nbuffer_ingest_ratio_vs_redis_set=%.3f\n", ratio);
+  std::cout << "table written to " << absl::GetFlag(FLAGS_out) << "\n";
+  if (s1.accepted != static_cast<uint64_t>(small / producers * producers) ||
+      s2.accepted != static_cast<uint64_t>(large / producers * producers)) {
+    std::cout << "NOT ALL ACCEPTED: " << s1.accepted << ", " << s2.accepted << "\n";
+    return 1;
+  }
+  std::cout << absl::StrFormat("buffer_ingest_ratio_vs_redis_set=%.3f", ratio) << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace rlfleet::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return 1;
+  self[n] = 0;
+  return rlfleet::bench::Main(self);
+}
