@@ -13,6 +13,8 @@
 //   rlfleet run [loop flags]                    the controller runs the loop (StartRun);
 //                                               progress until it ends
 //   rlfleet stop                                StopRun
+//   rlfleet doctor [--json]                     network checklist on this host; exit 1 on
+//                                               any failed check
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
 #include <iostream>
@@ -32,6 +34,7 @@
 #include "rlfleet/v1/trainer.grpc.pb.h"
 #include "services/controller/cli_loop.h"
 #include "services/controller/cli_util.h"
+#include "services/controller/doctor.h"
 #include "services/controller/controller_client.h"
 
 ABSL_FLAG(std::string, controller, "127.0.0.1:7000", "Controller address (host:port).");
@@ -41,6 +44,7 @@ ABSL_FLAG(std::string, rollout, "", "try: rollout replica address.");
 ABSL_FLAG(std::string, reward, "", "try: reward service address.");
 ABSL_FLAG(std::string, buffer, "", "try: buffer address (optional).");
 ABSL_FLAG(std::string, prompt, "reverse:12345", "try: the prompt.");
+ABSL_FLAG(bool, json, false, "doctor: print JSON instead of a table.");
 ABSL_FLAG(int, samples, 4, "try: responses to sample.");
 ABSL_FLAG(std::string, trainer, "", "train: trainer address.");
 ABSL_FLAG(int, groups, 8, "train: groups per step.");
@@ -206,9 +210,9 @@ int Train(const rlfleet::rpc::ClientOptions& base) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = rlfleet::common::ParseFlagsWithConfig(
-      argc, argv, "rlfleet status|replicas|health|try|train|loop|run|stop [--controller=HOST:PORT]");
+      argc, argv, "rlfleet status|replicas|health|try|train|loop|run|stop|doctor [--controller=HOST:PORT]");
   if (args.size() != 2) {
-    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop|run|stop [--controller=HOST:PORT]\n";
+    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop|run|stop|doctor [--controller=HOST:PORT]\n";
     return 2;
   }
   auto options = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_controller));
@@ -224,7 +228,15 @@ int main(int argc, char** argv) {
   if (command == "train") return Train(*options);
   if (command == "loop") return rlfleet::controller::RunLoop(*options);
   if (command == "run") return rlfleet::controller::StartRunAndWatch(**client);
+  if (command == "doctor") {
+    const auto results = rlfleet::controller::RunLocalChecks();
+    std::cout << rlfleet::controller::FormatResults(results, absl::GetFlag(FLAGS_json));
+    for (const auto& r : results) {
+      if (r.status == rlfleet::controller::CheckStatus::kFail) return 1;
+    }
+    return 0;
+  }
   if (command == "stop") return rlfleet::controller::StopRun(**client);
-  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train, loop, run, stop)\n";
+  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train, loop, run, stop, doctor)\n";
   return 2;
 }

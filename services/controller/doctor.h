@@ -1,0 +1,47 @@
+// `rlfleet doctor`: the network-diagnosis checklist as checks with pass / warn / fail
+// and a fix hint each. This first slice checks the local host: NCCL_* variables that
+// the installed NCCL does not know (some operator guides recommend ones that do not
+// exist, e.g. NCCL_MIN_NCHANNELS_BEFORE_FUSION, or PyTorch's NCCL_ASYNC_ERROR_HANDLING),
+// debug logging left on, NIC errors / drops and MTU (sysfs), GPU <-> NUMA affinity
+// (sysfs numa_node of each NVIDIA PCI device) with the numactl line that binds to it.
+// Checks across replicas (clock skew, NCCL_* differences via the registry) come next.
+// Pure functions over their inputs, so tests feed them fake environments and sysfs trees.
+#ifndef RLFLEET_SERVICES_CONTROLLER_DOCTOR_H_
+#define RLFLEET_SERVICES_CONTROLLER_DOCTOR_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace rlfleet::controller {
+
+enum class CheckStatus { kPass, kWarn, kFail };
+const char* CheckStatusName(CheckStatus s);
+
+struct CheckResult {
+  std::string check;   // e.g. "nccl_env"
+  CheckStatus status = CheckStatus::kPass;
+  std::string detail;  // what was found
+  std::string fix;     // what to do (empty when it passes)
+};
+
+// NCCL_* names in `env` that NCCL (2.19 .. 2.28) does not read: FAIL each; names that
+// belong to PyTorch: WARN with the right name.
+std::vector<CheckResult> CheckNcclVariables(const std::map<std::string, std::string>& env);
+// NCCL_DEBUG=INFO/TRACE or NCCL_DEBUG_SUBSYS=ALL: WARN (slow and noisy outside a diagnosis).
+CheckResult CheckNcclDebug(const std::map<std::string, std::string>& env);
+// Per interface under `sysfs_net` (e.g. /sys/class/net), except lo: errors -> FAIL,
+// drops -> WARN, MTU below 1500 -> WARN.
+std::vector<CheckResult> CheckNics(const std::string& sysfs_net);
+// Per NVIDIA PCI device under `sysfs_pci` (e.g. /sys/bus/pci/devices): its NUMA node and
+// the numactl line for its process; unknown node -> WARN.
+std::vector<CheckResult> CheckGpuNuma(const std::string& sysfs_pci);
+
+// Everything on this host (the process environment, /sys).
+std::vector<CheckResult> RunLocalChecks();
+// A table (or JSON with `json`) for people or machines.
+std::string FormatResults(const std::vector<CheckResult>& results, bool json);
+
+}  // namespace rlfleet::controller
+
+#endif  // RLFLEET_SERVICES_CONTROLLER_DOCTOR_H_

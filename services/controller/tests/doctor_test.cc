@@ -1,0 +1,83 @@
+// rlfleet doctor's checks against fake environments and sysfs trees.
+#include "services/controller/doctor.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace rlfleet::controller {
+namespace {
+
+namespace fs = std::filesystem;
+
+void Write(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text << "\n";
+}
+
+TEST(Doctor, FlagsNcclVariablesThatDoNothing) {
+  auto results = CheckNcclVariables({{"NCCL_MIN_NCHANNELS_BEFORE_FUSION", "4"},
+                                     {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+                                     {"NCCL_SOCKET_IFNAME", "eth0"},
+                                     {"PATH", "/bin"}});
+  ASSERT_EQ(results.size(), 2u);
+  // map order: NCCL_ASYNC_... first
+  EXPECT_EQ(results[0].status, CheckStatus::kWarn);
+  EXPECT_TRUE(absl::StrContains(results[0].detail, "PyTorch")) << results[0].detail;
+  EXPECT_EQ(results[1].status, CheckStatus::kFail);
+  EXPECT_TRUE(absl::StrContains(results[1].detail, "NCCL_MIN_NCHANNELS_BEFORE_FUSION=4 is not an NCCL variable"));
+  auto clean = CheckNcclVariables({{"NCCL_SOCKET_IFNAME", "eth0"}, {"NCCL_NVLS_ENABLE", "0"}});
+  ASSERT_EQ(clean.size(), 1u);
+  EXPECT_EQ(clean[0].status, CheckStatus::kPass);
+  EXPECT_TRUE(absl::StrContains(clean[0].detail, "NCCL_NVLS_ENABLE=0"));
+}
+
+TEST(Doctor, DebugLoggingLeftOnIsAWarning) {
+  EXPECT_EQ(CheckNcclDebug({{"NCCL_DEBUG", "info"}}).status, CheckStatus::kWarn);
+  EXPECT_EQ(CheckNcclDebug({{"NCCL_DEBUG", "WARN"}, {"NCCL_DEBUG_SUBSYS", "ALL"}}).status, CheckStatus::kWarn);
+  EXPECT_EQ(CheckNcclDebug({{"NCCL_DEBUG", "WARN"}}).status, CheckStatus::kPass);
+  EXPECT_EQ(CheckNcclDebug({}).status, CheckStatus::kPass);
+}
+
+TEST(Doctor, NicErrorsFailDropsAndSmallMtuWarn) {
+  const fs::path net = fs::path(std::getenv("TEST_TMPDIR")) / "net";
+  Write(net / "lo" / "statistics" / "rx_errors", "99");  // ignored
+  Write(net / "eth0" / "mtu", "9000");
+  Write(net / "eth0" / "statistics" / "rx_errors", "3");
+  Write(net / "eth1" / "mtu", "1500");
+  Write(net / "eth1" / "statistics" / "tx_dropped", "12");
+  Write(net / "eth2" / "mtu", "1280");
+  Write(net / "eth3" / "mtu", "1500");
+  std::map<std::string, CheckStatus> by_nic;
+  for (const auto& r : CheckNics(net.string())) by_nic[r.detail.substr(0, r.detail.find(':'))] = r.status;
+  EXPECT_EQ(by_nic.size(), 4u);
+  EXPECT_EQ(by_nic["eth0"], CheckStatus::kFail);
+  EXPECT_EQ(by_nic["eth1"], CheckStatus::kWarn);
+  EXPECT_EQ(by_nic["eth2"], CheckStatus::kWarn);
+  EXPECT_EQ(by_nic["eth3"], CheckStatus::kPass);
+}
+
+TEST(Doctor, GpuNumaGivesTheBindingLine) {
+  const fs::path pci = fs::path(std::getenv("TEST_TMPDIR")) / "pci";
+  Write(pci / "0000:18:00.0" / "vendor", "0x10de");
+  Write(pci / "0000:18:00.0" / "class", "0x030200");
+  Write(pci / "0000:18:00.0" / "numa_node", "1");
+  Write(pci / "0000:19:00.0" / "vendor", "0x8086");  // not a GPU of ours
+  Write(pci / "0000:19:00.0" / "class", "0x020000");
+  auto results = CheckGpuNuma(pci.string());
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(results[0].detail, "NUMA node 1"));
+  EXPECT_EQ(results[0].fix, "run its process under numactl --cpunodebind=1 --membind=1");
+  EXPECT_TRUE(absl::StrContains(CheckGpuNuma("/nonexistent")[0].detail, "no NVIDIA GPU"));
+}
+
+TEST(Doctor, JsonIsOneObjectPerCheck) {
+  const std::string json = FormatResults({{"nccl_env", CheckStatus::kFail, "X=\"1\"", "unset X"}}, true);
+  EXPECT_EQ(json, "[{\"check\": \"nccl_env\", \"status\": \"fail\", \"detail\": \"X=\\\"1\\\"\", \"fix\": \"unset X\"}]\n");
+}
+
+}  // namespace
+}  // namespace rlfleet::controller
