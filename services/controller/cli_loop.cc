@@ -1,5 +1,7 @@
 #include "services/controller/cli_loop.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -87,6 +89,7 @@ int StartRunAndWatch(ControllerClient& client) {
   const std::string run_id = started->run_id();
   std::cout << "run " << run_id << " started\n" << std::flush;
   const int eval_every = absl::GetFlag(FLAGS_eval_every);
+  const bool live = isatty(STDOUT_FILENO) != 0;  // plain lines when not a terminal
   uint64_t printed = 0;
   for (;;) {
     auto status = client.GetStatus();
@@ -95,12 +98,17 @@ int StartRunAndWatch(ControllerClient& client) {
     const bool ended = status->state() == v1::RUN_STATE_COMPLETED || status->state() == v1::RUN_STATE_STOPPED ||
                        status->state() == v1::RUN_STATE_FAILED;
     const uint64_t step = status->step();
+    const std::string line =
+        absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  held-out exact %.3f", step,
+                        status->metrics().elapsed_ms() / 1000.0, status->policy_version().version(),
+                        status->metrics().reward_mean(), status->metrics().eval_exact_match());
     if (step != printed && eval_every > 0 && (step % eval_every == 0 || ended)) {
+      // A line to keep at every evaluation (and at the end).
       printed = step;
-      std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  held-out exact %.3f\n", step,
-                                   status->metrics().elapsed_ms() / 1000.0, status->policy_version().version(),
-                                   status->metrics().reward_mean(), status->metrics().eval_exact_match())
-                << std::flush;
+      std::cout << (live ? "\r\033[K" : "") << line << "\n" << std::flush;
+    } else if (live && step != 0) {
+      // On a terminal, the current step on one line that keeps being rewritten.
+      std::cout << "\r\033[K" << line << std::flush;
     }
     if (ended) {
       if (!status->run_dir().empty()) {
