@@ -10,6 +10,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "libs/common/status_macros.h"
 #include "libs/rpc/status_conversion.h"
 
@@ -82,12 +83,20 @@ ClientBase::ClientBase(std::shared_ptr<grpc::Channel> channel, ClientOptions opt
                        common::Clock* clock)
     : channel_(std::move(channel)), options_(std::move(options)), clock_(clock) {}
 
-void ClientBase::PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const {
-  if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (!options_.auth.token.empty()) {
-    context->AddMetadata(kAuthorizationKey, absl::StrCat("Bearer ", options_.auth.token));
+void PrepareCallContext(const ClientOptions& options, absl::Time deadline,
+                        grpc::ClientContext* context) {
+  context->set_deadline(absl::ToChronoTime(deadline));
+  if (!options.auth.token.empty()) {
+    context->AddMetadata(kAuthorizationKey, absl::StrCat("Bearer ", options.auth.token));
   }
+}
+
+std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientOptions& options,
+                                                    absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) timeout = options.default_timeout;
+  auto context = std::make_unique<grpc::ClientContext>();
+  PrepareCallContext(options, absl::Now() + timeout, context.get());
+  return context;
 }
 
 absl::Status ClientBase::Call(absl::string_view method,
@@ -98,10 +107,7 @@ absl::Status ClientBase::Call(absl::string_view method,
   absl::Status status = CallWithRetry(
       options_.retry, timeout, clock_, gen, [&](absl::Time attempt_deadline) {
         grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(attempt_deadline));
-        if (!options_.auth.token.empty()) {
-          context.AddMetadata(kAuthorizationKey, absl::StrCat("Bearer ", options_.auth.token));
-        }
+        PrepareCallContext(options_, attempt_deadline, &context);
         return ToAbslStatus(rpc(&context));
       });
   return common::Annotate(status, absl::StrCat(method, " to ", options_.target));

@@ -67,6 +67,14 @@ absl::StatusOr<ClientOptions> ClientOptionsFromFlags(const std::string& target);
 // INVALID_ARGUMENT for an empty target or bad TLS options, NOT_FOUND for a missing file.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ClientOptions& options);
 
+// Sets `context`'s deadline and adds the bearer token of `options`: what every call of
+// ours carries.
+void PrepareCallContext(const ClientOptions& options, absl::Time deadline,
+                        grpc::ClientContext* context);
+// A context for one call, its deadline `timeout` from now (zero: options.default_timeout).
+std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientOptions& options,
+                                                    absl::Duration timeout);
+
 // Base of every typed client: subclasses hold a stub and implement each RPC as
 //   return Call("Register", [&](grpc::ClientContext* ctx) {
 //     return stub_->Register(ctx, request, &response); });
@@ -87,9 +95,6 @@ class ClientBase {
   absl::Status Call(absl::string_view method,
                     const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
                     absl::Duration timeout = absl::ZeroDuration());
-
-  // Prepares a context for a streaming call (deadline + token); no retries.
-  void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
 
  private:
   std::shared_ptr<grpc::Channel> channel_;

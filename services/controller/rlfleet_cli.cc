@@ -119,7 +119,7 @@ int Replicas(ControllerClient& client) {
 }
 
 std::unique_ptr<grpc::ClientContext> Context(const rlfleet::rpc::ClientOptions& options) {
-  return rlfleet::controller::CallContext(options, absl::GetFlag(FLAGS_timeout));
+  return rlfleet::rpc::NewCallContext(options, absl::GetFlag(FLAGS_timeout));
 }
 
 int Fail(const grpc::Status& status, const std::string& what) {

@@ -2,7 +2,6 @@
 
 #include <grpcpp/client_context.h>
 
-#include "absl/time/clock.h"
 #include "libs/rpc/status_conversion.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "rlfleet/v1/reward.grpc.pb.h"
@@ -21,14 +20,7 @@ class Peer {
       : stub_(Service::NewStub(channel)), options_(options), timeout_(timeout) {}
 
  protected:
-  std::unique_ptr<grpc::ClientContext> Context() const {
-    auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
-    if (!options_.auth.token.empty()) {
-      context->AddMetadata(rpc::kAuthorizationKey, "Bearer " + options_.auth.token);
-    }
-    return context;
-  }
+  std::unique_ptr<grpc::ClientContext> Context() const { return rpc::NewCallContext(options_, timeout_); }
   std::unique_ptr<typename Service::Stub> stub_;
 
  private:
