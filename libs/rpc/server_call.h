@@ -50,6 +50,15 @@ grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// A streaming call finished at once with `status` (a stream that cannot start):
+//   return new FinishedStream<grpc::ServerWriteReactor<Event>>(ToGrpcStatus(s));
+template <typename Reactor>
+class FinishedStream : public Reactor {
+ public:
+  explicit FinishedStream(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace rlfleet::rpc
 
 #endif  // RLFLEET_LIBS_RPC_SERVER_CALL_H_

@@ -95,18 +95,12 @@ class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> 
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-class FailedIngest : public grpc::ServerReadReactor<v1::PutExperiencesRequest> {
- public:
-  explicit FailedIngest(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-
 }  // namespace
 
 grpc::ServerReadReactor<v1::PutExperiencesRequest>* BufferServiceImpl::StreamExperiences(
     grpc::CallbackServerContext* c, v1::PutExperiencesResponse* resp) {
   if (absl::Status s = rpc::CheckBearerToken(*c, auth_.token); !s.ok()) {
-    return new FailedIngest(rpc::ToGrpcStatus(s));
+    return new rpc::FinishedStream<grpc::ServerReadReactor<v1::PutExperiencesRequest>>(rpc::ToGrpcStatus(s));
   }
   return new IngestReactor(core_, resp, full_wait_);
 }

@@ -76,22 +76,16 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::ReplicaEvent> {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// An immediate error for a stream that cannot start.
-class FailedWrite : public grpc::ServerWriteReactor<v1::ReplicaEvent> {
- public:
-  explicit FailedWrite(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-
 }  // namespace
 
 grpc::ServerWriteReactor<v1::ReplicaEvent>* RegistryServiceImpl::WatchReplicas(
     grpc::CallbackServerContext* context, const v1::WatchReplicasRequest* request) {
+  using Failed = rpc::FinishedStream<grpc::ServerWriteReactor<v1::ReplicaEvent>>;
   if (absl::Status s = rpc::CheckBearerToken(*context, auth_.token); !s.ok()) {
-    return new FailedWrite(rpc::ToGrpcStatus(s));
+    return new Failed(rpc::ToGrpcStatus(s));
   }
   absl::StatusOr<std::shared_ptr<registry::Subscription>> sub = core_->Watch(*request);
-  if (!sub.ok()) return new FailedWrite(rpc::ToGrpcStatus(sub.status()));
+  if (!sub.ok()) return new Failed(rpc::ToGrpcStatus(sub.status()));
   return new WatchReactor(std::move(*sub));
 }
 
