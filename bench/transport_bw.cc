@@ -32,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "libs/transport/ucx/ucx_transport.h"
+#include "bench/ucx_perftest.h"
 #include "tests/util/subprocess.h"
 
 ABSL_FLAG(std::string, role, "client", "client (runs everything) or server (spawned by it).");
@@ -196,32 +197,12 @@ double MeasureOurs(UcxTransport& t, ServerProcess& server, PeerId peer, const Me
   return static_cast<double>(size) * iters / seconds / 1e9;
 }
 
-// Runs ucx_perftest (server + client) and returns its overall bandwidth in GB/s.
+// ucx_perftest with the same transports: tag_bw for send, ucp_put_bw for put.
 double MeasureReference(const std::string& tls, const std::string& primitive, uint64_t size) {
-  static int port = 20000 + (getpid() % 20000);
-  ++port;
-  const std::string env = absl::StrCat("UCX_TLS=", tls, " UCX_NET_DEVICES=lo ");
-  const std::string server = absl::StrCat(env, "ucx_perftest -p ", port, " >/dev/null 2>&1 &");
-  if (std::system(server.c_str()) != 0) Die("cannot start ucx_perftest server");
-  absl::SleepFor(absl::Milliseconds(300));  // the server has no readiness signal to await
-  const std::string test = primitive == "send" ? "tag_bw" : "ucp_put_bw";
-  const std::string client = absl::StrCat(env, "timeout 300 ucx_perftest 127.0.0.1 -p ", port,
-                                          " -t ", test, " -s ", size, " -n ", Iterations(size),
-                                          " 2>&1");
-  FILE* pipe = popen(client.c_str(), "r");
-  if (pipe == nullptr) Die("popen failed");
-  char buf[4096];
-  double mbps = 0;
-  while (fgets(buf, sizeof(buf), pipe) != nullptr) {
-    std::string line(buf);
-    if (absl::StartsWith(line, "Final:")) {
-      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      // Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall
-      if (f.size() >= 7) (void)absl::SimpleAtod(f[6], &mbps);
-    }
-  }
-  pclose(pipe);
-  return mbps * 1048576.0 / 1e9;  // ucx_perftest's MB is 2^20 bytes
+  absl::StatusOr<double> gbps =
+      UcxPerftestGbps(tls, primitive == "send" ? "tag_bw" : "ucp_put_bw", size, Iterations(size));
+  if (!gbps.ok()) Die(gbps.status().ToString());
+  return *gbps;
 }
 
 int Client(const std::string& self) {

@@ -37,6 +37,7 @@
 #include "libs/reshard/plan.h"
 #include "libs/reshard/tests/shards.h"
 #include "libs/transport/ucx/ucx_transport.h"
+#include "bench/ucx_perftest.h"
 #include "tests/util/subprocess.h"
 
 ABSL_FLAG(std::string, role, "driver", "driver (runs everything) or rank (spawned by it).");
@@ -192,28 +193,10 @@ int Rank() {
 
 // ---- driver ----
 double PerftestPutGbps(const std::string& tls, uint64_t size) {
-  static int port = 21000 + (getpid() % 20000);
-  ++port;
-  const std::string env = absl::StrCat("UCX_TLS=", tls, " UCX_NET_DEVICES=lo ");
-  const std::string server = absl::StrCat(env, "ucx_perftest -p ", port, " >/dev/null 2>&1 &");
-  if (std::system(server.c_str()) != 0) Die("cannot start ucx_perftest server");
-  absl::SleepFor(absl::Milliseconds(300));  // ucx_perftest's server has no readiness signal
-  const uint64_t iters = std::max<uint64_t>(8, (1ull << 30) / size);
-  const std::string client = absl::StrCat(env, "timeout 300 ucx_perftest 127.0.0.1 -p ", port,
-                                          " -t ucp_put_bw -s ", size, " -n ", iters, " 2>&1");
-  FILE* pipe = popen(client.c_str(), "r");
-  if (pipe == nullptr) Die("popen failed");
-  char buf[4096];
-  double mbps = 0;
-  while (fgets(buf, sizeof(buf), pipe) != nullptr) {
-    std::string l(buf);
-    if (absl::StartsWith(l, "Final:")) {
-      std::vector<std::string> f = absl::StrSplit(l, ' ', absl::SkipEmpty());
-      if (f.size() >= 7) (void)absl::SimpleAtod(f[6], &mbps);
-    }
-  }
-  pclose(pipe);
-  return mbps * 1048576.0 / 1e9;
+  absl::StatusOr<double> gbps =
+      bench::UcxPerftestGbps(tls, "ucp_put_bw", size, std::max<uint64_t>(8, (1ull << 30) / size));
+  if (!gbps.ok()) Die(gbps.status().ToString());
+  return *gbps;
 }
 
 struct Row {
