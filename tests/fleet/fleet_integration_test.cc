@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "tests/util/subprocess.h"
@@ -98,24 +100,62 @@ TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {
   }
 }
 
+// Reward, buffer, `rollouts` rollout replicas (a tiny model, no weights yet) and a
+// trainer publishing into TEST_TMPDIR/<name>: each a real process on a free port.
+struct LoopFleet {
+  LoopFleet(const std::string& name, int rollouts) {
+    const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
+    r = Start(reward, "services/reward/rlfleet-reward", {});
+    b = Start(buffer, "services/buffer/rlfleet-buffer", {});
+    for (int i = 0; i < rollouts; ++i) {
+      rollout.push_back(std::make_unique<Subprocess>());
+      o.push_back(Start(*rollout.back(), "services/rollout/rlfleet-rollout", model));
+    }
+    std::vector<std::string> trainer_flags = model;
+    trainer_flags.push_back("--buffer=" + b);
+    trainer_flags.push_back("--publish_dir=" + std::string(getenv("TEST_TMPDIR")) + "/" + name);
+    t = Start(trainer, "services/trainer/rlfleet-trainer", trainer_flags);
+  }
+  bool ok() const {
+    bool all = !r.empty() && !b.empty() && !t.empty();
+    for (const std::string& a : o) all &= !a.empty();
+    return all;
+  }
+  // Comma-separated rollout addresses.
+  std::string rollouts() const { return absl::StrJoin(o, ","); }
+  // Kills rollout replica `i` hard (Stop leaves it out).
+  void Kill(size_t i) {
+    ASSERT_TRUE(rollout[i]->Signal(SIGKILL).ok());
+    killed.insert(i);
+  }
+  // SIGTERM to every process still meant to run, and wait for each.
+  void Stop() {
+    std::vector<Subprocess*> live = {&reward, &buffer, &trainer};
+    for (size_t i = 0; i < rollout.size(); ++i) {
+      if (!killed.count(i)) live.push_back(rollout[i].get());
+    }
+    for (Subprocess* p : live) {
+      ASSERT_TRUE(p->Signal(SIGTERM).ok());
+      ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
+    }
+  }
+
+  Subprocess reward, buffer, trainer;
+  std::vector<std::unique_ptr<Subprocess>> rollout;
+  std::string r, b, t;
+  std::vector<std::string> o;
+  std::set<size_t> killed;
+};
+
 TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
-  const std::string weights = std::string(getenv("TEST_TMPDIR")) + "/weights";
-  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
-  Subprocess reward, buffer, rollout, trainer;
-  const std::string r = Start(reward, "services/reward/rlfleet-reward", {});
-  const std::string b = Start(buffer, "services/buffer/rlfleet-buffer", {});
-  const std::string o = Start(rollout, "services/rollout/rlfleet-rollout", model);  // no weights yet
-  std::vector<std::string> trainer_flags = model;
-  trainer_flags.push_back("--buffer=" + b);
-  trainer_flags.push_back("--publish_dir=" + weights);
-  const std::string t = Start(trainer, "services/trainer/rlfleet-trainer", trainer_flags);
-  ASSERT_FALSE(r.empty() || b.empty() || o.empty() || t.empty());
+  LoopFleet fleet("weights", 1);
+  ASSERT_TRUE(fleet.ok());
   const std::string run_dir = std::string(std::getenv("TEST_TMPDIR")) + "/run";
   Subprocess loop;
-  ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + o,
-                          "--loop_reward=" + r, "--loop_buffer=" + b, "--loop_trainer=" + t, "--steps=4",
-                          "--eval_every=2", "--loop_prompts=4", "--loop_samples=4", "--max_len=3",
-                          "--run_dir=" + run_dir, "--timeout=60s"})
+  ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + fleet.rollouts(),
+                          "--loop_reward=" + fleet.r, "--loop_buffer=" + fleet.b, "--loop_trainer=" + fleet.t,
+                          "--steps=4", "--eval_every=2", "--loop_prompts=4", "--loop_samples=4",
+                          "--max_len=3", "--run_dir=" + run_dir, "--timeout=60s"})
                   .ok());
   auto done = loop.Wait(absl::Seconds(180));
   ASSERT_TRUE(done.ok());
@@ -132,64 +172,40 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   EXPECT_EQ(rows[0], "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact");
   EXPECT_TRUE(absl::EndsWith(rows[1], ",nan")) << rows[1];
   EXPECT_FALSE(absl::EndsWith(rows[4], ",nan")) << rows[4];
-  for (Subprocess* p : {&reward, &buffer, &rollout, &trainer}) {
-    ASSERT_TRUE(p->Signal(SIGTERM).ok());
-    ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
-  }
+  fleet.Stop();
 }
 
 TEST(Fleet, TheLoopSurvivesARolloutReplicaKilledMidRun) {
-  const std::string weights = std::string(getenv("TEST_TMPDIR")) + "/weights-kill";
-  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
-  Subprocess reward, buffer, rollout_a, rollout_b, trainer;
-  const std::string r = Start(reward, "services/reward/rlfleet-reward", {});
-  const std::string b = Start(buffer, "services/buffer/rlfleet-buffer", {});
-  const std::string a = Start(rollout_a, "services/rollout/rlfleet-rollout", model);
-  const std::string o = Start(rollout_b, "services/rollout/rlfleet-rollout", model);
-  std::vector<std::string> trainer_flags = model;
-  trainer_flags.push_back("--buffer=" + b);
-  trainer_flags.push_back("--publish_dir=" + weights);
-  const std::string t = Start(trainer, "services/trainer/rlfleet-trainer", trainer_flags);
-  ASSERT_FALSE(r.empty() || b.empty() || a.empty() || o.empty() || t.empty());
+  LoopFleet fleet("weights-kill", 2);
+  ASSERT_TRUE(fleet.ok());
   Subprocess loop;
-  ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + a + "," + o,
-                          "--loop_reward=" + r, "--loop_buffer=" + b, "--loop_trainer=" + t, "--steps=6",
-                          "--eval_every=1", "--loop_prompts=6", "--loop_samples=4", "--max_len=3",
+  ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + fleet.rollouts(),
+                          "--loop_reward=" + fleet.r, "--loop_buffer=" + fleet.b, "--loop_trainer=" + fleet.t,
+                          "--steps=6", "--eval_every=1", "--loop_prompts=6", "--loop_samples=4", "--max_len=3",
                           "--run_dir=" + std::string(getenv("TEST_TMPDIR")) + "/run-kill", "--timeout=60s"})
                   .ok());
   // After the first step, one replica dies hard.
   auto first = loop.WaitForLine([](const std::string& l) { return absl::StrContains(l, "step    1"); },
                                 absl::Seconds(120));
   ASSERT_TRUE(first.ok()) << first.status();
-  ASSERT_TRUE(rollout_b.Signal(SIGKILL).ok());
+  fleet.Kill(1);
   auto done = loop.Wait(absl::Seconds(180));
   ASSERT_TRUE(done.ok());
   EXPECT_EQ(WEXITSTATUS(*done), 0) << loop.output();
   // It noticed, dropped the replica, and every later step ran on the survivor.
-  EXPECT_TRUE(absl::StrContains(loop.output(), "rollout replica " + o + " failed")) << loop.output();
+  EXPECT_TRUE(absl::StrContains(loop.output(), "rollout replica " + fleet.o[1] + " failed")) << loop.output();
   EXPECT_TRUE(absl::StrContains(loop.output(), "step    6")) << loop.output();
-  for (Subprocess* p : {&reward, &buffer, &rollout_a, &trainer}) {
-    ASSERT_TRUE(p->Signal(SIGTERM).ok());
-    ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
-  }
+  fleet.Stop();
 }
 
 TEST(Fleet, TheControllerRunsTheLoopAndStopsOnRequest) {
-  const std::string weights = std::string(getenv("TEST_TMPDIR")) + "/weights-run";
-  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
-  Subprocess reward, buffer, rollout, trainer, controller;
-  const std::string r = Start(reward, "services/reward/rlfleet-reward", {});
-  const std::string b = Start(buffer, "services/buffer/rlfleet-buffer", {});
-  const std::string o = Start(rollout, "services/rollout/rlfleet-rollout", model);
-  std::vector<std::string> trainer_flags = model;
-  trainer_flags.push_back("--buffer=" + b);
-  trainer_flags.push_back("--publish_dir=" + weights);
-  const std::string t = Start(trainer, "services/trainer/rlfleet-trainer", trainer_flags);
+  LoopFleet fleet("weights-run", 1);
+  Subprocess controller;
   const std::string runs = std::string(getenv("TEST_TMPDIR")) + "/runs";
   const std::string c = Start(controller, "services/controller/rlfleet-controller",
-                              {"--rollout=" + o, "--reward=" + r, "--buffer=" + b, "--trainer=" + t,
-                               "--runs_dir=" + runs});
-  ASSERT_FALSE(r.empty() || b.empty() || o.empty() || t.empty() || c.empty());
+                              {"--rollout=" + fleet.rollouts(), "--reward=" + fleet.r, "--buffer=" + fleet.b,
+                               "--trainer=" + fleet.t, "--runs_dir=" + runs});
+  ASSERT_TRUE(fleet.ok() && !c.empty());
   const std::vector<std::string> loop_flags = {"--controller=" + c, "--eval_every=2", "--loop_prompts=4",
                                                "--loop_samples=4", "--max_len=3"};
   auto cli = [&](std::vector<std::string> args) {
@@ -235,10 +251,9 @@ TEST(Fleet, TheControllerRunsTheLoopAndStopsOnRequest) {
   ASSERT_TRUE(ended.ok());
   EXPECT_EQ(WEXITSTATUS(*ended), 0) << endless.output();
   EXPECT_TRUE(absl::StrContains(endless.output(), "RUN_STATE_STOPPED")) << endless.output();
-  for (Subprocess* p : {&controller, &reward, &buffer, &rollout, &trainer}) {
-    ASSERT_TRUE(p->Signal(SIGTERM).ok());
-    ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
-  }
+  ASSERT_TRUE(controller.Signal(SIGTERM).ok());
+  ASSERT_TRUE(controller.Wait(absl::Seconds(30)).ok());
+  fleet.Stop();
 }
 
 }  // namespace
