@@ -114,80 +114,76 @@ LoopConfig Small() {
   return c;
 }
 
-TEST(RunLoop, AReplicaThatDiesLosesNothing) {
-  std::vector<std::unique_ptr<RolloutReplica>> replicas;
-  replicas.push_back(std::make_unique<FakeRollout>("a"));
-  replicas.push_back(std::make_unique<FakeRollout>("b", /*fail_from_call=*/1));
-  auto* a = static_cast<FakeRollout*>(replicas[0].get());
-  std::vector<std::string> logs;
-  RolloutPool pool(std::move(replicas), [&](const std::string& l) { logs.push_back(l); });
+// Rollout replicas for a pool.
+template <typename... Replicas>
+std::vector<std::unique_ptr<RolloutReplica>> Pool(std::unique_ptr<Replicas>... replicas) {
+  std::vector<std::unique_ptr<RolloutReplica>> out;
+  (out.push_back(std::move(replicas)), ...);
+  return out;
+}
+
+// The loop over given rollout replicas and fake reward, buffer and trainer.
+struct FakeRun {
+  explicit FakeRun(std::vector<std::unique_ptr<RolloutReplica>> replicas, RolloutPool::Log log = nullptr)
+      : pool(std::move(replicas), std::move(log)) {}
+  absl::Status Run(const LoopConfig& config, bool stopped = false) {
+    std::atomic<bool> stop{stopped};
+    return RunLoop(config, pool, reward, buffer, trainer, stop,
+                   [this](const LoopProgress& p) { progress.push_back(p); });
+  }
+  RolloutPool pool;
   FakeReward reward;
   FakeBuffer buffer;
   FakeTrainer trainer;
-  std::atomic<bool> stop{false};
   std::vector<LoopProgress> progress;
-  absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop,
-                           [&](const LoopProgress& p) { progress.push_back(p); });
+};
+
+TEST(RunLoop, AReplicaThatDiesLosesNothing) {
+  auto replica_a = std::make_unique<FakeRollout>("a");
+  FakeRollout* a = replica_a.get();
+  std::vector<std::string> logs;
+  FakeRun run(Pool(std::move(replica_a), std::make_unique<FakeRollout>("b", /*fail_from_call=*/1)),
+              [&](const std::string& l) { logs.push_back(l); });
+  absl::Status s = run.Run(Small());
   ASSERT_TRUE(s.ok()) << s;
-  ASSERT_EQ(progress.size(), 3u);
-  EXPECT_EQ(pool.live(), 1);
+  ASSERT_EQ(run.progress.size(), 3u);
+  EXPECT_EQ(run.pool.live(), 1);
   ASSERT_FALSE(logs.empty());
   EXPECT_TRUE(absl::StrContains(logs[0], "rollout replica b failed")) << logs[0];
   EXPECT_TRUE(absl::StrContains(logs[0], "re-dispatching")) << logs[0];
   // Every prompt of every step reached the buffer: 3 steps x 6 prompts x 2 samples.
-  EXPECT_EQ(buffer.experiences, 36);
-  EXPECT_EQ(trainer.steps, 3);
+  EXPECT_EQ(run.buffer.experiences, 36);
+  EXPECT_EQ(run.trainer.steps, 3);
   // The fakes answer right, and the held-out set was evaluated each step.
-  EXPECT_EQ(progress.back().train_reward, 1.0);
-  ASSERT_TRUE(progress.back().held_out_exact.has_value());
-  EXPECT_EQ(*progress.back().held_out_exact, 1.0);
+  EXPECT_EQ(run.progress.back().train_reward, 1.0);
+  ASSERT_TRUE(run.progress.back().held_out_exact.has_value());
+  EXPECT_EQ(*run.progress.back().held_out_exact, 1.0);
   // Replica a served everything after b died (b had one call: step 1's first share).
   EXPECT_GT(a->prompts(), 3 * 6);
 }
 
 TEST(RunLoop, AsyncModeOverlapsAndLosesNothing) {
-  std::vector<std::unique_ptr<RolloutReplica>> replicas;
-  replicas.push_back(std::make_unique<FakeRollout>("a"));
-  replicas.push_back(std::make_unique<FakeRollout>("b"));
-  RolloutPool pool(std::move(replicas), nullptr);
-  FakeReward reward;
-  FakeBuffer buffer;
-  FakeTrainer trainer;
-  std::atomic<bool> stop{false};
+  FakeRun run(Pool(std::make_unique<FakeRollout>("a"), std::make_unique<FakeRollout>("b")));
   LoopConfig c = Small();
   c.steps = 5;
   c.max_staleness = 1;
-  std::vector<LoopProgress> progress;
-  absl::Status s = RunLoop(c, pool, reward, buffer, trainer, stop, [&](const LoopProgress& p) { progress.push_back(p); });
+  absl::Status s = run.Run(c);
   ASSERT_TRUE(s.ok()) << s;
-  ASSERT_EQ(progress.size(), 5u);
-  EXPECT_EQ(buffer.experiences, 5 * 6 * 2);  // every step's rollouts, none generated twice
-  EXPECT_EQ(trainer.steps, 5);
-  EXPECT_EQ(trainer.last_max_staleness, 1u);
-  EXPECT_EQ(progress.back().train_reward, 1.0);
+  ASSERT_EQ(run.progress.size(), 5u);
+  EXPECT_EQ(run.buffer.experiences, 5 * 6 * 2);  // every step's rollouts, none generated twice
+  EXPECT_EQ(run.trainer.steps, 5);
+  EXPECT_EQ(run.trainer.last_max_staleness, 1u);
+  EXPECT_EQ(run.progress.back().train_reward, 1.0);
 }
 
 TEST(RunLoop, StopsWhenAskedAndWhenNoReplicaIsLeft) {
   {
-    std::vector<std::unique_ptr<RolloutReplica>> replicas;
-    replicas.push_back(std::make_unique<FakeRollout>("a"));
-    RolloutPool pool(std::move(replicas), nullptr);
-    FakeReward reward;
-    FakeBuffer buffer;
-    FakeTrainer trainer;
-    std::atomic<bool> stop{true};
-    int steps = 0;
-    ASSERT_TRUE(RunLoop(Small(), pool, reward, buffer, trainer, stop, [&](const LoopProgress&) { ++steps; }).ok());
-    EXPECT_EQ(steps, 0);
+    FakeRun run(Pool(std::make_unique<FakeRollout>("a")));
+    ASSERT_TRUE(run.Run(Small(), /*stopped=*/true).ok());
+    EXPECT_EQ(run.progress.size(), 0u);
   }
-  std::vector<std::unique_ptr<RolloutReplica>> replicas;
-  replicas.push_back(std::make_unique<FakeRollout>("a", 0));
-  RolloutPool pool(std::move(replicas), nullptr);
-  FakeReward reward;
-  FakeBuffer buffer;
-  FakeTrainer trainer;
-  std::atomic<bool> stop{false};
-  absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop, nullptr);
+  FakeRun run(Pool(std::make_unique<FakeRollout>("a", 0)));
+  absl::Status s = run.Run(Small());
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "step 1")) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "no rollout replica left")) << s;
@@ -202,18 +198,12 @@ TEST(RunLoop, BadConfigAndRejectedRequestsAreClearErrors) {
   EXPECT_EQ(ValidateLoopConfig(bad).code(), absl::StatusCode::kInvalidArgument);
 
   // A replica that rejects the request is not dropped: the error is the run's.
-  std::vector<std::unique_ptr<RolloutReplica>> replicas;
-  replicas.push_back(std::make_unique<FakeRollout>("a", 0, absl::InvalidArgumentError("prompt too long")));
-  replicas.push_back(std::make_unique<FakeRollout>("b"));
-  RolloutPool pool(std::move(replicas), nullptr);
-  FakeReward reward;
-  FakeBuffer buffer;
-  FakeTrainer trainer;
-  std::atomic<bool> stop{false};
-  absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop, nullptr);
+  FakeRun run(Pool(std::make_unique<FakeRollout>("a", 0, absl::InvalidArgumentError("prompt too long")),
+                   std::make_unique<FakeRollout>("b")));
+  absl::Status s = run.Run(Small());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "prompt too long")) << s;
-  EXPECT_EQ(pool.live(), 2);
+  EXPECT_EQ(run.pool.live(), 2);
 }
 
 TEST(RunManager, RunConfigErrorsNameTheField) {
