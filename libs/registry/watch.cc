@@ -130,7 +130,6 @@ absl::Status RegistryWatch::Poll() {
     emit(asked ? v1::REPLICA_EVENT_TYPE_REMOVED : v1::REPLICA_EVENT_TYPE_EXPIRED, replica);
   }
   known_ = std::move(now);
-  polled_ = true;
   return absl::OkStatus();
 }
 

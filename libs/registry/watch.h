@@ -71,7 +71,6 @@ class RegistryWatch {
   common::Clock* const clock_;
   absl::Mutex poll_mu_;  // one poll at a time, so snapshots apply in order
   absl::Mutex mu_;
-  bool polled_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, v1::ReplicaInfo> known_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> deregistered_ ABSL_GUARDED_BY(mu_);
   uint64_t revision_ ABSL_GUARDED_BY(mu_) = 0;

@@ -10,8 +10,9 @@
 //
 // Pipeline. Messages go in rounds: round k holds, for every pair this process takes
 // part in, its next messages up to chunk_bytes, all submitted as one SendRecvBatch (one
-// NCCL group); a message's tag is (source rank << 24) | its index in its pair. Up to `depth` rounds are in
-// flight; staging is depth x (staged bytes per round) <= depth x pairs x chunk_bytes,
+// NCCL group); a message's tag is (source rank << 24) | its index in its pair. Up to
+// `depth` rounds are in flight; staging is depth x (staged bytes per round) <= depth x
+// pairs x chunk_bytes (twice that for a relay, whose slots also wait for the forward),
 // so no rank ever holds more than that beyond its own shard: nobody materialises a
 // whole tensor it does not own.
 //
