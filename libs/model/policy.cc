@@ -5,8 +5,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <random>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -257,71 +261,337 @@ absl::StatusOr<std::vector<float>> Policy::IncrementalLogits(const std::vector<s
 absl::StatusOr<std::vector<Generation>> Policy::Generate(const std::vector<std::vector<int32_t>>& prompts,
                                                          const SamplingOptions& options) {
   RETURN_IF_ERROR(CheckTokens(prompts, impl_->config.vocab_size, /*equal_length=*/false));
-  if (options.temperature < 0) return absl::InvalidArgumentError("temperature is negative");
-  if (options.top_p <= 0 || options.top_p > 1) return absl::InvalidArgumentError("top_p is outside (0, 1]");
-  size_t longest = 0;
-  for (const auto& p : prompts) longest = std::max(longest, p.size());
-  if (options.max_new_tokens < 1 ||
-      static_cast<int>(longest) + options.max_new_tokens > impl_->config.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt (", longest, ") + max_new_tokens (",
-                                                   options.max_new_tokens, ") exceeds max_seq_len ",
-                                                   impl_->config.max_seq_len));
-  }
-  torch::NoGradGuard no_grad;
+  // One decode algorithm: the whole batch joins a DecodeBatch at once and runs out.
   const int64_t B = prompts.size();
-  std::vector<std::vector<int32_t>> padded(B);
+  DecodeBatch batch(this, static_cast<int>(B));
+  std::vector<DecodeBatch::Sequence> sequences(B);
   for (int64_t b = 0; b < B; ++b) {
-    padded[b].assign(longest - prompts[b].size(), options.pad_id);
-    padded[b].insert(padded[b].end(), prompts[b].begin(), prompts[b].end());
+    sequences[b].id = b;
+    sequences[b].prompt = prompts[b];
+    sequences[b].options = options;
+    sequences[b].options.seed = SequenceSeed(options.seed, b);
   }
-  auto cache = impl_->NewCache(B);
-  torch::Tensor logits = impl_->Forward(ToTensor(padded, impl_->device), 0, cache).select(1, -1);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   std::vector<Generation> out(B);
-  std::vector<bool> done(B, false);
-  int64_t position = longest;
-  for (int step = 0; step < options.max_new_tokens; ++step) {
-    torch::Tensor scaled = options.temperature > 0 ? logits / options.temperature : logits;
-    torch::Tensor logp = torch::log_softmax(scaled.to(torch::kCPU).to(torch::kFloat32), -1);
-    torch::Tensor next;
-    if (options.temperature == 0) {
-      next = logp.argmax(-1);
-    } else {
-      torch::Tensor filtered = logp.clone();
-      if (options.top_k > 0 && options.top_k < filtered.size(-1)) {
-        auto kth = std::get<0>(filtered.topk(options.top_k, -1)).select(-1, -1).unsqueeze(-1);
-        filtered.masked_fill_(filtered < kth, -INFINITY);
-      }
-      if (options.top_p < 1) {
-        auto [sorted, index] = filtered.sort(-1, /*descending=*/true);
-        auto cum = sorted.exp().cumsum(-1);
-        auto drop = (cum - sorted.exp()) > options.top_p;  // keep the smallest set reaching top_p
-        filtered.scatter_(-1, index, sorted.masked_fill(drop, -INFINITY));
-      }
-      next = torch::multinomial(filtered.softmax(-1), 1, /*replacement=*/false, gen).squeeze(-1);
+  auto collect = [&out](const std::vector<DecodeBatch::Token>& tokens) {
+    for (const DecodeBatch::Token& t : tokens) {
+      out[t.id].tokens.push_back(t.token);
+      out[t.id].logprobs.push_back(t.logprob);
+      if (t.finished) out[t.id].stopped_by_eos = t.stopped_by_eos;
     }
-    auto next_a = next.accessor<int64_t, 1>();
-    auto logp_chosen = logp.gather(-1, next.unsqueeze(-1)).squeeze(-1);
-    auto lp = logp_chosen.accessor<float, 1>();
-    std::vector<std::vector<int32_t>> feed(B, std::vector<int32_t>(1, options.pad_id));
-    bool all_done = true;
-    for (int64_t b = 0; b < B; ++b) {
-      if (done[b]) continue;
-      const int32_t token = static_cast<int32_t>(next_a[b]);
-      out[b].tokens.push_back(token);
-      out[b].logprobs.push_back(lp[b]);
-      feed[b][0] = token;
-      if (token == options.eos_id) {
-        done[b] = true;
-        out[b].stopped_by_eos = true;
-      }
-      all_done = all_done && done[b];
-    }
-    if (all_done || step + 1 == options.max_new_tokens) break;
-    logits = impl_->Forward(ToTensor(feed, impl_->device), position, cache).select(1, -1);
-    ++position;
+  };
+  ASSIGN_OR_RETURN(std::vector<DecodeBatch::Token> first, batch.Add(std::move(sequences)));
+  collect(first);
+  while (batch.size() > 0) {
+    ASSIGN_OR_RETURN(std::vector<DecodeBatch::Token> step, batch.Step());
+    collect(step);
   }
   return out;
+}
+
+uint64_t SequenceSeed(uint64_t seed, uint64_t index) {
+  // splitmix64 of the pair: neighbouring indices get unrelated streams.
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// ---- DecodeBatch ----
+
+class DecodeBatch::State {
+ public:
+  struct Row {
+    uint64_t id = 0;
+    SamplingOptions options;
+    std::mt19937_64 rng;
+    int generated = 0;    // tokens sampled so far (the last one is `pending`)
+    int32_t pending = 0;  // sampled, not yet fed through the model
+    int64_t start = 0;    // cache position of the first prompt token
+  };
+
+  State(Policy::Impl* impl, int capacity)
+      : impl(impl), capacity(std::max(1, capacity)), width(2 * int64_t{impl->config.max_seq_len}) {}
+
+  Policy::Impl::Cache View(int64_t r0, int64_t n) {
+    Policy::Impl::Cache view;
+    for (size_t l = 0; l < cache.k.size(); ++l) {
+      view.k.push_back(cache.k[l].narrow(0, r0, n));
+      view.v.push_back(cache.v[l].narrow(0, r0, n));
+    }
+    view.key_ok = cache.key_ok.narrow(0, r0, n);
+    return view;
+  }
+
+  // Makes room for `rows_needed` rows (doubling, up to capacity), keeping live rows.
+  void Grow(int64_t rows_needed) {
+    if (rows_needed <= allocated) return;
+    const int64_t n = std::min<int64_t>(capacity, std::max<int64_t>({rows_needed, 2 * allocated, 8}));
+    Policy::Impl::Cache grown;
+    const int64_t dh = impl->config.d_model / impl->config.n_heads;
+    auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(impl->device);
+    for (int l = 0; l < impl->config.n_layers; ++l) {
+      grown.k.push_back(torch::zeros({n, impl->config.n_heads, width, dh}, opts));
+      grown.v.push_back(torch::zeros({n, impl->config.n_heads, width, dh}, opts));
+    }
+    grown.key_ok = torch::zeros({n, width}, opts.dtype(torch::kBool));
+    torch::Tensor grown_tokens = torch::zeros({n, width}, opts.dtype(torch::kLong));
+    const int64_t live = rows.size();
+    if (live > 0) {
+      for (size_t l = 0; l < grown.k.size(); ++l) {
+        grown.k[l].narrow(0, 0, live).copy_(cache.k[l].narrow(0, 0, live));
+        grown.v[l].narrow(0, 0, live).copy_(cache.v[l].narrow(0, 0, live));
+      }
+      grown.key_ok.narrow(0, 0, live).copy_(cache.key_ok.narrow(0, 0, live));
+      grown_tokens.narrow(0, 0, live).copy_(tokens.narrow(0, 0, live));
+    }
+    cache = std::move(grown);
+    tokens = grown_tokens;
+    allocated = n;
+  }
+
+  // Moves every live row's cache so the batch's position becomes `target` (left to
+  // reclaim leading padding, right to make room for a longer prompt).
+  void Reposition(int64_t target) {
+    const int64_t n = rows.size(), d = target - position;
+    if (n > 0 && d != 0) {
+      auto shift = [&](torch::Tensor all, int64_t dim) {
+        torch::Tensor x = all.narrow(0, 0, n);
+        if (d > 0) {
+          torch::Tensor moved = x.narrow(dim, 0, position).clone();
+          x.narrow(dim, d, position).copy_(moved);
+        } else {
+          torch::Tensor moved = x.narrow(dim, -d, position + d).clone();
+          x.narrow(dim, 0, position + d).copy_(moved);
+        }
+      };
+      for (size_t l = 0; l < cache.k.size(); ++l) {
+        shift(cache.k[l], 2);
+        shift(cache.v[l], 2);
+      }
+      shift(cache.key_ok, 1);
+      shift(tokens, 1);
+      if (d > 0) {
+        cache.key_ok.narrow(0, 0, n).narrow(1, 0, d).fill_(false);
+        tokens.narrow(0, 0, n).narrow(1, 0, d).fill_(0);
+      }
+      for (Row& r : rows) r.start += d;
+    }
+    position = target;
+  }
+
+  // Where the batch's position must be for `sequences` to join, or -1 if they cannot
+  // now (no free rows, or not enough cache width for everyone's remaining tokens).
+  int64_t Placement(const std::vector<Sequence>& sequences) const {
+    if (sequences.empty() || rows.size() + sequences.size() > static_cast<size_t>(capacity)) return -1;
+    int64_t longest = 0, remaining = 0;
+    for (const Sequence& s : sequences) {
+      longest = std::max<int64_t>(longest, s.prompt.size());
+      remaining = std::max<int64_t>(remaining, s.options.max_new_tokens);
+    }
+    if (rows.empty()) return longest + remaining <= width ? longest : -1;
+    int64_t earliest = position;
+    for (const Row& r : rows) {
+      earliest = std::min(earliest, r.start);
+      remaining = std::max<int64_t>(remaining, r.options.max_new_tokens - r.generated);
+    }
+    if (position >= longest && position + remaining <= width) return position;  // no move
+    const int64_t target = std::max(longest, position - earliest);
+    return target + remaining <= width ? target : -1;
+  }
+
+  // Samples one token per row of `logits` [m, V] for rows r0 .. r0+m-1 (each with its
+  // own options and RNG; rows with equal options are sampled together).
+  std::vector<Token> Sample(const torch::Tensor& logits, int64_t r0) {
+    const int64_t m = logits.size(0), V = logits.size(1);
+    torch::Tensor all = logits.to(torch::kCPU).to(torch::kFloat32);
+    std::map<std::tuple<float, int, float>, std::vector<int64_t>> groups;
+    for (int64_t i = 0; i < m; ++i) {
+      const SamplingOptions& o = rows[r0 + i].options;
+      groups[{o.temperature, o.top_k, o.top_p}].push_back(i);
+    }
+    std::vector<int64_t> next(m);
+    std::vector<float> logprob(m);
+    for (const auto& [key, index] : groups) {
+      const auto [temperature, top_k, top_p] = key;
+      const int64_t g = index.size();
+      torch::Tensor x = g == m ? all : all.index_select(0, torch::tensor(index, torch::kLong));
+      torch::Tensor logp = torch::log_softmax(temperature > 0 ? x / temperature : x, -1);
+      torch::Tensor chosen;
+      if (temperature == 0) {
+        chosen = logp.argmax(-1);
+      } else {
+        torch::Tensor filtered = logp.clone();
+        if (top_k > 0 && top_k < V) {
+          auto kth = std::get<0>(filtered.topk(top_k, -1)).select(-1, -1).unsqueeze(-1);
+          filtered.masked_fill_(filtered < kth, -INFINITY);
+        }
+        if (top_p < 1) {
+          auto [sorted, order] = filtered.sort(-1, /*descending=*/true);
+          auto drop = (sorted.exp().cumsum(-1) - sorted.exp()) > top_p;  // smallest set reaching top_p
+          filtered.scatter_(-1, order, sorted.masked_fill(drop, -INFINITY));
+        }
+        // Inverse CDF with one uniform in (0, 1] per row from the row's own RNG.
+        torch::Tensor cdf = filtered.softmax(-1).cumsum(-1);
+        torch::Tensor u = torch::empty({g, 1}, torch::kFloat64);
+        auto ua = u.accessor<double, 2>();
+        for (int64_t j = 0; j < g; ++j) ua[j][0] = ((rows[r0 + index[j]].rng() >> 11) + 1) * 0x1.0p-53;
+        u = (u * cdf.narrow(-1, V - 1, 1).to(torch::kFloat64)).to(torch::kFloat32);
+        chosen = cdf.lt(u).sum(-1).clamp_max(V - 1);
+      }
+      torch::Tensor chosen_lp = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).contiguous();
+      chosen = chosen.contiguous();
+      const int64_t* c = chosen.data_ptr<int64_t>();
+      const float* lp = chosen_lp.data_ptr<float>();
+      for (int64_t j = 0; j < g; ++j) {
+        next[index[j]] = c[j];
+        logprob[index[j]] = lp[j];
+      }
+    }
+    std::vector<Token> out(m);
+    std::vector<int64_t> leaving;
+    for (int64_t i = 0; i < m; ++i) {
+      Row& r = rows[r0 + i];
+      Token& t = out[i];
+      t.id = r.id;
+      t.token = static_cast<int32_t>(next[i]);
+      t.logprob = logprob[i];
+      r.pending = t.token;
+      ++r.generated;
+      const std::vector<int32_t>& stop = r.options.stop_ids;
+      t.stopped_by_eos = t.token == r.options.eos_id || std::find(stop.begin(), stop.end(), t.token) != stop.end();
+      t.finished = t.stopped_by_eos || r.generated >= r.options.max_new_tokens;
+      if (t.finished) leaving.push_back(r0 + i);
+    }
+    for (auto it = leaving.rbegin(); it != leaving.rend(); ++it) RemoveRow(*it);
+    return out;
+  }
+
+  // Drops row i, moving the last row into its place so live rows stay dense.
+  void RemoveRow(int64_t i) {
+    const int64_t last = static_cast<int64_t>(rows.size()) - 1;
+    if (i != last) {
+      for (size_t l = 0; l < cache.k.size(); ++l) {
+        cache.k[l].narrow(0, i, 1).copy_(cache.k[l].narrow(0, last, 1));
+        cache.v[l].narrow(0, i, 1).copy_(cache.v[l].narrow(0, last, 1));
+      }
+      cache.key_ok.narrow(0, i, 1).copy_(cache.key_ok.narrow(0, last, 1));
+      tokens.narrow(0, i, 1).copy_(tokens.narrow(0, last, 1));
+      rows[i] = std::move(rows[last]);
+    }
+    rows.pop_back();
+    if (rows.empty()) position = 0;
+  }
+
+  Policy::Impl* const impl;
+  const int capacity;
+  const int64_t width;  // cache positions per row
+  int64_t allocated = 0;
+  Policy::Impl::Cache cache;
+  torch::Tensor tokens;  // [allocated, width] the token at each cache position (PAD = 0)
+  std::vector<Row> rows;  // live rows, dense: row i is cache row i
+  int64_t position = 0;   // the cache position the next Step writes
+  int64_t steps = 0;
+};
+
+DecodeBatch::DecodeBatch(Policy* policy, int capacity)
+    : policy_(policy), state_(std::make_unique<State>(policy->impl_.get(), capacity)) {}
+DecodeBatch::~DecodeBatch() = default;
+
+int DecodeBatch::size() const { return static_cast<int>(state_->rows.size()); }
+int DecodeBatch::capacity() const { return state_->capacity; }
+int64_t DecodeBatch::steps() const { return state_->steps; }
+
+absl::Status DecodeBatch::Validate(const Sequence& sequence) const {
+  const PolicyConfig& config = policy_->config();
+  RETURN_IF_ERROR(CheckTokens({sequence.prompt}, config.vocab_size, /*equal_length=*/true));
+  const SamplingOptions& o = sequence.options;
+  if (o.temperature < 0) return absl::InvalidArgumentError("temperature is negative");
+  if (o.top_p <= 0 || o.top_p > 1) return absl::InvalidArgumentError("top_p is outside (0, 1]");
+  if (o.top_k < 0) return absl::InvalidArgumentError("top_k is negative");
+  if (o.max_new_tokens < 1 ||
+      static_cast<int64_t>(sequence.prompt.size()) + o.max_new_tokens > config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt (", sequence.prompt.size(), ") + max_new_tokens (",
+                                                   o.max_new_tokens, ") exceeds max_seq_len ", config.max_seq_len));
+  }
+  return absl::OkStatus();
+}
+
+bool DecodeBatch::CanAdd(const std::vector<Sequence>& sequences) const {
+  return state_->Placement(sequences) >= 0;
+}
+
+absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Add(std::vector<Sequence> sequences) {
+  if (sequences.empty()) return absl::InvalidArgumentError("no sequences to add");
+  for (const Sequence& s : sequences) RETURN_IF_ERROR(Validate(s));
+  State& st = *state_;
+  const int64_t target = st.Placement(sequences);
+  if (target < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("no room for ", sequences.size(), " more sequences (",
+                                                      st.rows.size(), " of ", st.capacity, " rows live)"));
+  }
+  torch::NoGradGuard no_grad;
+  const int64_t k = sequences.size(), r0 = st.rows.size();
+  int64_t longest = 0;
+  for (const Sequence& s : sequences) longest = std::max<int64_t>(longest, s.prompt.size());
+  st.Grow(r0 + k);
+  st.Reposition(target);
+  // The joiners' rows: no keys before their prompts (the cache may hold a departed
+  // row's), prompts left-padded to end at the batch position.
+  st.cache.key_ok.narrow(0, r0, k).fill_(false);
+  st.tokens.narrow(0, r0, k).fill_(0);
+  std::vector<std::vector<int32_t>> padded(k);
+  for (int64_t j = 0; j < k; ++j) {
+    padded[j].assign(longest - sequences[j].prompt.size(), sequences[j].options.pad_id);
+    padded[j].insert(padded[j].end(), sequences[j].prompt.begin(), sequences[j].prompt.end());
+    State::Row row;
+    row.id = sequences[j].id;
+    row.options = std::move(sequences[j].options);
+    row.rng.seed(row.options.seed);
+    row.start = target - static_cast<int64_t>(sequences[j].prompt.size());
+    st.rows.push_back(std::move(row));
+  }
+  torch::Tensor input = ToTensor(padded, st.impl->device);
+  st.tokens.narrow(0, r0, k).narrow(1, target - longest, longest).copy_(input);
+  auto view = st.View(r0, k);
+  torch::Tensor logits = st.impl->Forward(input, target - longest, view).select(1, -1);
+  return st.Sample(logits, r0);
+}
+
+absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Step() {
+  State& st = *state_;
+  const int64_t n = st.rows.size();
+  if (n == 0) return std::vector<Token>{};
+  torch::NoGradGuard no_grad;
+  std::vector<std::vector<int32_t>> feed(n, std::vector<int32_t>(1));
+  for (int64_t i = 0; i < n; ++i) feed[i][0] = st.rows[i].pending;
+  torch::Tensor input = ToTensor(feed, st.impl->device);
+  st.tokens.narrow(0, 0, n).narrow(1, st.position, 1).copy_(input);
+  auto view = st.View(0, n);
+  torch::Tensor logits = st.impl->Forward(input, st.position, view).select(1, -1);
+  ++st.position;
+  ++st.steps;
+  return st.Sample(logits, 0);
+}
+
+bool DecodeBatch::Remove(uint64_t id) {
+  State& st = *state_;
+  for (size_t i = 0; i < st.rows.size(); ++i) {
+    if (st.rows[i].id == id) {
+      st.RemoveRow(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status DecodeBatch::Refresh() {
+  State& st = *state_;
+  const int64_t n = st.rows.size();
+  if (n == 0) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  auto view = st.View(0, n);
+  st.impl->Forward(st.tokens.narrow(0, 0, n).narrow(1, 0, st.position), 0, view);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch,

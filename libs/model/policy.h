@@ -38,6 +38,7 @@ struct SamplingOptions {
   uint64_t seed = 0;    // same seed, same prompts, same weights: same tokens
   int32_t eos_id = 2;
   int32_t pad_id = 0;
+  std::vector<int32_t> stop_ids;  // more tokens that end a sequence (kept in the response)
 };
 
 struct Generation {
@@ -86,6 +87,12 @@ struct TrainStats {
   int64_t tokens = 0;
 };
 
+class DecodeBatch;
+
+// The seed of sequence `index` of a request seeded with `seed` (each sequence samples
+// from its own stream, so its tokens do not depend on its batch).
+uint64_t SequenceSeed(uint64_t seed, uint64_t index);
+
 class Policy {
  public:
   // A randomly initialised policy (deterministic in `init_seed`). INVALID_ARGUMENT for
@@ -129,8 +136,68 @@ class Policy {
   class Impl;
 
  private:
+  friend class DecodeBatch;
   explicit Policy(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// Continuous batching: sequences join and leave a running decode batch between steps.
+//
+// Every sequence sits in one row of a shared KV cache, right-aligned at the batch's
+// current position (a joiner's prompt is prefilled so that its last token is where
+// everyone else's is; positions count real tokens, so the placement changes nothing
+// it computes). Rows are kept dense (a finished row is replaced by the last one) and
+// the cache is shifted left when a joiner needs room, so each step costs the live
+// rows only. Each sequence samples from its own RNG (seeded by its options), so what
+// it generates does not depend on which others share its batch.
+//
+// Not thread-safe; one thread (the rollout scheduler) drives it. The Policy must
+// outlive it, and its weights may change between calls (then call Refresh).
+class DecodeBatch {
+ public:
+  struct Sequence {
+    uint64_t id = 0;              // the caller's handle, reported with every token
+    std::vector<int32_t> prompt;  // 1..max_seq_len-1 tokens
+    SamplingOptions options;      // options.seed seeds this sequence alone
+  };
+  struct Token {
+    uint64_t id = 0;  // Sequence::id
+    int32_t token = 0;
+    float logprob = 0;
+    bool finished = false;        // the sequence left the batch with this token
+    bool stopped_by_eos = false;  // ... because it produced EOS or a stop token
+  };
+
+  // `capacity`: sequences decoded together at most.
+  DecodeBatch(Policy* policy, int capacity);
+  ~DecodeBatch();
+
+  // INVALID_ARGUMENT naming the problem (empty prompt, token outside the vocabulary,
+  // prompt + max_new_tokens > max_seq_len, bad sampling options); no state changes.
+  absl::Status Validate(const Sequence& sequence) const;
+  // Whether these sequences (valid ones) can join now: rows free and cache room.
+  bool CanAdd(const std::vector<Sequence>& sequences) const;
+  // Prefills `sequences` together and samples each one's first token (a sequence that
+  // ends on it leaves at once). FAILED_PRECONDITION if !CanAdd; INVALID_ARGUMENT as
+  // Validate; nothing joins on error.
+  absl::StatusOr<std::vector<Token>> Add(std::vector<Sequence> sequences);
+  // Decodes one token for every sequence in the batch; finished ones leave it.
+  absl::StatusOr<std::vector<Token>> Step();
+  // Drops a sequence (aborted); false if it is not in the batch.
+  bool Remove(uint64_t id);
+  // Recomputes the KV cache of every sequence in the batch with the policy's current
+  // weights (after a weight swap): tokens decoded from now on see only the new weights.
+  absl::Status Refresh();
+
+  int size() const;
+  int capacity() const;
+  int64_t steps() const;  // Step calls that decoded at least one token
+
+  class State;
+
+ private:
+  Policy* const policy_;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace rlfleet::model

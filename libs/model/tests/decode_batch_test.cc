@@ -1,0 +1,156 @@
+// Continuous batching: sequences that join a running batch, leave it, or see a weight
+// swap generate exactly what the same algorithm gives them alone.
+#include <cstdlib>
+#include <map>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "libs/model/policy.h"
+
+namespace rlfleet::model {
+namespace {
+
+PolicyConfig Small() {
+  PolicyConfig c;
+  c.vocab_size = 32;
+  c.d_model = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.max_seq_len = 40;
+  return c;
+}
+
+std::vector<int32_t> RandomPrompt(std::mt19937& rng, int length) {
+  std::vector<int32_t> p(length);
+  for (int32_t& t : p) t = 3 + rng() % 29;  // real tokens, never PAD (0)
+  return p;
+}
+
+DecodeBatch::Sequence Seq(uint64_t id, std::vector<int32_t> prompt, int max_new, float temperature, uint64_t seed) {
+  DecodeBatch::Sequence s;
+  s.id = id;
+  s.prompt = std::move(prompt);
+  s.options.max_new_tokens = max_new;
+  s.options.temperature = temperature;
+  s.options.eos_id = -1;  // run to max_new_tokens: longer overlaps
+  s.options.seed = seed;
+  return s;
+}
+
+// What `s` generates alone in a fresh batch.
+std::vector<int32_t> Alone(Policy* policy, const DecodeBatch::Sequence& s) {
+  DecodeBatch batch(policy, 1);
+  std::vector<int32_t> out;
+  auto first = batch.Add({s});
+  EXPECT_TRUE(first.ok()) << first.status();
+  for (const auto& t : *first) out.push_back(t.token);
+  while (batch.size() > 0) {
+    auto step = batch.Step();
+    EXPECT_TRUE(step.ok()) << step.status();
+    for (const auto& t : *step) out.push_back(t.token);
+  }
+  return out;
+}
+
+TEST(DecodeBatch, SequencesJoiningAndLeavingAtRandomGenerateWhatTheyGenerateAlone) {
+  auto policy = Policy::Create(Small(), "cpu", 11);
+  ASSERT_TRUE(policy.ok());
+  for (float temperature : {0.0f, 1.0f}) {
+    std::mt19937 rng(temperature == 0 ? 1 : 2);
+    DecodeBatch batch(policy->get(), 6);
+    std::map<uint64_t, DecodeBatch::Sequence> all;
+    std::map<uint64_t, std::vector<int32_t>> got;
+    uint64_t next_id = 0;
+    int refused = 0;
+    for (int step = 0; step < 120 || batch.size() > 0; ++step) {
+      // Now and then a group of 1-3 sequences with random prompt lengths tries to join
+      // (longer and shorter than what is running: the cache moves both ways).
+      if (step < 120 && rng() % 3 == 0) {
+        std::vector<DecodeBatch::Sequence> group;
+        const int n = 1 + rng() % 3;
+        for (int j = 0; j < n; ++j) {
+          group.push_back(Seq(next_id + j, RandomPrompt(rng, 1 + rng() % 14), 1 + rng() % 20, temperature,
+                              rng()));
+        }
+        if (batch.CanAdd(group)) {
+          for (const auto& s : group) all[s.id] = s;
+          next_id += n;
+          auto first = batch.Add(group);
+          ASSERT_TRUE(first.ok()) << first.status();
+          for (const auto& t : *first) got[t.id].push_back(t.token);
+        } else {
+          ++refused;
+          EXPECT_EQ(batch.Add(group).status().code(), absl::StatusCode::kFailedPrecondition);
+        }
+      }
+      EXPECT_LE(batch.size(), 6);
+      auto tokens = batch.Step();
+      ASSERT_TRUE(tokens.ok()) << tokens.status();
+      for (const auto& t : *tokens) got[t.id].push_back(t.token);
+    }
+    ASSERT_GT(all.size(), 20u);
+    EXPECT_GT(refused, 0) << "the schedule never filled the batch";
+    for (const auto& [id, s] : all) {
+      EXPECT_EQ(got[id], Alone(policy->get(), s)) << "sequence " << id << ", temperature " << temperature;
+      EXPECT_EQ(got[id].size(), static_cast<size_t>(s.options.max_new_tokens));
+    }
+  }
+}
+
+TEST(DecodeBatch, AfterAWeightSwapAndRefreshTokensComeFromTheNewWeightsAlone) {
+  auto policy = Policy::Create(Small(), "cpu", 1);
+  auto other = Policy::Create(Small(), "cpu", 2);
+  ASSERT_TRUE(policy.ok() && other.ok());
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/other.safetensors");
+  ASSERT_TRUE((*other)->SaveSafetensors(path).ok());
+  std::mt19937 rng(5);
+  std::vector<int32_t> prompt_a = RandomPrompt(rng, 5), prompt_b = RandomPrompt(rng, 9);
+  DecodeBatch batch(policy->get(), 4);
+  std::map<uint64_t, std::vector<int32_t>> got;
+  auto first = batch.Add({Seq(0, prompt_a, 16, 0, 0), Seq(1, prompt_b, 16, 0, 0)});
+  ASSERT_TRUE(first.ok());
+  for (const auto& t : *first) got[t.id].push_back(t.token);
+  auto step = [&] {
+    auto tokens = batch.Step();  // (not `for (t : *batch.Step())`: a dangling temporary)
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    for (const auto& t : *tokens) got[t.id].push_back(t.token);
+  };
+  for (int i = 0; i < 4; ++i) step();
+  ASSERT_TRUE((*policy)->LoadSafetensors(path).ok());
+  ASSERT_TRUE(batch.Refresh().ok());
+  std::map<uint64_t, size_t> swapped_at = {{0, got[0].size()}, {1, got[1].size()}};
+  while (batch.size() > 0) step();
+  // The new weights, given prompt + the tokens decoded before the swap, continue
+  // exactly as the batch did.
+  for (auto [id, prompt] : std::map<uint64_t, std::vector<int32_t>>{{0, prompt_a}, {1, prompt_b}}) {
+    std::vector<int32_t> prefix = prompt;
+    prefix.insert(prefix.end(), got[id].begin(), got[id].begin() + swapped_at[id]);
+    // The last pre-swap token has not been fed yet: it is the prefix's last token.
+    auto rest = Alone(other->get(), Seq(id, prefix, 16 - swapped_at[id], 0, 0));
+    std::vector<int32_t> want(got[id].begin() + swapped_at[id], got[id].end());
+    EXPECT_EQ(rest, want) << "sequence " << id;
+  }
+}
+
+TEST(DecodeBatch, FullBatchRefusesAndRemoveFreesARow) {
+  auto policy = Policy::Create(Small(), "cpu", 3);
+  ASSERT_TRUE(policy.ok());
+  DecodeBatch batch(policy->get(), 2);
+  ASSERT_TRUE(batch.Add({Seq(7, {4, 5, 6}, 10, 0, 0), Seq(8, {4, 5}, 10, 0, 0)}).ok());
+  EXPECT_EQ(batch.size(), 2);
+  EXPECT_FALSE(batch.CanAdd({Seq(9, {4}, 5, 0, 0)}));
+  EXPECT_EQ(batch.Add({Seq(9, {4}, 5, 0, 0)}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(batch.Remove(7));
+  EXPECT_FALSE(batch.Remove(7));
+  EXPECT_EQ(batch.size(), 1);
+  ASSERT_TRUE(batch.Add({Seq(9, {4}, 5, 0, 0)}).ok());
+  // Bad input is INVALID_ARGUMENT, and nothing joins.
+  EXPECT_EQ(batch.Add({Seq(10, {}, 5, 0, 0)}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batch.Add({Seq(10, {4, 99}, 5, 0, 0)}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batch.Add({Seq(10, {4}, 40, 0, 0)}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batch.size(), 2);
+}
+
+}  // namespace
+}  // namespace rlfleet::model
