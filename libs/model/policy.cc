@@ -697,6 +697,8 @@ absl::Status Policy::SaveSafetensors(const std::string& path) const {
 absl::Status Policy::LoadSafetensors(const std::string& path) {
   ASSIGN_OR_RETURN(auto tensors, ReadSafetensors(path));
   torch::NoGradGuard no_grad;
+  // Every tensor is checked before any is copied: a bad file changes nothing.
+  std::vector<std::pair<torch::Tensor, const TensorBlob*>> copies;
   for (auto& item : impl_->named_parameters()) {
     auto it = tensors.find(item.key());
     if (it == tensors.end()) {
@@ -708,8 +710,11 @@ absl::Status Policy::LoadSafetensors(const std::string& path) {
                                                      " of the wrong shape; want F32 [",
                                                      absl::StrJoin(item.value().sizes().vec(), ","), "]"));
     }
-    torch::Tensor src = torch::from_blob(const_cast<char*>(blob.bytes.data()), blob.shape, torch::kFloat32);
-    item.value().copy_(src);
+    copies.emplace_back(item.value(), &blob);
+  }
+  for (auto& [param, blob] : copies) {
+    torch::Tensor src = torch::from_blob(const_cast<char*>(blob->bytes.data()), blob->shape, torch::kFloat32);
+    param.copy_(src);
   }
   return absl::OkStatus();
 }

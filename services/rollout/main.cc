@@ -18,6 +18,7 @@ ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(std::string, weights, "", "Safetensors file to serve at --weights_version; empty: wait for weights "
                                     "(or serve the random init with --serve_initial_weights).");
 ABSL_FLAG(uint64_t, weights_version, 1, "Policy version of --weights / the initial weights.");
+ABSL_FLAG(int, max_batch, 256, "Sequences decoded together at most (continuous batching).");
 ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised model as --weights_version.");
 
 int main(int argc, char** argv) {
@@ -34,14 +35,16 @@ int main(int argc, char** argv) {
   config.n_layers = absl::GetFlag(FLAGS_n_layers);
   config.n_heads = absl::GetFlag(FLAGS_n_heads);
   config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
-  auto core = rlfleet::rollout::RolloutCore::Create(config, absl::GetFlag(FLAGS_device));
+  rlfleet::rollout::RolloutLimits limits;
+  limits.max_batch = absl::GetFlag(FLAGS_max_batch);
+  auto core = rlfleet::rollout::RolloutCore::Create(config, absl::GetFlag(FLAGS_device), limits);
   if (!core.ok()) {
     std::cerr << "rlfleet-rollout: " << core.status() << "\n";
     return 2;
   }
   absl::Status installed = absl::OkStatus();
   if (!absl::GetFlag(FLAGS_weights).empty()) {
-    installed = (*core)->InstallFromFile(absl::GetFlag(FLAGS_weights), absl::GetFlag(FLAGS_weights_version));
+    installed = (*core)->InstallFromFile(absl::GetFlag(FLAGS_weights), absl::GetFlag(FLAGS_weights_version)).status();
   } else if (absl::GetFlag(FLAGS_serve_initial_weights)) {
     installed = (*core)->InstallInitial(absl::GetFlag(FLAGS_weights_version));
   }

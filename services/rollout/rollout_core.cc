@@ -1,11 +1,92 @@
 #include "services/rollout/rollout_core.h"
 
+#include <algorithm>
+#include <set>
+
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::rollout {
+
+// A request's samples. Fields marked (mu_) are guarded by the core's mu_; the rest
+// belong to the scheduler thread once the job is queued.
+class RolloutCore::Job {
+ public:
+  struct Sample {
+    uint32_t tokens = 0;
+    absl::Time first_token = absl::InfinitePast(), last_token = absl::InfinitePast();
+    bool finished = false;
+  };
+
+  std::vector<std::vector<int32_t>> prompts;  // one per sample
+  model::SamplingOptions options;
+  uint64_t base_seed = 0;
+  absl::Time arrival, deadline;
+  JobSink sink;
+  size_t next_sample = 0;           // (mu_) first sample not yet in the batch
+  bool cancel_requested = false;    // (mu_)
+  absl::Status cancel_status;       // (mu_) why, when cancel_requested
+  std::vector<Sample> samples;
+  int unfinished = 0;
+  bool done = false;
+};
+
+struct RolloutCore::Install {
+  std::string path;
+  uint64_t version = 0;
+  absl::Notification done;
+  absl::Status status;
+  InstallReport report;
+};
+
+namespace {
+
+absl::StatusOr<model::SamplingOptions> ToOptions(const v1::SamplingParams& sp, const RolloutLimits& limits,
+                                                 uint64_t* seed) {
+  model::SamplingOptions o;
+  o.max_new_tokens = sp.max_new_tokens() == 0 ? 48 : static_cast<int>(sp.max_new_tokens());
+  if (o.max_new_tokens > limits.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.max_new_tokens ", o.max_new_tokens,
+                                                   " exceeds the limit of ", limits.max_new_tokens));
+  }
+  if (sp.temperature() < 0) return absl::InvalidArgumentError("sampling.temperature is negative");
+  if (sp.top_p() < 0 || sp.top_p() > 1) return absl::InvalidArgumentError("sampling.top_p is outside [0, 1]");
+  if (sp.stop_token_ids_size() > 16) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids has ", sp.stop_token_ids_size(),
+                                                   " entries; the limit is 16"));
+  }
+  o.temperature = sp.temperature();
+  o.top_k = static_cast<int>(sp.top_k());
+  o.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
+  o.stop_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
+  if (sp.ignore_eos()) o.eos_id = -1;
+  *seed = sp.has_seed() ? sp.seed() : absl::Uniform<uint64_t>(absl::BitGen());
+  return o;
+}
+
+absl::Status CheckPrompt(const google::protobuf::RepeatedField<int32_t>& ids, const std::string& field,
+                         int max_new, const model::PolicyConfig& config) {
+  if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "] = ", ids[i],
+                                                     " is outside the vocabulary of ", config.vocab_size));
+    }
+  }
+  if (ids.size() + max_new > config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " has ", ids.size(), " tokens; with max_new_tokens ",
+                                                   max_new, " that exceeds max_seq_len ", config.max_seq_len));
+  }
+  return absl::OkStatus();
+}
+
+double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RolloutCore>> RolloutCore::Create(const model::PolicyConfig& config,
                                                                   const std::string& device,
@@ -15,18 +96,51 @@ absl::StatusOr<std::unique_ptr<RolloutCore>> RolloutCore::Create(const model::Po
 }
 
 RolloutCore::RolloutCore(std::unique_ptr<model::Policy> policy, std::string device, RolloutLimits limits)
-    : device_(std::move(device)), limits_(limits), policy_(std::move(policy)) {}
+    : device_(std::move(device)),
+      limits_(limits),
+      config_(policy->config()),
+      num_parameters_(policy->num_parameters()),
+      policy_(std::move(policy)) {
+  batch_ = std::make_unique<model::DecodeBatch>(policy_.get(), limits_.max_batch);
+  scheduler_ = std::thread([this] { Run(); });
+}
 
-absl::Status RolloutCore::InstallFromFile(const std::string& path, uint64_t version) {
-  absl::MutexLock lock(&mu_);
-  if (version <= version_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("version ", version, " is not newer than the installed ", version_));
+RolloutCore::~RolloutCore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
   }
-  RETURN_IF_ERROR(policy_->LoadSafetensors(path));
-  version_ = version;
-  ++swaps_;
-  return absl::OkStatus();
+  scheduler_.join();
+}
+
+absl::StatusOr<InstallReport> RolloutCore::InstallFromFile(const std::string& path, uint64_t version,
+                                                           absl::Time deadline) {
+  auto install = std::make_shared<Install>();
+  install->path = path;
+  install->version = version;
+  {
+    absl::MutexLock lock(&mu_);
+    if (version <= version_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", version, " is not newer than the installed ", version_));
+    }
+    if (install_ != nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", install_->version, " is being installed; retry after it"));
+    }
+    install_ = install;
+  }
+  if (!install->done.WaitForNotificationWithDeadline(deadline)) {
+    absl::MutexLock lock(&mu_);
+    if (install_ == install) {  // the scheduler has not taken it: withdraw
+      install_.reset();
+      return absl::DeadlineExceededError(
+          absl::StrCat("no decode-step boundary to install version ", version, " before the deadline"));
+    }
+  }
+  install->done.WaitForNotification();  // taken: finishes with the load
+  RETURN_IF_ERROR(install->status);
+  return install->report;
 }
 
 absl::Status RolloutCore::InstallInitial(uint64_t version) {
@@ -46,11 +160,325 @@ uint64_t RolloutCore::installed_version() {
 
 bool RolloutCore::serving() {
   absl::MutexLock lock(&mu_);
-  return version_ > 0 && !drained_;
+  return version_ > 0 && !drained_ && !draining_;
+}
+
+absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Submit(std::vector<std::vector<int32_t>> prompts,
+                                                                       const v1::SamplingParams& sampling,
+                                                                       uint64_t min_policy_version,
+                                                                       absl::Time deadline, JobSink sink) {
+  auto job = std::make_shared<Job>();
+  uint64_t seed = 0;
+  ASSIGN_OR_RETURN(job->options, ToOptions(sampling, limits_, &seed));
+  job->base_seed = seed;
+  job->prompts = std::move(prompts);
+  job->samples.resize(job->prompts.size());
+  job->unfinished = job->prompts.size();
+  job->arrival = absl::Now();
+  job->deadline = deadline;
+  job->sink = std::move(sink);
+  absl::MutexLock lock(&mu_);
+  if (stop_) return absl::UnavailableError("replica is shutting down");
+  if (drained_ || draining_) return absl::UnavailableError("replica is drained: no new work until Resume");
+  if (version_ == 0) return absl::FailedPreconditionError("no weight version installed yet");
+  if (min_policy_version > version_) {
+    return absl::FailedPreconditionError(absl::StrCat("installed version ", version_,
+                                                      " is below min_policy_version ", min_policy_version));
+  }
+  const int n = job->prompts.size();
+  if (queued_sequences_ + n > limits_.max_queued) {
+    return absl::ResourceExhaustedError(absl::StrCat(queued_sequences_, " sequences are queued; ", n,
+                                                     " more would pass the limit of ", limits_.max_queued,
+                                                     ": retry later or on another replica"));
+  }
+  queued_sequences_ += n;
+  waiting_.push_back(job);
+  jobs_[job.get()] = job;
+  return job;
+}
+
+void RolloutCore::Cancel(const std::shared_ptr<Job>& job) {
+  absl::MutexLock lock(&mu_);
+  if (job->cancel_requested || jobs_.count(job.get()) == 0) return;
+  job->cancel_requested = true;
+  job->cancel_status = absl::CancelledError("cancelled by the client");
+  cancelled_.push_back(job);
+}
+
+void RolloutCore::Run() {
+  for (;;) {
+    std::shared_ptr<Install> install;
+    std::vector<std::shared_ptr<Job>> cancelled;
+    std::vector<model::DecodeBatch::Sequence> group;
+    std::vector<std::pair<std::shared_ptr<Job>, uint32_t>> owners;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || install_ != nullptr || !cancelled_.empty() || !waiting_.empty() || batch_->size() > 0;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Milliseconds(100));
+      if (stop_) break;
+      install.swap(install_);
+      cancelled.swap(cancelled_);
+      const absl::Time now = absl::Now();
+      for (auto& [ptr, job] : jobs_) {
+        if (!job->cancel_requested && now > job->deadline) {
+          job->cancel_requested = true;
+          job->cancel_status = absl::DeadlineExceededError("deadline passed before every sample finished");
+          cancelled.push_back(job);
+        }
+      }
+      // Admit queued sequences in FIFO order while they fit (after a pending install,
+      // so they start on the new version).
+      while (install == nullptr && !waiting_.empty()) {
+        std::shared_ptr<Job> job = waiting_.front();
+        if (job->cancel_requested) {
+          queued_sequences_ -= job->prompts.size() - job->next_sample;
+          waiting_.pop_front();
+          continue;
+        }
+        const uint32_t sample = job->next_sample;
+        model::DecodeBatch::Sequence s;
+        s.id = next_sequence_id_;
+        s.prompt = job->prompts[sample];
+        s.options = job->options;
+        s.options.seed = model::SequenceSeed(job->base_seed, sample);
+        group.push_back(std::move(s));
+        if (!batch_->CanAdd(group)) {
+          group.pop_back();
+          break;
+        }
+        owners.emplace_back(job, sample);
+        ++next_sequence_id_;
+        --queued_sequences_;
+        if (++job->next_sample == job->prompts.size()) waiting_.pop_front();
+      }
+    }
+    if (install != nullptr) {
+      const absl::Time start = absl::Now();
+      install->status = policy_->LoadSafetensors(install->path);
+      const absl::Time loaded = absl::Now();
+      if (install->status.ok()) install->status = batch_->Refresh();
+      if (install->status.ok()) {
+        absl::MutexLock lock(&mu_);
+        version_ = install->version;
+        ++swaps_;
+        install->report.version = version_;
+        install->report.decode_step = steps_;
+      }
+      install->report.inflight_sequences = batch_->size();
+      install->report.install_us = absl::ToInt64Microseconds(loaded - start);
+      install->report.pause_us = absl::ToInt64Microseconds(absl::Now() - start);
+      install->done.Notify();
+    }
+    for (const auto& job : cancelled) {
+      absl::Status why;
+      {
+        absl::MutexLock lock(&mu_);
+        why = job->cancel_status;
+      }
+      Abort(job, v1::FINISH_REASON_ABORTED, why);
+    }
+    if (!group.empty()) {
+      for (size_t i = 0; i < group.size(); ++i) live_[group[i].id] = owners[i];
+      absl::StatusOr<std::vector<model::DecodeBatch::Token>> first = batch_->Add(std::move(group));
+      if (first.ok()) {
+        Dispatch(*first);
+      } else {
+        for (auto& [job, sample] : owners) Abort(job, v1::FINISH_REASON_ERROR, first.status());
+      }
+    }
+    if (batch_->size() > 0) {
+      absl::StatusOr<std::vector<model::DecodeBatch::Token>> step = batch_->Step();
+      if (step.ok()) {
+        {
+          absl::MutexLock lock(&mu_);
+          ++steps_;
+        }
+        Dispatch(*step);
+      } else {
+        std::set<Job*> seen;
+        std::vector<std::shared_ptr<Job>> failing;
+        for (auto& [id, owner] : live_) {
+          if (seen.insert(owner.first.get()).second) failing.push_back(owner.first);
+        }
+        for (const auto& job : failing) Abort(job, v1::FINISH_REASON_ERROR, step.status());
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    active_sequences_ = batch_->size();
+  }
+  // Stopping: everything unfinished is aborted.
+  std::vector<std::shared_ptr<Job>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [ptr, job] : jobs_) all.push_back(job);
+    if (install_ != nullptr) {
+      install_->status = absl::UnavailableError("replica is shutting down");
+      install_->done.Notify();
+      install_.reset();
+    }
+  }
+  for (const auto& job : all) Abort(job, v1::FINISH_REASON_ABORTED, absl::UnavailableError("replica is shutting down"));
+}
+
+void RolloutCore::Dispatch(const std::vector<model::DecodeBatch::Token>& tokens) {
+  uint64_t version;
+  {
+    absl::MutexLock lock(&mu_);
+    version = version_;
+  }
+  const absl::Time now = absl::Now();
+  std::map<Job*, JobEvents> events;
+  std::vector<std::shared_ptr<Job>> touched;
+  for (const model::DecodeBatch::Token& t : tokens) {
+    auto it = live_.find(t.id);
+    if (it == live_.end()) continue;
+    const std::shared_ptr<Job> job = it->second.first;
+    const uint32_t sample = it->second.second;
+    Job::Sample& s = job->samples[sample];
+    if (s.tokens++ == 0) s.first_token = now;
+    s.last_token = now;
+    if (events.count(job.get()) == 0) touched.push_back(job);
+    JobEvents& e = events[job.get()];
+    e.tokens.push_back({sample, t.token, t.logprob, version});
+    if (t.finished) {
+      s.finished = true;
+      --job->unfinished;
+      e.finished.push_back({sample, t.stopped_by_eos ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH, s.tokens,
+                            Ms(s.first_token - job->arrival), Ms(s.last_token - s.first_token)});
+      live_.erase(it);
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    window_tokens_ += tokens.size();
+    if (now - window_start_ >= absl::Seconds(1)) {
+      tokens_per_s_ = window_tokens_ / absl::ToDoubleSeconds(now - window_start_);
+      window_tokens_ = 0;
+      window_start_ = now;
+    }
+  }
+  for (const auto& job : touched) FinishJobIfDone(job, &events);
+  for (const auto& job : touched) job->sink(std::move(events[job.get()]));
+}
+
+void RolloutCore::FinishJobIfDone(const std::shared_ptr<Job>& job, std::map<Job*, JobEvents>* events) {
+  if (job->unfinished > 0 || job->done) return;
+  job->done = true;
+  (*events)[job.get()].done = true;
+  absl::MutexLock lock(&mu_);
+  finished_sequences_ += job->samples.size();
+  jobs_.erase(job.get());
+}
+
+void RolloutCore::Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason, const absl::Status& status) {
+  if (job->done) return;
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (it->second.first == job) {
+      batch_->Remove(it->first);
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  JobEvents e;
+  const absl::Time now = absl::Now();
+  uint64_t aborted = 0, finished = 0;
+  for (uint32_t i = 0; i < job->samples.size(); ++i) {
+    Job::Sample& s = job->samples[i];
+    if (s.finished) {
+      ++finished;
+      continue;
+    }
+    s.finished = true;
+    ++aborted;
+    e.finished.push_back({i, reason, s.tokens, s.tokens ? Ms(s.first_token - job->arrival) : 0,
+                          s.tokens ? Ms(now - s.first_token) : 0});
+  }
+  job->unfinished = 0;
+  job->done = true;
+  e.done = true;
+  e.status = status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job->next_sample < job->prompts.size()) {
+      queued_sequences_ -= job->prompts.size() - job->next_sample;
+      job->next_sample = job->prompts.size();
+      waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), job), waiting_.end());
+    }
+    aborted_sequences_ += aborted;
+    finished_sequences_ += finished;
+    jobs_.erase(job.get());
+    active_sequences_ = batch_->size();
+  }
+  job->sink(std::move(e));
+}
+
+absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Generate(const v1::GenerateRequest& request,
+                                                                         StreamSink sink, absl::Time deadline) {
+  RETURN_IF_ERROR(common::ValidateId("request_id", request.request_id()));
+  const int samples = request.num_samples() == 0 ? 1 : static_cast<int>(request.num_samples());
+  if (samples > limits_.max_samples) {
+    return absl::InvalidArgumentError(absl::StrCat("num_samples ", samples, " exceeds the limit of ",
+                                                   limits_.max_samples));
+  }
+  if (request.chunk_tokens() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_tokens ", request.chunk_tokens(), " exceeds 1024"));
+  }
+  const int max_new = request.sampling().max_new_tokens() == 0 ? 48 : request.sampling().max_new_tokens();
+  RETURN_IF_ERROR(CheckPrompt(request.prompt_token_ids(), "prompt_token_ids", max_new, config_));
+  std::vector<int32_t> prompt(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  // Tokens are sent in chunks of chunk_tokens per sample, and what is left when a
+  // sample finishes; then its SampleFinished.
+  struct Chunker {
+    std::string request_id;
+    size_t chunk = 16;
+    std::vector<v1::TokenChunk> pending;
+    StreamSink sink;
+  };
+  auto chunker = std::make_shared<Chunker>();
+  chunker->request_id = request.request_id();
+  chunker->chunk = request.chunk_tokens() == 0 ? 16 : request.chunk_tokens();
+  chunker->pending.resize(samples);
+  for (int i = 0; i < samples; ++i) chunker->pending[i].set_sample_index(i);
+  chunker->sink = std::move(sink);
+  JobSink job_sink = [chunker](JobEvents e) {
+    std::vector<v1::GenerateResponse> out;
+    auto flush = [&](uint32_t sample) {
+      v1::TokenChunk& c = chunker->pending[sample];
+      if (c.token_ids_size() == 0) return;
+      *out.emplace_back().mutable_chunk() = c;
+      c.set_token_offset(c.token_offset() + c.token_ids_size());
+      c.clear_token_ids();
+      c.clear_logprobs();
+      c.clear_policy_versions();
+    };
+    for (const JobEvents::Token& t : e.tokens) {
+      v1::TokenChunk& c = chunker->pending[t.sample];
+      c.add_token_ids(t.token);
+      c.add_logprobs(t.logprob);
+      c.add_policy_versions(t.version);
+      if (static_cast<size_t>(c.token_ids_size()) >= chunker->chunk) flush(t.sample);
+    }
+    for (const JobEvents::Finished& f : e.finished) {
+      flush(f.sample);
+      v1::SampleFinished* done = out.emplace_back().mutable_finished();
+      done->set_sample_index(f.sample);
+      done->set_finish_reason(f.reason);
+      done->set_response_tokens(f.tokens);
+      done->mutable_experience_id()->set_value(absl::StrCat(chunker->request_id, "/", f.sample));
+      done->set_time_to_first_token_ms(f.time_to_first_token_ms);
+      done->set_decode_ms(f.decode_ms);
+    }
+    chunker->sink(std::move(out), e.done, e.status);
+  };
+  return Submit(std::vector<std::vector<int32_t>>(samples, prompt), request.sampling(),
+                request.min_policy_version(), deadline, std::move(job_sink));
 }
 
 absl::Status RolloutCore::GenerateBatch(const v1::GenerateBatchRequest& request,
-                                        v1::GenerateBatchResponse* response) {
+                                        v1::GenerateBatchResponse* response, absl::Time deadline) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(common::ValidateId("request_id", request.request_id()));
   const int prompts = request.prompts_size();
@@ -63,72 +491,68 @@ absl::Status RolloutCore::GenerateBatch(const v1::GenerateBatchRequest& request,
     return absl::InvalidArgumentError(absl::StrCat("prompts x num_samples = ", prompts * samples,
                                                    " exceeds the limit of ", limits_.max_sequences, " sequences"));
   }
-  const v1::SamplingParams& sp = request.sampling();
-  const int max_new = sp.max_new_tokens() == 0 ? 48 : static_cast<int>(sp.max_new_tokens());
-  if (max_new > limits_.max_new_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.max_new_tokens ", max_new, " exceeds the limit of ",
-                                                   limits_.max_new_tokens));
-  }
-  if (sp.temperature() < 0) return absl::InvalidArgumentError("sampling.temperature is negative");
-  if (sp.top_p() < 0 || sp.top_p() > 1) return absl::InvalidArgumentError("sampling.top_p is outside [0, 1]");
+  const int max_new = request.sampling().max_new_tokens() == 0 ? 48 : request.sampling().max_new_tokens();
   std::vector<std::vector<int32_t>> rows;
   for (int p = 0; p < prompts; ++p) {
     const auto& ids = request.prompts(p).prompt_token_ids();
-    if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat("prompts[", p, "].prompt_token_ids is empty"));
+    if (max_new <= limits_.max_new_tokens) {  // (else ToOptions names the limit)
+      RETURN_IF_ERROR(CheckPrompt(ids, absl::StrCat("prompts[", p, "].prompt_token_ids"), max_new, config_));
+    }
     for (int s = 0; s < samples; ++s) rows.emplace_back(ids.begin(), ids.end());
   }
-  absl::MutexLock lock(&mu_);
-  if (drained_) return absl::UnavailableError("replica is drained: no new work until Resume");
-  if (version_ == 0) return absl::FailedPreconditionError("no weight version installed yet");
-  if (request.min_policy_version() > version_) {
-    return absl::FailedPreconditionError(absl::StrCat("installed version ", version_, " is below min_policy_version ",
-                                                      request.min_policy_version()));
-  }
-  model::SamplingOptions options;
-  options.temperature = sp.temperature();
-  options.top_k = static_cast<int>(sp.top_k());
-  options.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
-  options.max_new_tokens = max_new;
-  options.seed = sp.seed();
-  const int max_len = policy_->config().max_seq_len;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    if (static_cast<int>(rows[r].size()) + max_new > max_len) {
-      return absl::InvalidArgumentError(absl::StrCat("prompts[", r / samples, "] has ", rows[r].size(),
-                                                     " tokens; with max_new_tokens ", max_new,
-                                                     " that exceeds max_seq_len ", max_len));
+  struct Result {
+    absl::Mutex mu;
+    std::vector<v1::Experience> rows;
+    absl::Status status;
+    absl::Notification done;
+  };
+  auto result = std::make_shared<Result>();
+  result->rows.resize(rows.size());
+  JobSink sink = [result](JobEvents e) {
+    absl::MutexLock lock(&result->mu);
+    for (const JobEvents::Token& t : e.tokens) {
+      v1::Experience& x = result->rows[t.sample];
+      x.add_response_token_ids(t.token);
+      x.add_response_logprobs(t.logprob);
+      x.add_token_policy_versions(t.version);
     }
+    for (const JobEvents::Finished& f : e.finished) result->rows[f.sample].set_finish_reason(f.reason);
+    if (e.done) {
+      result->status = e.status;
+      result->done.Notify();
+    }
+  };
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
+                   Submit(std::move(rows), request.sampling(), request.min_policy_version(), deadline, sink));
+  // The scheduler aborts the job at its deadline; the margin covers one decode step.
+  if (!result->done.WaitForNotificationWithDeadline(deadline + absl::Seconds(30))) {
+    Cancel(job);
+    return absl::DeadlineExceededError("GenerateBatch: the replica did not finish the batch in time");
   }
-  ASSIGN_OR_RETURN(std::vector<model::Generation> gens, policy_->Generate(rows, options));
+  absl::MutexLock lock(&result->mu);
+  RETURN_IF_ERROR(result->status);
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   uint64_t tokens = 0;
-  for (size_t r = 0; r < gens.size(); ++r) {
+  for (size_t r = 0; r < result->rows.size(); ++r) {
     const int p = static_cast<int>(r) / samples, s = static_cast<int>(r) % samples;
     const v1::BatchPrompt& prompt = request.prompts(p);
     v1::Experience* e = response->add_completions();
+    *e = std::move(result->rows[r]);
     e->mutable_experience_id()->set_value(absl::StrCat(request.request_id(), ":", p, ":", s));
     e->set_prompt_id(prompt.prompt_id());
     e->set_group_id(prompt.group_id().empty() ? prompt.prompt_id() : prompt.group_id());
     e->set_task(prompt.task());
     *e->mutable_prompt_token_ids() = prompt.prompt_token_ids();
-    for (size_t i = 0; i < gens[r].tokens.size(); ++i) {
-      e->add_response_token_ids(gens[r].tokens[i]);
-      e->add_response_logprobs(gens[r].logprobs[i]);
-      e->add_token_policy_versions(version_);
-    }
-    e->set_finish_reason(gens[r].stopped_by_eos ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
     e->set_created_at_unix_ms(now_ms);
-    tokens += gens[r].tokens.size();
+    tokens += e->response_token_ids_size();
   }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   response->set_generated_tokens(tokens);
-  response->set_elapsed_ms(seconds * 1000);
-  if (seconds > 0) tokens_per_s_ = tokens / seconds;
+  response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   return absl::OkStatus();
 }
 
 absl::Status RolloutCore::GetInfo(v1::GetInfoResponse* response) {
-  absl::MutexLock lock(&mu_);
-  const model::PolicyConfig& c = policy_->config();
+  const model::PolicyConfig& c = config_;
   v1::ModelConfig* m = response->mutable_model();
   m->set_vocab_size(c.vocab_size);
   m->set_d_model(c.d_model);
@@ -137,29 +561,55 @@ absl::Status RolloutCore::GetInfo(v1::GetInfoResponse* response) {
   m->set_max_seq_len(c.max_seq_len);
   m->set_has_value_head(c.value_head);
   m->set_dtype(v1::DTYPE_FLOAT32);
-  m->set_num_parameters(policy_->num_parameters());
+  m->set_num_parameters(num_parameters_);
+  absl::MutexLock lock(&mu_);
   response->mutable_installed_version()->set_version(version_);
-  response->set_state(drained_ ? v1::REPLICA_SERVING_STATE_DRAINED
+  if (install_ != nullptr) response->mutable_staged_version()->set_version(install_->version);
+  response->set_state(drained_     ? v1::REPLICA_SERVING_STATE_DRAINED
+                      : draining_  ? v1::REPLICA_SERVING_STATE_DRAINING
                       : version_ == 0 ? v1::REPLICA_SERVING_STATE_WAITING_FOR_WEIGHTS
                                       : v1::REPLICA_SERVING_STATE_SERVING);
-  response->mutable_load()->set_tokens_per_s(tokens_per_s_);
+  v1::LoadStats* load = response->mutable_load();
+  load->set_tokens_per_s(tokens_per_s_);
+  load->set_active_sequences(active_sequences_);
+  load->set_queued_requests(waiting_.size());
+  load->set_inflight_requests(jobs_.size());
   response->set_device(device_);
-  response->set_max_batch_sequences(limits_.max_sequences);
+  response->set_max_batch_sequences(limits_.max_batch);
   response->set_weight_swaps(swaps_);
   return absl::OkStatus();
 }
 
-absl::Status RolloutCore::Drain(const v1::DrainRequest&, v1::DrainResponse* response) {
-  // Requests run to completion under the lock, so holding it means none is in flight.
+absl::Status RolloutCore::Drain(const v1::DrainRequest& request, v1::DrainResponse* response) {
+  if (request.grace_ms() < 0) return absl::InvalidArgumentError("grace_ms is negative");
   absl::MutexLock lock(&mu_);
+  const uint64_t finished0 = finished_sequences_, aborted0 = aborted_sequences_;
+  if (!drained_) draining_ = true;
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return jobs_.empty(); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Milliseconds(request.grace_ms()))) {
+    for (auto& [ptr, job] : jobs_) {
+      if (job->cancel_requested) continue;
+      job->cancel_requested = true;
+      job->cancel_status = absl::UnavailableError("replica drained: aborted at the grace deadline");
+      cancelled_.push_back(job);
+    }
+    if (!mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(30))) {
+      return absl::DeadlineExceededError("drain: in-flight work did not stop within 30 s of aborting it");
+    }
+  }
+  draining_ = false;
   drained_ = true;
+  response->set_finished_sequences(finished_sequences_ - finished0);
+  response->set_aborted_sequences(aborted_sequences_ - aborted0);
   response->set_drained_at_unix_ms(absl::ToUnixMillis(absl::Now()));
   return absl::OkStatus();
 }
 
 absl::Status RolloutCore::Resume(v1::ResumeResponse* response) {
   absl::MutexLock lock(&mu_);
+  if (stop_) return absl::FailedPreconditionError("replica is shutting down");
   drained_ = false;
+  draining_ = false;
   response->set_state(version_ == 0 ? v1::REPLICA_SERVING_STATE_WAITING_FOR_WEIGHTS
                                     : v1::REPLICA_SERVING_STATE_SERVING);
   return absl::OkStatus();

@@ -1,49 +1,116 @@
-// RolloutCore: a policy replica without gRPC. Generation runs one request at a time
-// over libs/model's batched Generate (continuous batching, streaming and the weight
-// path's Prepare/Commit come next); every generated token is tagged with the policy
-// version installed when it was decoded.
+// RolloutCore: a policy replica without gRPC, serving generation through a
+// continuous-batching scheduler.
 //
-// States: WAITING_FOR_WEIGHTS until a version is installed, then SERVING; Drain makes
-// it DRAINED (new work is UNAVAILABLE) until Resume.
-// Thread-safe (requests are serialised on the model).
+// One scheduler thread owns the model and a model::DecodeBatch. Requests (Generate:
+// one prompt x N samples, streamed; GenerateBatch: many prompts, answered at once)
+// queue as jobs; between decode steps the scheduler admits queued sequences in FIFO
+// order while the batch has rows and cache room, decodes one token for every live
+// sequence, and hands each job its tokens. A new weight version is installed at a
+// step boundary while sequences are in flight (partial rollout): the KV cache is
+// recomputed with the new weights and every token says which version decoded it.
+//
+// States: WAITING_FOR_WEIGHTS until a version is installed, then SERVING; Drain
+// refuses new work (DRAINING), lets in-flight work finish until its grace time, aborts
+// the rest (FINISH_REASON_ABORTED) and is DRAINED until Resume.
+// Thread-safe.
 #ifndef RLFLEET_SERVICES_ROLLOUT_ROLLOUT_CORE_H_
 #define RLFLEET_SERVICES_ROLLOUT_ROLLOUT_CORE_H_
 
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "libs/model/policy.h"
 #include "rlfleet/v1/rollout.pb.h"
 
 namespace rlfleet::rollout {
 
 struct RolloutLimits {
-  int max_prompts = 256;
-  int max_sequences = 1024;  // prompts x num_samples
+  int max_prompts = 256;       // GenerateBatch prompts
+  int max_sequences = 1024;    // GenerateBatch prompts x num_samples
   int max_new_tokens = 512;
+  int max_batch = 256;         // sequences decoded together
+  int max_queued = 4096;       // sequences waiting to join the batch (RESOURCE_EXHAUSTED beyond)
+  int max_samples = 64;        // Generate num_samples
+};
+
+// What a job's sink is told after each scheduler step that touched it. Called on the
+// scheduler thread: it must not block (queue and return).
+struct JobEvents {
+  struct Token {
+    uint32_t sample = 0;
+    int32_t token = 0;
+    float logprob = 0;
+    uint64_t version = 0;  // the policy version that decoded it
+  };
+  struct Finished {
+    uint32_t sample = 0;
+    v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+    uint32_t tokens = 0;
+    double time_to_first_token_ms = 0;
+    double decode_ms = 0;
+  };
+  std::vector<Token> tokens;
+  std::vector<Finished> finished;
+  bool done = false;      // every sample finished; the last call for this job
+  absl::Status status;    // with done: why unfinished samples were aborted, if any
+};
+using JobSink = std::function<void(JobEvents)>;
+
+// Report of a weight install (CommitWeightsResponse's fields).
+struct InstallReport {
+  uint64_t version = 0;
+  uint64_t decode_step = 0;       // the scheduler's step count when it took effect
+  uint32_t inflight_sequences = 0;  // sequences that continue on the new version
+  int64_t pause_us = 0;           // decode paused (load + KV recompute)
+  int64_t install_us = 0;         // loading the weights into the model
 };
 
 class RolloutCore {
  public:
+  class Job;
+
   // INVALID_ARGUMENT for a config that does not make a model.
   static absl::StatusOr<std::unique_ptr<RolloutCore>> Create(const model::PolicyConfig& config,
                                                              const std::string& device,
                                                              RolloutLimits limits = {});
+  ~RolloutCore();  // aborts what is in flight (UNAVAILABLE) and stops the scheduler
 
   // Installs weights from a safetensors file as `version` (> the installed one, else
-  // FAILED_PRECONDITION). INVALID_ARGUMENT / NOT_FOUND from the file.
-  absl::Status InstallFromFile(const std::string& path, uint64_t version);
+  // FAILED_PRECONDITION) at the next decode-step boundary; in-flight sequences
+  // continue on it. INVALID_ARGUMENT / NOT_FOUND from the file (nothing changes);
+  // DEADLINE_EXCEEDED if the scheduler did not take it before `deadline`.
+  absl::StatusOr<InstallReport> InstallFromFile(const std::string& path, uint64_t version,
+                                                absl::Time deadline = absl::InfiniteFuture());
   // Installs the model's current (e.g. freshly initialised) weights as `version`.
   absl::Status InstallInitial(uint64_t version);
 
-  // FAILED_PRECONDITION without installed weights or below min_policy_version;
-  // UNAVAILABLE while drained; INVALID_ARGUMENT naming the field or limit for bad input.
-  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response);
+  // Streams `request`'s samples to `sink` as GenerateResponse messages (chunks of
+  // chunk_tokens tokens per sample, SampleFinished per sample); `done` on the last
+  // call, with the status the stream should end with. Errors before anything runs:
+  // INVALID_ARGUMENT naming the field; FAILED_PRECONDITION (no weights, below
+  // min_policy_version); UNAVAILABLE (drained); RESOURCE_EXHAUSTED (queue full).
+  using StreamSink = std::function<void(std::vector<v1::GenerateResponse>, bool done, absl::Status)>;
+  absl::StatusOr<std::shared_ptr<Job>> Generate(const v1::GenerateRequest& request, StreamSink sink,
+                                                absl::Time deadline = absl::InfiniteFuture());
+  // Aborts a job's unfinished samples (FINISH_REASON_ABORTED); its sink gets `done`.
+  void Cancel(const std::shared_ptr<Job>& job);
+
+  // Runs the batch through the scheduler and answers when every sequence finished;
+  // errors as Generate, and DEADLINE_EXCEEDED at `deadline` (the sequences are aborted).
+  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response,
+                             absl::Time deadline = absl::Now() + absl::Minutes(10));
 
   absl::Status GetInfo(v1::GetInfoResponse* response);
+  // INVALID_ARGUMENT for grace_ms < 0.
   absl::Status Drain(const v1::DrainRequest& request, v1::DrainResponse* response);
   absl::Status Resume(v1::ResumeResponse* response);
 
@@ -51,16 +118,48 @@ class RolloutCore {
   bool serving();
 
  private:
+  struct Install;
   RolloutCore(std::unique_ptr<model::Policy> policy, std::string device, RolloutLimits limits);
+
+  // Validates and queues a job of `prompts` (one per sample). Errors as Generate.
+  absl::StatusOr<std::shared_ptr<Job>> Submit(std::vector<std::vector<int32_t>> prompts,
+                                              const v1::SamplingParams& sampling, uint64_t min_policy_version,
+                                              absl::Time deadline, JobSink sink);
+  void Run();  // the scheduler thread
+  void Dispatch(const std::vector<model::DecodeBatch::Token>& tokens);
+  void Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason, const absl::Status& status);
+  void FinishJobIfDone(const std::shared_ptr<Job>& job, std::map<Job*, JobEvents>* events);
 
   const std::string device_;
   const RolloutLimits limits_;
+  const model::PolicyConfig config_;
+  const int64_t num_parameters_;
+  // Owned by the scheduler thread (and by the constructor before it starts).
+  std::unique_ptr<model::Policy> policy_;
+  std::unique_ptr<model::DecodeBatch> batch_;
+  std::map<uint64_t, std::pair<std::shared_ptr<Job>, uint32_t>> live_;  // batch id -> job, sample
+
   absl::Mutex mu_;
-  std::unique_ptr<model::Policy> policy_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t swaps_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::shared_ptr<Job>> waiting_ ABSL_GUARDED_BY(mu_);  // not fully admitted
+  std::map<Job*, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);  // every unfinished job
+  std::vector<std::shared_ptr<Job>> cancelled_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Install> install_ ABSL_GUARDED_BY(mu_);
+  int queued_sequences_ ABSL_GUARDED_BY(mu_) = 0;
+  int active_sequences_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t finished_sequences_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t aborted_sequences_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_sequence_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // tokens/s over the last full window of >= 1 s.
   double tokens_per_s_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t window_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  std::thread scheduler_;
 };
 
 }  // namespace rlfleet::rollout

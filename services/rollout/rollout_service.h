@@ -1,18 +1,151 @@
-// gRPC adapter for RolloutCore: GenerateBatch, GetInfo, Drain, Resume. The streaming
-// Generate and the weight path's PrepareWeights / CommitWeights / UpdateWeights answer
-// UNIMPLEMENTED until they land. Thread-safe.
+// gRPC adapter for RolloutCore: Generate (server streaming), GenerateBatch, GetInfo,
+// Drain, Resume, and UpdateWeights from a FILE source (the trainer's hand-off until the
+// weights service lands; PrepareWeights / CommitWeights answer UNIMPLEMENTED until
+// then). Thread-safe.
 #ifndef RLFLEET_SERVICES_ROLLOUT_ROLLOUT_SERVICE_H_
 #define RLFLEET_SERVICES_ROLLOUT_ROLLOUT_SERVICE_H_
 
+#include <chrono>
+#include <deque>
 #include <functional>
+#include <memory>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-
 #include "libs/rpc/server_call.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "services/rollout/rollout_core.h"
 
 namespace rlfleet::rollout {
+
+// The call's deadline, or `fallback` from now when the client set none.
+inline absl::Time CallDeadline(const grpc::CallbackServerContext& context,
+                               absl::Duration fallback = absl::Minutes(10)) {
+  const auto deadline = context.deadline();
+  const absl::Time latest = absl::Now() + absl::Hours(24);
+  if (deadline >= std::chrono::system_clock::now() + std::chrono::hours(24)) return absl::Now() + fallback;
+  return std::min(absl::FromChrono(deadline), latest);
+}
+
+// Streams one Generate job: the scheduler pushes messages (never blocking), and the
+// reactor writes them one at a time; a client that goes away cancels the job.
+// StartWrite and Finish are never called with the lock held (gRPC may run
+// OnWriteDone inline), and OnDone waits for any pusher still inside Pump.
+class GenerateStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  // The state the job's sink shares with the reactor (the sink may outlive it).
+  struct Shared {
+    absl::Mutex mu;
+    GenerateStream* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    int pushers ABSL_GUARDED_BY(mu) = 0;         // sinks inside reactor->Pump()
+    std::deque<v1::GenerateResponse> queue ABSL_GUARDED_BY(mu);
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool done ABSL_GUARDED_BY(mu) = false;       // the job finished: Finish after the queue
+    bool finished ABSL_GUARDED_BY(mu) = false;   // Finish called
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+
+  static RolloutCore::StreamSink SinkFor(std::shared_ptr<Shared> shared) {
+    return [shared](std::vector<v1::GenerateResponse> messages, bool done, absl::Status status) {
+      GenerateStream* reactor = nullptr;
+      {
+        absl::MutexLock lock(&shared->mu);
+        for (auto& m : messages) shared->queue.push_back(std::move(m));
+        if (done) {
+          shared->done = true;
+          shared->status = status;
+        }
+        reactor = shared->reactor;
+        if (reactor != nullptr) ++shared->pushers;
+      }
+      if (reactor == nullptr) return;
+      reactor->Pump();
+      absl::MutexLock lock(&shared->mu);
+      --shared->pushers;
+    };
+  }
+
+  GenerateStream(RolloutCore* core, std::shared_ptr<Shared> shared) : core_(core), shared_(std::move(shared)) {}
+
+  // Starts writing (call once the job exists).
+  void Start(std::shared_ptr<RolloutCore::Job> job) {
+    {
+      absl::MutexLock lock(&shared_->mu);
+      job_ = std::move(job);
+      shared_->reactor = this;
+    }
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool finish = false;
+    std::shared_ptr<RolloutCore::Job> job;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      shared_->writing = false;
+      if (!ok && !shared_->finished) {  // the client is gone
+        shared_->finished = true;
+        finish = true;
+        job = job_;
+      }
+    }
+    if (!finish) {
+      Pump();
+      return;
+    }
+    if (job != nullptr) core_->Cancel(job);
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed: client gone"));
+  }
+  void OnCancel() override {
+    std::shared_ptr<RolloutCore::Job> job;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      job = job_;
+    }
+    if (job != nullptr) core_->Cancel(job);
+  }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&shared_->mu);
+      shared_->reactor = nullptr;
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_->mu) { return shared_->pushers == 0; };
+      shared_->mu.Await(absl::Condition(&idle));
+    }
+    delete this;
+  }
+
+ private:
+  // Starts the next write, or finishes the call once the job is done and all is sent.
+  void Pump() {
+    bool write = false;
+    grpc::Status final_status;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      if (shared_->writing || shared_->finished) return;
+      if (!shared_->queue.empty()) {
+        current_ = std::move(shared_->queue.front());
+        shared_->queue.pop_front();
+        shared_->writing = true;
+        write = true;
+      } else if (shared_->done) {
+        shared_->finished = true;
+        final_status = rpc::ToGrpcStatus(shared_->status);
+      } else {
+        return;
+      }
+    }
+    if (write) {
+      StartWrite(&current_);
+    } else {
+      Finish(final_status);
+    }
+  }
+
+  RolloutCore* const core_;
+  const std::shared_ptr<Shared> shared_;
+  std::shared_ptr<RolloutCore::Job> job_;
+  v1::GenerateResponse current_;
+};
 
 class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
  public:
@@ -20,9 +153,21 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   RolloutServiceImpl(RolloutCore* core, rpc::CallAuth auth, std::function<void(bool)> on_state_change = {})
       : core_(core), auth_(std::move(auth)), on_state_change_(std::move(on_state_change)) {}
 
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* c,
+                                                           const v1::GenerateRequest* req) override {
+    using Failed = rpc::FinishedStream<grpc::ServerWriteReactor<v1::GenerateResponse>>;
+    if (absl::Status s = rpc::CheckBearerToken(*c, auth_.token); !s.ok()) return new Failed(rpc::ToGrpcStatus(s));
+    auto shared = std::make_shared<GenerateStream::Shared>();
+    absl::StatusOr<std::shared_ptr<RolloutCore::Job>> job =
+        core_->Generate(*req, GenerateStream::SinkFor(shared), CallDeadline(*c));
+    if (!job.ok()) return new Failed(rpc::ToGrpcStatus(job.status()));
+    auto* stream = new GenerateStream(core_, shared);
+    stream->Start(std::move(*job));
+    return stream;
+  }
   grpc::ServerUnaryReactor* GenerateBatch(grpc::CallbackServerContext* c, const v1::GenerateBatchRequest* req,
                                           v1::GenerateBatchResponse* resp) override {
-    return rpc::HandleUnary(c, auth_, [&] { return core_->GenerateBatch(*req, resp); });
+    return rpc::HandleUnary(c, auth_, [&] { return core_->GenerateBatch(*req, resp, CallDeadline(*c)); });
   }
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* c, const v1::GetInfoRequest*,
                                     v1::GetInfoResponse* resp) override {
@@ -30,6 +175,7 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   }
   // Until the weights service lands, only a FILE-backend hand-off is accepted: one
   // chunk whose source segment names a safetensors file (the trainer's PublishWeights).
+  // It is installed at the next decode-step boundary; in-flight sequences continue on it.
   grpc::ServerUnaryReactor* UpdateWeights(grpc::CallbackServerContext* c, const v1::PrepareWeightsRequest* req,
                                           v1::CommitWeightsResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&]() -> absl::Status {
@@ -37,12 +183,15 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
         return absl::UnimplementedError(
             "UpdateWeights takes one chunk from a FILE source until the weights service lands");
       }
-      const absl::Time start = absl::Now();
       const uint64_t version = req->manifest().version().version();
-      absl::Status s = core_->InstallFromFile(req->chunks(0).source().segment().worker_address(), version);
-      if (!s.ok()) return s;
-      resp->mutable_installed_version()->set_version(version);
-      resp->set_install_us(absl::ToInt64Microseconds(absl::Now() - start));
+      absl::StatusOr<InstallReport> report = core_->InstallFromFile(
+          req->chunks(0).source().segment().worker_address(), version, CallDeadline(*c, absl::Minutes(1)));
+      if (!report.ok()) return report.status();
+      resp->mutable_installed_version()->set_version(report->version);
+      resp->set_decode_step(report->decode_step);
+      resp->set_inflight_sequences(report->inflight_sequences);
+      resp->set_pause_us(report->pause_us);
+      resp->set_install_us(report->install_us);
       if (on_state_change_) on_state_change_(core_->serving());
       return absl::OkStatus();
     });
@@ -50,8 +199,9 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* c, const v1::DrainRequest* req,
                                   v1::DrainResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] {
+      if (on_state_change_) on_state_change_(false);  // stop new work from being routed here
       absl::Status s = core_->Drain(*req, resp);
-      if (s.ok() && on_state_change_) on_state_change_(core_->serving());
+      if (on_state_change_) on_state_change_(core_->serving());
       return s;
     });
   }

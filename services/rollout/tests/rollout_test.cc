@@ -1,7 +1,13 @@
 #include <grpcpp/create_channel.h>
 
+#include <cstdlib>
+#include <thread>
+
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "libs/model/policy.h"
 #include "libs/model/tokenizer.h"
 #include "libs/rpc/server_runner.h"
 #include "services/rollout/rollout_core.h"
@@ -118,6 +124,263 @@ TEST(RolloutService, GeneratesOverGrpcAndHealthFollowsTheState) {
   status = stub->GenerateBatch(&c3, bad, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(status.error_message(), "vocabulary")) << status.error_message();
+}
+
+v1::GenerateRequest Stream(const std::string& id, int samples, int max_new) {
+  v1::GenerateRequest r;
+  r.set_request_id(id);
+  r.set_num_samples(samples);
+  r.set_chunk_tokens(4);
+  r.mutable_sampling()->set_temperature(1.0f);
+  r.mutable_sampling()->set_ignore_eos(true);  // every sample runs to max_new_tokens
+  r.mutable_sampling()->set_max_new_tokens(max_new);
+  r.mutable_sampling()->set_seed(9);
+  const auto prompt = model::Tokenizer::EncodePrompt("reverse:12");  // kept alive for the loop
+  for (int32_t id : *prompt) r.add_prompt_token_ids(id);
+  return r;
+}
+
+model::PolicyConfig Long() {
+  model::PolicyConfig c = Small();
+  c.max_seq_len = 64;
+  return c;
+}
+
+// Everything one Generate job streamed, with the order events arrived in.
+struct Recorded {
+  absl::Mutex mu;
+  std::vector<v1::GenerateResponse> messages;
+  bool done = false;
+  absl::Status status;
+  absl::Notification finished;
+  int tokens() {
+    absl::MutexLock lock(&mu);
+    int n = 0;
+    for (const auto& m : messages) n += m.chunk().token_ids_size();
+    return n;
+  }
+};
+
+RolloutCore::StreamSink Record(std::shared_ptr<Recorded> r, std::function<void()> on_event = {}) {
+  return [r, on_event](std::vector<v1::GenerateResponse> messages, bool done, absl::Status status) {
+    {
+      absl::MutexLock lock(&r->mu);
+      for (auto& m : messages) r->messages.push_back(std::move(m));
+      r->done = done;
+      r->status = status;
+    }
+    if (on_event) on_event();
+    if (done) r->finished.Notify();
+  };
+}
+
+// The tokens of sample 0 in order, with their versions.
+std::vector<std::pair<int32_t, uint64_t>> Sample0(Recorded& r) {
+  absl::MutexLock lock(&r.mu);
+  std::vector<std::pair<int32_t, uint64_t>> out;
+  for (const auto& m : r.messages) {
+    if (!m.has_chunk() || m.chunk().sample_index() != 0) continue;
+    EXPECT_EQ(m.chunk().token_offset(), out.size());
+    for (int i = 0; i < m.chunk().token_ids_size(); ++i) {
+      out.emplace_back(m.chunk().token_ids(i), m.chunk().policy_versions(i));
+    }
+  }
+  return out;
+}
+
+// Waits (with a deadline) until GetInfo satisfies `pred`.
+bool AwaitInfo(RolloutCore* core, std::function<bool(const v1::GetInfoResponse&)> pred) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    v1::GetInfoResponse info;
+    if (core->GetInfo(&info).ok() && pred(info)) return true;
+    std::this_thread::yield();
+  }
+  return false;
+}
+
+TEST(RolloutCore, ARequestJoinsTheRunningBatchBetweenDecodeSteps) {
+  auto core = RolloutCore::Create(Long(), "cpu");
+  ASSERT_TRUE((*core)->InstallInitial(1).ok());
+  auto first = std::make_shared<Recorded>();
+  auto second = std::make_shared<Recorded>();
+  // The first job's first event holds the scheduler until the second job is queued,
+  // so the second one must join while the first is mid-decode.
+  absl::Notification first_event, second_queued;
+  auto a = (*core)->Generate(Stream("a", 2, 40), Record(first, [&] {
+    if (!first_event.HasBeenNotified()) {
+      first_event.Notify();
+      second_queued.WaitForNotificationWithTimeout(absl::Seconds(20));
+    }
+  }));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(first_event.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  auto b = (*core)->Generate(Stream("b", 1, 4), Record(second));
+  ASSERT_TRUE(b.ok()) << b.status();
+  second_queued.Notify();
+  ASSERT_TRUE(second->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_TRUE(second->status.ok()) << second->status;
+  // The short request finished while the long one was still decoding.
+  EXPECT_LT(first->tokens(), 2 * 40) << "the second request waited for the first to finish";
+  ASSERT_TRUE(first->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(first->tokens(), 2 * 40);
+  int finished = 0;
+  for (const auto& m : first->messages) {
+    if (!m.has_finished()) continue;
+    ++finished;
+    EXPECT_EQ(m.finished().response_tokens(), 40u);
+    EXPECT_EQ(m.finished().finish_reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(m.finished().experience_id().value(), absl::StrCat("a/", m.finished().sample_index()));
+  }
+  EXPECT_EQ(finished, 2);
+}
+
+TEST(RolloutCore, AWeightSwapMidDecodeTagsLaterTokensWithTheNewVersion) {
+  auto core = RolloutCore::Create(Long(), "cpu");
+  ASSERT_TRUE((*core)->InstallInitial(1).ok());
+  auto other = model::Policy::Create(Long(), "cpu", /*init_seed=*/77);
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/v2.safetensors");
+  ASSERT_TRUE((*other)->SaveSafetensors(path).ok());
+  auto rec = std::make_shared<Recorded>();
+  absl::Notification mid_decode, install_queued;
+  auto job = (*core)->Generate(Stream("swap", 1, 40), Record(rec, [&] {
+    if (rec->tokens() >= 8 && !mid_decode.HasBeenNotified()) {
+      mid_decode.Notify();
+      install_queued.WaitForNotificationWithTimeout(absl::Seconds(20));
+    }
+  }));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(mid_decode.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  absl::StatusOr<InstallReport> report;
+  std::thread installer([&] { report = (*core)->InstallFromFile(path, 2, absl::Now() + absl::Seconds(20)); });
+  EXPECT_TRUE(AwaitInfo(core->get(), [](const auto& i) { return i.staged_version().version() == 2; }));
+  install_queued.Notify();
+  installer.join();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->version, 2u);
+  EXPECT_EQ(report->inflight_sequences, 1u);
+  ASSERT_TRUE(rec->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  auto tokens = Sample0(*rec);
+  ASSERT_EQ(tokens.size(), 40u);
+  // Versions never go back, and both are there: 1 before the swap, 2 after.
+  size_t v1_tokens = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i].second == 1) {
+      ++v1_tokens;
+      EXPECT_EQ(i + 1, v1_tokens) << "a version-1 token after a version-2 one";
+    } else {
+      EXPECT_EQ(tokens[i].second, 2u);
+    }
+  }
+  EXPECT_GE(v1_tokens, 8u);
+  EXPECT_LT(v1_tokens, 40u);
+  v1::GetInfoResponse info;
+  ASSERT_TRUE((*core)->GetInfo(&info).ok());
+  EXPECT_EQ(info.installed_version().version(), 2u);
+  EXPECT_EQ(info.weight_swaps(), 1u);
+  // A file that does not fit changes nothing.
+  auto wrong = model::Policy::Create(Small(), "cpu");
+  ASSERT_TRUE((*wrong)->SaveSafetensors(path).ok());
+  EXPECT_EQ((*core)->InstallFromFile(path, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*core)->installed_version(), 2u);
+}
+
+TEST(RolloutCore, DrainAbortsWhatOutlivesTheGraceAndDeadlinesAndQueueLimitsHold) {
+  RolloutLimits limits;
+  limits.max_queued = 8;
+  auto core = RolloutCore::Create(Long(), "cpu", limits);
+  ASSERT_TRUE((*core)->InstallInitial(1).ok());
+  // More than the queue holds: RESOURCE_EXHAUSTED at once.
+  EXPECT_EQ((*core)->Generate(Stream("big", 9, 4), [](auto, bool, absl::Status) {}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // A deadline that passes aborts the batch with DEADLINE_EXCEEDED.
+  v1::GenerateBatchResponse r;
+  EXPECT_EQ((*core)->GenerateBatch(Request(), &r, absl::Now() - absl::Seconds(1)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // Drain with no grace aborts the running job; its stream ends UNAVAILABLE.
+  auto rec = std::make_shared<Recorded>();
+  absl::Notification running, draining;
+  auto job = (*core)->Generate(Stream("long", 2, 40), Record(rec, [&] {
+    if (!running.HasBeenNotified()) {
+      running.Notify();
+      draining.WaitForNotificationWithTimeout(absl::Seconds(20));
+    }
+  }));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(running.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  v1::DrainResponse drained;
+  std::thread drainer([&] { EXPECT_TRUE((*core)->Drain({}, &drained).ok()); });
+  EXPECT_TRUE(AwaitInfo(core->get(), [](const auto& i) {
+    return i.state() == v1::REPLICA_SERVING_STATE_DRAINING || i.state() == v1::REPLICA_SERVING_STATE_DRAINED;
+  }));
+  draining.Notify();
+  drainer.join();
+  EXPECT_EQ(drained.aborted_sequences(), 2u);
+  ASSERT_TRUE(rec->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(rec->status.code(), absl::StatusCode::kUnavailable);
+  int aborted = 0;
+  for (const auto& m : rec->messages) aborted += m.has_finished() && m.finished().finish_reason() == v1::FINISH_REASON_ABORTED;
+  EXPECT_EQ(aborted, 2);
+  v1::DrainRequest bad;
+  bad.set_grace_ms(-1);
+  EXPECT_EQ((*core)->Drain(bad, &drained).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RolloutService, GenerateStreamsChunksAndEndsEachSample) {
+  auto core = RolloutCore::Create(Long(), "cpu");
+  ASSERT_TRUE((*core)->InstallInitial(1).ok());
+  rpc::ServerRunner runner(rpc::ServerOptions{});
+  RolloutServiceImpl service(core->get(), rpc::CallAuth{});
+  runner.AddService(&service);
+  ASSERT_TRUE(runner.Start().ok());
+  auto stub = v1::RolloutService::NewStub(grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto reader = stub->Generate(&context, Stream("s", 3, 10));
+  v1::GenerateResponse m;
+  std::map<uint32_t, int> tokens, chunks;
+  std::map<uint32_t, v1::SampleFinished> ends;
+  while (reader->Read(&m)) {
+    if (m.has_chunk()) {
+      EXPECT_FALSE(ends.count(m.chunk().sample_index())) << "tokens after the sample ended";
+      EXPECT_EQ(m.chunk().token_offset(), tokens[m.chunk().sample_index()]);
+      EXPECT_LE(m.chunk().token_ids_size(), 4);
+      EXPECT_EQ(m.chunk().logprobs_size(), m.chunk().token_ids_size());
+      tokens[m.chunk().sample_index()] += m.chunk().token_ids_size();
+      ++chunks[m.chunk().sample_index()];
+    } else {
+      ends[m.finished().sample_index()] = m.finished();
+    }
+  }
+  grpc::Status status = reader->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(ends.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(tokens[i], 10);
+    EXPECT_EQ(chunks[i], 3);  // 4 + 4 + 2
+    EXPECT_EQ(ends[i].response_tokens(), 10u);
+    EXPECT_EQ(ends[i].experience_id().value(), absl::StrCat("s/", i));
+  }
+  // Bad input ends the stream with INVALID_ARGUMENT naming the field.
+  auto bad = Stream("bad", 1, 10);
+  bad.add_prompt_token_ids(99);
+  grpc::ClientContext c2;
+  c2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto bad_reader = stub->Generate(&c2, bad);
+  EXPECT_FALSE(bad_reader->Read(&m));
+  status = bad_reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "prompt_token_ids")) << status.error_message();
+  // A client that cancels mid-stream aborts its job on the replica.
+  grpc::ClientContext c3;
+  c3.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto cancelled = stub->Generate(&c3, Stream("c", 4, 50));
+  ASSERT_TRUE(cancelled->Read(&m));
+  c3.TryCancel();
+  while (cancelled->Read(&m)) {
+  }
+  EXPECT_EQ(cancelled->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(AwaitInfo(core->get(), [](const auto& i) { return i.load().inflight_requests() == 0; }));
 }
 
 }  // namespace
