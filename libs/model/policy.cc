@@ -128,6 +128,31 @@ class Policy::Impl : public torch::nn::Module {
     return ln_f(x);
   }
 
+  // One decode step: token [n, 1] of each of the cache's n rows at cache position p,
+  // with position ids pos_ids [n, 1] and the key mask as an additive bias [n*H, 1, p+1]
+  // (0 for a real key, -1e9 otherwise). Fewer, larger operations than Trunk: heads
+  // batched into one baddbmm (scale and mask fused), no mask built per step, and the
+  // attention output needs no transpose for one query. Returns logits [n, V].
+  torch::Tensor DecodeStep(const torch::Tensor& tokens, const torch::Tensor& pos_ids, const torch::Tensor& bias,
+                           int64_t p, Cache& cache) {
+    const int64_t n = tokens.size(0), H = config.n_heads, dh = config.d_model / H, T = p + 1;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    torch::Tensor x = tok(tokens.view({n})) + pos(pos_ids.view({n}));  // [n, d]
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      Block& b = blocks[l];
+      torch::Tensor qkv = b->qkv(b->ln1(x)).view({n, 3, H, dh});
+      cache.k[l].select(2, p).copy_(qkv.select(1, 1));
+      cache.v[l].select(2, p).copy_(qkv.select(1, 2));
+      torch::Tensor q = qkv.select(1, 0).reshape({n * H, 1, dh});
+      torch::Tensor k = cache.k[l].narrow(2, 0, T).reshape({n * H, T, dh});
+      torch::Tensor v = cache.v[l].narrow(2, 0, T).reshape({n * H, T, dh});
+      torch::Tensor att = torch::softmax(torch::baddbmm(bias, q, k.transpose(1, 2), 1.0, scale), -1);
+      x = x + b->proj(torch::bmm(att, v).view({n, config.d_model}));
+      x = x + b->fc2(torch::gelu(b->fc1(b->ln2(x))));
+    }
+    return head(ln_f(x));
+  }
+
   static constexpr int64_t kPadForMask = 0;
   PolicyConfig config;
   torch::Device device;
@@ -307,6 +332,7 @@ class DecodeBatch::State {
     int generated = 0;    // tokens sampled so far (the last one is `pending`)
     int32_t pending = 0;  // sampled, not yet fed through the model
     int64_t start = 0;    // cache position of the first prompt token
+    int64_t prompt_length = 0;
   };
 
   State(Policy::Impl* impl, int capacity)
@@ -420,7 +446,8 @@ class DecodeBatch::State {
       if (temperature == 0) {
         chosen = logp.argmax(-1);
       } else {
-        torch::Tensor filtered = logp.clone();
+        const bool filter = (top_k > 0 && top_k < V) || top_p < 1;
+        torch::Tensor filtered = filter ? logp.clone() : logp;
         if (top_k > 0 && top_k < V) {
           auto kth = std::get<0>(filtered.topk(top_k, -1)).select(-1, -1).unsqueeze(-1);
           filtered.masked_fill_(filtered < kth, -INFINITY);
@@ -431,7 +458,7 @@ class DecodeBatch::State {
           filtered.scatter_(-1, order, sorted.masked_fill(drop, -INFINITY));
         }
         // Inverse CDF with one uniform in (0, 1] per row from the row's own RNG.
-        torch::Tensor cdf = filtered.softmax(-1).cumsum(-1);
+        torch::Tensor cdf = filtered.exp().cumsum(-1);  // unnormalised: u is scaled by the total
         torch::Tensor u = torch::empty({g, 1}, torch::kFloat64);
         auto ua = u.accessor<double, 2>();
         for (int64_t j = 0; j < g; ++j) ua[j][0] = ((rows[r0 + index[j]].rng() >> 11) + 1) * 0x1.0p-53;
@@ -548,6 +575,7 @@ absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Add(std::vector<Seq
     row.options = std::move(sequences[j].options);
     row.rng.seed(row.options.seed);
     row.start = target - static_cast<int64_t>(sequences[j].prompt.size());
+    row.prompt_length = sequences[j].prompt.size();
     st.rows.push_back(std::move(row));
   }
   torch::Tensor input = ToTensor(padded, st.impl->device);
@@ -562,12 +590,24 @@ absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Step() {
   const int64_t n = st.rows.size();
   if (n == 0) return std::vector<Token>{};
   torch::NoGradGuard no_grad;
-  std::vector<std::vector<int32_t>> feed(n, std::vector<int32_t>(1));
-  for (int64_t i = 0; i < n; ++i) feed[i][0] = st.rows[i].pending;
-  torch::Tensor input = ToTensor(feed, st.impl->device);
-  st.tokens.narrow(0, 0, n).narrow(1, st.position, 1).copy_(input);
+  // Each row's pending token and its position id (real tokens before it).
+  torch::Tensor host = torch::empty({2, n}, torch::kLong);
+  int64_t* h = host.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const State::Row& r = st.rows[i];
+    h[i] = r.pending;
+    h[n + i] = r.prompt_length + r.generated - 1;
+  }
+  host = host.to(st.impl->device);
+  torch::Tensor input = host[0].view({n, 1}), pos_ids = host[1].view({n, 1});
+  const int64_t p = st.position, H = st.impl->config.n_heads;
+  st.tokens.narrow(0, 0, n).narrow(1, p, 1).copy_(input);
+  st.cache.key_ok.narrow(0, 0, n).narrow(1, p, 1).fill_(true);
+  torch::Tensor bias = torch::zeros({n, p + 1}, torch::TensorOptions().device(st.impl->device))
+                           .masked_fill_(st.cache.key_ok.narrow(0, 0, n).narrow(1, 0, p + 1).logical_not(), -1e9);
+  bias = bias.unsqueeze(1).expand({n, H, p + 1}).reshape({n * H, 1, p + 1});
   auto view = st.View(0, n);
-  torch::Tensor logits = st.impl->Forward(input, st.position, view).select(1, -1);
+  torch::Tensor logits = st.impl->DecodeStep(input, pos_ids, bias, p, view);
   ++st.position;
   ++st.steps;
   return st.Sample(logits, 0);
