@@ -14,6 +14,7 @@ mkdir -p "$out"
 gpus=$(nvidia-smi -L | wc -l)
 model_mib=${MODEL_MIB:-2048}
 repeats=${REPEATS:-5}
+# EXTRA_ARGS: more weight_sync_nccl flags (e.g. --chunk_mib=256).
 # "D T split [cast]". TP by columns is left out here: its many row-sized pieces go
 # through staging one cudaMemcpyAsync each (a gather kernel is the next step).
 configs=("1 1 rows")
@@ -35,7 +36,8 @@ for c in "${configs[@]}"; do
   name="${d}_${t}_${split}${cast:+_cast}"
   json="$out/ours_${name}.json"
   .carry/bin/weight_sync_nccl --src_ranks="$d" --dst_ranks="$t" --dst_split="$split" \
-    ${cast:+--cast} --model_mib="$model_mib" --repeats="$repeats" --json="$json" > "$out/ours_${name}.log" 2>&1
+    ${cast:+--cast} --model_mib="$model_mib" --repeats="$repeats" --json="$json" ${EXTRA_ARGS:-} \
+    > "$out/ours_${name}.log" 2>&1
   tail -1 "$out/ours_${name}.log"
   ref="$out/torch_${name}.json"
   port=$((port + 1))
