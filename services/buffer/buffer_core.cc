@@ -57,14 +57,14 @@ BufferCore::BufferCore(common::Clock* clock, BufferStore* store) : clock_(clock)
   config_.set_default_lease_ttl_ms(kDefaultLeaseTtlMs);
 }
 
-void BufferCore::AddLocked(const v1::Experience& e) {
+void BufferCore::AddLocked(const v1::Experience& e, uint64_t bytes) {
   const uint32_t group_size = config_.group_size();
   const std::string group_id = group_size > 1 ? e.group_id() : e.experience_id().value();
   Group& g = filling_[group_id];
   g.prompt_id = e.prompt_id();
-  g.bytes += e.ByteSizeLong();
+  g.bytes += bytes;
   g.members.push_back(e);
-  bytes_ += e.ByteSizeLong();
+  bytes_ += bytes;
   seen_.insert(e.experience_id().value());
   for (uint64_t v : e.token_policy_versions()) current_version_ = std::max(current_version_, v);
   if (g.members.size() == group_size) {
@@ -78,7 +78,7 @@ absl::Status BufferCore::Recover() {
   ASSIGN_OR_RETURN(BufferSnapshot snapshot, store_->Load());
   absl::MutexLock lock(&mu_);
   for (std::string& id : snapshot.seen_ids) seen_.insert(std::move(id));
-  for (const v1::Experience& e : snapshot.experiences) AddLocked(e);
+  for (const v1::Experience& e : snapshot.experiences) AddLocked(e, e.ByteSizeLong());
   auto counter = [&](const char* name) { return snapshot.counters[name]; };
   accepted_total_ = counter("accepted_total");
   consumed_total_ = counter("consumed_total");
@@ -102,7 +102,8 @@ absl::Status BufferCore::Configure(const v1::ConfigureRequest& request,
     return absl::InvalidArgumentError("default_lease_ttl_ms is negative");
   }
   absl::MutexLock lock(&mu_);
-  if (request.group_size() != config_.group_size() && (!filling_.empty() || !ready_.empty() || !leases_.empty())) {
+  if (request.group_size() != config_.group_size() &&
+      (!filling_.empty() || !ready_.empty() || !leases_.empty() || !reserved_ids_.empty())) {
     return absl::FailedPreconditionError("group_size cannot change while experiences are held");
   }
   v1::ConfigureRequest next = request;
@@ -127,22 +128,28 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& request,
     return absl::InvalidArgumentError(absl::StrCat("experiences has ", request.experiences_size(),
                                                    " entries; the limit is ", kMaxExperiencesPerPut));
   }
-  absl::MutexLock lock(&mu_);
+  // Three phases, so that concurrent producers overlap their durable writes (and the
+  // store can commit them together): decide and reserve under the lock; write to the
+  // store without it; take the experiences under the lock.
+  mu_.Lock();
   if (!request.run_id().empty() && !config_.run_id().empty() && request.run_id() != config_.run_id()) {
+    const std::string run = config_.run_id();
+    mu_.Unlock();
     return absl::InvalidArgumentError(absl::StrCat("run_id `", request.run_id(), "` is not this buffer's run `",
-                                                   config_.run_id(), "`"));
+                                                   run, "`"));
   }
   ExpireLeasesLocked();
   const uint32_t group_size = config_.group_size();
   // First pass: decide; nothing changes unless the accepted ones fit.
   std::vector<int> accept;
+  std::vector<uint64_t> accept_bytes;  // (computing a size walks every token: once)
   absl::flat_hash_set<std::string> ids_in_request;
   std::map<std::string, int> adding_to_group;
   uint64_t adding_bytes = 0;
   for (int i = 0; i < request.experiences_size(); ++i) {
     const v1::Experience& e = request.experiences(i);
     const std::string& id = e.experience_id().value();
-    if (seen_.contains(id) || ids_in_request.contains(id)) {
+    if (seen_.contains(id) || reserved_ids_.contains(id) || ids_in_request.contains(id)) {
       response->set_duplicates(response->duplicates() + 1);
       *response->add_duplicate_ids() = e.experience_id();
       continue;
@@ -169,8 +176,9 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& request,
     }
     const std::string group = group_size > 1 ? e.group_id() : id;
     auto it = filling_.find(group);
+    auto reserved = reserved_groups_.find(group);
     const int have = (it == filling_.end() ? 0 : static_cast<int>(it->second.members.size())) +
-                     adding_to_group[group];
+                     (reserved == reserved_groups_.end() ? 0 : reserved->second) + adding_to_group[group];
     if (have >= static_cast<int>(group_size)) {
       Reject(response, i, e, v1::REJECT_REASON_GROUP_FULL,
              absl::StrCat("group_id `", group, "` already has ", group_size, " experiences"));
@@ -180,28 +188,50 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& request,
     ids_in_request.insert(id);
     adding_bytes += bytes;
     accept.push_back(i);
+    accept_bytes.push_back(bytes);
   }
   response->set_rejected(response->rejections_size());
-  if (bytes_ + adding_bytes > config_.capacity_bytes()) {
+  if (bytes_ + reserved_bytes_ + adding_bytes > config_.capacity_bytes()) {
     // Nothing is taken or counted: the producer retries the same batch.
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "buffer full: ", bytes_, " of ", config_.capacity_bytes(), " bytes held, this batch needs ",
-        adding_bytes, " more; retry after the trainer consumes a batch (nothing was taken)"));
+    const std::string message = absl::StrCat(
+        "buffer full: ", bytes_ + reserved_bytes_, " of ", config_.capacity_bytes(),
+        " bytes held or being written, this batch needs ", adding_bytes,
+        " more; retry after the trainer consumes a batch (nothing was taken)");
+    mu_.Unlock();
+    return absl::ResourceExhaustedError(message);
   }
   dropped_.set_duplicate(dropped_.duplicate() + response->duplicates());
   dropped_.set_rejected(dropped_.rejected() + response->rejected());
-  // Second pass: store them (all or none), then take them.
+  // Reserve: concurrent Puts see these ids as duplicates and these bytes as held.
+  reserved_bytes_ += adding_bytes;
+  for (const auto& [group, n] : adding_to_group) reserved_groups_[group] += n;
+  for (const std::string& id : ids_in_request) reserved_ids_.insert(id);
+  mu_.Unlock();
+
+  // Second pass: store them (all or none) without the lock.
+  absl::Status stored;
   if (store_ != nullptr) {
     std::vector<const v1::Experience*> taking;
     for (int i : accept) taking.push_back(&request.experiences(i));
-    if (absl::Status s = store_->Added(taking); !s.ok()) {
-      return absl::UnavailableError(absl::StrCat("cannot record experiences durably (nothing was taken): ",
-                                                 s.message()));
+    stored = store_->Added(taking);
+    if (stored.ok()) {
+      (void)store_->Count("dropped_duplicate", response->duplicates());
+      (void)store_->Count("dropped_rejected", response->rejected());
     }
-    (void)store_->Count("dropped_duplicate", response->duplicates());
-    (void)store_->Count("dropped_rejected", response->rejected());
   }
-  for (int i : accept) AddLocked(request.experiences(i));
+
+  // Third pass: take them (or release the reservation).
+  absl::MutexLock lock(&mu_);
+  reserved_bytes_ -= adding_bytes;
+  for (const auto& [group, n] : adding_to_group) {
+    if ((reserved_groups_[group] -= n) == 0) reserved_groups_.erase(group);
+  }
+  for (const std::string& id : ids_in_request) reserved_ids_.erase(id);
+  if (!stored.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot record experiences durably (nothing was taken): ",
+                                               stored.message()));
+  }
+  for (size_t k = 0; k < accept.size(); ++k) AddLocked(request.experiences(accept[k]), accept_bytes[k]);
   accepted_total_ += accept.size();
   response->set_accepted(static_cast<uint32_t>(accept.size()));
   response->set_buffer_bytes(bytes_);

@@ -82,7 +82,7 @@ class BufferCore {
   bool TooStaleLocked(uint64_t oldest_version, uint64_t current) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Adds accepted experiences to their groups (no store writes).
-  void AddLocked(const v1::Experience& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddLocked(const v1::Experience& e, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   common::Clock* const clock_;
   BufferStore* const store_;
@@ -94,6 +94,10 @@ class BufferCore {
   std::map<std::string, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> acked_leases_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // What Puts between their decision and their store write hold back.
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<std::string> reserved_ids_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> reserved_groups_ ABSL_GUARDED_BY(mu_);  // group -> members being added
   uint64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t accepted_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t consumed_total_ ABSL_GUARDED_BY(mu_) = 0;

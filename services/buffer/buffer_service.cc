@@ -21,9 +21,10 @@ void Sum(const v1::PutExperiencesResponse& one, v1::PutExperiencesResponse* tota
   total->set_capacity_bytes(one.capacity_bytes());
 }
 
-// One stream. A detached worker reads a message (StartRead, then OnReadDone), applies
-// it, and reads the next; it calls Finish last and touches nothing after; OnDone
-// deletes the reactor.
+// One stream. A detached worker reads messages (StartRead, then OnReadDone) and
+// applies them, reading message i+1 while it applies message i (so the producer's
+// sending overlaps the buffer's durable write); it calls Finish last, with no read
+// outstanding, and touches nothing after; OnDone deletes the reactor.
 class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> {
  public:
   IngestReactor(BufferCore* core, v1::PutExperiencesResponse* response, absl::Duration full_wait)
@@ -42,33 +43,44 @@ class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> 
   void OnDone() override { delete this; }
 
  private:
+  void StartReading(v1::PutExperiencesRequest* into) {
+    absl::MutexLock lock(&mu_);
+    reading_ = true;
+    StartRead(into);
+  }
+  // Waits for the outstanding read: whether it got a message, and whether the call
+  // was cancelled.
+  std::pair<bool, bool> AwaitRead() {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !reading_; };
+    mu_.Await(absl::Condition(&done));
+    return {read_ok_, cancelled_};
+  }
+
   void Run() {
-    int index = 0;
-    for (;; ++index) {
-      bool ok, cancelled;
-      {
-        absl::MutexLock lock(&mu_);
-        reading_ = true;
-        StartRead(&request_);
-        auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !reading_; };
-        mu_.Await(absl::Condition(&done));
-        ok = read_ok_;
-        cancelled = cancelled_;
-      }
+    int current = 0;
+    StartReading(&requests_[current]);
+    for (int index = 0;; ++index) {
+      auto [ok, cancelled] = AwaitRead();
       if (cancelled) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
       if (!ok) return Finish(grpc::Status::OK);  // the producer closed its side
-      absl::Status s = Apply(index);
-      if (!s.ok()) return Finish(rpc::ToGrpcStatus(s));
+      StartReading(&requests_[1 - current]);     // the next message, while this one is applied
+      absl::Status s = Apply(requests_[current], index);
+      if (!s.ok()) {
+        AwaitRead();  // (Finish with no read outstanding)
+        return Finish(rpc::ToGrpcStatus(s));
+      }
+      current = 1 - current;
     }
   }
 
-  // Applies message `index`, retrying while the buffer is full (flow control: the next
-  // message is not read meanwhile).
-  absl::Status Apply(int index) {
+  // Applies message `index`, retrying while the buffer is full (flow control: at most
+  // one more message is read meanwhile).
+  absl::Status Apply(const v1::PutExperiencesRequest& request, int index) {
     const absl::Time give_up = absl::Now() + full_wait_;
     for (;;) {
       v1::PutExperiencesResponse one;
-      absl::Status s = core_->Put(request_, &one);
+      absl::Status s = core_->Put(request, &one);
       if (s.ok()) {
         Sum(one, response_);
         return s;
@@ -88,7 +100,7 @@ class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> 
   BufferCore* const core_;
   v1::PutExperiencesResponse* const response_;
   const absl::Duration full_wait_;
-  v1::PutExperiencesRequest request_;
+  v1::PutExperiencesRequest requests_[2];
   absl::Mutex mu_;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool read_ok_ ABSL_GUARDED_BY(mu_) = false;

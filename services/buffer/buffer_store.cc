@@ -1,5 +1,9 @@
 #include "services/buffer/buffer_store.h"
 
+#include <deque>
+
+#include "absl/synchronization/mutex.h"
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
@@ -16,20 +20,61 @@ class RedisBufferStore : public BufferStore {
   RedisBufferStore(std::unique_ptr<redis::Client> client, std::string prefix)
       : client_(std::move(client)), prefix_(std::move(prefix)) {}
 
+  // Group commit (LevelDB's write queue): concurrent callers queue their batches; the
+  // first in the queue writes every queued batch in one MULTI/EXEC round trip and
+  // tells the others. A batch is still all or none (its group is).
   absl::Status Added(const std::vector<const v1::Experience*>& experiences) override {
     if (experiences.empty()) return absl::OkStatus();
+    Writer w;
+    w.hset.reserve(2 * experiences.size());
+    for (const v1::Experience* e : experiences) {  // serialised outside every lock
+      w.hset.push_back(e->experience_id().value());
+      w.hset.push_back(e->SerializeAsString());
+      w.bytes += w.hset.back().size();
+    }
+    queue_mu_.Lock();
+    writers_.push_back(&w);
+    auto leader_or_done = [&w, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+      return w.done || writers_.front() == &w;
+    };
+    queue_mu_.Await(absl::Condition(&leader_or_done));
+    if (w.done) {
+      queue_mu_.Unlock();
+      return w.status;
+    }
+    std::vector<Writer*> group;
+    uint64_t bytes = 0;
+    for (Writer* x : writers_) {
+      if (!group.empty() && bytes + x->bytes > kMaxGroupBytes) break;
+      group.push_back(x);
+      bytes += x->bytes;
+    }
+    queue_mu_.Unlock();
     std::vector<std::string> hset = {"HSET", prefix_ + "exp"};
     std::vector<std::string> sadd = {"SADD", prefix_ + "seen"};
-    for (const v1::Experience* e : experiences) {
-      hset.push_back(e->experience_id().value());
-      hset.push_back(e->SerializeAsString());
-      sadd.push_back(e->experience_id().value());
+    uint64_t count = 0;
+    for (Writer* x : group) {
+      for (size_t i = 0; i < x->hset.size(); i += 2) {
+        sadd.push_back(x->hset[i]);
+        hset.push_back(std::move(x->hset[i]));
+        hset.push_back(std::move(x->hset[i + 1]));
+        ++count;
+      }
     }
-    return client_
-        ->Pipeline({{"MULTI"}, hset, sadd,
-                    {"HINCRBY", prefix_ + "counters", "accepted_total", absl::StrCat(experiences.size())},
-                    {"EXEC"}})
-        .status();
+    const absl::Status status =
+        client_
+            ->Pipeline({{"MULTI"}, hset, sadd,
+                        {"HINCRBY", prefix_ + "counters", "accepted_total", absl::StrCat(count)},
+                        {"EXEC"}})
+            .status();
+    queue_mu_.Lock();
+    for (Writer* x : group) {
+      x->status = status;
+      x->done = true;
+      writers_.pop_front();
+    }
+    queue_mu_.Unlock();
+    return status;
   }
 
   absl::Status Removed(const std::vector<std::string>& ids, const std::string& counter) override {
@@ -70,8 +115,18 @@ class RedisBufferStore : public BufferStore {
   }
 
  private:
+  struct Writer {
+    std::vector<std::string> hset;  // id, bytes, id, bytes, ...
+    uint64_t bytes = 0;
+    bool done = false;
+    absl::Status status;
+  };
+  static constexpr uint64_t kMaxGroupBytes = 64 << 20;
+
   const std::unique_ptr<redis::Client> client_;
   const std::string prefix_;
+  absl::Mutex queue_mu_;
+  std::deque<Writer*> writers_ ABSL_GUARDED_BY(queue_mu_);
 };
 
 }  // namespace

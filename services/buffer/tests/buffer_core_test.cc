@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "libs/common/ids.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/rpc/server_runner.h"
@@ -291,6 +292,62 @@ TEST(BufferDurability, AStoreFailureTakesNothingAndKeepsTheLease) {
   store.fail = false;
   ASSERT_TRUE(core.Ack(ack, &acked).ok());  // the lease was kept: the retry succeeds
   EXPECT_EQ(acked.consumed_experiences(), 1u);
+}
+
+// A store whose first write waits until released: a Put stands between its decision
+// and its durable write while others run.
+class GatedStore : public FailingStore {
+ public:
+  absl::Notification entered, release;
+  bool gate = true;
+  absl::Status Added(const std::vector<const v1::Experience*>& e) override {
+    if (gate) {
+      gate = false;
+      entered.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(30));
+    }
+    return FailingStore::Added(e);
+  }
+};
+
+TEST(BufferDurability, APutBeingWrittenHoldsItsIdsGroupSlotsAndBytes) {
+  GatedStore store;
+  BufferCore core(common::Clock::Real(), &store);
+  v1::ConfigureRequest c;
+  c.set_group_size(2);
+  c.set_capacity_bytes(1 << 20);
+  c.set_filter_zero_variance(false);
+  v1::ConfigureResponse cr;
+  ASSERT_TRUE(core.Configure(c, &cr).ok());
+  v1::PutExperiencesRequest first;
+  *first.add_experiences() = Exp("x1", "g", 1);
+  *first.add_experiences() = Exp("x2", "g", 0);
+  v1::PutExperiencesResponse first_response;
+  absl::Status first_status;
+  std::thread writer([&] { first_status = core.Put(first, &first_response); });
+  ASSERT_TRUE(store.entered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  // While the first Put is being written: its ids are duplicates, its group is full,
+  // and the group size cannot change.
+  v1::PutExperiencesRequest second;
+  *second.add_experiences() = Exp("x2", "h", 1);
+  *second.add_experiences() = Exp("x3", "g", 1);
+  *second.add_experiences() = Exp("x4", "h", 0);
+  v1::PutExperiencesResponse second_response;
+  ASSERT_TRUE(core.Put(second, &second_response).ok());
+  EXPECT_EQ(second_response.duplicates(), 1u);
+  EXPECT_EQ(second_response.accepted(), 1u);  // x4
+  ASSERT_EQ(second_response.rejections_size(), 1);
+  EXPECT_EQ(second_response.rejections(0).reason(), v1::REJECT_REASON_GROUP_FULL);
+  c.set_group_size(4);
+  EXPECT_EQ(core.Configure(c, &cr).code(), absl::StatusCode::kFailedPrecondition);
+  store.release.Notify();
+  writer.join();
+  ASSERT_TRUE(first_status.ok()) << first_status;
+  EXPECT_EQ(first_response.accepted(), 2u);
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(core.GetStats(&stats).ok());
+  EXPECT_EQ(stats.accepted_total(), 3u);
+  EXPECT_EQ(store.added, 3);
 }
 
 TEST(BufferDurability, ARestartedBufferRecoversEverythingNotConsumed) {
