@@ -692,7 +692,9 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
         impl_->parameters(), torch::optim::AdamWOptions(options.learning_rate).weight_decay(options.weight_decay));
   }
   for (auto& group : impl_->optimizer->param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(options.learning_rate);
+    static_cast<torch::optim::AdamWOptions&>(group.options())
+        .lr(options.learning_rate)
+        .weight_decay(options.weight_decay);
   }
   impl_->train();
   TrainStats stats;
@@ -732,6 +734,84 @@ absl::Status Policy::SaveSafetensors(const std::string& path) const {
     tensors[item.key()] = std::move(blob);
   }
   return WriteSafetensors(path, tensors);
+}
+
+namespace {
+
+TensorBlob ToBlob(const torch::Tensor& tensor) {
+  torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous().to(torch::kFloat32);
+  TensorBlob blob;
+  blob.shape = t.sizes().vec();
+  blob.bytes.assign(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * sizeof(float));
+  return blob;
+}
+
+}  // namespace
+
+absl::Status Policy::SaveOptimizerState(const std::string& path, bool* saved) const {
+  *saved = false;
+  if (impl_->optimizer == nullptr) return absl::OkStatus();
+  auto& state = impl_->optimizer->state();
+  std::map<std::string, TensorBlob> tensors;
+  for (const auto& item : impl_->named_parameters()) {
+    auto it = state.find(c10::guts::to_string(item.value().unsafeGetTensorImpl()));
+    if (it == state.end()) continue;  // (a parameter without a gradient yet)
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    tensors[item.key() + ".exp_avg"] = ToBlob(s.exp_avg());
+    tensors[item.key() + ".exp_avg_sq"] = ToBlob(s.exp_avg_sq());
+    TensorBlob step;
+    step.dtype = "I64";
+    step.shape = {1};
+    const int64_t n = s.step();
+    step.bytes.assign(reinterpret_cast<const char*>(&n), sizeof(n));
+    tensors[item.key() + ".step"] = std::move(step);
+  }
+  RETURN_IF_ERROR(WriteSafetensors(path, tensors));
+  *saved = true;
+  return absl::OkStatus();
+}
+
+void Policy::ResetOptimizer() { impl_->optimizer.reset(); }
+
+absl::Status Policy::LoadOptimizerState(const std::string& path) {
+  ASSIGN_OR_RETURN(auto tensors, ReadSafetensors(path));
+  torch::NoGradGuard no_grad;
+  // Everything is checked before the optimizer changes.
+  std::vector<std::pair<torch::Tensor, std::unique_ptr<torch::optim::AdamWParamState>>> loaded;
+  for (const auto& item : impl_->named_parameters()) {
+    auto avg = tensors.find(item.key() + ".exp_avg");
+    auto sq = tensors.find(item.key() + ".exp_avg_sq");
+    auto step = tensors.find(item.key() + ".step");
+    if (avg == tensors.end() && sq == tensors.end() && step == tensors.end()) continue;
+    const std::vector<int64_t> shape = item.value().sizes().vec();
+    if (avg == tensors.end() || sq == tensors.end() || step == tensors.end() || avg->second.shape != shape ||
+        sq->second.shape != shape || avg->second.dtype != "F32" || sq->second.dtype != "F32" ||
+        step->second.dtype != "I64" || step->second.bytes.size() != sizeof(int64_t)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state of `", item.key(),
+                                                     "` is missing a part or has the wrong shape; want F32 [",
+                                                     absl::StrJoin(shape, ","), "] moments and an I64 step"));
+    }
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    auto tensor = [&](const TensorBlob& b) {
+      return torch::from_blob(const_cast<char*>(b.bytes.data()), b.shape, torch::kFloat32)
+          .clone()
+          .to(item.value().device());
+    };
+    s->exp_avg(tensor(avg->second));
+    s->exp_avg_sq(tensor(sq->second));
+    int64_t n = 0;
+    std::memcpy(&n, step->second.bytes.data(), sizeof(n));
+    s->step(n);
+    loaded.emplace_back(item.value(), std::move(s));
+  }
+  if (impl_->optimizer == nullptr) {
+    // The learning rate and weight decay are set by every TrainStep.
+    impl_->optimizer = std::make_unique<torch::optim::AdamW>(impl_->parameters(), torch::optim::AdamWOptions(1e-3));
+  }
+  auto& state = impl_->optimizer->state();
+  state.clear();
+  for (auto& [param, s] : loaded) state[c10::guts::to_string(param.unsafeGetTensorImpl())] = std::move(s);
+  return absl::OkStatus();
 }
 
 absl::Status Policy::LoadSafetensors(const std::string& path) {

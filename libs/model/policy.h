@@ -133,6 +133,16 @@ class Policy {
   absl::Status SaveSafetensors(const std::string& path) const;
   absl::Status LoadSafetensors(const std::string& path);
 
+  // The AdamW state (per parameter: first and second moments and the step count) as
+  // a safetensors file: `<param>.exp_avg`, `<param>.exp_avg_sq`, `<param>.step` (I64).
+  // A policy that never trained has none: Save returns false in *saved and writes
+  // nothing. Load: INVALID_ARGUMENT naming a missing or mis-shaped tensor (nothing
+  // changes); after it TrainStep continues exactly where the saved optimizer was.
+  absl::Status SaveOptimizerState(const std::string& path, bool* saved) const;
+  absl::Status LoadOptimizerState(const std::string& path);
+  // Forgets the optimizer state (the next TrainStep starts AdamW afresh).
+  void ResetOptimizer();
+
   class Impl;
 
  private:

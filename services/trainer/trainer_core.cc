@@ -199,6 +199,29 @@ absl::Status TrainerCore::GetState(v1::GetStateResponse* response) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// FNV-1a 64 of a file's bytes: a checkpoint's state.txt records one per file, so a
+// corrupted file is DATA_LOSS instead of a model that loads wrong.
+absl::StatusOr<std::string> FileDigest(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  uint64_t h = 1469598103934665603ull;
+  char buffer[1 << 16];
+  while (in) {
+    in.read(buffer, sizeof(buffer));
+    for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ static_cast<uint8_t>(buffer[i])) * 1099511628211ull;
+  }
+  return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
+}
+
+std::string ConfigLine(const model::PolicyConfig& c) {
+  return absl::StrCat(c.vocab_size, ",", c.d_model, ",", c.n_layers, ",", c.n_heads, ",", c.max_seq_len, ",",
+                      c.value_head ? 1 : 0);
+}
+
+}  // namespace
+
 absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& request,
                                          v1::SaveCheckpointResponse* response) {
   const absl::Time start = absl::Now();
@@ -217,9 +240,18 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   fs::create_directories(tmp, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
   RETURN_IF_ERROR(policy_->SaveSafetensors((tmp / "weights.safetensors").string()));
+  bool optimizer_saved = false;
+  RETURN_IF_ERROR(policy_->SaveOptimizerState((tmp / "optimizer.safetensors").string(), &optimizer_saved));
+  uint64_t size = 0;
   {
     std::ofstream state(tmp / "state.txt");
-    state << "step " << step_ << "\nversion " << version_ << "\n";
+    state << "step " << step_ << "\nversion " << version_ << "\nconfig " << ConfigLine(policy_->config()) << "\n";
+    for (const char* file : {"weights.safetensors", "optimizer.safetensors"}) {
+      if (!fs::exists(tmp / file, ec)) continue;
+      ASSIGN_OR_RETURN(std::string digest, FileDigest(tmp / file));
+      state << "digest " << file << " " << digest << "\n";
+      size += fs::file_size(tmp / file, ec);
+    }
     if (!state.flush()) return absl::InternalError("cannot write state.txt");
   }
   if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
@@ -228,7 +260,7 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   response->set_path(request.path());
   response->set_step(step_);
   response->mutable_policy_version()->set_version(version_);
-  response->set_size_bytes(fs::file_size(dir / "weights.safetensors", ec));
+  response->set_size_bytes(size);
   response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   return absl::OkStatus();
 }
@@ -236,15 +268,53 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
 absl::Status TrainerCore::LoadCheckpoint(const v1::LoadCheckpointRequest& request,
                                          v1::LoadCheckpointResponse* response) {
   const absl::Time start = absl::Now();
+  if (request.path().empty() || request.path().size() > 4096) {
+    return absl::InvalidArgumentError("path must be 1..4096 bytes");
+  }
   const fs::path dir(request.path());
   std::ifstream state(dir / "state.txt");
   if (!state) return absl::NotFoundError(absl::StrCat("no checkpoint at ", request.path()));
-  std::string key;
+  // Lines of `key value...`: step, version, config, digest <file> <hex>.
   uint64_t step = 0, version = 0;
-  state >> key >> step >> key >> version;
-  if (!state || version == 0) return absl::InvalidArgumentError(absl::StrCat(request.path(), "/state.txt is corrupt"));
+  std::string config;
+  std::map<std::string, std::string> digests;
+  for (std::string key; state >> key;) {
+    if (key == "step") {
+      state >> step;
+    } else if (key == "version") {
+      state >> version;
+    } else if (key == "config") {
+      state >> config;
+    } else if (key == "digest") {
+      std::string file, hex;
+      state >> file >> hex;
+      digests[file] = hex;
+    } else {
+      std::string rest;
+      std::getline(state, rest);  // a later version's key: ignored
+    }
+  }
+  if (version == 0) return absl::DataLossError(absl::StrCat(request.path(), "/state.txt is corrupt (no version)"));
+  for (const auto& [file, want] : digests) {
+    ASSIGN_OR_RETURN(std::string got, FileDigest(dir / file));
+    if (got != want) {
+      return absl::DataLossError(absl::StrCat(request.path(), "/", file, " is corrupt: digest ", got,
+                                              ", state.txt says ", want));
+    }
+  }
   absl::MutexLock lock(&mu_);
+  if (!config.empty() && config != ConfigLine(policy_->config())) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint model config (vocab,d_model,layers,heads,len,value) ",
+                                                      config, " differs from this trainer's ",
+                                                      ConfigLine(policy_->config())));
+  }
   RETURN_IF_ERROR(policy_->LoadSafetensors((dir / "weights.safetensors").string()));
+  std::error_code ec;
+  if (fs::exists(dir / "optimizer.safetensors", ec)) {
+    RETURN_IF_ERROR(policy_->LoadOptimizerState((dir / "optimizer.safetensors").string()));
+  } else {
+    policy_->ResetOptimizer();  // saved before the first step
+  }
   step_ = step;
   version_ = version;
   response->set_step(step_);

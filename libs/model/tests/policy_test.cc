@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -182,6 +183,45 @@ TEST(Policy, SafetensorsRoundTripRestoresTheSameModel) {
 
 // GRPO on a one-token task: the reward is 1 when the response is the token for '6'.
 // The probability of that token must rise from chance (~1/32) to most of the mass.
+TEST(PolicyTraining, OptimizerStateRoundTripContinuesTrainingExactly) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  auto a = Policy::Create(Small(), "cpu", 1);
+  auto b = Policy::Create(Small(), "cpu", 2);
+  auto c = Policy::Create(Small(), "cpu", 3);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  std::vector<TrainSequence> batch(4);
+  for (int i = 0; i < 4; ++i) {
+    batch[i].prompt = {1, 4, 5 + i};
+    batch[i].response = {6, 7 + i, 2};
+    batch[i].behaviour_logprobs = {-3, -3, -3};
+    batch[i].advantage = i % 2 ? 1.0f : -1.0f;
+  }
+  TrainOptions options;
+  options.weight_decay = 0.01f;
+  bool saved = false;
+  ASSERT_TRUE((*a)->SaveOptimizerState(dir + "/none.safetensors", &saved).ok());
+  EXPECT_FALSE(saved) << "a policy that never trained has no optimizer state";
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*a)->TrainStep(batch, options).ok());
+  ASSERT_TRUE((*a)->SaveSafetensors(dir + "/w.safetensors").ok());
+  ASSERT_TRUE((*a)->SaveOptimizerState(dir + "/o.safetensors", &saved).ok());
+  EXPECT_TRUE(saved);
+  ASSERT_TRUE((*b)->LoadSafetensors(dir + "/w.safetensors").ok());
+  ASSERT_TRUE((*b)->LoadOptimizerState(dir + "/o.safetensors").ok());
+  ASSERT_TRUE((*c)->LoadSafetensors(dir + "/w.safetensors").ok());  // weights only
+  for (auto* p : {a->get(), b->get(), c->get()}) ASSERT_TRUE(p->TrainStep(batch, options).ok());
+  const std::vector<std::vector<int32_t>> probe = {{1, 4, 5, 6, 7}};
+  const auto la = *(*a)->Logits(probe), lb = *(*b)->Logits(probe), lc = *(*c)->Logits(probe);
+  EXPECT_LT(MaxAbsDiff(la, lb), 1e-6f);
+  EXPECT_GT(MaxAbsDiff(la, lc), 1e-4f) << "without the optimizer state the step should differ";
+  // A file for another model changes nothing and names the tensor.
+  auto other = Policy::Create(PolicyConfig{32, 64, 2, 4, 32, false});
+  ASSERT_TRUE((*other)->TrainStep(batch, options).ok());
+  ASSERT_TRUE((*other)->SaveOptimizerState(dir + "/other.safetensors", &saved).ok());
+  absl::Status s = (*b)->LoadOptimizerState(dir + "/other.safetensors");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "wrong shape")) << s;
+}
+
 TEST(PolicyTraining, GrpoStepsRaiseTheProbabilityOfRewardedTokens) {
   auto policy = Policy::Create(Small(), "cpu", 5);
   ASSERT_TRUE(policy.ok());

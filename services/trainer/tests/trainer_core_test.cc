@@ -1,5 +1,8 @@
 #include "services/trainer/trainer_core.h"
 
+#include <cmath>
+#include <fstream>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -153,6 +156,50 @@ TEST(TrainerCore, CheckpointRoundTripRestoresWeightsAndState) {
   EXPECT_EQ(*(*core)->policy()->Logits(probe), at_save);
   load.set_path(dir + "-missing");
   EXPECT_EQ((*core)->LoadCheckpoint(load, &loaded).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherModels) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/ckpt-opt";
+  v1::TrainStepRequest request;
+  for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
+  v1::TrainStepResponse response;
+  auto a = TrainerCore::Create(Small(), "cpu", 1);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*a)->TrainStep(request, &response).ok());
+  v1::SaveCheckpointRequest save;
+  save.set_path(dir);
+  v1::SaveCheckpointResponse saved;
+  ASSERT_TRUE((*a)->SaveCheckpoint(save, &saved).ok());
+  ASSERT_TRUE((*a)->TrainStep(request, &response).ok());
+  // Another trainer (another init) resumes from the checkpoint: its next step lands
+  // where the first trainer's did (AdamW's moments and step count came along).
+  auto b = TrainerCore::Create(Small(), "cpu", 99);
+  v1::LoadCheckpointRequest load;
+  load.set_path(dir);
+  v1::LoadCheckpointResponse loaded;
+  ASSERT_TRUE((*b)->LoadCheckpoint(load, &loaded).ok());
+  ASSERT_TRUE((*b)->TrainStep(request, &response).ok());
+  const std::vector<std::vector<int32_t>> probe = {*model::Tokenizer::EncodePrompt("reverse:12")};
+  const auto la = *(*a)->policy()->Logits(probe), lb = *(*b)->policy()->Logits(probe);
+  float worst = 0;
+  for (size_t i = 0; i < la.size(); ++i) worst = std::max(worst, std::fabs(la[i] - lb[i]));
+  EXPECT_LT(worst, 1e-5f);
+  // A model of another shape is FAILED_PRECONDITION; a flipped byte is DATA_LOSS.
+  model::PolicyConfig other = Small();
+  other.d_model = 64;
+  auto c = TrainerCore::Create(other, "cpu", 1);
+  EXPECT_EQ((*c)->LoadCheckpoint(load, &loaded).code(), absl::StatusCode::kFailedPrecondition);
+  {
+    std::fstream f(dir + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte ^= 0x40;
+    f.seekp(-5, std::ios::end);
+    f.write(&byte, 1);
+  }
+  absl::Status corrupt = (*b)->LoadCheckpoint(load, &loaded);
+  EXPECT_EQ(corrupt.code(), absl::StatusCode::kDataLoss) << corrupt;
+  EXPECT_TRUE(absl::StrContains(corrupt.message(), "optimizer.safetensors")) << corrupt;
 }
 
 TEST(TrainerCore, BadBatchesAreInvalidArgumentNamingTheField) {
