@@ -637,6 +637,9 @@ absl::Status DecodeBatch::Refresh() {
 absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch,
                                              const TrainOptions& options) {
   if (batch.empty()) return absl::InvalidArgumentError("empty training batch");
+  if (options.gae && !impl_->value) {
+    return absl::FailedPreconditionError("PPO with GAE needs the value head (PolicyConfig.value_head)");
+  }
   size_t prompt_len = 0, response_len = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const TrainSequence& s = batch[i];
@@ -661,6 +664,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
   torch::Tensor mask = torch::zeros({B, R});
   torch::Tensor old_lp = torch::zeros({B, R});
   torch::Tensor adv = torch::zeros({B});
+  torch::Tensor rewards = torch::zeros({B, R});  // the sequence reward on its last token
   for (int64_t b = 0; b < B; ++b) {
     const TrainSequence& s = batch[b];
     for (int32_t t : s.prompt) {
@@ -680,6 +684,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
       }
     }
     adv.index_put_({b}, s.advantage);
+    rewards.index_put_({b, static_cast<int64_t>(s.response.size()) - 1}, s.reward);
   }
   const torch::Device dev = impl_->device;
   torch::Tensor input = ToTensor(rows, dev);
@@ -687,6 +692,20 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
   mask = mask.to(dev);
   old_lp = old_lp.to(dev);
   adv = adv.to(dev);
+  // GAE: the critic's estimates at the start of the step give per-token advantages and
+  // the value targets. Logits at P-1+j predict response token j, and the value there
+  // is that of the state before token j.
+  torch::Tensor old_values, returns;
+  if (options.gae) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor hidden = impl_->Trunk(input, 0, nullptr);
+    old_values = impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1) * mask;
+    rl::GaeResult g = rl::Gae(rewards.to(dev), old_values, mask, options.gamma, options.gae_lambda);
+    returns = g.returns;
+    torch::Tensor mean = rl::MaskedMean(g.advantages, mask);
+    torch::Tensor var = rl::MaskedMean((g.advantages - mean).pow(2), mask);
+    adv = (g.advantages - mean) / (var + 1e-8).sqrt() * mask;
+  }
   if (impl_->optimizer == nullptr) {
     impl_->optimizer = std::make_unique<torch::optim::AdamW>(
         impl_->parameters(), torch::optim::AdamWOptions(options.learning_rate).weight_decay(options.weight_decay));
@@ -700,7 +719,8 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
   TrainStats stats;
   for (int epoch = 0; epoch < std::max(1, options.epochs); ++epoch) {
     impl_->optimizer->zero_grad();
-    torch::Tensor logits = impl_->Forward(input, 0, static_cast<Impl::Cache*>(nullptr));
+    torch::Tensor hidden = impl_->Trunk(input, 0, nullptr);
+    torch::Tensor logits = impl_->head(hidden);
     // Logits at P-1+j predict response token j.
     torch::Tensor all_lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1);
     torch::Tensor lp = all_lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
@@ -709,10 +729,19 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
     po.clip = options.clip;
     po.entropy_coef = options.entropy_coef;
     rl::PpoLoss loss = rl::PpoPolicyLoss(lp, old_lp, adv, mask, po, {}, {}, entropy);
-    loss.loss.backward();
+    torch::Tensor total = loss.loss;
+    if (options.gae) {
+      torch::Tensor v = impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1);
+      torch::Tensor clipped = old_values + (v - old_values).clamp(-options.value_clip, options.value_clip);
+      torch::Tensor value_loss =
+          0.5 * rl::MaskedMean(torch::max((v - returns).pow(2), (clipped - returns).pow(2)), mask);
+      total = total + options.value_coef * value_loss;
+      stats.value_loss = value_loss.item<float>();
+    }
+    total.backward();
     const double norm = torch::nn::utils::clip_grad_norm_(impl_->parameters(), options.grad_clip);
     impl_->optimizer->step();
-    stats.loss = loss.loss.item<float>();
+    stats.loss = total.item<float>();
     stats.policy_loss = loss.policy_loss.item<float>();
     stats.clip_fraction = loss.clip_fraction.item<float>();
     stats.approx_kl = loss.approx_kl.item<float>();

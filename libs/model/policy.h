@@ -65,7 +65,8 @@ struct TrainSequence {
   std::vector<int32_t> prompt;
   std::vector<int32_t> response;
   std::vector<float> behaviour_logprobs;  // one per response token
-  float advantage = 0;
+  float advantage = 0;  // the sequence's advantage (GRPO / RLOO); unused with GAE
+  float reward = 0;     // the sequence's reward, on its last token (GAE)
 };
 
 struct TrainOptions {
@@ -75,6 +76,15 @@ struct TrainOptions {
   double clip = 0.2;            // PPO-clip epsilon
   int epochs = 1;               // passes over the batch (PPO epochs)
   double entropy_coef = 0.0;    // weight of the entropy bonus (keeps sampling diverse)
+  // PPO with a critic: per-token advantages by GAE(gamma, lambda) over the value head's
+  // estimates at the start of the step (whitened over the batch's tokens), and a
+  // clipped value loss towards the GAE returns weighted by value_coef. Needs
+  // PolicyConfig.value_head.
+  bool gae = false;
+  double gamma = 1.0;
+  double gae_lambda = 0.95;
+  double value_coef = 0.5;
+  double value_clip = 0.2;  // how far a value may move from its start-of-step estimate
 };
 
 struct TrainStats {
@@ -84,6 +94,7 @@ struct TrainStats {
   float approx_kl = 0;
   float grad_norm = 0;  // before clipping, last epoch
   float entropy = 0;    // mean policy entropy over response tokens, nats
+  float value_loss = 0; // GAE only: the clipped value loss, last epoch
   int64_t tokens = 0;
 };
 
@@ -124,7 +135,8 @@ class Policy {
 
   // One PPO/GRPO update on `batch` (AdamW, gradient clipping; the optimiser state is
   // kept across calls). INVALID_ARGUMENT naming the sequence for an empty response,
-  // mismatched log-probs or a too long sequence.
+  // mismatched log-probs or a too long sequence; FAILED_PRECONDITION for GAE without a
+  // value head.
   absl::StatusOr<TrainStats> TrainStep(const std::vector<TrainSequence>& batch, const TrainOptions& options);
 
   // Weights as named float32 tensors in a safetensors file (PyTorch's safetensors can

@@ -17,6 +17,7 @@ ABSL_FLAG(int, max_seq_len, 64, "Prompt + response tokens at most.");
 ABSL_FLAG(std::string, device, "cpu", "Device: cpu or cuda:N.");
 ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(uint64_t, seed, 1, "Initial weights' seed.");
+ABSL_FLAG(bool, value_head, false, "Give the model a value head (the critic PPO's GAE needs).");
 ABSL_FLAG(std::string, buffer, "", "Buffer address (host:port) for TrainStep's BufferSource.");
 ABSL_FLAG(std::string, publish_dir, "", "PublishWeights writes policy-v<N>.safetensors here (single machine).");
 
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   config.n_layers = absl::GetFlag(FLAGS_n_layers);
   config.n_heads = absl::GetFlag(FLAGS_n_heads);
   config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  config.value_head = absl::GetFlag(FLAGS_value_head);
   auto core = rlfleet::trainer::TrainerCore::Create(config, absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_seed),
                                                     buffer.get());
   if (!core.ok()) {

@@ -48,7 +48,7 @@ absl::StatusOr<std::vector<float>> Advantages(const std::vector<const v1::Experi
           adv[i] = n < 2 ? 0.0f : static_cast<float>(r - (sum - r) / (n - 1));
           break;
         default:
-          return absl::UnimplementedError("GAE needs the value head (PPO), which is not in the trainer yet");
+          return absl::InvalidArgumentError("GAE advantages come from the value head, not from groups");
       }
     }
   }
@@ -140,10 +140,28 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
     rsq += static_cast<double>(e.reward()) * e.reward();
     for (uint64_t v : e.token_policy_versions()) staleness += version_ > v ? version_ - v : 0;
   }
-  auto adv = Advantages(exps, EstimatorFor(p));
-  if (!adv.ok()) return fail(adv.status());
-  for (size_t i = 0; i < seqs.size(); ++i) seqs[i].advantage = (*adv)[i];
   model::TrainOptions options;
+  if (EstimatorFor(p) == v1::ADVANTAGE_ESTIMATOR_GAE) {
+    // PPO with the critic: per-token advantages come from the value head in the step.
+    if (!policy_->config().value_head) {
+      return fail(absl::FailedPreconditionError(
+          "GAE (PPO) needs a value head: start the trainer with --value_head, or use GRPO / RLOO"));
+    }
+    if (p.gamma() < 0 || p.gamma() > 1) return fail(absl::InvalidArgumentError("params.gamma is outside [0, 1]"));
+    if (p.gae_lambda() < 0 || p.gae_lambda() > 1) {
+      return fail(absl::InvalidArgumentError("params.gae_lambda is outside [0, 1]"));
+    }
+    if (p.value_loss_coef() < 0) return fail(absl::InvalidArgumentError("params.value_loss_coef is negative"));
+    options.gae = true;
+    if (p.gamma() > 0) options.gamma = p.gamma();  // 0 = unset: 1.0
+    if (p.gae_lambda() > 0) options.gae_lambda = p.gae_lambda();  // 0 = unset: 0.95
+    if (p.value_loss_coef() > 0) options.value_coef = p.value_loss_coef();  // 0 = unset: 0.5
+    for (size_t i = 0; i < seqs.size(); ++i) seqs[i].reward = exps[i]->reward();
+  } else {
+    auto adv = Advantages(exps, EstimatorFor(p));
+    if (!adv.ok()) return fail(adv.status());
+    for (size_t i = 0; i < seqs.size(); ++i) seqs[i].advantage = (*adv)[i];
+  }
   if (p.has_optimizer() && p.optimizer().learning_rate() > 0) options.learning_rate = p.optimizer().learning_rate();
   if (p.has_optimizer()) {
     options.weight_decay = p.optimizer().weight_decay();
@@ -162,6 +180,7 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
   v1::TrainMetrics* m = response->mutable_metrics();
   m->set_loss(stats->loss);
   m->set_policy_loss(stats->policy_loss);
+  m->set_value_loss(stats->value_loss);
   m->set_clip_fraction(stats->clip_fraction);
   m->set_approx_kl_old(stats->approx_kl);
   m->set_grad_norm(stats->grad_norm);

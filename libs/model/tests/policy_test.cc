@@ -222,6 +222,55 @@ TEST(PolicyTraining, OptimizerStateRoundTripContinuesTrainingExactly) {
   EXPECT_TRUE(absl::StrContains(s.message(), "wrong shape")) << s;
 }
 
+TEST(PolicyTraining, PpoWithGaeLearnsTheCriticAndRaisesRewardedTokens) {
+  PolicyConfig c = Small();
+  auto plain = Policy::Create(c, "cpu", 5);
+  c.value_head = true;
+  auto policy = Policy::Create(c, "cpu", 5);
+  ASSERT_TRUE(policy.ok() && plain.ok());
+  const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("sort:6");
+  const int32_t target = Tokenizer::EncodeResponse("6")->at(0);
+  auto probability = [&]() {
+    auto logits = (*policy)->Logits({prompt});
+    const float* last = logits->data() + (prompt.size() - 1) * 32;
+    float m = *std::max_element(last, last + 32), z = 0;
+    for (int i = 0; i < 32; ++i) z += std::exp(last[i] - m);
+    return std::exp(last[target] - m) / z;
+  };
+  const float before = probability();
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 2;
+  TrainOptions train;
+  train.learning_rate = 3e-3f;
+  train.gae = true;
+  float first_value_loss = -1, last_value_loss = -1;
+  for (int step = 0; step < 40; ++step) {
+    sampling.seed = step;
+    auto gens = (*policy)->Generate(std::vector<std::vector<int32_t>>(16, prompt), sampling);
+    ASSERT_TRUE(gens.ok());
+    std::vector<TrainSequence> batch;
+    for (const Generation& g : *gens) {
+      TrainSequence s;
+      s.prompt = prompt;
+      s.response = g.tokens;
+      s.behaviour_logprobs = g.logprobs;
+      s.reward = g.tokens[0] == target ? 1.0f : 0.0f;  // no advantage given: GAE makes them
+      batch.push_back(std::move(s));
+    }
+    if (step == 0) {
+      EXPECT_EQ((*plain)->TrainStep(batch, train).status().code(), absl::StatusCode::kFailedPrecondition);
+    }
+    auto stats = (*policy)->TrainStep(batch, train);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    if (step == 0) first_value_loss = stats->value_loss;
+    last_value_loss = stats->value_loss;
+  }
+  EXPECT_LT(before, 0.15f);
+  EXPECT_GT(probability(), 0.5f) << "before " << before;
+  EXPECT_GT(first_value_loss, 0.0f);
+  EXPECT_LT(last_value_loss, first_value_loss) << "the critic did not get closer to the returns";
+}
+
 TEST(PolicyTraining, GrpoStepsRaiseTheProbabilityOfRewardedTokens) {
   auto policy = Policy::Create(Small(), "cpu", 5);
   ASSERT_TRUE(policy.ok());

@@ -202,6 +202,25 @@ TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherMode
   EXPECT_TRUE(absl::StrContains(corrupt.message(), "optimizer.safetensors")) << corrupt;
 }
 
+TEST(TrainerCore, PpoUsesTheValueHeadOrSaysItNeedsOne) {
+  v1::TrainStepRequest request;
+  for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
+  request.mutable_params()->set_algorithm(v1::ALGORITHM_PPO);
+  v1::TrainStepResponse response;
+  auto plain = TrainerCore::Create(Small(), "cpu", 1);
+  absl::Status s = (*plain)->TrainStep(request, &response);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "value_head")) << s;
+  model::PolicyConfig c = Small();
+  c.value_head = true;
+  auto critic = TrainerCore::Create(c, "cpu", 1);
+  ASSERT_TRUE((*critic)->TrainStep(request, &response).ok());
+  EXPECT_GT(response.metrics().value_loss(), 0.0f);
+  EXPECT_EQ(response.step(), 1u);
+  request.mutable_params()->set_gamma(1.5f);
+  EXPECT_EQ((*critic)->TrainStep(request, &response).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TrainerCore, BadBatchesAreInvalidArgumentNamingTheField) {
   auto core = TrainerCore::Create(Small(), "cpu", 1);
   v1::TrainStepRequest empty;
@@ -215,7 +234,7 @@ TEST(TrainerCore, BadBatchesAreInvalidArgumentNamingTheField) {
   v1::TrainStepRequest ppo;
   *ppo.mutable_inline_batch()->add_experiences() = Exp("y", "g", 1);
   ppo.mutable_params()->set_algorithm(v1::ALGORITHM_PPO);
-  EXPECT_EQ((*core)->TrainStep(ppo, &r).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ((*core)->TrainStep(ppo, &r).code(), absl::StatusCode::kFailedPrecondition);  // no value head
 }
 
 }  // namespace
