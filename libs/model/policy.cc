@@ -634,6 +634,41 @@ absl::Status DecodeBatch::Refresh() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Replaces every parameter's gradient by the token-weighted mean over the group's
+// ranks: sum_r n_r * g_r / sum_r n_r, with n_r the rank's response tokens (its loss
+// is a mean over them), in one all-reduce of [n_r * grads..., n_r].
+absl::Status SyncGradients(Policy::Impl& impl, const torch::Tensor& mask, GradientGroup* group) {
+  const float tokens = mask.sum().item<float>();
+  std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> parts;
+  for (auto& p : impl.parameters()) {
+    params.push_back(p);
+    torch::Tensor g = p.grad().defined() ? p.grad() : torch::zeros_like(p);
+    parts.push_back((g * tokens).flatten().to(torch::kCPU));
+  }
+  parts.push_back(torch::full({1}, tokens));
+  torch::Tensor flat = torch::cat(parts).contiguous();
+  RETURN_IF_ERROR(group->AllReduceSum(flat.data_ptr<float>(), flat.numel()));
+  const float total = flat[flat.numel() - 1].item<float>();
+  if (total <= 0) return absl::OkStatus();  // no tokens anywhere: nothing to learn
+  flat.div_(total);
+  int64_t offset = 0;
+  for (auto& p : params) {
+    torch::Tensor g = flat.narrow(0, offset, p.numel()).view(p.sizes()).to(p.device());
+    if (p.grad().defined()) {
+      p.mutable_grad().copy_(g);
+    } else {
+      p.mutable_grad() = g.clone();
+    }
+    offset += p.numel();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch,
                                              const TrainOptions& options) {
   if (batch.empty()) return absl::InvalidArgumentError("empty training batch");
@@ -739,6 +774,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
       stats.value_loss = value_loss.item<float>();
     }
     total.backward();
+    if (options.group != nullptr) RETURN_IF_ERROR(SyncGradients(*impl_, mask, options.group));
     const double norm = torch::nn::utils::clip_grad_norm_(impl_->parameters(), options.grad_clip);
     impl_->optimizer->step();
     stats.loss = total.item<float>();

@@ -69,6 +69,21 @@ struct TrainSequence {
   float reward = 0;     // the sequence's reward, on its last token (GAE)
 };
 
+// Data parallelism: each rank of a model trains on its part of every batch, and after
+// each backward pass the ranks' gradients are combined, weighted by their response
+// tokens, so that a step equals one rank training on the whole batch (token-mean
+// losses). Backends live elsewhere (libs/dist: Gloo over TCP); this is the seam.
+class GradientGroup {
+ public:
+  virtual ~GradientGroup() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Sums `data` (host memory) element-wise over the ranks, in place. Every rank calls
+  // it with the same n in the same order. UNAVAILABLE / DEADLINE_EXCEEDED when a rank
+  // is gone or stuck: an error within the group's timeout, never a hang.
+  virtual absl::Status AllReduceSum(float* data, size_t n) = 0;
+};
+
 struct TrainOptions {
   float learning_rate = 5e-4f;  // AdamW
   float weight_decay = 0.0f;
@@ -85,6 +100,9 @@ struct TrainOptions {
   double gae_lambda = 0.95;
   double value_coef = 0.5;
   double value_clip = 0.2;  // how far a value may move from its start-of-step estimate
+  // Data-parallel ranks (not owned); null = this policy alone. Every rank must call
+  // TrainStep with the same options (epochs), on its own part of the batch.
+  GradientGroup* group = nullptr;
 };
 
 struct TrainStats {
