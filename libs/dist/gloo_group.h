@@ -56,9 +56,7 @@ class GlooGroup : public model::GradientGroup {
   int rank() const override;
   int world_size() const override;
   absl::Status AllReduceSum(float* data, size_t n) override;
-  // Rank 0 sends `bytes` to every rank (the others' `bytes` are replaced): how rank 0
-  // hands out work. Errors as AllReduceSum.
-  absl::Status Broadcast(std::string* bytes);
+  absl::Status Broadcast(std::string* bytes) override;
 
   class Impl;
 

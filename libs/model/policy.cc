@@ -669,8 +669,7 @@ absl::Status SyncGradients(Policy::Impl& impl, const torch::Tensor& mask, Gradie
 
 }  // namespace
 
-absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch,
-                                             const TrainOptions& options) {
+absl::Status Policy::CheckBatch(const std::vector<TrainSequence>& batch, const TrainOptions& options) const {
   if (batch.empty()) return absl::InvalidArgumentError("empty training batch");
   if (options.gae && !impl_->value) {
     return absl::FailedPreconditionError("PPO with GAE needs the value head (PolicyConfig.value_head)");
@@ -685,12 +684,31 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has ", s.behaviour_logprobs.size(),
                                                      " behaviour logprobs for ", s.response.size(), " tokens"));
     }
+    for (const std::vector<int32_t>* tokens : {&s.prompt, &s.response}) {
+      for (int32_t t : *tokens) {
+        if (t < 0 || t >= impl_->config.vocab_size) {
+          return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": token ", t,
+                                                         " is outside the vocabulary of ", impl_->config.vocab_size));
+        }
+      }
+    }
     prompt_len = std::max(prompt_len, s.prompt.size());
     response_len = std::max(response_len, s.response.size());
   }
   if (static_cast<int>(prompt_len + response_len) > impl_->config.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("prompt + response (", prompt_len + response_len,
                                                    ") exceeds max_seq_len ", impl_->config.max_seq_len));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch,
+                                             const TrainOptions& options) {
+  RETURN_IF_ERROR(CheckBatch(batch, options));
+  size_t prompt_len = 0, response_len = 0;
+  for (const TrainSequence& s : batch) {
+    prompt_len = std::max(prompt_len, s.prompt.size());
+    response_len = std::max(response_len, s.response.size());
   }
   const int64_t B = batch.size(), P = prompt_len, R = response_len;
   // Prompts left-padded to P (as in generation), responses right-padded to R.

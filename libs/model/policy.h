@@ -82,6 +82,9 @@ class GradientGroup {
   // it with the same n in the same order. UNAVAILABLE / DEADLINE_EXCEEDED when a rank
   // is gone or stuck: an error within the group's timeout, never a hang.
   virtual absl::Status AllReduceSum(float* data, size_t n) = 0;
+  // Rank 0 sends `bytes` to every rank (the others' `bytes` are replaced): how rank 0
+  // hands out work. Errors as AllReduceSum.
+  virtual absl::Status Broadcast(std::string* bytes) = 0;
 };
 
 struct TrainOptions {
@@ -156,6 +159,9 @@ class Policy {
   // mismatched log-probs or a too long sequence; FAILED_PRECONDITION for GAE without a
   // value head.
   absl::StatusOr<TrainStats> TrainStep(const std::vector<TrainSequence>& batch, const TrainOptions& options);
+  // What TrainStep checks before it changes anything (a data-parallel rank 0 checks
+  // the whole batch before handing out parts of it).
+  absl::Status CheckBatch(const std::vector<TrainSequence>& batch, const TrainOptions& options) const;
 
   // Weights as named float32 tensors in a safetensors file (PyTorch's safetensors can
   // read it, and we read what it writes). Load: INVALID_ARGUMENT naming a missing or

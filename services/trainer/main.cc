@@ -1,9 +1,12 @@
-// rlfleet-trainer: the trainer (one data-parallel rank). Flags + wiring only.
+// rlfleet-trainer: the trainer, one data-parallel rank (rank 0 serves the API; the
+// others follow it). Flags + wiring only.
 #include <unistd.h>
 
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/time/time.h"
+#include "libs/dist/gloo_group.h"
 #include "libs/common/config.h"
 #include "libs/rpc/server_runner.h"
 #include "services/trainer/buffer_client.h"
@@ -19,6 +22,12 @@ ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(uint64_t, seed, 1, "Initial weights' seed.");
 ABSL_FLAG(bool, value_head, false, "Give the model a value head (the critic PPO's GAE needs).");
 ABSL_FLAG(std::string, buffer, "", "Buffer address (host:port) for TrainStep's BufferSource.");
+ABSL_FLAG(int, dp_world, 1, "Data-parallel ranks (processes); gradients are all-reduced over Gloo (TCP).");
+ABSL_FLAG(int, dp_rank, 0, "This process's rank: 0 serves the API and the rendezvous, the others follow it.");
+ABSL_FLAG(std::string, dp_host, "127.0.0.1", "Where rank 0's rendezvous listens (and this rank's address).");
+ABSL_FLAG(int, dp_port, 0, "Rank 0's rendezvous port (rank 0: 0 picks one and prints it).");
+ABSL_FLAG(absl::Duration, dp_timeout, absl::Seconds(60),
+          "Rendezvous and collective deadline: a dead rank is an error after this long.");
 ABSL_FLAG(std::string, publish_dir, "", "PublishWeights writes policy-v<N>.safetensors here (single machine).");
 
 int main(int argc, char** argv) {
@@ -47,11 +56,45 @@ int main(int argc, char** argv) {
   config.n_heads = absl::GetFlag(FLAGS_n_heads);
   config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   config.value_head = absl::GetFlag(FLAGS_value_head);
+  // Data parallelism: rank 0 serves the rendezvous, every rank joins the group.
+  std::unique_ptr<rlfleet::dist::Rendezvous> rendezvous;
+  std::unique_ptr<rlfleet::dist::GlooGroup> group;
+  const int world = absl::GetFlag(FLAGS_dp_world), rank = absl::GetFlag(FLAGS_dp_rank);
+  if (world > 1) {
+    rlfleet::dist::GlooGroupOptions o;
+    o.rank = rank;
+    o.world_size = world;
+    o.store_host = o.hostname = absl::GetFlag(FLAGS_dp_host);
+    o.store_port = static_cast<uint16_t>(absl::GetFlag(FLAGS_dp_port));
+    o.timeout = absl::GetFlag(FLAGS_dp_timeout);
+    if (rank == 0) {
+      auto served = rlfleet::dist::Rendezvous::Serve(o.store_host, o.store_port, world, o.timeout);
+      if (!served.ok()) {
+        std::cerr << "rlfleet-trainer: " << served.status() << "\n";
+        return 2;
+      }
+      rendezvous = std::move(*served);
+      std::cout << "rlfleet-trainer dp rendezvous on " << o.store_host << ":" << rendezvous->port() << " (waiting for "
+                << world - 1 << " more ranks)" << std::endl;
+    }
+    auto joined = rlfleet::dist::GlooGroup::Join(o, rendezvous.get());
+    if (!joined.ok()) {
+      std::cerr << "rlfleet-trainer: rank " << rank << ": " << joined.status() << "\n";
+      return 2;
+    }
+    group = std::move(*joined);
+    std::cout << "rlfleet-trainer rank " << rank << " of " << world << " joined" << std::endl;
+  }
   auto core = rlfleet::trainer::TrainerCore::Create(config, absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_seed),
-                                                    buffer.get());
+                                                    buffer.get(), group.get());
   if (!core.ok()) {
     std::cerr << "rlfleet-trainer: " << core.status() << "\n";
     return 2;
+  }
+  if (world > 1 && rank > 0) {
+    const absl::Status s = (*core)->ServeWorker();
+    std::cout << "rlfleet-trainer rank " << rank << " stopped: " << s << std::endl;
+    return s.ok() ? 0 : 1;
   }
   rlfleet::trainer::TrainerServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token},
                                                absl::GetFlag(FLAGS_publish_dir));

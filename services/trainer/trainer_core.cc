@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -69,11 +70,203 @@ v1::AdvantageEstimator EstimatorFor(const v1::AlgorithmParams& p) {
 
 }  // namespace
 
+// ---- what rank 0 broadcasts: a tag byte, then the command's fields ----
+namespace {
+
+constexpr char kKeepalive = 'N', kStop = 'S', kLoad = 'L', kTrain = 'T';
+constexpr absl::Duration kKeepaliveInterval = absl::Seconds(5);
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+template <typename T>
+void PutVector(std::string* out, const std::vector<T>& v) {
+  Put<uint32_t>(out, v.size());
+  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+class Reader {
+ public:
+  explicit Reader(absl::string_view in) : in_(in) {}
+  template <typename T>
+  T Get() {
+    T v{};
+    if (in_.size() < sizeof(T)) {
+      ok_ = false;
+      return v;
+    }
+    std::memcpy(&v, in_.data(), sizeof(T));
+    in_.remove_prefix(sizeof(T));
+    return v;
+  }
+  template <typename T>
+  std::vector<T> GetVector() {
+    const uint32_t n = Get<uint32_t>();
+    if (!ok_ || in_.size() < n * sizeof(T)) {
+      ok_ = false;
+      return {};
+    }
+    std::vector<T> v(n);
+    std::memcpy(v.data(), in_.data(), n * sizeof(T));
+    in_.remove_prefix(n * sizeof(T));
+    return v;
+  }
+  bool ok() const { return ok_ && in_.empty(); }
+  bool failed() const { return !ok_; }
+
+ private:
+  absl::string_view in_;
+  bool ok_ = true;
+};
+
+std::string EncodeStep(const std::vector<model::TrainSequence>& seqs, const model::TrainOptions& o) {
+  std::string out(1, kTrain);
+  Put(&out, o.learning_rate);
+  Put(&out, o.weight_decay);
+  Put(&out, o.grad_clip);
+  Put(&out, o.clip);
+  Put<int32_t>(&out, o.epochs);
+  Put(&out, o.entropy_coef);
+  Put<uint8_t>(&out, o.gae);
+  Put(&out, o.gamma);
+  Put(&out, o.gae_lambda);
+  Put(&out, o.value_coef);
+  Put(&out, o.value_clip);
+  Put<uint32_t>(&out, seqs.size());
+  for (const model::TrainSequence& s : seqs) {
+    PutVector(&out, s.prompt);
+    PutVector(&out, s.response);
+    PutVector(&out, s.behaviour_logprobs);
+    Put(&out, s.advantage);
+    Put(&out, s.reward);
+  }
+  return out;
+}
+
+absl::Status DecodeStep(absl::string_view in, std::vector<model::TrainSequence>* seqs, model::TrainOptions* o) {
+  Reader r(in.substr(1));
+  o->learning_rate = r.Get<float>();
+  o->weight_decay = r.Get<float>();
+  o->grad_clip = r.Get<float>();
+  o->clip = r.Get<double>();
+  o->epochs = r.Get<int32_t>();
+  o->entropy_coef = r.Get<double>();
+  o->gae = r.Get<uint8_t>() != 0;
+  o->gamma = r.Get<double>();
+  o->gae_lambda = r.Get<double>();
+  o->value_coef = r.Get<double>();
+  o->value_clip = r.Get<double>();
+  const uint32_t n = r.Get<uint32_t>();
+  for (uint32_t i = 0; i < n && !r.failed(); ++i) {
+    model::TrainSequence s;
+    s.prompt = r.GetVector<int32_t>();
+    s.response = r.GetVector<int32_t>();
+    s.behaviour_logprobs = r.GetVector<float>();
+    s.advantage = r.Get<float>();
+    s.reward = r.Get<float>();
+    seqs->push_back(std::move(s));
+  }
+  if (!r.ok()) return absl::DataLossError("a malformed step from rank 0");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<TrainerCore>> TrainerCore::Create(const model::PolicyConfig& config,
                                                                  const std::string& device, uint64_t seed,
-                                                                 BufferSource* buffer) {
+                                                                 BufferSource* buffer, model::GradientGroup* group) {
   ASSIGN_OR_RETURN(auto policy, model::Policy::Create(config, device, seed));
-  return std::unique_ptr<TrainerCore>(new TrainerCore(std::move(policy), buffer, device));
+  return std::unique_ptr<TrainerCore>(new TrainerCore(std::move(policy), buffer, device, group));
+}
+
+TrainerCore::TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
+                         model::GradientGroup* group)
+    : policy_(std::move(policy)), buffer_(buffer), device_(std::move(device)), group_(group) {
+  last_broadcast_ = absl::Now();
+  if (group_ != nullptr && group_->rank() == 0 && group_->world_size() > 1) {
+    keepalive_ = std::thread([this] { Keepalive(); });
+  }
+}
+
+TrainerCore::~TrainerCore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (keepalive_.joinable() && group_error_.ok()) (void)BroadcastLocked(std::string(1, kStop));
+  }
+  if (keepalive_.joinable()) keepalive_.join();
+}
+
+void TrainerCore::Keepalive() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), kKeepaliveInterval);
+    if (stop_ || !group_error_.ok()) continue;
+    if (absl::Now() - last_broadcast_ >= kKeepaliveInterval) (void)BroadcastLocked(std::string(1, kKeepalive));
+  }
+}
+
+absl::Status TrainerCore::BroadcastLocked(std::string command) {
+  if (!group_error_.ok()) return group_error_;
+  absl::Status s = group_->Broadcast(&command);
+  last_broadcast_ = absl::Now();
+  if (!s.ok()) {
+    group_error_ = absl::UnavailableError(absl::StrCat("data-parallel group failed (restart every rank): ",
+                                                       s.message()));
+  }
+  return group_error_;
+}
+
+absl::StatusOr<model::TrainStats> TrainerCore::TrainPartLocked(const std::vector<model::TrainSequence>& seqs,
+                                                               model::TrainOptions options) {
+  if (group_ == nullptr || group_->world_size() == 1) return policy_->TrainStep(seqs, options);
+  if (!group_error_.ok()) return group_error_;
+  std::vector<model::TrainSequence> part;
+  for (size_t i = group_->rank(); i < seqs.size(); i += group_->world_size()) part.push_back(seqs[i]);
+  options.group = group_;
+  absl::StatusOr<model::TrainStats> stats = policy_->TrainStep(part, options);
+  if (!stats.ok()) {
+    // The batch was checked whole on rank 0, so this is the group failing mid-step.
+    group_error_ = absl::UnavailableError(absl::StrCat("data-parallel step failed (restart every rank): ",
+                                                       stats.status().message()));
+    return group_error_;
+  }
+  return stats;
+}
+
+absl::Status TrainerCore::ServeWorker() {
+  if (group_ == nullptr || group_->rank() == 0) {
+    return absl::FailedPreconditionError("ServeWorker is for data-parallel ranks > 0");
+  }
+  for (;;) {
+    std::string command;
+    RETURN_IF_ERROR(group_->Broadcast(&command));  // rank 0 keeps it alive while idle
+    if (command.empty()) return absl::DataLossError("an empty command from rank 0");
+    absl::MutexLock lock(&mu_);
+    switch (command[0]) {
+      case kKeepalive:
+        break;
+      case kStop:
+        return absl::OkStatus();
+      case kLoad: {
+        v1::LoadCheckpointResponse response;
+        RETURN_IF_ERROR(LoadLocked(command.substr(1), &response));
+        break;
+      }
+      case kTrain: {
+        std::vector<model::TrainSequence> seqs;
+        model::TrainOptions options;
+        RETURN_IF_ERROR(DecodeStep(command, &seqs, &options));
+        RETURN_IF_ERROR(TrainPartLocked(seqs, options).status());
+        ++step_;
+        ++version_;
+        break;
+      }
+      default:
+        return absl::DataLossError(absl::StrCat("unknown command `", command.substr(0, 1), "` from rank 0"));
+    }
+  }
 }
 
 absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) {
@@ -171,7 +364,16 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
   if (p.ppo_epochs() > 0) options.epochs = p.ppo_epochs();
   if (p.entropy_coef() < 0) return fail(absl::InvalidArgumentError("params.entropy_coef is negative"));
   options.entropy_coef = p.entropy_coef();
-  auto stats = policy_->TrainStep(seqs, options);
+  if (group_ != nullptr && group_->world_size() > 1) {
+    if (seqs.size() < static_cast<size_t>(group_->world_size())) {
+      return fail(absl::FailedPreconditionError(absl::StrCat("a batch of ", seqs.size(), " sequences is smaller than the ",
+                                                             group_->world_size(), " data-parallel ranks")));
+    }
+    // Checked whole here, so that no rank fails its part after the others started.
+    if (absl::Status s = policy_->CheckBatch(seqs, options); !s.ok()) return fail(s);
+    if (absl::Status s = BroadcastLocked(EncodeStep(seqs, options)); !s.ok()) return fail(s);
+  }
+  auto stats = TrainPartLocked(seqs, options);
   if (!stats.ok()) return fail(stats.status());
   if (!sampled.lease_id().empty()) RETURN_IF_ERROR(buffer_->Ack(sampled.lease_id()));
   ++step_;
@@ -203,7 +405,8 @@ absl::Status TrainerCore::GetState(v1::GetStateResponse* response) {
   absl::MutexLock lock(&mu_);
   response->set_step(step_);
   response->mutable_policy_version()->set_version(version_);
-  response->set_world_size(1);
+  response->set_rank(group_ != nullptr ? group_->rank() : 0);
+  response->set_world_size(group_ != nullptr ? group_->world_size() : 1);
   response->set_phase(v1::TRAINER_PHASE_IDLE);
   const model::PolicyConfig& c = policy_->config();
   v1::ModelConfig* mc = response->mutable_config()->mutable_model();
@@ -286,13 +489,23 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
 
 absl::Status TrainerCore::LoadCheckpoint(const v1::LoadCheckpointRequest& request,
                                          v1::LoadCheckpointResponse* response) {
-  const absl::Time start = absl::Now();
   if (request.path().empty() || request.path().size() > 4096) {
     return absl::InvalidArgumentError("path must be 1..4096 bytes");
   }
-  const fs::path dir(request.path());
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(LoadLocked(request.path(), response));
+  // The other ranks load the same directory (one machine, or a shared filesystem).
+  if (group_ != nullptr && group_->world_size() > 1) {
+    RETURN_IF_ERROR(BroadcastLocked(std::string(1, kLoad) + request.path()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainerCore::LoadLocked(const std::string& path, v1::LoadCheckpointResponse* response) {
+  const absl::Time start = absl::Now();
+  const fs::path dir(path);
   std::ifstream state(dir / "state.txt");
-  if (!state) return absl::NotFoundError(absl::StrCat("no checkpoint at ", request.path()));
+  if (!state) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
   // Lines of `key value...`: step, version, config, digest <file> <hex>.
   uint64_t step = 0, version = 0;
   std::string config;
@@ -313,15 +526,14 @@ absl::Status TrainerCore::LoadCheckpoint(const v1::LoadCheckpointRequest& reques
       std::getline(state, rest);  // a later version's key: ignored
     }
   }
-  if (version == 0) return absl::DataLossError(absl::StrCat(request.path(), "/state.txt is corrupt (no version)"));
+  if (version == 0) return absl::DataLossError(absl::StrCat(path, "/state.txt is corrupt (no version)"));
   for (const auto& [file, want] : digests) {
     ASSIGN_OR_RETURN(std::string got, FileDigest(dir / file));
     if (got != want) {
-      return absl::DataLossError(absl::StrCat(request.path(), "/", file, " is corrupt: digest ", got,
+      return absl::DataLossError(absl::StrCat(path, "/", file, " is corrupt: digest ", got,
                                               ", state.txt says ", want));
     }
   }
-  absl::MutexLock lock(&mu_);
   if (!config.empty() && config != ConfigLine(policy_->config())) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint model config (vocab,d_model,layers,heads,len,value) ",
                                                       config, " differs from this trainer's ",

@@ -1,10 +1,16 @@
-// TrainerCore: the trainer without gRPC, one data-parallel rank. TrainStep takes a
-// batch (inline, or sampled from the buffer through a BufferSource), computes
-// group-relative advantages (GRPO group-norm, Dr. GRPO group-mean, RLOO), runs a
-// PPO-clip update on the policy (libs/model, libs/rl) and bumps the policy version.
-// Checkpoints are a directory (weights.safetensors + state) written atomically.
-// Not yet: GAE/value head (PPO), DP ranks, optimizer state in checkpoints,
-// PublishWeights (the weights service).
+// TrainerCore: the trainer without gRPC. TrainStep takes a batch (inline, or sampled
+// from the buffer through a BufferSource), computes advantages (GRPO group-norm,
+// Dr. GRPO group-mean, RLOO; or GAE from the value head for PPO), runs a PPO-clip
+// update on the policy (libs/model, libs/rl) and bumps the policy version.
+// Checkpoints are a directory (weights, optimizer state, state.txt) written atomically.
+//
+// Data parallelism: with a GradientGroup of D ranks, rank 0 is the one the API talks
+// to; for each step it broadcasts the batch (sequences with their advantages) and the
+// options, every rank trains on sequences i with i % D == rank, and the gradients are
+// combined in the group, so all ranks hold the same weights. The other ranks run
+// ServeWorker. While idle, rank 0 broadcasts a keepalive so that a waiting worker's
+// deadline never passes and a dead worker is an error at rank 0's next broadcast.
+// Not yet: PublishWeights through the weights service.
 // Thread-safe (steps are serialised).
 #ifndef RLFLEET_SERVICES_TRAINER_TRAINER_CORE_H_
 #define RLFLEET_SERVICES_TRAINER_TRAINER_CORE_H_
@@ -12,10 +18,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "libs/model/policy.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "rlfleet/v1/trainer.pb.h"
@@ -34,14 +43,22 @@ class BufferSource {
 
 class TrainerCore {
  public:
-  // `buffer` may be null (inline batches only); not owned.
+  // `buffer` may be null (inline batches only); `group` may be null (one rank); neither
+  // is owned.
   static absl::StatusOr<std::unique_ptr<TrainerCore>> Create(const model::PolicyConfig& config,
                                                              const std::string& device, uint64_t seed,
-                                                             BufferSource* buffer = nullptr);
+                                                             BufferSource* buffer = nullptr,
+                                                             model::GradientGroup* group = nullptr);
+  ~TrainerCore();  // rank 0 of a group tells the workers to stop
+
+  // Ranks > 0: runs what rank 0 broadcasts (steps, checkpoint loads, keepalives)
+  // until it says stop (OK) or the group fails (its error).
+  absl::Status ServeWorker();
 
   // INVALID_ARGUMENT naming the field for a bad request or batch; FAILED_PRECONDITION
   // when expected_step is not the next step (a retried step that already ran);
-  // UNIMPLEMENTED for GAE (PPO with a value head); errors of the buffer as they come.
+  // FAILED_PRECONDITION for GAE without a value head, or a batch with fewer sequences
+  // than data-parallel ranks; errors of the buffer and of the group as they come.
   // A failed update nacks its lease, so nothing sampled is lost.
   absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response);
 
@@ -60,8 +77,16 @@ class TrainerCore {
   model::Policy* policy() { return policy_.get(); }
 
  private:
-  TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device)
-      : policy_(std::move(policy)), buffer_(buffer), device_(std::move(device)) {}
+  TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
+              model::GradientGroup* group);
+  // Rank 0: broadcasts a command; ranks > 0 receive it in ServeWorker.
+  absl::Status BroadcastLocked(std::string command) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Trains this rank's part of `seqs` (all of it without a group).
+  absl::StatusOr<model::TrainStats> TrainPartLocked(const std::vector<model::TrainSequence>& seqs,
+                                                    model::TrainOptions options) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadLocked(const std::string& path, v1::LoadCheckpointResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Keepalive();  // rank 0 of a group
 
   absl::Mutex mu_;
   std::unique_ptr<model::Policy> policy_ ABSL_GUARDED_BY(mu_);
@@ -70,6 +95,11 @@ class TrainerCore {
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;  // the initial weights are version 1
   v1::TrainMetrics last_ ABSL_GUARDED_BY(mu_);
+  model::GradientGroup* const group_;  // null: one rank
+  absl::Status group_error_ ABSL_GUARDED_BY(mu_);  // a failed collective: the group is unusable
+  absl::Time last_broadcast_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread keepalive_;
 };
 
 }  // namespace rlfleet::trainer
