@@ -6,18 +6,14 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "libs/model/test_util.h"
 
 namespace rlfleet::dist {
 namespace {
 
-model::PolicyConfig Small() {
-  model::PolicyConfig c;
-  c.d_model = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.max_seq_len = 32;
-  return c;
-}
+using model::MaxAbsDiff;
+
+model::PolicyConfig Small() { return model::TinyConfig(); }
 
 // Sequences of different lengths, so that the ranks hold different token counts.
 std::vector<model::TrainSequence> Batch() {
@@ -32,12 +28,6 @@ std::vector<model::TrainSequence> Batch() {
     batch.push_back(std::move(s));
   }
   return batch;
-}
-
-float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
 }
 
 TEST(GlooGroup, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {

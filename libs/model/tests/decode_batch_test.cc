@@ -7,19 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/model/policy.h"
+#include "libs/model/test_util.h"
 
 namespace rlfleet::model {
 namespace {
 
-PolicyConfig Small() {
-  PolicyConfig c;
-  c.vocab_size = 32;
-  c.d_model = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.max_seq_len = 40;
-  return c;
-}
+PolicyConfig Small() { return TinyConfig(/*max_seq_len=*/40); }
 
 std::vector<int32_t> RandomPrompt(std::mt19937& rng, int length) {
   std::vector<int32_t> p(length);

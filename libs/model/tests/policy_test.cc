@@ -7,25 +7,22 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "libs/model/safetensors.h"
+#include "libs/model/test_util.h"
 #include "libs/model/tokenizer.h"
 
 namespace rlfleet::model {
 namespace {
 
-PolicyConfig Small() {
-  PolicyConfig c;
-  c.vocab_size = 32;
-  c.d_model = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.max_seq_len = 32;
-  return c;
-}
+PolicyConfig Small() { return TinyConfig(); }
 
-float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
+// p(token | prompt) under the policy.
+float TokenProbability(Policy& policy, const std::vector<int32_t>& prompt, int32_t token) {
+  auto logits = policy.Logits({prompt});
+  const int vocab = policy.config().vocab_size;
+  const float* last = logits->data() + (prompt.size() - 1) * vocab;
+  float m = *std::max_element(last, last + vocab), z = 0;
+  for (int i = 0; i < vocab; ++i) z += std::exp(last[i] - m);
+  return std::exp(last[token] - m) / z;
 }
 
 TEST(Policy, IncrementalDecodingWithTheKvCacheEqualsFullRecomputation) {
@@ -230,13 +227,7 @@ TEST(PolicyTraining, PpoWithGaeLearnsTheCriticAndRaisesRewardedTokens) {
   ASSERT_TRUE(policy.ok() && plain.ok());
   const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("sort:6");
   const int32_t target = Tokenizer::EncodeResponse("6")->at(0);
-  auto probability = [&]() {
-    auto logits = (*policy)->Logits({prompt});
-    const float* last = logits->data() + (prompt.size() - 1) * 32;
-    float m = *std::max_element(last, last + 32), z = 0;
-    for (int i = 0; i < 32; ++i) z += std::exp(last[i] - m);
-    return std::exp(last[target] - m) / z;
-  };
+  auto probability = [&]() { return TokenProbability(**policy, prompt, target); };
   const float before = probability();
   SamplingOptions sampling;
   sampling.max_new_tokens = 2;
@@ -276,13 +267,7 @@ TEST(PolicyTraining, GrpoStepsRaiseTheProbabilityOfRewardedTokens) {
   ASSERT_TRUE(policy.ok());
   const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("sort:6");
   const int32_t target = Tokenizer::EncodeResponse("6")->at(0);
-  auto probability = [&]() {
-    auto logits = (*policy)->Logits({prompt});
-    const float* last = logits->data() + (prompt.size() - 1) * 32;
-    float m = *std::max_element(last, last + 32), z = 0;
-    for (int i = 0; i < 32; ++i) z += std::exp(last[i] - m);
-    return std::exp(last[target] - m) / z;
-  };
+  auto probability = [&]() { return TokenProbability(**policy, prompt, target); };
   const float before = probability();
   SamplingOptions sampling;
   sampling.max_new_tokens = 1;

@@ -7,19 +7,12 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "libs/model/test_util.h"
 
 namespace rlfleet::reward {
 namespace {
 
-model::PolicyConfig Small() {
-  model::PolicyConfig c;
-  c.d_model = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.max_seq_len = 32;
-  c.value_head = true;
-  return c;
-}
+model::PolicyConfig Small() { return model::TinyConfig(/*max_seq_len=*/32, /*value_head=*/true); }
 
 std::string SavedModel() {
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/rm.safetensors";

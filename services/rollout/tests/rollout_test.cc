@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/model/policy.h"
+#include "libs/model/test_util.h"
 #include "libs/model/tokenizer.h"
 #include "libs/rpc/server_runner.h"
 #include "services/rollout/rollout_core.h"
@@ -16,14 +17,7 @@
 namespace rlfleet::rollout {
 namespace {
 
-model::PolicyConfig Small() {
-  model::PolicyConfig c;
-  c.d_model = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.max_seq_len = 32;
-  return c;
-}
+model::PolicyConfig Small() { return model::TinyConfig(); }
 
 v1::GenerateBatchRequest Request(int samples = 2) {
   v1::GenerateBatchRequest r;
@@ -140,11 +134,7 @@ v1::GenerateRequest Stream(const std::string& id, int samples, int max_new) {
   return r;
 }
 
-model::PolicyConfig Long() {
-  model::PolicyConfig c = Small();
-  c.max_seq_len = 64;
-  return c;
-}
+model::PolicyConfig Long() { return model::TinyConfig(/*max_seq_len=*/64); }
 
 // Everything one Generate job streamed, with the order events arrived in.
 struct Recorded {

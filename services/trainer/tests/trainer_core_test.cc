@@ -6,20 +6,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/model/test_util.h"
 #include "libs/model/tokenizer.h"
 #include "services/buffer/buffer_core.h"
 
 namespace rlfleet::trainer {
 namespace {
 
-model::PolicyConfig Small() {
-  model::PolicyConfig c;
-  c.d_model = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.max_seq_len = 32;
-  return c;
-}
+model::PolicyConfig Small() { return model::TinyConfig(); }
 
 // A BufferSource over an in-process BufferCore.
 class CoreSource : public BufferSource {
