@@ -145,6 +145,13 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request,
 
 absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request) {
   absl::MutexLock lock(&mu_);
+  weights_ = request;
+  // Replicas that waited for the run's first weights join with them.
+  for (auto& peer : waiting_) {
+    replicas_.push_back({std::move(peer), true});
+    if (log_) log_(absl::StrCat("rollout replica ", replicas_.back().peer->address(), " admitted"));
+  }
+  waiting_.clear();
   for (Replica& replica : replicas_) {
     if (!replica.alive) continue;
     absl::Status s = replica.peer->UpdateWeights(request);
@@ -156,6 +163,63 @@ absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request
     if (r.alive) return absl::OkStatus();
   }
   return absl::UnavailableError("no rollout replica left");
+}
+
+absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
+  absl::MutexLock lock(&mu_);
+  const std::string address = replica->address();
+  for (const Replica& r : replicas_) {
+    if (r.alive && r.peer->address() == address) {
+      return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " is in the pool"));
+    }
+  }
+  if (!weights_) {
+    if (log_) log_(absl::StrCat("rollout replica ", address, " waits for the run's first weights"));
+    waiting_.push_back(std::move(replica));
+    return absl::OkStatus();
+  }
+  absl::Status s = replica->UpdateWeights(*weights_);
+  if (!s.ok() && !absl::IsFailedPrecondition(s)) {  // (FAILED_PRECONDITION: it had them)
+    return common::Annotate(s, absl::StrCat("installing version ", weights_->manifest().version().version(),
+                                            " on joining replica ", address));
+  }
+  replicas_.push_back({std::move(replica), true});
+  if (log_) {
+    log_(absl::StrCat("rollout replica ", address, " admitted with version ",
+                      weights_->manifest().version().version()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RolloutPool::Remove(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if ((*it)->address() == address) {
+      waiting_.erase(it);
+      return absl::OkStatus();
+    }
+  }
+  for (auto it = replicas_.begin(); it != replicas_.end(); ++it) {
+    if (it->peer->address() != address) continue;
+    const bool was_alive = it->alive;
+    absl::Status drained = was_alive ? it->peer->Drain() : absl::OkStatus();
+    replicas_.erase(it);
+    if (log_) {
+      log_(absl::StrCat("rollout replica ", address, " removed",
+                        drained.ok() ? "" : absl::StrCat(" (drain: ", drained.message(), ")")));
+    }
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("rollout replica ", address, " is not in the pool"));
+}
+
+std::vector<std::string> RolloutPool::addresses() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const Replica& r : replicas_) {
+    if (r.alive) out.push_back(r.peer->address());
+  }
+  return out;
 }
 
 absl::Status ValidateLoopConfig(const LoopConfig& c) {

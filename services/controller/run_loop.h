@@ -31,6 +31,8 @@ class RolloutReplica {
                                      v1::GenerateBatchResponse* response) = 0;
   // FAILED_PRECONDITION when the replica already has the version.
   virtual absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) = 0;
+  // Stops it taking new work (it is leaving the pool).
+  virtual absl::Status Drain() = 0;
 };
 
 class RewardPeer {
@@ -68,8 +70,19 @@ class RolloutPool {
   // Completions for every prompt of `request`, `num_samples` each, in prompt order (as
   // one GenerateBatch would list them). UNAVAILABLE when no replica is left.
   absl::Status Generate(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response);
-  // Installs a version on every live replica.
+  // Installs a version on every live replica (and on those waiting to be admitted).
   absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request);
+
+  // Scaling: a replica joins between calls. It first gets the weights the pool last
+  // installed, then it is admitted and gets work; before the run has published any,
+  // it waits and joins with the first UpdateWeights. An error installing them is
+  // returned and it does not join. ALREADY_EXISTS for an address in the pool.
+  absl::Status Admit(std::unique_ptr<RolloutReplica> replica);
+  // A replica leaves between calls (so none of its work is in flight: nothing is lost)
+  // and is drained. NOT_FOUND for an address not in the pool.
+  absl::Status Remove(const std::string& address);
+  // Addresses of the live replicas.
+  std::vector<std::string> addresses();
 
  private:
   struct Replica {
@@ -82,6 +95,8 @@ class RolloutPool {
   // update take turns; a replica generates or installs, not both).
   absl::Mutex mu_;
   std::vector<Replica> replicas_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<RolloutReplica>> waiting_ ABSL_GUARDED_BY(mu_);  // for the first weights
+  std::optional<v1::PrepareWeightsRequest> weights_ ABSL_GUARDED_BY(mu_);     // last installed
   Log log_;
 };
 

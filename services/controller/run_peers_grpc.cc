@@ -42,6 +42,11 @@ class GrpcRolloutReplica : public RolloutReplica, Peer<v1::RolloutService> {
     v1::CommitWeightsResponse response;
     return rpc::ToAbslStatus(stub_->UpdateWeights(Context().get(), request, &response));
   }
+  absl::Status Drain() override {
+    v1::DrainRequest request;  // grace 0: the pool has nothing in flight on it
+    v1::DrainResponse response;
+    return rpc::ToAbslStatus(stub_->Drain(Context().get(), request, &response));
+  }
 
  private:
   const std::string address_;

@@ -46,7 +46,21 @@ class FakeRollout : public RolloutReplica {
   absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) override {
     absl::MutexLock lock(&mu_);
     version_ = request.manifest().version().version();
+    ++updates_;
     return absl::OkStatus();
+  }
+  absl::Status Drain() override {
+    absl::MutexLock lock(&mu_);
+    drained_ = true;
+    return absl::OkStatus();
+  }
+  uint64_t version() {
+    absl::MutexLock lock(&mu_);
+    return version_;
+  }
+  bool drained() {
+    absl::MutexLock lock(&mu_);
+    return drained_;
   }
   int prompts() {
     absl::MutexLock lock(&mu_);
@@ -58,8 +72,9 @@ class FakeRollout : public RolloutReplica {
   const int fail_from_;
   const absl::Status failure_;
   absl::Mutex mu_;
-  int calls_ = 0, prompts_ = 0, ids_ = 0;
+  int calls_ = 0, prompts_ = 0, ids_ = 0, updates_ = 0;
   uint64_t version_ = 0;
+  bool drained_ = false;
 };
 
 class FakeReward : public RewardPeer {
@@ -160,6 +175,45 @@ TEST(RunLoop, AReplicaThatDiesLosesNothing) {
   EXPECT_EQ(*run.progress.back().held_out_exact, 1.0);
   // Replica a served everything after b died (b had one call: step 1's first share).
   EXPECT_GT(a->prompts(), 3 * 6);
+}
+
+TEST(RunLoop, ReplicasJoinWithTheCurrentWeightsAndLeaveDrainedLosingNothing) {
+  auto replica_a = std::make_unique<FakeRollout>("a");
+  FakeRollout* a = replica_a.get();
+  std::vector<std::string> logs;
+  FakeRun run(Pool(std::move(replica_a), std::make_unique<FakeRollout>("b")),
+              [&](const std::string& l) { logs.push_back(l); });
+  // One joins before the run published weights: it waits for them.
+  auto early = std::make_unique<FakeRollout>("early");
+  FakeRollout* e = early.get();
+  ASSERT_TRUE(run.pool.Admit(std::move(early)).ok());
+  EXPECT_EQ(run.pool.live(), 2);
+  FakeRollout* c = nullptr;
+  std::atomic<bool> stop{false};
+  LoopConfig config = Small();
+  config.steps = 4;
+  absl::Status s = RunLoop(config, run.pool, run.reward, run.buffer, run.trainer, stop, [&](const LoopProgress& p) {
+    run.progress.push_back(p);
+    if (p.step == 1) {  // scale up: c joins with the weights the run installed last
+      auto joining = std::make_unique<FakeRollout>("c");
+      c = joining.get();
+      EXPECT_TRUE(run.pool.Admit(std::move(joining)).ok());
+      EXPECT_GT(c->version(), 0u) << "admitted before it had the current weights";
+      EXPECT_EQ(run.pool.Admit(std::make_unique<FakeRollout>("c")).code(), absl::StatusCode::kAlreadyExists);
+    }
+    if (p.step == 2) EXPECT_TRUE(run.pool.Remove("a").ok());  // scale down: a drains and leaves
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_NE(c, nullptr);
+  EXPECT_GT(c->prompts(), 0) << "the new replica got no work";
+  EXPECT_GT(e->prompts(), 0) << "the early replica never joined";
+  EXPECT_TRUE(a->drained());
+  EXPECT_EQ(run.pool.Remove("a").code(), absl::StatusCode::kNotFound);
+  const std::vector<std::string> left = run.pool.addresses();
+  EXPECT_EQ(std::set<std::string>(left.begin(), left.end()), (std::set<std::string>{"b", "c", "early"}));
+  // Nothing lost: every prompt of every step reached the buffer once.
+  EXPECT_EQ(run.buffer.experiences, 4 * 6 * 2);
+  EXPECT_EQ(run.progress.back().train_reward, 1.0);
 }
 
 TEST(RunLoop, AsyncModeOverlapsAndLosesNothing) {
