@@ -1,5 +1,9 @@
 // rlfleet-controller: the fleet's single controller. Flags + wiring only.
+#include <atomic>
 #include <iostream>
+#include <optional>
+#include <set>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
@@ -14,7 +18,10 @@
 
 ABSL_FLAG(std::string, registry, "memory://",
           "Replica registry: memory:// (in-process) or redis://host:port.");
-ABSL_FLAG(std::string, rollout, "", "Rollout replica addresses (host:port, comma-separated) runs use.");
+ABSL_FLAG(std::string, rollout, "",
+          "Rollout replica addresses (host:port, comma-separated) runs use, besides the rollout replicas "
+          "registered with this controller (rlfleet-rollout --registry_address), which join and leave "
+          "runs as they register and deregister.");
 ABSL_FLAG(std::string, reward, "", "Reward service address runs use.");
 ABSL_FLAG(std::string, buffer, "", "Experience buffer address runs use.");
 ABSL_FLAG(std::string, trainer, "", "Trainer address runs use.");
@@ -44,19 +51,33 @@ int main(int argc, char** argv) {
   rlfleet::controller::RegistryServiceImpl registry_service(&core, auth);
   // Runs: the RL loop over the peers named by flags (registry discovery comes later).
   std::unique_ptr<rlfleet::controller::RunManager> runs;
+  rlfleet::rpc::ClientOptions client;
+  client.auth.token = options->auth.token;
   if (!absl::GetFlag(FLAGS_reward).empty() || !absl::GetFlag(FLAGS_rollout).empty()) {
-    rlfleet::rpc::ClientOptions client;
-    client.auth.token = options->auth.token;
-    auto factory = [client]() -> absl::StatusOr<rlfleet::controller::RunPeers> {
+    auto factory = [client, &core]() -> absl::StatusOr<rlfleet::controller::RunPeers> {
       using namespace rlfleet::controller;  // NOLINT: the factory functions
       const absl::Duration timeout = absl::GetFlag(FLAGS_peer_timeout);
       RunPeers peers;
+      std::set<std::string> addresses;
       for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_rollout), ',', absl::SkipEmpty())) {
-        auto r = NewGrpcRolloutReplica(client, std::string(a), timeout);
+        addresses.insert(std::string(a));
+      }
+      // And the rollout replicas registered now (later ones join the run as they come).
+      rlfleet::v1::ListReplicasRequest list;
+      list.set_role(rlfleet::v1::REPLICA_ROLE_ROLLOUT);
+      rlfleet::v1::ListReplicasResponse listed;
+      if (core.ListReplicas(list, &listed).ok()) {
+        for (const auto& r : listed.replicas()) addresses.insert(r.grpc_address());
+      }
+      for (const std::string& a : addresses) {
+        auto r = NewGrpcRolloutReplica(client, a, timeout);
         if (!r.ok()) return r.status();
         peers.rollouts.push_back(std::move(*r));
       }
-      if (peers.rollouts.empty()) return absl::FailedPreconditionError("the controller has no --rollout replica");
+      if (peers.rollouts.empty()) {
+        return absl::FailedPreconditionError(
+            "the controller has no rollout replica: none registered and no --rollout");
+      }
       auto reward = NewGrpcRewardPeer(client, absl::GetFlag(FLAGS_reward), timeout);
       auto buffer = NewGrpcBufferPeer(client, absl::GetFlag(FLAGS_buffer), timeout);
       auto trainer = NewGrpcTrainerPeer(client, absl::GetFlag(FLAGS_trainer), timeout);
@@ -73,6 +94,39 @@ int main(int argc, char** argv) {
   }
   rlfleet::controller::ControllerServiceImpl controller_service(&core, runs.get(), auth);
 
+  // Discovery: rollout replicas that register join the active run (with its current
+  // weights) and those that deregister or expire leave it (drained).
+  std::atomic<bool> stopping{false};
+  std::thread discovery;
+  if (runs != nullptr) {
+    rlfleet::v1::WatchReplicasRequest watch;
+    watch.set_role(rlfleet::v1::REPLICA_ROLE_ROLLOUT);
+    auto sub = core.Watch(watch);
+    if (sub.ok()) {
+      discovery = std::thread([sub = *sub, &runs, &stopping, client]() {
+        using rlfleet::v1::ReplicaEvent;
+        while (!stopping) {
+          std::optional<ReplicaEvent> event = sub->Next(absl::Milliseconds(500));
+          if (!event) continue;
+          const std::string& address = event->replica().grpc_address();
+          absl::Status s;
+          if (event->type() == rlfleet::v1::REPLICA_EVENT_TYPE_ADDED) {
+            auto replica = rlfleet::controller::NewGrpcRolloutReplica(client, address, absl::GetFlag(FLAGS_peer_timeout));
+            s = replica.ok() ? runs->AdmitRollout(std::move(*replica)) : replica.status();
+          } else if (event->type() == rlfleet::v1::REPLICA_EVENT_TYPE_REMOVED ||
+                     event->type() == rlfleet::v1::REPLICA_EVENT_TYPE_EXPIRED) {
+            s = runs->RemoveRollout(address);
+          }
+          // No active run (it will list the registry when it starts), or already in /
+          // out of the pool: nothing to do.
+          if (!s.ok() && !absl::IsFailedPrecondition(s) && !absl::IsAlreadyExists(s) && !absl::IsNotFound(s)) {
+            std::cout << "discovery: rollout replica " << address << ": " << s << std::endl;
+          }
+        }
+      });
+    }
+  }
+
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&registry_service);
   runner.AddService(&controller_service);
@@ -84,6 +138,8 @@ int main(int argc, char** argv) {
             << (options->auth.token.empty() ? "" : " (bearer token required)")
             << (options->auth.tls_enabled_for_server() ? " (TLS)" : "") << std::endl;
   const int signo = runner.WaitForTermination();
+  stopping = true;
+  if (discovery.joinable()) discovery.join();
   std::cout << "rlfleet-controller stopped" << (signo ? " on signal" : "") << std::endl;
   return 0;
 }

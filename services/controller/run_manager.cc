@@ -100,6 +100,23 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
   return id;
 }
 
+absl::Status RunManager::AdmitRollout(std::unique_ptr<RolloutReplica> replica) {
+  absl::MutexLock lock(&pool_mu_);
+  if (pool_ == nullptr) return absl::FailedPreconditionError("no active run to admit a rollout replica to");
+  return pool_->Admit(std::move(replica));
+}
+
+absl::Status RunManager::RemoveRollout(const std::string& address) {
+  absl::MutexLock lock(&pool_mu_);
+  if (pool_ == nullptr) return absl::FailedPreconditionError("no active run");
+  return pool_->Remove(address);
+}
+
+std::vector<std::string> RunManager::RolloutAddresses() {
+  absl::MutexLock lock(&pool_mu_);
+  return pool_ == nullptr ? std::vector<std::string>{} : pool_->addresses();
+}
+
 void RunManager::Body(LoopConfig config, RunPeers peers) {
   RolloutPool pool(std::move(peers.rollouts), log_);
   RunMetrics metrics;
@@ -134,7 +151,15 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
                            p.train_reward, *p.held_out_exact, p.policy_version));
     }
   };
+  {
+    absl::MutexLock lock(&pool_mu_);
+    pool_ = &pool;
+  }
   absl::Status s = RunLoop(config, pool, *peers.reward, *peers.buffer, *peers.trainer, stop_, on_progress);
+  {
+    absl::MutexLock lock(&pool_mu_);
+    pool_ = nullptr;
+  }
   std::string line;
   {
     absl::MutexLock lock(&mu_);

@@ -52,6 +52,14 @@ class RunManager {
   // started_at_unix_ms, error.
   void Fill(v1::GetStatusResponse* response);
 
+  // Scaling the active run (registry discovery calls these): a rollout replica joins
+  // with the run's current weights, or leaves drained (RolloutPool::Admit / Remove).
+  // FAILED_PRECONDITION without an active run.
+  absl::Status AdmitRollout(std::unique_ptr<RolloutReplica> replica);
+  absl::Status RemoveRollout(const std::string& address);
+  // The active run's rollout replicas (empty without one).
+  std::vector<std::string> RolloutAddresses();
+
  private:
   void Body(LoopConfig config, RunPeers peers);
 
@@ -70,6 +78,10 @@ class RunManager {
   std::string error_ ABSL_GUARDED_BY(mu_);
   std::string run_dir_ ABSL_GUARDED_BY(mu_);
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  // The active run's pool while its loop runs (a mutex of its own: scaling waits for
+  // the pool's current call, and must not hold up GetStatus meanwhile).
+  absl::Mutex pool_mu_;
+  RolloutPool* pool_ ABSL_GUARDED_BY(pool_mu_) = nullptr;
 };
 
 }  // namespace rlfleet::controller

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
+#include "rlfleet/v1/rollout.grpc.pb.h"
 #include "tests/util/subprocess.h"
 
 namespace rlfleet {
@@ -251,6 +252,79 @@ TEST(Fleet, TheControllerRunsTheLoopAndStopsOnRequest) {
   ASSERT_TRUE(ended.ok());
   EXPECT_EQ(WEXITSTATUS(*ended), 0) << endless.output();
   EXPECT_TRUE(absl::StrContains(endless.output(), "RUN_STATE_STOPPED")) << endless.output();
+  ASSERT_TRUE(controller.Signal(SIGTERM).ok());
+  ASSERT_TRUE(controller.Wait(absl::Seconds(30)).ok());
+  fleet.Stop();
+}
+
+// Rollout replicas found through the registry: one registers and the run uses it; a
+// second registers mid-run, gets the current weights, is admitted and generates; the
+// first leaves (SIGTERM: it deregisters) and the run goes on.
+TEST(Fleet, RolloutReplicasJoinAndLeaveARunThroughTheRegistry) {
+  LoopFleet fleet("scale", 0);
+  Subprocess controller;
+  const std::string c = Start(controller, "services/controller/rlfleet-controller",
+                              {"--reward=" + fleet.r, "--buffer=" + fleet.b, "--trainer=" + fleet.t, "--runs_dir="});
+  ASSERT_TRUE(fleet.ok() && !c.empty());
+  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1",
+                                          "--registry_address=" + c};
+  auto registered = [](Subprocess& p) {
+    return p.WaitForLine([](const std::string& l) { return absl::StrContains(l, "registered as "); },
+                         absl::Seconds(60));
+  };
+  Subprocess first, second;
+  const std::string a = Start(first, "services/rollout/rlfleet-rollout", model);
+  ASSERT_FALSE(a.empty());
+  ASSERT_TRUE(registered(first).ok()) << first.output();
+
+  Subprocess run;
+  ASSERT_TRUE(run.Start({RunfilePath("services/controller/rlfleet"), "run", "--steps=0", "--controller=" + c,
+                         "--eval_every=1", "--loop_prompts=4", "--loop_samples=4", "--max_len=3"})
+                  .ok());
+  auto step = [&run]() {
+    return run.WaitForLine([](const std::string& l) { return absl::StartsWith(l, "step "); }, absl::Seconds(120));
+  };
+  ASSERT_TRUE(step().ok()) << run.output() << "\ncontroller:\n" << controller.output();
+
+  // Scale up: the new replica is admitted with the run's current weights.
+  const std::string b = Start(second, "services/rollout/rlfleet-rollout", model);
+  ASSERT_FALSE(b.empty());
+  ASSERT_TRUE(registered(second).ok()) << second.output();
+  auto admitted = controller.WaitForLine(
+      [&b](const std::string& l) { return absl::StrContains(l, "rollout replica " + b + " admitted"); },
+      absl::Seconds(120));
+  ASSERT_TRUE(admitted.ok()) << admitted.status() << controller.output();
+  // ... and generates: its decode rate becomes non-zero within a few steps.
+  auto stub = v1::RolloutService::NewStub(grpc::CreateChannel(b, grpc::InsecureChannelCredentials()));
+  bool generating = false;
+  for (int i = 0; i < 20 && !generating; ++i) {
+    ASSERT_TRUE(step().ok()) << run.output();
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::GetInfoResponse info;
+    ASSERT_TRUE(stub->GetInfo(&context, {}, &info).ok());
+    EXPECT_GT(info.installed_version().version(), 0u);
+    generating = info.load().tokens_per_s() > 0;
+  }
+  EXPECT_TRUE(generating) << "the admitted replica never generated";
+
+  // Scale down: the first replica deregisters on SIGTERM and leaves the run.
+  ASSERT_TRUE(first.Signal(SIGTERM).ok());
+  ASSERT_TRUE(first.Wait(absl::Seconds(30)).ok());
+  auto left = controller.WaitForLine(
+      [&a](const std::string& l) { return absl::StrContains(l, "rollout replica " + a); }, absl::Seconds(60));
+  ASSERT_TRUE(left.ok()) << controller.output();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(step().ok()) << run.output();  // the run goes on
+
+  Subprocess stop;
+  ASSERT_TRUE(stop.Start({RunfilePath("services/controller/rlfleet"), "stop", "--controller=" + c}).ok());
+  ASSERT_TRUE(stop.Wait(absl::Seconds(60)).ok());
+  auto ended = run.Wait(absl::Seconds(60));
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(WEXITSTATUS(*ended), 0) << run.output();
+  EXPECT_TRUE(absl::StrContains(run.output(), "RUN_STATE_STOPPED")) << run.output();
+  ASSERT_TRUE(second.Signal(SIGTERM).ok());
+  ASSERT_TRUE(second.Wait(absl::Seconds(30)).ok());
   ASSERT_TRUE(controller.Signal(SIGTERM).ok());
   ASSERT_TRUE(controller.Wait(absl::Seconds(30)).ok());
   fleet.Stop();

@@ -1,0 +1,95 @@
+#include "libs/registry/registrar.h"
+
+#include "absl/strings/str_cat.h"
+#include "libs/common/ids.h"
+#include "libs/common/status_macros.h"
+#include "libs/rpc/status_conversion.h"
+
+namespace rlfleet::registry {
+
+absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Start(Options options, Fill fill, Log log) {
+  if (options.replica.replica_id().empty()) {
+    options.replica.set_replica_id(common::NewId(absl::StrCat(v1::ReplicaRole_Name(options.replica.role()))));
+  }
+  if (options.replica.started_at_unix_ms() == 0) {
+    options.replica.set_started_at_unix_ms(absl::ToUnixMillis(absl::Now()));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, rpc::MakeChannel(options.client));
+  std::unique_ptr<Registrar> r(new Registrar(std::move(options), std::move(fill), std::move(log), channel));
+  RETURN_IF_ERROR(r->RegisterNow());
+  r->thread_ = std::thread([p = r.get()] { p->Loop(); });
+  return r;
+}
+
+Registrar::Registrar(Options options, Fill fill, Log log, std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      fill_(std::move(fill)),
+      log_(std::move(log)),
+      stub_(v1::RegistryService::NewStub(channel)) {}
+
+Registrar::~Registrar() {
+  std::string lease;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    lease = lease_id_;
+  }
+  if (thread_.joinable()) thread_.join();
+  if (lease.empty()) return;
+  v1::DeregisterRequest request;
+  request.set_replica_id(options_.replica.replica_id());
+  request.set_lease_id(lease);
+  v1::DeregisterResponse response;
+  (void)stub_->Deregister(rpc::NewCallContext(options_.client, absl::Seconds(2)).get(), request, &response);
+}
+
+bool Registrar::admitted() {
+  absl::MutexLock lock(&mu_);
+  return admitted_;
+}
+
+absl::Status Registrar::RegisterNow() {
+  v1::RegisterRequest request;
+  *request.mutable_replica() = options_.replica;
+  if (fill_) fill_(request.mutable_replica());
+  request.set_ttl_ms(absl::ToInt64Milliseconds(options_.ttl));
+  v1::RegisterResponse response;
+  RETURN_IF_ERROR(rpc::ToAbslStatus(
+      stub_->Register(rpc::NewCallContext(options_.client, absl::ZeroDuration()).get(), request, &response)));
+  absl::MutexLock lock(&mu_);
+  lease_id_ = response.lease_id();
+  interval_ = absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
+  admitted_ = response.replica().admitted();
+  return absl::OkStatus();
+}
+
+void Registrar::Loop() {
+  for (;;) {
+    std::string lease;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), interval_)) return;
+      lease = lease_id_;
+    }
+    v1::ReplicaInfo now = options_.replica;
+    if (fill_) fill_(&now);
+    v1::HeartbeatRequest request;
+    request.set_replica_id(now.replica_id());
+    request.set_lease_id(lease);
+    *request.mutable_load() = now.load();
+    *request.mutable_policy_version() = now.policy_version();
+    v1::HeartbeatResponse response;
+    absl::Status s = rpc::ToAbslStatus(
+        stub_->Heartbeat(rpc::NewCallContext(options_.client, absl::ZeroDuration()).get(), request, &response));
+    if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      admitted_ = response.admitted();
+      continue;
+    }
+    // NOT_FOUND: the registry forgot the lease (it expired, or the registry restarted).
+    if (absl::IsNotFound(s)) s = RegisterNow();
+    if (!s.ok() && log_) log_(absl::StrCat("registry ", options_.client.target, ": ", s.message(), " (retrying)"));
+  }
+}
+
+}  // namespace rlfleet::registry

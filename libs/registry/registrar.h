@@ -1,0 +1,61 @@
+// Registrar: keeps one replica registered with a RegistryService (the controller) over
+// gRPC: Register, then a heartbeat every TTL/3 carrying what `fill` reports (policy
+// version, load); a lease the registry no longer knows (expired, or the registry
+// restarted) is registered again; the destructor deregisters. Failures are retried
+// and told to `log`, never fatal: a replica keeps serving while the registry is away.
+#ifndef RLFLEET_LIBS_REGISTRY_REGISTRAR_H_
+#define RLFLEET_LIBS_REGISTRY_REGISTRAR_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "libs/rpc/client.h"
+#include "rlfleet/v1/controller.grpc.pb.h"
+
+namespace rlfleet::registry {
+
+class Registrar {
+ public:
+  struct Options {
+    rpc::ClientOptions client;  // target: the RegistryService's address
+    v1::ReplicaInfo replica;    // role, grpc_address, labels; replica_id set if empty
+    absl::Duration ttl = absl::Seconds(10);
+  };
+  // Reports the replica's current state before each heartbeat (and registration).
+  using Fill = std::function<void(v1::ReplicaInfo* replica)>;
+  using Log = std::function<void(const std::string&)>;
+
+  // Registers once (so the caller learns at start-up whether the registry answers:
+  // the error is returned) and starts heartbeating.
+  static absl::StatusOr<std::unique_ptr<Registrar>> Start(Options options, Fill fill, Log log);
+  ~Registrar();  // deregisters (best effort, 2 s)
+
+  const std::string& replica_id() const { return options_.replica.replica_id(); }
+  bool admitted();  // as the registry said at the last heartbeat
+
+ private:
+  Registrar(Options options, Fill fill, Log log, std::shared_ptr<grpc::Channel> channel);
+  absl::Status RegisterNow();
+  void Loop();
+
+  Options options_;
+  const Fill fill_;
+  const Log log_;
+  std::unique_ptr<v1::RegistryService::Stub> stub_;
+  absl::Mutex mu_;
+  std::string lease_id_ ABSL_GUARDED_BY(mu_);
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_);
+  bool admitted_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace rlfleet::registry
+
+#endif  // RLFLEET_LIBS_REGISTRY_REGISTRAR_H_
