@@ -58,6 +58,11 @@ class ControllerClient : public rpc::ClientBase {
       return controller_->StartRun(c, request, r);
     });
   }
+  absl::StatusOr<v1::ScaleResponse> Scale(const v1::ScaleRequest& request) {
+    return Unary<v1::ScaleResponse>("Scale", [&](grpc::ClientContext* c, auto* r) {
+      return controller_->Scale(c, request, r);
+    });
+  }
   absl::StatusOr<v1::StopRunResponse> StopRun(const v1::StopRunRequest& request) {
     return Unary<v1::StopRunResponse>("StopRun", [&](grpc::ClientContext* c, auto* r) {
       return controller_->StopRun(c, request, r);

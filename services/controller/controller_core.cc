@@ -121,7 +121,48 @@ absl::Status ControllerCore::GetStatus(const v1::GetStatusRequest& /*request*/,
       *response->mutable_policy_version() = replica.policy_version();
     }
   }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [role, count] : desired_) {
+      by_role[role].set_role(static_cast<v1::ReplicaRole>(role));
+      by_role[role].set_desired(count);
+    }
+  }
   for (auto& [role, summary] : by_role) *response->add_replicas() = std::move(summary);
+  return absl::OkStatus();
+}
+
+void ControllerCore::SetScaler(std::string scaler) {
+  absl::MutexLock lock(&mu_);
+  scaler_ = std::move(scaler);
+}
+
+absl::Status ControllerCore::Scale(const v1::ScaleRequest& request, v1::ScaleResponse* response) {
+  switch (request.role()) {
+    case v1::REPLICA_ROLE_ROLLOUT:
+    case v1::REPLICA_ROLE_REWARD:
+    case v1::REPLICA_ROLE_TRAINER:
+    case v1::REPLICA_ROLE_WEIGHTS:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("role: ", v1::ReplicaRole_Name(request.role()),
+                                                     " is not scaled (ROLLOUT, REWARD, TRAINER or WEIGHTS)"));
+  }
+  if (request.target_count() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("target_count ", request.target_count(), " is over 1024"));
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::ReplicaInfo> replicas, registry_->List(request.role(), false));
+  absl::MutexLock lock(&mu_);
+  if (scaler_.empty()) {
+    return absl::FailedPreconditionError(
+        "no launcher or autoscaler acts on Scale here: start the fleet with deploy/local/launch.sh "
+        "(or run the controller with --scaler)");
+  }
+  auto it = desired_.find(request.role());
+  response->set_previous_count(it == desired_.end() ? replicas.size() : it->second);
+  desired_[request.role()] = request.target_count();
+  response->set_target_count(request.target_count());
+  response->set_registered(replicas.size());
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #define RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "libs/common/clock.h"
 #include "libs/registry/registry.h"
 #include "libs/registry/watch.h"
@@ -33,6 +34,14 @@ class ControllerCore {
   // Fleet status: run state (IDLE until a run exists) and replicas per role.
   absl::Status GetStatus(const v1::GetStatusRequest& request, v1::GetStatusResponse* response);
 
+  // Desired replica counts (Scale): the launcher (local) or an autoscaler reads them
+  // from GetStatus and starts or stops replicas. INVALID_ARGUMENT for a role that is
+  // not scaled (UNSPECIFIED, BUFFER, CONTROLLER) or a count over 1024;
+  // FAILED_PRECONDITION without a scaler attached (SetScaler).
+  absl::Status Scale(const v1::ScaleRequest& request, v1::ScaleResponse* response);
+  // Names what acts on Scale (e.g. "launcher"); empty: nothing does.
+  void SetScaler(std::string scaler);
+
   // Registry changes (WatchReplicas). INVALID_ARGUMENT for an unknown role.
   absl::StatusOr<std::shared_ptr<registry::Subscription>> Watch(const v1::WatchReplicasRequest& request);
   // Polls the registry for WatchReplicas every `interval` (a thread until destruction).
@@ -42,6 +51,9 @@ class ControllerCore {
   registry::Registry* const registry_;
   common::Clock* const clock_;
   registry::RegistryWatch watch_;
+  absl::Mutex mu_;
+  std::string scaler_ ABSL_GUARDED_BY(mu_);
+  std::map<int, uint32_t> desired_ ABSL_GUARDED_BY(mu_);  // role -> count, once Scale set it
 };
 
 }  // namespace rlfleet::controller

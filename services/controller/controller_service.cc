@@ -8,11 +8,6 @@
 namespace rlfleet::controller {
 namespace {
 
-absl::Status NotYet(absl::string_view rpc) {
-  return absl::UnimplementedError(absl::StrCat(
-      rpc, " is not available yet: replicas are the controller's --rollout list for now"));
-}
-
 absl::Status NoRuns() {
   return absl::FailedPreconditionError(
       "this controller runs no RL loop: start it with --rollout, --reward, --buffer and --trainer");
@@ -153,9 +148,9 @@ grpc::ServerUnaryReactor* ControllerServiceImpl::StopRun(grpc::CallbackServerCon
 }
 
 grpc::ServerUnaryReactor* ControllerServiceImpl::Scale(grpc::CallbackServerContext* context,
-                                                       const v1::ScaleRequest*,
-                                                       v1::ScaleResponse*) {
-  return rpc::HandleUnary(context, auth_, [] { return NotYet("Scale"); });
+                                                       const v1::ScaleRequest* request,
+                                                       v1::ScaleResponse* response) {
+  return rpc::HandleUnary(context, auth_, [&] { return core_->Scale(*request, response); });
 }
 
 }  // namespace rlfleet::controller

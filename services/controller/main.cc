@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, buffer, "", "Experience buffer address runs use.");
 ABSL_FLAG(std::string, trainer, "", "Trainer address runs use.");
 ABSL_FLAG(std::string, runs_dir, "rlfleet-runs",
           "Each run writes metrics.csv and reward_curve.png into <runs_dir>/<run id>; empty: none.");
+ABSL_FLAG(std::string, scaler, "",
+          "What acts on Scale (the desired counts GetStatus reports): \"launcher\" when "
+          "deploy/local/launch.sh started this controller; empty: Scale is FAILED_PRECONDITION.");
 ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(120), "Deadline of each call a run makes.");
 
 int main(int argc, char** argv) {
@@ -46,6 +49,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   rlfleet::controller::ControllerCore core(registry->get(), clock);
+  core.SetScaler(absl::GetFlag(FLAGS_scaler));
   core.StartWatching(absl::Milliseconds(200));  // WatchReplicas sees changes within this
   const rlfleet::rpc::CallAuth auth{options->auth.token};
   rlfleet::controller::RegistryServiceImpl registry_service(&core, auth);

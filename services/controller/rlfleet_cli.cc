@@ -22,6 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "libs/common/ids.h"
@@ -86,8 +87,10 @@ int Status(ControllerClient& client) {
             << "  policy version: " << status->policy_version().version() << "\n";
   if (status->replicas().empty()) std::cout << "replicas: none registered\n";
   for (const v1::RoleSummary& role : status->replicas()) {
-    std::cout << absl::StrFormat("  %-10s registered %u  admitted %u\n", RoleName(role.role()),
-                                 role.registered(), role.admitted());
+    std::cout << absl::StrFormat("  %-10s registered %u  admitted %u", RoleName(role.role()), role.registered(),
+                                 role.admitted());
+    if (role.desired() > 0 || role.registered() == 0) std::cout << "  desired " << role.desired();
+    std::cout << "\n";
   }
   return 0;
 }
@@ -206,13 +209,33 @@ int Train(const rlfleet::rpc::ClientOptions& base) {
   return 0;
 }
 
+// `rlfleet scale ROLE=N`: the desired count of a role (the launcher acts on it).
+int Scale(ControllerClient& client, const std::string& spec) {
+  const size_t eq = spec.find('=');
+  uint32_t count = 0;
+  v1::ReplicaRole role;
+  if (eq == std::string::npos || !absl::SimpleAtoi(spec.substr(eq + 1), &count) ||
+      !v1::ReplicaRole_Parse("REPLICA_ROLE_" + absl::AsciiStrToUpper(spec.substr(0, eq)), &role)) {
+    return Fail(absl::InvalidArgumentError("want ROLE=N, e.g. rollout=3; got `" + spec + "`"));
+  }
+  v1::ScaleRequest request;
+  request.set_role(role);
+  request.set_target_count(count);
+  auto scaled = client.Scale(request);
+  if (!scaled.ok()) return Fail(scaled.status());
+  std::cout << absl::StrFormat("%s: desired %u (was %u), %u registered now\n", RoleName(role),
+                               scaled->target_count(), scaled->previous_count(), scaled->registered());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = rlfleet::common::ParseFlagsWithConfig(
       argc, argv, "rlfleet status|replicas|health|try|train|loop|run|stop|doctor [--controller=HOST:PORT]");
-  if (args.size() != 2) {
-    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop|run|stop|doctor [--controller=HOST:PORT]\n";
+  if (args.size() != 2 && !(args.size() == 3 && args[1] == "scale")) {
+    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop|run|stop|doctor|scale ROLE=N "
+                 "[--controller=HOST:PORT]\n";
     return 2;
   }
   auto options = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_controller));
@@ -237,6 +260,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "stop") return rlfleet::controller::StopRun(**client);
-  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train, loop, run, stop, doctor)\n";
+  if (command == "scale") return Scale(**client, args[2]);
+  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train, loop, run, stop, doctor, scale)\n";
   return 2;
 }

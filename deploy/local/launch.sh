@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The local fleet launcher: every rlfleet service as its own process on loopback.
+#
+#   deploy/local/launch.sh [--rollouts=N] [--redis=redis://host:port] [--dir=DIR] [-- MODEL FLAGS...]
+#
+# Starts redis-server (the embedded default, on a free loopback port, when no --redis
+# is given), the controller (registry in Redis, --scaler=launcher), reward, the buffer
+# (durable in Redis), the trainer and N rollout replicas that register with the
+# controller. Each service writes DIR/<name>.log. While it runs it keeps the rollout
+# replicas at the count `rlfleet scale rollout=N` asks for (a new one registers, gets
+# the current weights and is admitted; a removed one gets SIGTERM, deregisters and is
+# drained by the controller). Ctrl-C (or SIGTERM), or any core service dying, stops
+# everything it started, by pid, and leaves no process behind.
+# Binaries come from $RLFLEET_BIN (default bazel-bin/services; build them first with
+# `bazel build //services/...`). MODEL FLAGS go to the rollout replicas and the
+# trainer (e.g. -- --d_model=64 --n_layers=2).
+set -uo pipefail
+BIN="${RLFLEET_BIN:-bazel-bin/services}"
+ROLLOUTS=1
+REDIS_URL=""
+DIR=""
+MODEL=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --rollouts=*) ROLLOUTS="${1#*=}" ;;
+    --redis=*) REDIS_URL="${1#*=}" ;;
+    --dir=*) DIR="${1#*=}" ;;
+    --) shift; MODEL=("$@"); break ;;
+    *) echo "launch.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -n "$DIR" ]] || DIR=$(mktemp -d "${TMPDIR:-/tmp}/rlfleet-local.XXXXXX")
+mkdir -p "$DIR"
+for bin in controller/rlfleet-controller controller/rlfleet reward/rlfleet-reward buffer/rlfleet-buffer \
+           rollout/rlfleet-rollout trainer/rlfleet-trainer; do
+  [[ -x "$BIN/$bin" ]] || { echo "launch.sh: $BIN/$bin missing: bazel build //services/..." >&2; exit 2; }
+done
+
+CORE_PIDS=()       # redis, controller, reward, buffer, trainer
+ROLLOUT_PIDS=()    # in start order
+STOPPING=0
+stop_all() {
+  STOPPING=1
+  local pid
+  for pid in "${ROLLOUT_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in "${ROLLOUT_PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+  # The others in reverse start order (redis last).
+  for ((i = ${#CORE_PIDS[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${CORE_PIDS[$i]}" 2>/dev/null
+    wait "${CORE_PIDS[$i]}" 2>/dev/null
+  done
+  echo "launch.sh: stopped $(( ${#ROLLOUT_PIDS[@]} + ${#CORE_PIDS[@]} )) processes; logs in $DIR"
+}
+trap 'stop_all; exit 0' INT TERM
+
+# start NAME COMMAND...: a service on a free loopback port; sets ADDR and PID.
+start() {
+  local name=$1
+  shift
+  rm -f "$DIR/$name.port"
+  "$@" --host=127.0.0.1 --port=0 --port_file="$DIR/$name.port" >"$DIR/$name.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 1 600); do
+    [[ -s "$DIR/$name.port" ]] && break
+    kill -0 "$PID" 2>/dev/null || { echo "launch.sh: $name failed:"; tail -5 "$DIR/$name.log"; return 1; }
+    sleep 0.1
+  done
+  [[ -s "$DIR/$name.port" ]] || { echo "launch.sh: $name did not start"; return 1; }
+  ADDR="127.0.0.1:$(cat "$DIR/$name.port")"
+  echo "launch.sh: $name on $ADDR (pid $PID, log $DIR/$name.log)"
+}
+
+fail() { echo "launch.sh: $*" >&2; stop_all; exit 1; }
+
+if [[ -z "$REDIS_URL" ]]; then
+  REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  mkdir -p "$DIR/redis"
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$DIR/redis" --appendonly yes --save "" \
+    --daemonize no --loglevel warning >"$DIR/redis.log" 2>&1 &
+  CORE_PIDS+=($!)
+  for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 || fail "redis-server did not start: $(tail -3 "$DIR/redis.log")"
+  REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+  echo "launch.sh: redis-server on $REDIS_URL (pid ${CORE_PIDS[0]}, AOF in $DIR/redis)"
+fi
+start reward "$BIN/reward/rlfleet-reward" || fail "reward"
+CORE_PIDS+=("$PID"); REWARD=$ADDR
+start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" || fail "buffer"
+CORE_PIDS+=("$PID"); BUFFER=$ADDR
+start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" --publish_dir="$DIR/weights" "${MODEL[@]}" || fail "trainer"
+CORE_PIDS+=("$PID"); TRAINER=$ADDR
+start controller "$BIN/controller/rlfleet-controller" --registry="$REDIS_URL/registry:" --scaler=launcher \
+  --reward="$REWARD" --buffer="$BUFFER" --trainer="$TRAINER" --runs_dir="$DIR/runs" || fail "controller"
+CORE_PIDS+=("$PID"); CONTROLLER=$ADDR
+
+NEXT_ROLLOUT=0
+add_rollout() {
+  start "rollout$NEXT_ROLLOUT" "$BIN/rollout/rlfleet-rollout" --registry_address="$CONTROLLER" "${MODEL[@]}" ||
+    fail "rollout$NEXT_ROLLOUT"
+  ROLLOUT_PIDS+=("$PID")
+  NEXT_ROLLOUT=$((NEXT_ROLLOUT + 1))
+}
+remove_rollout() {  # the newest: SIGTERM, it deregisters and the controller drains it
+  local last=$(( ${#ROLLOUT_PIDS[@]} - 1 ))
+  local pid=${ROLLOUT_PIDS[$last]}
+  kill -TERM "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  unset "ROLLOUT_PIDS[$last]"
+  ROLLOUT_PIDS=("${ROLLOUT_PIDS[@]}")
+  echo "launch.sh: rollout replica pid $pid stopped (scale down)"
+}
+for _ in $(seq 1 "$ROLLOUTS"); do add_rollout; done
+"$BIN/controller/rlfleet" scale "rollout=$ROLLOUTS" --controller="$CONTROLLER" >/dev/null || fail "scale"
+echo "launch.sh: fleet up: controller $CONTROLLER (rlfleet run|status|scale|stop --controller=$CONTROLLER)"
+
+# Keep the rollout count at the desired one; stop everything if a core service dies.
+while [[ $STOPPING -eq 0 ]]; do
+  for pid in "${CORE_PIDS[@]}"; do
+    kill -0 "$pid" 2>/dev/null || fail "a core service (pid $pid) exited; see the logs in $DIR"
+  done
+  desired=$("$BIN/controller/rlfleet" status --controller="$CONTROLLER" 2>/dev/null |
+            awk '$1 == "rollout" { for (i = 1; i < NF; i++) if ($i == "desired") print $(i + 1) }')
+  if [[ -n "$desired" ]]; then
+    while (( ${#ROLLOUT_PIDS[@]} < desired )); do add_rollout; done
+    while (( ${#ROLLOUT_PIDS[@]} > desired )); do remove_rollout; done
+  fi
+  sleep 1 &
+  wait $! 2>/dev/null
+done
