@@ -39,6 +39,7 @@ done
 
 CORE_PIDS=()       # redis, controller, reward, buffer, trainer
 ROLLOUT_PIDS=()    # in start order
+ROLLOUT_NAMES=()
 STOPPING=0
 stop_all() {
   STOPPING=1
@@ -69,7 +70,33 @@ start() {
   [[ -s "$DIR/$name.port" ]] || { echo "launch.sh: $name did not start"; return 1; }
   ADDR="127.0.0.1:$(cat "$DIR/$name.port")"
   echo "launch.sh: $name on $ADDR (pid $PID, log $DIR/$name.log)"
+  add_target "$name"
 }
+
+# Prometheus: every service's /metrics address into DIR/prometheus/targets.json, and
+# DIR/prometheus/prometheus.yml (deploy/prometheus with the paths filled in).
+HERE="$(cd "$(dirname "$0")" && pwd)"
+mkdir -p "$DIR/prometheus"
+declare -A TARGETS=()
+write_targets() {
+  (IFS=,; echo "[${TARGETS[*]}]") > "$DIR/prometheus/targets.json.tmp"
+  mv "$DIR/prometheus/targets.json.tmp" "$DIR/prometheus/targets.json"
+}
+add_target() {
+  local metrics
+  metrics=$(grep -o 'metrics on http://[0-9.:]*' "$DIR/$1.log" | head -1 | sed 's|metrics on http://||')
+  [[ -n "$metrics" ]] && TARGETS[$1]="{\"targets\": [\"$metrics\"], \"labels\": {\"service\": \"$1\"}}"
+  write_targets
+}
+remove_target() {
+  unset "TARGETS[$1]"
+  write_targets
+}
+if [[ -f "$HERE/../prometheus/prometheus.yml" ]]; then
+  cp "$HERE/../prometheus/alerts.yml" "$DIR/prometheus/alerts.yml"
+  sed -e "s|RULES_PATH|$DIR/prometheus/alerts.yml|" -e "s|TARGETS_PATH|$DIR/prometheus/targets.json|" \
+    "$HERE/../prometheus/prometheus.yml" > "$DIR/prometheus/prometheus.yml"
+fi
 
 fail() { echo "launch.sh: $*" >&2; stop_all; exit 1; }
 
@@ -99,6 +126,7 @@ add_rollout() {
   start "rollout$NEXT_ROLLOUT" "$BIN/rollout/rlfleet-rollout" --registry_address="$CONTROLLER" "${MODEL[@]}" ||
     fail "rollout$NEXT_ROLLOUT"
   ROLLOUT_PIDS+=("$PID")
+  ROLLOUT_NAMES+=("rollout$NEXT_ROLLOUT")
   NEXT_ROLLOUT=$((NEXT_ROLLOUT + 1))
 }
 remove_rollout() {  # the newest: SIGTERM, it deregisters and the controller drains it
@@ -106,13 +134,16 @@ remove_rollout() {  # the newest: SIGTERM, it deregisters and the controller dra
   local pid=${ROLLOUT_PIDS[$last]}
   kill -TERM "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
-  unset "ROLLOUT_PIDS[$last]"
+  remove_target "${ROLLOUT_NAMES[$last]}"
+  unset "ROLLOUT_PIDS[$last]" "ROLLOUT_NAMES[$last]"
   ROLLOUT_PIDS=("${ROLLOUT_PIDS[@]}")
+  ROLLOUT_NAMES=("${ROLLOUT_NAMES[@]}")
   echo "launch.sh: rollout replica pid $pid stopped (scale down)"
 }
 for _ in $(seq 1 "$ROLLOUTS"); do add_rollout; done
 "$BIN/controller/rlfleet" scale "rollout=$ROLLOUTS" --controller="$CONTROLLER" >/dev/null || fail "scale"
 echo "launch.sh: fleet up: controller $CONTROLLER (rlfleet run|status|scale|stop --controller=$CONTROLLER)"
+echo "launch.sh: metrics of every service: prometheus --config.file=$DIR/prometheus/prometheus.yml"
 
 # Keep the rollout count at the desired one; stop everything if a core service dies.
 while [[ $STOPPING -eq 0 ]]; do

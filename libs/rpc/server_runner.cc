@@ -1,5 +1,9 @@
 #include "libs/rpc/server_runner.h"
 
+#include <errno.h>
+
+#include <iostream>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +28,8 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "On SIGTERM, how long in-flight calls may finish before they are cancelled.");
 ABSL_FLAG(int, max_message_bytes, rlfleet::rpc::kDefaultMaxMessageBytes,
           "Largest gRPC message accepted or sent, in bytes.");
+ABSL_FLAG(int, metrics_port, 0,
+          "Prometheus /metrics over HTTP on --host: 0 picks a free port (printed), -1 serves none.");
 
 namespace rlfleet::rpc {
 namespace {
@@ -79,6 +85,7 @@ std::string JoinHostPort(const std::string& host, int port) {
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   ServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.port = absl::GetFlag(FLAGS_port);
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
@@ -126,6 +133,19 @@ absl::Status ServerRunner::Start() {
   }
   SetServing(true);
   if (!options_.port_file.empty()) RETURN_IF_ERROR(WritePortFile(options_.port_file, port_));
+  if (options_.metrics_port >= 0) {
+    std::string host = options_.host;
+    if (host == "::" || host == "[::]") host = "0.0.0.0";
+    if (host == "::1" || host == "[::1]") host = "127.0.0.1";
+    auto& registry = metrics::Global();
+    metrics::AddProcessMetrics(registry, program_invocation_short_name);
+    absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> served =
+        metrics::MetricsServer::Start(host, options_.metrics_port, &registry);
+    if (!served.ok()) return served.status();
+    metrics_ = std::move(*served);
+    std::cout << program_invocation_short_name << " metrics on http://"
+              << (host == "0.0.0.0" ? "127.0.0.1" : host) << ":" << metrics_->port() << "/metrics" << std::endl;
+  }
   return absl::OkStatus();
 }
 

@@ -33,6 +33,9 @@ ABSL_DECLARE_FLAG(int, port);
 ABSL_DECLARE_FLAG(std::string, port_file);
 ABSL_DECLARE_FLAG(absl::Duration, drain_timeout);
 ABSL_DECLARE_FLAG(int, max_message_bytes);
+ABSL_DECLARE_FLAG(int, metrics_port);
+
+#include "libs/metrics/http_server.h"
 
 namespace rlfleet::rpc {
 
@@ -50,10 +53,13 @@ struct ServerOptions {
   // How long Shutdown() lets in-flight calls finish before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(10);
   int max_message_bytes = kDefaultMaxMessageBytes;
+  // Prometheus /metrics over HTTP on `host`: 0 picks a free port (printed at Start as
+  // "metrics on http://HOST:PORT/metrics"), -1 serves none.
+  int metrics_port = -1;
 };
 
-// Reads --host, --port, --port_file, --drain_timeout, --max_message_bytes and the auth
-// flags (auth.h).
+// Reads --host, --port, --port_file, --drain_timeout, --max_message_bytes,
+// --metrics_port and the auth flags (auth.h).
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
 
 class ServerRunner {
@@ -72,6 +78,8 @@ class ServerRunner {
   absl::Status Start();
 
   int port() const { return port_; }
+  // The /metrics port (0 when none is served).
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   // host:port as a client would dial it ("[::1]:port" for IPv6 literals).
   std::string address() const;
   const ServerOptions& options() const { return options_; }
@@ -91,6 +99,7 @@ class ServerRunner {
   const ServerOptions options_;
   std::vector<grpc::Service*> services_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<metrics::MetricsServer> metrics_;
   int port_ = 0;
   int wake_fds_[2] = {-1, -1};  // written by Shutdown() to wake WaitForTermination().
 

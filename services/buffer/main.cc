@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "libs/common/clock.h"
 #include "libs/common/config.h"
+#include "libs/metrics/metrics.h"
 #include "libs/rpc/server_runner.h"
 #include "services/buffer/buffer_core.h"
 #include "services/buffer/buffer_service.h"
@@ -40,6 +41,32 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-buffer: recovering from --store: " << s << "\n";
     return 1;
   }
+  // Prometheus: the buffer's stats, read at each scrape (core outlives the runner).
+  auto stat = [&core](auto field) {
+    return [&core, field] {
+      rlfleet::v1::GetStatsResponse s;
+      return core.GetStats(&s).ok() ? static_cast<double>(field(s)) : 0.0;
+    };
+  };
+  auto& registry = rlfleet::metrics::Global();
+  using Stats = rlfleet::v1::GetStatsResponse;
+  registry.AddCallbackGauge("rlfleet_buffer_depth_experiences", "Experiences held and not leased.", {},
+                            stat([](const Stats& s) { return s.depth_experiences(); }));
+  registry.AddCallbackGauge("rlfleet_buffer_complete_groups", "Groups ready to sample.", {},
+                            stat([](const Stats& s) { return s.complete_groups(); }));
+  registry.AddCallbackGauge("rlfleet_buffer_bytes", "Bytes held, including leased.", {},
+                            stat([](const Stats& s) { return s.buffer_bytes(); }));
+  registry.AddCallbackCounter("rlfleet_buffer_accepted_total", "Experiences accepted.", {},
+                              stat([](const Stats& s) { return s.accepted_total(); }));
+  registry.AddCallbackCounter("rlfleet_buffer_consumed_total", "Experiences acked by the trainer.", {},
+                              stat([](const Stats& s) { return s.consumed_total(); }));
+  registry.AddCallbackCounter("rlfleet_buffer_dropped_total", "Experiences dropped, by reason.", {{"reason", "stale"}},
+                              stat([](const Stats& s) { return s.dropped().stale(); }));
+  registry.AddCallbackCounter("rlfleet_buffer_dropped_total", "Experiences dropped, by reason.",
+                              {{"reason", "zero_variance"}},
+                              stat([](const Stats& s) { return s.dropped().zero_variance(); }));
+  registry.AddCallbackCounter("rlfleet_buffer_dropped_total", "Experiences dropped, by reason.",
+                              {{"reason", "duplicate"}}, stat([](const Stats& s) { return s.dropped().duplicate(); }));
   rlfleet::buffer::BufferServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token},
                                              absl::GetFlag(FLAGS_stream_full_wait));
   rlfleet::rpc::ServerRunner runner(*options);

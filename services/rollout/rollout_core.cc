@@ -100,7 +100,21 @@ RolloutCore::RolloutCore(std::unique_ptr<model::Policy> policy, std::string devi
       limits_(limits),
       config_(policy->config()),
       num_parameters_(policy->num_parameters()),
-      policy_(std::move(policy)) {
+      policy_(std::move(policy)),
+      tokens_metric_(metrics::Global().AddCounter("rlfleet_rollout_tokens_total",
+                                                  "Response tokens decoded (and prefilled first tokens).", {})),
+      step_metric_(metrics::Global().AddHistogram("rlfleet_rollout_decode_step_seconds",
+                                                  "Time of one decode step of the whole batch.", {})),
+      swap_metric_(metrics::Global().AddHistogram("rlfleet_weight_install_pause_seconds",
+                                                  "Decode paused for a weight install (load + KV recompute).",
+                                                  {{"service", "rollout"}})),
+      active_metric_(metrics::Global().AddGauge("rlfleet_rollout_active_sequences",
+                                                "Sequences in the running decode batch.", {})),
+      queued_metric_(metrics::Global().AddGauge("rlfleet_rollout_queued_sequences",
+                                                "Sequences waiting to join the batch.", {})),
+      version_metric_(metrics::Global().AddGauge("rlfleet_policy_version", "Installed policy version.",
+                                                 {{"service", "rollout"}})) {
+  // (Gauges the scheduler sets, not callbacks: the registry outlives this core.)
   batch_ = std::make_unique<model::DecodeBatch>(policy_.get(), limits_.max_batch);
   scheduler_ = std::thread([this] { Run(); });
 }
@@ -269,6 +283,7 @@ void RolloutCore::Run() {
       install->report.inflight_sequences = batch_->size();
       install->report.install_us = absl::ToInt64Microseconds(loaded - start);
       install->report.pause_us = absl::ToInt64Microseconds(absl::Now() - start);
+      swap_metric_->Observe(install->report.pause_us / 1e6);
       install->done.Notify();
     }
     for (const auto& job : cancelled) {
@@ -289,7 +304,9 @@ void RolloutCore::Run() {
       }
     }
     if (batch_->size() > 0) {
+      const absl::Time step_start = absl::Now();
       absl::StatusOr<std::vector<model::DecodeBatch::Token>> step = batch_->Step();
+      step_metric_->Observe(absl::ToDoubleSeconds(absl::Now() - step_start));
       if (step.ok()) {
         {
           absl::MutexLock lock(&mu_);
@@ -307,6 +324,9 @@ void RolloutCore::Run() {
     }
     absl::MutexLock lock(&mu_);
     active_sequences_ = batch_->size();
+    active_metric_->Set(active_sequences_);
+    queued_metric_->Set(queued_sequences_);
+    version_metric_->Set(version_);
   }
   // Stopping: everything unfinished is aborted.
   std::vector<std::shared_ptr<Job>> all;
@@ -350,6 +370,7 @@ void RolloutCore::Dispatch(const std::vector<model::DecodeBatch::Token>& tokens)
       live_.erase(it);
     }
   }
+  tokens_metric_->Add(tokens.size());
   {
     absl::MutexLock lock(&mu_);
     window_tokens_ += tokens.size();

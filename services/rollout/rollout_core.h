@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
 #include "rlfleet/v1/rollout.pb.h"
 
@@ -159,6 +160,13 @@ class RolloutCore {
   double tokens_per_s_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t window_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  // Prometheus metrics (libs/metrics' global registry).
+  metrics::Counter* const tokens_metric_;
+  metrics::Histogram* const step_metric_;
+  metrics::Histogram* const swap_metric_;
+  metrics::Gauge* const active_metric_;
+  metrics::Gauge* const queued_metric_;
+  metrics::Gauge* const version_metric_;
   std::thread scheduler_;
 };
 

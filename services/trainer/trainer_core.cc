@@ -182,7 +182,16 @@ absl::StatusOr<std::unique_ptr<TrainerCore>> TrainerCore::Create(const model::Po
 
 TrainerCore::TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
                          model::GradientGroup* group)
-    : policy_(std::move(policy)), buffer_(buffer), device_(std::move(device)), group_(group) {
+    : policy_(std::move(policy)),
+      buffer_(buffer),
+      device_(std::move(device)),
+      group_(group),
+      step_metric_(metrics::Global().AddHistogram("rlfleet_trainer_step_seconds",
+                                                  "Wall time of a TrainStep (batch wait included).", {})),
+      steps_metric_(metrics::Global().AddCounter("rlfleet_trainer_steps_total", "Train steps taken.", {})),
+      loss_metric_(metrics::Global().AddGauge("rlfleet_trainer_loss", "Loss of the last step.", {})),
+      version_metric_(metrics::Global().AddGauge("rlfleet_policy_version", "Installed policy version.",
+                                                 {{"service", "trainer"}})) {
   last_broadcast_ = absl::Now();
   if (group_ != nullptr && group_->rank() == 0 && group_->world_size() > 1) {
     keepalive_ = std::thread([this] { Keepalive(); });
@@ -394,6 +403,10 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
   m->set_mean_staleness(stats->tokens ? static_cast<float>(staleness / stats->tokens) : 0.0f);
   m->set_wait_time_ms(wait_ms);
   m->set_step_time_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  step_metric_->Observe(m->step_time_ms() / 1000);
+  steps_metric_->Add();
+  loss_metric_->Set(m->loss());
+  version_metric_->Set(version_);
   last_ = *m;
   response->set_step(step_);
   response->mutable_new_policy_version()->set_version(version_);

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "rlfleet/v1/trainer.pb.h"
@@ -100,6 +101,11 @@ class TrainerCore {
   absl::Time last_broadcast_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread keepalive_;
+  // Prometheus metrics (libs/metrics' global registry).
+  metrics::Histogram* const step_metric_;
+  metrics::Counter* const steps_metric_;
+  metrics::Gauge* const loss_metric_;
+  metrics::Gauge* const version_metric_;
 };
 
 }  // namespace rlfleet::trainer

@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
 
@@ -61,6 +63,15 @@ TEST(Launcher, UpScaleUpScaleDownAndCtrlCLeavesNothing) {
   ASSERT_TRUE(std::regex_search(*up, m, std::regex("controller (127\\.0\\.0\\.1:[0-9]+)")));
   const std::string controller = m[1];
   ASSERT_TRUE(AwaitRollouts(controller, 1));
+  // Every service's /metrics is in the Prometheus targets file (reward, buffer, trainer,
+  // controller, the rollout replica).
+  {
+    std::ifstream targets(dir + "/prometheus/targets.json");
+    std::string json((std::istreambuf_iterator<char>(targets)), std::istreambuf_iterator<char>());
+    for (const char* service : {"reward", "buffer", "trainer", "controller", "rollout0"}) {
+      EXPECT_TRUE(absl::StrContains(json, absl::StrCat("\"service\": \"", service, "\""))) << json;
+    }
+  }
 
   auto [rc_up, out_up] = Cli(controller, {"scale", "rollout=2"});
   ASSERT_EQ(rc_up, 0) << out_up;

@@ -1,0 +1,104 @@
+// deploy/prometheus against Debian's Prometheus: promtool accepts the alert rules and
+// their unit tests, and a real Prometheus on loopback scrapes a real rlfleet service's
+// /metrics and answers a query for it through its HTTP API.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/util/http_get.h"
+#include "tests/util/subprocess.h"
+
+namespace rlfleet {
+namespace {
+
+using testing::RunfilePath;
+using testing::Subprocess;
+
+int RunTool(const std::vector<std::string>& argv, std::string* output) {
+  Subprocess p;
+  if (!p.Start(argv).ok()) return -1;
+  auto status = p.Wait(absl::Seconds(60));
+  *output = p.output();
+  return status.ok() ? WEXITSTATUS(*status) : -1;
+}
+
+int FreePort() {
+  std::string out;
+  RunTool({"/usr/bin/python3", "-c",
+       "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"},
+      &out);
+  int port = 0;
+  (void)absl::SimpleAtoi(out.substr(0, out.find('\n')), &port);
+  return port;
+}
+
+TEST(Prometheus, PromtoolAcceptsTheRulesAndTheirTests) {
+  std::string out;
+  EXPECT_EQ(RunTool({"/usr/bin/promtool", "check", "rules", RunfilePath("deploy/prometheus/alerts.yml")}, &out), 0)
+      << out;
+  EXPECT_TRUE(absl::StrContains(out, "SUCCESS: 6 rules found")) << out;
+  EXPECT_EQ(RunTool({"/usr/bin/promtool", "test", "rules", RunfilePath("deploy/prometheus/alerts_test.yml")}, &out), 0)
+      << out;
+}
+
+TEST(Prometheus, ScrapesAServiceAndAnswersAQuery) {
+  Subprocess reward;
+  ASSERT_TRUE(reward.Start({RunfilePath("services/reward/rlfleet-reward"), "--host=127.0.0.1", "--port=0"}).ok());
+  auto line = reward.WaitForLine([](const std::string& l) { return absl::StrContains(l, "metrics on http://"); },
+                                 absl::Seconds(30));
+  ASSERT_TRUE(line.ok()) << line.status();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(*line, m, std::regex("http://(127\\.0\\.0\\.1:([0-9]+))/metrics")));
+  const std::string target = m[1];
+  int metrics_port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(m[2].str(), &metrics_port));
+  EXPECT_TRUE(absl::StrContains(testing::HttpGet(metrics_port, "/metrics"), "rlfleet_up{service=\"rlfleet-reward\"} 1"));
+
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/prometheus";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream config(dir + "/prometheus.yml");
+    config << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+           << "rule_files: ['" << RunfilePath("deploy/prometheus/alerts.yml") << "']\n"
+           << "scrape_configs:\n  - job_name: rlfleet\n    static_configs: [{targets: ['" << target << "']}]\n";
+  }
+  std::string out;
+  ASSERT_EQ(RunTool({"/usr/bin/promtool", "check", "config", dir + "/prometheus.yml"}, &out), 0) << out;
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  Subprocess prometheus;
+  ASSERT_TRUE(prometheus
+                  .Start({"/usr/bin/prometheus", "--config.file=" + dir + "/prometheus.yml",
+                          "--storage.tsdb.path=" + dir + "/data", absl::StrCat("--web.listen-address=127.0.0.1:", port),
+                          "--log.level=warn"})
+                  .ok());
+  // Poll its HTTP API (deadline 90 s) until the scraped series is there.
+  const std::string query = "/api/v1/query?query=rlfleet_up%7Bjob%3D%22rlfleet%22%7D";
+  std::string answer;
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  while (absl::Now() < deadline) {
+    answer = testing::HttpGet(port, query);
+    if (absl::StrContains(answer, "\"service\":\"rlfleet-reward\"") && absl::StrContains(answer, ",\"1\"]")) break;
+    absl::SleepFor(absl::Milliseconds(200));  // (Prometheus scrapes on its own clock)
+  }
+  EXPECT_TRUE(absl::StrContains(answer, "\"status\":\"success\"")) << answer;
+  EXPECT_TRUE(absl::StrContains(answer, "\"service\":\"rlfleet-reward\"")) << answer;
+  EXPECT_TRUE(absl::StrContains(answer, ",\"1\"]")) << answer;
+  const std::string rules = testing::HttpGet(port, "/api/v1/rules");
+  EXPECT_TRUE(absl::StrContains(rules, "RlfleetAllReduceSlow")) << rules;
+  ASSERT_TRUE(prometheus.Signal(SIGTERM).ok());
+  EXPECT_TRUE(prometheus.Wait(absl::Seconds(30)).ok());
+  ASSERT_TRUE(reward.Signal(SIGTERM).ok());
+  EXPECT_TRUE(reward.Wait(absl::Seconds(30)).ok());
+}
+
+}  // namespace
+}  // namespace rlfleet
