@@ -53,7 +53,7 @@ start() {
   done
   [[ -s "$RUN_DIR/$name.port" ]] || { echo "$name did not start"; exit 1; }
   printf -v "ADDR_$name" '127.0.0.1:%s' "$(cat "$RUN_DIR/$name.port")"
-  echo "   $(head -1 "$RUN_DIR/$name.log") (pid $pid)"
+  echo "   $(grep -m1 "listening on" "$RUN_DIR/$name.log") (pid $pid)"
 }
 
 echo "== starting the fleet on loopback"

@@ -16,8 +16,10 @@ namespace {
 
 using model::Tokenizer;
 
+// A replica that is dead, hung past the call deadline, or shutting down (its server
+// cancels the calls in flight when it stops: the pool never cancels its own calls).
 bool ReplicaFailure(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s);
 }
 
 // Generates for `examples` and scores the completions with the reward service.

@@ -57,9 +57,9 @@ class TrainerPeer {
 };
 
 // The rollout replicas of a run. Prompts are split evenly over the live replicas and
-// generated concurrently; a replica that fails with UNAVAILABLE (dead) or
-// DEADLINE_EXCEEDED (hung past its call deadline) is dropped and its prompts go to the
-// others, so a run survives losing replicas as long as one is left. Other errors (a
+// generated concurrently; a replica that fails with UNAVAILABLE (dead),
+// DEADLINE_EXCEEDED (hung past its call deadline) or CANCELLED (its server stopping) is
+// dropped and its prompts go to the others, so a run survives losing replicas as long as one is left. Other errors (a
 // request the replica rejects) are returned as they are. Thread-safe.
 class RolloutPool {
  public:

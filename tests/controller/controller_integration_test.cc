@@ -32,7 +32,9 @@ constexpr char kListening[] = "rlfleet-controller listening on ";
 std::string StartController(Subprocess& process, const std::vector<std::string>& extra) {
   auto address = testing::StartService(process, "services/controller/rlfleet-controller", extra, absl::Seconds(30));
   EXPECT_TRUE(address.ok()) << address.status();
-  EXPECT_TRUE(absl::StartsWith(process.output(), kListening)) << process.output();
+  EXPECT_TRUE(absl::StrContains(process.output(), kListening)) << process.output();
+  EXPECT_TRUE(absl::StrContains(process.output(), "rlfleet-controller metrics on http://127.0.0.1:"))
+      << process.output();
   return address.ok() ? *address : "";
 }
 
