@@ -1,16 +1,42 @@
 #include "libs/registry/registrar.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 #include "libs/rpc/status_conversion.h"
 
+extern char** environ;
+
 namespace rlfleet::registry {
+
+std::map<std::string, std::string> NcclEnvLabels(const std::map<std::string, std::string>& env) {
+  std::map<std::string, std::string> labels;
+  for (const auto& [name, value] : env) {
+    if (name.rfind("NCCL_", 0) != 0) continue;
+    if (labels.size() == 24) break;
+    labels["env." + name] = value;
+  }
+  return labels;
+}
+
+std::map<std::string, std::string> ProcessEnv() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
 
 absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Start(Options options, Fill fill, Log log) {
   if (options.replica.replica_id().empty()) {
-    options.replica.set_replica_id(common::NewId(absl::StrCat(v1::ReplicaRole_Name(options.replica.role()))));
+    std::string role = v1::ReplicaRole_Name(options.replica.role());  // REPLICA_ROLE_ROLLOUT -> rollout
+    if (role.rfind("REPLICA_ROLE_", 0) == 0) role = role.substr(13);
+    options.replica.set_replica_id(common::NewId(absl::AsciiStrToLower(role)));
   }
+  for (const auto& [key, value] : NcclEnvLabels(ProcessEnv())) (*options.replica.mutable_labels())[key] = value;
   if (options.replica.started_at_unix_ms() == 0) {
     options.replica.set_started_at_unix_ms(absl::ToUnixMillis(absl::Now()));
   }

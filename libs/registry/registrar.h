@@ -7,6 +7,7 @@
 #define RLFLEET_LIBS_REGISTRY_REGISTRAR_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -20,6 +21,12 @@
 
 namespace rlfleet::registry {
 
+// The NCCL_* variables of `env` as registry labels "env.NCCL_X" (at most 24, by
+// name): `rlfleet doctor --fleet` compares them across replicas.
+std::map<std::string, std::string> NcclEnvLabels(const std::map<std::string, std::string>& env);
+// This process's environment as a map.
+std::map<std::string, std::string> ProcessEnv();
+
 class Registrar {
  public:
   struct Options {
@@ -32,7 +39,8 @@ class Registrar {
   using Log = std::function<void(const std::string&)>;
 
   // Registers once (so the caller learns at start-up whether the registry answers:
-  // the error is returned) and starts heartbeating.
+  // the error is returned) and starts heartbeating. The process's NCCL_* variables
+  // are added to the labels (NcclEnvLabels).
   static absl::StatusOr<std::unique_ptr<Registrar>> Start(Options options, Fill fill, Log log);
   ~Registrar();  // deregisters (best effort, 2 s)
 

@@ -168,6 +168,45 @@ std::vector<CheckResult> CheckGpuNuma(const std::string& sysfs_pci) {
   return out;
 }
 
+std::vector<CheckResult> CheckNcclConsistency(const std::vector<ReplicaLabels>& replicas) {
+  std::set<std::string> names;
+  for (const ReplicaLabels& r : replicas) {
+    for (const auto& [key, value] : r.labels) {
+      if (key.rfind("env.NCCL_", 0) == 0) names.insert(key.substr(4));
+    }
+  }
+  std::vector<CheckResult> results;
+  if (names.empty()) {
+    results.push_back({"nccl_consistency", CheckStatus::kPass,
+                       absl::StrCat("no NCCL_* variable set on any of ", replicas.size(), " registered replicas"), ""});
+    return results;
+  }
+  for (const std::string& name : names) {
+    std::map<std::string, std::vector<std::string>> by_value;  // value -> replica ids
+    for (const ReplicaLabels& r : replicas) {
+      auto it = r.labels.find("env." + name);
+      by_value[it == r.labels.end() ? "(unset)" : it->second].push_back(r.id);
+    }
+    CheckResult c;
+    c.check = absl::StrCat("nccl_consistency ", name);
+    if (by_value.size() == 1) {
+      c.detail = absl::StrCat(name, "=", by_value.begin()->first, " on all ", replicas.size(), " replicas");
+    } else {
+      c.status = CheckStatus::kFail;
+      std::vector<std::string> parts;
+      for (const auto& [value, ids] : by_value) {
+        parts.push_back(absl::StrCat(value, " on ", absl::StrJoin(ids, ", ")));
+      }
+      c.detail = absl::StrCat(name, " differs: ", absl::StrJoin(parts, "; "));
+      c.fix = absl::StrCat("set the same ", name,
+                           " on every replica (ranks of one NCCL communicator must agree on transports, "
+                           "algorithms and interfaces, or they hang or fall back to slow paths)");
+    }
+    results.push_back(std::move(c));
+  }
+  return results;
+}
+
 std::vector<CheckResult> RunLocalChecks() {
   std::map<std::string, std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {

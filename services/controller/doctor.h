@@ -4,7 +4,8 @@
 // exist, e.g. NCCL_MIN_NCHANNELS_BEFORE_FUSION, or PyTorch's NCCL_ASYNC_ERROR_HANDLING),
 // debug logging left on, NIC errors / drops and MTU (sysfs), GPU <-> NUMA affinity
 // (sysfs numa_node of each NVIDIA PCI device) with the numactl line that binds to it.
-// Checks across replicas (clock skew, NCCL_* differences via the registry) come next.
+// Across replicas: NCCL_* settings that differ between registered replicas (each
+// replica publishes its NCCL_* variables as registry labels; see registrar.h).
 // Pure functions over their inputs, so tests feed them fake environments and sysfs trees.
 #ifndef RLFLEET_SERVICES_CONTROLLER_DOCTOR_H_
 #define RLFLEET_SERVICES_CONTROLLER_DOCTOR_H_
@@ -36,6 +37,16 @@ std::vector<CheckResult> CheckNics(const std::string& sysfs_net);
 // Per NVIDIA PCI device under `sysfs_pci` (e.g. /sys/bus/pci/devices): its NUMA node and
 // the numactl line for its process; unknown node -> WARN.
 std::vector<CheckResult> CheckGpuNuma(const std::string& sysfs_pci);
+
+// Replicas as the registry lists them: id and labels ("env.NCCL_X" -> value).
+struct ReplicaLabels {
+  std::string id;
+  std::map<std::string, std::string> labels;
+};
+// One result per NCCL_* variable set on any replica: PASS when every replica has the
+// same value, FAIL naming who has which value (a replica without it counts as
+// "(unset)"). A single PASS "nccl_consistency" when no replica sets any.
+std::vector<CheckResult> CheckNcclConsistency(const std::vector<ReplicaLabels>& replicas);
 
 // Everything on this host (the process environment, /sys).
 std::vector<CheckResult> RunLocalChecks();

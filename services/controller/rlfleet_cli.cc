@@ -13,7 +13,8 @@
 //   rlfleet run [loop flags]                    the controller runs the loop (StartRun);
 //                                               progress until it ends
 //   rlfleet stop                                StopRun
-//   rlfleet doctor [--json]                     network checklist on this host; exit 1 on
+//   rlfleet doctor [--json] [--fleet]           network checklist on this host (--fleet: and
+//                                               across registered replicas); exit 1 on
 //                                               any failed check
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
@@ -46,6 +47,8 @@ ABSL_FLAG(std::string, reward, "", "try: reward service address.");
 ABSL_FLAG(std::string, buffer, "", "try: buffer address (optional).");
 ABSL_FLAG(std::string, prompt, "reverse:12345", "try: the prompt.");
 ABSL_FLAG(bool, json, false, "doctor: print JSON instead of a table.");
+ABSL_FLAG(bool, fleet, false,
+          "doctor: also check across the replicas registered with --controller (NCCL_* settings that differ).");
 ABSL_FLAG(int, samples, 4, "try: responses to sample.");
 ABSL_FLAG(std::string, trainer, "", "train: trainer address.");
 ABSL_FLAG(int, groups, 8, "train: groups per step.");
@@ -252,7 +255,21 @@ int main(int argc, char** argv) {
   if (command == "loop") return rlfleet::controller::RunLoop(*options);
   if (command == "run") return rlfleet::controller::StartRunAndWatch(**client);
   if (command == "doctor") {
-    const auto results = rlfleet::controller::RunLocalChecks();
+    auto results = rlfleet::controller::RunLocalChecks();
+    if (absl::GetFlag(FLAGS_fleet)) {
+      std::vector<rlfleet::controller::ReplicaLabels> replicas;
+      rlfleet::v1::ListReplicasRequest request;
+      for (;;) {
+        auto page = (*client)->ListReplicas(request);
+        if (!page.ok()) return Fail(page.status());
+        for (const auto& r : page->replicas()) {
+          replicas.push_back({r.replica_id(), {r.labels().begin(), r.labels().end()}});
+        }
+        if (page->next_page_token().empty()) break;
+        request.mutable_page()->set_page_token(page->next_page_token());
+      }
+      for (auto& r : rlfleet::controller::CheckNcclConsistency(replicas)) results.push_back(std::move(r));
+    }
     std::cout << rlfleet::controller::FormatResults(results, absl::GetFlag(FLAGS_json));
     for (const auto& r : results) {
       if (r.status == rlfleet::controller::CheckStatus::kFail) return 1;

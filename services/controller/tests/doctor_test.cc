@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "libs/registry/registrar.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -72,6 +73,31 @@ TEST(Doctor, GpuNumaGivesTheBindingLine) {
   EXPECT_TRUE(absl::StrContains(results[0].detail, "NUMA node 1"));
   EXPECT_EQ(results[0].fix, "run its process under numactl --cpunodebind=1 --membind=1");
   EXPECT_TRUE(absl::StrContains(CheckGpuNuma("/nonexistent")[0].detail, "no NVIDIA GPU"));
+}
+
+TEST(Doctor, NcclSettingsThatDifferAcrossReplicasFail) {
+  // What the registrar publishes: NCCL_* only, as env.NCCL_* labels.
+  const auto labels = registry::NcclEnvLabels({{"NCCL_IB_HCA", "mlx5_0"}, {"PATH", "/bin"}, {"NCCL_ALGO", "Ring"}});
+  EXPECT_EQ(labels, (std::map<std::string, std::string>{{"env.NCCL_ALGO", "Ring"}, {"env.NCCL_IB_HCA", "mlx5_0"}}));
+  std::vector<ReplicaLabels> same = {{"rollout-a", labels}, {"rollout-b", labels}};
+  auto ok = CheckNcclConsistency(same);
+  ASSERT_EQ(ok.size(), 2u);
+  for (const auto& r : ok) EXPECT_EQ(r.status, CheckStatus::kPass) << r.detail;
+  std::vector<ReplicaLabels> mixed = {{"rollout-a", labels},
+                                      {"rollout-b", {{"env.NCCL_IB_HCA", "mlx5_1"}, {"env.NCCL_ALGO", "Ring"}}},
+                                      {"trainer-0", {{"env.NCCL_ALGO", "Ring"}}}};
+  auto bad = CheckNcclConsistency(mixed);
+  ASSERT_EQ(bad.size(), 2u);
+  EXPECT_EQ(bad[0].check, "nccl_consistency NCCL_ALGO");
+  EXPECT_EQ(bad[0].status, CheckStatus::kPass);
+  EXPECT_EQ(bad[1].status, CheckStatus::kFail);
+  EXPECT_TRUE(absl::StrContains(bad[1].detail, "mlx5_0 on rollout-a")) << bad[1].detail;
+  EXPECT_TRUE(absl::StrContains(bad[1].detail, "mlx5_1 on rollout-b")) << bad[1].detail;
+  EXPECT_TRUE(absl::StrContains(bad[1].detail, "(unset) on trainer-0")) << bad[1].detail;
+  EXPECT_FALSE(bad[1].fix.empty());
+  auto none = CheckNcclConsistency({{"a", {}}, {"b", {{"pool", "h200"}}}});
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_EQ(none[0].status, CheckStatus::kPass);
 }
 
 TEST(Doctor, JsonIsOneObjectPerCheck) {
