@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The local fleet demo, on one machine over loopback.
 #
-# Installs what is missing, builds the fleet, starts the services that exist today
-# (controller, reward, buffer, rollout, trainer) on free loopback ports, shows that they
+# Installs what is missing, builds the fleet, starts the services (reward, buffer,
+# trainer, controller, then rollout replicas that register with the controller's
+# registry) on free loopback ports, shows that they
 # answer, runs the RL loop across them with `rlfleet loop` (rollout generates, reward
 # scores, the buffer groups, the trainer updates, the new weights go back to rollout
 # through a file) while a newcomer watches held-out accuracy rise, then shows the
@@ -59,18 +60,18 @@ start() {
 echo "== starting the fleet on loopback"
 start reward reward/rlfleet-reward
 start buffer buffer/rlfleet-buffer --store=memory://
-ROLLOUTS="${RLFLEET_DEMO_ROLLOUTS:-1}"
-ROLLOUT_ADDRS=()
-start rollout rollout/rlfleet-rollout
-ROLLOUT_ADDRS+=("$ADDR_rollout")
-for i in $(seq 2 "$ROLLOUTS"); do
-  start "rollout$i" rollout/rlfleet-rollout
-  addr_var="ADDR_rollout$i"
-  ROLLOUT_ADDRS+=("${!addr_var}")
-done
 start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --publish_dir="$RUN_DIR/weights"
-start controller controller/rlfleet-controller --rollout="$(IFS=,; echo "${ROLLOUT_ADDRS[*]}")" \
+start controller controller/rlfleet-controller \
   --reward="$ADDR_reward" --buffer="$ADDR_buffer" --trainer="$ADDR_trainer" --runs_dir="$RUN_DIR/runs"
+# Rollout replicas register with the controller; runs find them through its registry.
+ROLLOUTS="${RLFLEET_DEMO_ROLLOUTS:-1}"
+for i in $(seq 1 "$ROLLOUTS"); do
+  name=rollout; [[ $i -gt 1 ]] && name="rollout$i"
+  start "$name" rollout/rlfleet-rollout --registry_address="$ADDR_controller"
+  for _ in $(seq 1 100); do grep -q "registered as" "$RUN_DIR/$name.log" && break; sleep 0.1; done
+  grep -q "registered as" "$RUN_DIR/$name.log" || { echo "$name did not register:"; cat "$RUN_DIR/$name.log"; exit 1; }
+  echo "   $(grep -m1 "registered as" "$RUN_DIR/$name.log")"
+done
 
 health() {
   for name in controller reward buffer rollout trainer; do
