@@ -6,12 +6,15 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <cctype>
 #include <fstream>
+#include <iterator>
 #include <regex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "tests/util/http_get.h"
 #include "tests/util/subprocess.h"
@@ -94,6 +97,25 @@ TEST(Prometheus, ScrapesAServiceAndAnswersAQuery) {
   EXPECT_TRUE(absl::StrContains(answer, ",\"1\"]")) << answer;
   const std::string rules = testing::HttpGet(port, "/api/v1/rules");
   EXPECT_TRUE(absl::StrContains(rules, "RlfleetAllReduceSlow")) << rules;
+  // Every query of the Grafana dashboard is one Prometheus accepts.
+  std::ifstream dashboard_file(RunfilePath("deploy/grafana/rlfleet.json"));
+  const std::string dashboard((std::istreambuf_iterator<char>(dashboard_file)), std::istreambuf_iterator<char>());
+  std::regex expr_re("\"expr\": \"([^\"]+)\"");
+  int queries = 0;
+  for (auto it = std::sregex_iterator(dashboard.begin(), dashboard.end(), expr_re); it != std::sregex_iterator();
+       ++it, ++queries) {
+    std::string encoded;
+    for (unsigned char c : (*it)[1].str()) {
+      if (std::isalnum(c) || c == '_' || c == '.' || c == '-') {
+        encoded += static_cast<char>(c);
+      } else {
+        encoded += absl::StrFormat("%%%02X", c);
+      }
+    }
+    const std::string reply = testing::HttpGet(port, "/api/v1/query?query=" + encoded);
+    EXPECT_TRUE(absl::StrContains(reply, "\"status\":\"success\"")) << (*it)[1].str() << "\n" << reply;
+  }
+  EXPECT_EQ(queries, 16);
   ASSERT_TRUE(prometheus.Signal(SIGTERM).ok());
   EXPECT_TRUE(prometheus.Wait(absl::Seconds(30)).ok());
   ASSERT_TRUE(reward.Signal(SIGTERM).ok());
