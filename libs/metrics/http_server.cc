@@ -8,8 +8,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <sys/time.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -91,6 +93,60 @@ void MetricsServer::Serve(int c) {
     if (n <= 0) return;
     sent += n;
   }
+}
+
+absl::StatusOr<std::string> FetchMetrics(const std::string& host, int port, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("`", host, "` is not an IPv4 address"));
+  }
+  const timeval tv{static_cast<time_t>(absl::ToInt64Seconds(timeout)), 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const std::string why = strerror(errno);
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", host, ":", port, ": ", why));
+  }
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
+  (void)!send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string response;
+  char buffer[8192];
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) {
+    response.append(buffer, n);
+    if (absl::Now() > deadline) break;
+  }
+  close(fd);
+  if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat("GET http://", host, ":", port, "/metrics"));
+  if (!absl::StartsWith(response, "HTTP/1.1 200")) {
+    return absl::InternalError(absl::StrCat("GET http://", host, ":", port, "/metrics: ",
+                                            response.substr(0, response.find('\r'))));
+  }
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? std::string() : response.substr(body + 4);
+}
+
+std::optional<double> FindSample(const std::string& exposition, const std::string& name) {
+  size_t pos = 0;
+  while ((pos = exposition.find(name, pos)) != std::string::npos) {
+    const bool line_start = pos == 0 || exposition[pos - 1] == '\n';
+    const size_t after = pos + name.size();
+    if (line_start && after < exposition.size() && (exposition[after] == ' ' || exposition[after] == '{')) {
+      const size_t end = exposition.find('\n', after);
+      const std::string line = exposition.substr(after, end == std::string::npos ? std::string::npos : end - after);
+      const size_t space = line.rfind(' ');
+      double v = 0;
+      if (space != std::string::npos && absl::SimpleAtod(line.substr(space + 1), &v)) return v;
+    }
+    pos = after;
+  }
+  return std::nullopt;
 }
 
 }  // namespace rlfleet::metrics

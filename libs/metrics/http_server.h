@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "libs/metrics/metrics.h"
 
 namespace rlfleet::metrics {
@@ -33,6 +35,13 @@ class MetricsServer {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// GET http://host:port/metrics (IPv4), the body; UNAVAILABLE if it cannot connect,
+// DEADLINE_EXCEEDED after `timeout`, INTERNAL for a non-200 answer.
+absl::StatusOr<std::string> FetchMetrics(const std::string& host, int port, absl::Duration timeout);
+
+// The value of the first sample of `name` (any labels) in a text exposition.
+std::optional<double> FindSample(const std::string& exposition, const std::string& name);
 
 }  // namespace rlfleet::metrics
 

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
@@ -24,7 +25,7 @@ std::string FormatValue(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   if (v == std::floor(v) && std::fabs(v) < 1e15) return absl::StrCat(static_cast<int64_t>(v));
-  return absl::StrCat(v);
+  return absl::StrFormat("%.15g", v);  // (StrCat keeps 6 digits: a Unix time would lose minutes)
 }
 
 std::string EscapeLabel(const std::string& v) {
@@ -164,6 +165,9 @@ void AddProcessMetrics(Registry& registry, const std::string& service) {
   const absl::Time start = absl::Now();
   const Labels labels = {{"service", service}};
   registry.AddCallbackGauge("rlfleet_up", "1 while the service runs.", labels, [] { return 1.0; });
+  registry.AddCallbackGauge("rlfleet_time_seconds", "This host's clock (Unix seconds) when scraped: "
+                            "rlfleet doctor --fleet compares it across replicas.", labels,
+                            [] { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); });
   registry.AddCallbackGauge("rlfleet_process_uptime_seconds", "Seconds since the process started.", labels,
                             [start] { return absl::ToDoubleSeconds(absl::Now() - start); });
   registry.AddCallbackGauge("rlfleet_process_resident_memory_bytes", "Resident memory of the process.", labels, [] {

@@ -1,5 +1,6 @@
 #include "services/controller/doctor.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -202,6 +203,34 @@ std::vector<CheckResult> CheckNcclConsistency(const std::vector<ReplicaLabels>& 
                            " on every replica (ranks of one NCCL communicator must agree on transports, "
                            "algorithms and interfaces, or they hang or fall back to slow paths)");
     }
+    results.push_back(std::move(c));
+  }
+  return results;
+}
+
+std::vector<CheckResult> CheckClockSkew(const std::vector<ClockSample>& samples) {
+  std::vector<CheckResult> results;
+  for (const ClockSample& s : samples) {
+    CheckResult c;
+    c.check = absl::StrCat("clock_skew ", s.id);
+    if (!s.unix_seconds) {
+      c.status = CheckStatus::kWarn;
+      c.detail = absl::StrCat("could not read its clock: ", s.error);
+      c.fix = "serve /metrics on the replica (--metrics_port) and let this host reach it";
+      results.push_back(std::move(c));
+      continue;
+    }
+    const double mid = absl::ToDoubleSeconds((s.sent + (s.received - s.sent) / 2) - absl::UnixEpoch());
+    const double skew = *s.unix_seconds - mid;
+    const double uncertainty = absl::ToDoubleSeconds(s.received - s.sent) / 2;
+    const double at_least = std::max(0.0, std::fabs(skew) - uncertainty);
+    c.detail = absl::StrFormat("%+.3f s against this host (+- %.3f s)", skew, uncertainty);
+    if (at_least > 1.0) {
+      c.status = CheckStatus::kFail;
+    } else if (at_least > 0.1) {
+      c.status = CheckStatus::kWarn;
+    }
+    if (c.status != CheckStatus::kPass) c.fix = "run NTP (chrony / systemd-timesyncd) on every host of the fleet";
     results.push_back(std::move(c));
   }
   return results;

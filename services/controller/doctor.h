@@ -11,8 +11,11 @@
 #define RLFLEET_SERVICES_CONTROLLER_DOCTOR_H_
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "absl/time/time.h"
 
 namespace rlfleet::controller {
 
@@ -47,6 +50,19 @@ struct ReplicaLabels {
 // same value, FAIL naming who has which value (a replica without it counts as
 // "(unset)"). A single PASS "nccl_consistency" when no replica sets any.
 std::vector<CheckResult> CheckNcclConsistency(const std::vector<ReplicaLabels>& replicas);
+
+// One replica's clock as `rlfleet doctor --fleet` read it (its /metrics'
+// rlfleet_time_seconds), with when the request left and the answer came back here.
+struct ClockSample {
+  std::string id;
+  absl::Time sent, received;
+  std::optional<double> unix_seconds;  // empty: could not be read (see error)
+  std::string error;
+};
+// Per replica: its clock minus this host's at the request's midpoint, less half the
+// round trip (the uncertainty): over 1 s FAIL, over 100 ms WARN (time-based leases,
+// staleness and logs go wrong across skewed clocks); unreadable: WARN.
+std::vector<CheckResult> CheckClockSkew(const std::vector<ClockSample>& samples);
 
 // Everything on this host (the process environment, /sys).
 std::vector<CheckResult> RunLocalChecks();

@@ -36,6 +36,7 @@
 #include "rlfleet/v1/trainer.grpc.pb.h"
 #include "services/controller/cli_loop.h"
 #include "services/controller/cli_util.h"
+#include "libs/metrics/http_server.h"
 #include "services/controller/doctor.h"
 #include "services/controller/controller_client.h"
 
@@ -48,7 +49,8 @@ ABSL_FLAG(std::string, buffer, "", "try: buffer address (optional).");
 ABSL_FLAG(std::string, prompt, "reverse:12345", "try: the prompt.");
 ABSL_FLAG(bool, json, false, "doctor: print JSON instead of a table.");
 ABSL_FLAG(bool, fleet, false,
-          "doctor: also check across the replicas registered with --controller (NCCL_* settings that differ).");
+          "doctor: also check across the replicas registered with --controller (NCCL_* settings that differ, "
+          "clock skew).");
 ABSL_FLAG(int, samples, 4, "try: responses to sample.");
 ABSL_FLAG(std::string, trainer, "", "train: trainer address.");
 ABSL_FLAG(int, groups, 8, "train: groups per step.");
@@ -258,17 +260,35 @@ int main(int argc, char** argv) {
     auto results = rlfleet::controller::RunLocalChecks();
     if (absl::GetFlag(FLAGS_fleet)) {
       std::vector<rlfleet::controller::ReplicaLabels> replicas;
+      std::vector<rlfleet::controller::ClockSample> clocks;
       rlfleet::v1::ListReplicasRequest request;
       for (;;) {
         auto page = (*client)->ListReplicas(request);
         if (!page.ok()) return Fail(page.status());
         for (const auto& r : page->replicas()) {
           replicas.push_back({r.replica_id(), {r.labels().begin(), r.labels().end()}});
+          // Its clock, from its /metrics (the port it registered as a label).
+          auto port = r.labels().find("metrics_port");
+          int metrics_port = 0;
+          if (port == r.labels().end() || !absl::SimpleAtoi(port->second, &metrics_port)) continue;
+          const std::string host = r.grpc_address().substr(0, r.grpc_address().rfind(':'));
+          rlfleet::controller::ClockSample sample;
+          sample.id = r.replica_id();
+          sample.sent = absl::Now();
+          auto exposition = rlfleet::metrics::FetchMetrics(host, metrics_port, absl::Seconds(5));
+          sample.received = absl::Now();
+          if (exposition.ok()) sample.unix_seconds = rlfleet::metrics::FindSample(*exposition, "rlfleet_time_seconds");
+          if (!sample.unix_seconds) {
+            sample.error = exposition.ok() ? "no rlfleet_time_seconds in its /metrics"
+                                           : std::string(exposition.status().message());
+          }
+          clocks.push_back(std::move(sample));
         }
         if (page->next_page_token().empty()) break;
         request.mutable_page()->set_page_token(page->next_page_token());
       }
       for (auto& r : rlfleet::controller::CheckNcclConsistency(replicas)) results.push_back(std::move(r));
+      for (auto& r : rlfleet::controller::CheckClockSkew(clocks)) results.push_back(std::move(r));
     }
     std::cout << rlfleet::controller::FormatResults(results, absl::GetFlag(FLAGS_json));
     for (const auto& r : results) {

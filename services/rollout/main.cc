@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
     o.client = *client;
     o.replica.set_role(rlfleet::v1::REPLICA_ROLE_ROLLOUT);
     o.replica.set_grpc_address(runner.address());
+    if (runner.metrics_port() > 0) (*o.replica.mutable_labels())["metrics_port"] = std::to_string(runner.metrics_port());
     rlfleet::rollout::RolloutCore* c = core->get();
     auto started = rlfleet::registry::Registrar::Start(
         o,

@@ -17,6 +17,7 @@ TEST(Metrics, RendersPrometheusTextFormat) {
   g->Set(7);
   g->Add(-2);
   r.AddCallbackGauge("read_at_scrape", "A callback.", {}, [] { return 42.0; });
+  r.AddGauge("unix_time", "A large value with a fraction.", {})->Set(1764554823.125);
   Histogram* h = r.AddHistogram("latency_seconds", "Latency.", {{"op", "put"}}, {0.1, 1});
   for (double v : {0.05, 0.1, 0.5, 3.0}) h->Observe(v);
   // The same name and labels are the same series.
@@ -27,6 +28,7 @@ TEST(Metrics, RendersPrometheusTextFormat) {
                            "x_total{kind=\"c\"} 0.5\n",
                            "# TYPE depth gauge\ndepth 5\n",
                            "read_at_scrape 42\n",
+                           "unix_time 1764554823.125\n",
                            "# TYPE latency_seconds histogram\n",
                            "latency_seconds_bucket{op=\"put\",le=\"0.1\"} 2\n",
                            "latency_seconds_bucket{op=\"put\",le=\"1\"} 3\n",
@@ -50,6 +52,12 @@ TEST(MetricsServer, ServesMetricsAndNotFoundElsewhere) {
   EXPECT_TRUE(absl::StrContains(ok, "text/plain; version=0.0.4")) << ok;
   EXPECT_TRUE(absl::StrContains(ok, "\r\n\r\n# HELP served_total Served.\n")) << ok;
   EXPECT_TRUE(absl::StartsWith(HttpGet((*server)->port(), "/other"), "HTTP/1.1 404"));
+  // The client side (rlfleet doctor reads replicas' clocks this way).
+  auto body = FetchMetrics("127.0.0.1", (*server)->port(), absl::Seconds(5));
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(FindSample(*body, "served_total"), 2.0);
+  EXPECT_FALSE(FindSample(*body, "served").has_value());
+  EXPECT_EQ(FindSample("x{a=\"1\"} 4.5\n", "x"), 4.5);
   // A taken port is UNAVAILABLE, not a crash.
   EXPECT_EQ(MetricsServer::Start("127.0.0.1", (*server)->port(), &r).status().code(),
             absl::StatusCode::kUnavailable);

@@ -100,6 +100,26 @@ TEST(Doctor, NcclSettingsThatDifferAcrossReplicasFail) {
   EXPECT_EQ(none[0].status, CheckStatus::kPass);
 }
 
+TEST(Doctor, ClockSkewAcrossReplicasWarnsAndFails) {
+  const absl::Time sent = absl::FromUnixSeconds(1000), received = sent + absl::Milliseconds(20);
+  const double mid = 1000.010;
+  auto results = CheckClockSkew({{"in-sync", sent, received, mid + 0.005, ""},
+                                 {"drifting", sent, received, mid + 0.4, ""},
+                                 {"off", sent, received, mid - 3.0, ""},
+                                 {"silent", sent, received, std::nullopt, "cannot connect"}});
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_EQ(results[0].status, CheckStatus::kPass) << results[0].detail;
+  EXPECT_EQ(results[1].status, CheckStatus::kWarn) << results[1].detail;
+  EXPECT_EQ(results[2].status, CheckStatus::kFail) << results[2].detail;
+  EXPECT_TRUE(absl::StrContains(results[2].detail, "-3.000 s")) << results[2].detail;
+  EXPECT_FALSE(results[2].fix.empty());
+  EXPECT_EQ(results[3].status, CheckStatus::kWarn);
+  EXPECT_TRUE(absl::StrContains(results[3].detail, "cannot connect"));
+  // A skew inside the round trip's uncertainty is not flagged.
+  auto slow = CheckClockSkew({{"far", sent, sent + absl::Seconds(4), 1000 + 2 + 1.5, ""}});
+  EXPECT_EQ(slow[0].status, CheckStatus::kPass) << slow[0].detail;
+}
+
 TEST(Doctor, JsonIsOneObjectPerCheck) {
   const std::string json = FormatResults({{"nccl_env", CheckStatus::kFail, "X=\"1\"", "unset X"}}, true);
   EXPECT_EQ(json, "[{\"check\": \"nccl_env\", \"status\": \"fail\", \"detail\": \"X=\\\"1\\\"\", \"fix\": \"unset X\"}]\n");
