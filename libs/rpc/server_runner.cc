@@ -86,6 +86,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   ServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.handle_signals = true;
   options.port = absl::GetFlag(FLAGS_port);
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
@@ -132,6 +133,7 @@ absl::Status ServerRunner::Start() {
                                                " (address in use or not local?)"));
   }
   SetServing(true);
+  if (options_.handle_signals) RETURN_IF_ERROR(InstallSignalHandlers());
   if (!options_.port_file.empty()) RETURN_IF_ERROR(WritePortFile(options_.port_file, port_));
   if (options_.metrics_port >= 0) {
     std::string host = options_.host;

@@ -56,6 +56,9 @@ struct ServerOptions {
   // Prometheus /metrics over HTTP on `host`: 0 picks a free port (printed at Start as
   // "metrics on http://HOST:PORT/metrics"), -1 serves none.
   int metrics_port = -1;
+  // Catch SIGTERM / SIGINT from Start() on (binaries: a signal that arrives between
+  // Start and WaitForTermination is then a graceful stop, not the default kill).
+  bool handle_signals = false;
 };
 
 // Reads --host, --port, --port_file, --drain_timeout, --max_message_bytes,
