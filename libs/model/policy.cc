@@ -331,9 +331,12 @@ class DecodeBatch::State {
     std::mt19937_64 rng;
     int generated = 0;    // tokens sampled so far (the last one is `pending`)
     int32_t pending = 0;  // sampled, not yet fed through the model
-    int64_t start = 0;    // cache position of the first prompt token
     int64_t prompt_length = 0;
   };
+
+  // The cache position of a row's first prompt token: its real tokens sit right
+  // before the batch position (the pending token is not in the cache yet).
+  int64_t Start(const Row& r) const { return position - (r.prompt_length + r.generated - 1); }
 
   State(Policy::Impl* impl, int capacity)
       : impl(impl), capacity(std::max(1, capacity)), width(2 * int64_t{impl->config.max_seq_len}) {}
@@ -400,7 +403,6 @@ class DecodeBatch::State {
         cache.key_ok.narrow(0, 0, n).narrow(1, 0, d).fill_(false);
         tokens.narrow(0, 0, n).narrow(1, 0, d).fill_(0);
       }
-      for (Row& r : rows) r.start += d;
     }
     position = target;
   }
@@ -417,7 +419,7 @@ class DecodeBatch::State {
     if (rows.empty()) return longest + remaining <= width ? longest : -1;
     int64_t earliest = position;
     for (const Row& r : rows) {
-      earliest = std::min(earliest, r.start);
+      earliest = std::min(earliest, Start(r));
       remaining = std::max<int64_t>(remaining, r.options.max_new_tokens - r.generated);
     }
     if (position >= longest && position + remaining <= width) return position;  // no move
@@ -517,7 +519,6 @@ class DecodeBatch::State {
   torch::Tensor tokens;  // [allocated, width] the token at each cache position (PAD = 0)
   std::vector<Row> rows;  // live rows, dense: row i is cache row i
   int64_t position = 0;   // the cache position the next Step writes
-  int64_t steps = 0;
 };
 
 DecodeBatch::DecodeBatch(Policy* policy, int capacity)
@@ -526,7 +527,6 @@ DecodeBatch::~DecodeBatch() = default;
 
 int DecodeBatch::size() const { return static_cast<int>(state_->rows.size()); }
 int DecodeBatch::capacity() const { return state_->capacity; }
-int64_t DecodeBatch::steps() const { return state_->steps; }
 
 absl::Status DecodeBatch::Validate(const Sequence& sequence) const {
   const PolicyConfig& config = policy_->config();
@@ -574,7 +574,6 @@ absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Add(std::vector<Seq
     row.id = sequences[j].id;
     row.options = std::move(sequences[j].options);
     row.rng.seed(row.options.seed);
-    row.start = target - static_cast<int64_t>(sequences[j].prompt.size());
     row.prompt_length = sequences[j].prompt.size();
     st.rows.push_back(std::move(row));
   }
@@ -609,7 +608,6 @@ absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Step() {
   auto view = st.View(0, n);
   torch::Tensor logits = st.impl->DecodeStep(input, pos_ids, bias, p, view);
   ++st.position;
-  ++st.steps;
   return st.Sample(logits, 0);
 }
 

@@ -237,7 +237,6 @@ class DecodeBatch {
 
   int size() const;
   int capacity() const;
-  int64_t steps() const;  // Step calls that decoded at least one token
 
   class State;
 
