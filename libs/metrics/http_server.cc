@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <sys/time.h>
@@ -95,7 +96,8 @@ void MetricsServer::Serve(int c) {
   }
 }
 
-absl::StatusOr<std::string> FetchMetrics(const std::string& host, int port, absl::Duration timeout) {
+absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const std::string& path,
+                                     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
@@ -106,15 +108,16 @@ absl::StatusOr<std::string> FetchMetrics(const std::string& host, int port, absl
     close(fd);
     return absl::InvalidArgumentError(absl::StrCat("`", host, "` is not an IPv4 address"));
   }
-  const timeval tv{static_cast<time_t>(absl::ToInt64Seconds(timeout)), 0};
+  const timeval tv{static_cast<time_t>(std::max<int64_t>(1, absl::ToInt64Seconds(timeout))), 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  const std::string url = absl::StrCat("http://", host, ":", port, path);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const std::string why = strerror(errno);
     close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot connect to ", host, ":", port, ": ", why));
+    return absl::UnavailableError(absl::StrCat("GET ", url, ": ", why));
   }
-  const std::string request = "GET /metrics HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
   (void)!send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string response;
   char buffer[8192];
@@ -123,13 +126,26 @@ absl::StatusOr<std::string> FetchMetrics(const std::string& host, int port, absl
     if (absl::Now() > deadline) break;
   }
   close(fd);
-  if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat("GET http://", host, ":", port, "/metrics"));
-  if (!absl::StartsWith(response, "HTTP/1.1 200")) {
-    return absl::InternalError(absl::StrCat("GET http://", host, ":", port, "/metrics: ",
-                                            response.substr(0, response.find('\r'))));
+  if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat("GET ", url));
+  const size_t split = response.find("\r\n\r\n");
+  HttpResponse out;
+  if (!absl::StartsWith(response, "HTTP/1.1 ") || split == std::string::npos ||
+      !absl::SimpleAtoi(response.substr(9, 3), &out.status)) {
+    return absl::InternalError(absl::StrCat("GET ", url, ": not an HTTP answer"));
   }
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? std::string() : response.substr(body + 4);
+  out.head = response.substr(0, split);
+  out.body = response.substr(split + 4);
+  return out;
+}
+
+absl::StatusOr<std::string> FetchMetrics(const std::string& host, int port, absl::Duration timeout) {
+  absl::StatusOr<HttpResponse> r = HttpGet(host, port, "/metrics", timeout);
+  if (!r.ok()) return r.status();
+  if (r->status != 200) {
+    return absl::InternalError(absl::StrCat("GET http://", host, ":", port, "/metrics: ",
+                                            r->head.substr(0, r->head.find('\r'))));
+  }
+  return std::move(r->body);
 }
 
 std::optional<double> FindSample(const std::string& exposition, const std::string& name) {

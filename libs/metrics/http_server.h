@@ -36,8 +36,18 @@ class MetricsServer {
   std::thread thread_;
 };
 
-// GET http://host:port/metrics (IPv4), the body; UNAVAILABLE if it cannot connect,
-// DEADLINE_EXCEEDED after `timeout`, INTERNAL for a non-200 answer.
+// A plain HTTP/1.1 GET (IPv4, Connection: close): the status code, the head (status
+// line and headers) and the body. UNAVAILABLE if it cannot connect, DEADLINE_EXCEEDED
+// after `timeout`, INTERNAL for an answer that is not HTTP.
+struct HttpResponse {
+  int status = 0;
+  std::string head;
+  std::string body;
+};
+absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const std::string& path,
+                                     absl::Duration timeout);
+
+// GET http://host:port/metrics, the body; errors as HttpGet, INTERNAL for a non-200.
 absl::StatusOr<std::string> FetchMetrics(const std::string& host, int port, absl::Duration timeout);
 
 // The value of the first sample of `name` (any labels) in a text exposition.

@@ -19,6 +19,7 @@
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -100,28 +101,39 @@ int Status(ControllerClient& client) {
   return 0;
 }
 
-int Replicas(ControllerClient& client) {
-  v1::ListReplicasRequest request;
-  const std::string role = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_role));
-  if (!role.empty()) {
-    v1::ReplicaRole parsed;
-    if (!v1::ReplicaRole_Parse("REPLICA_ROLE_" + role, &parsed)) {
-      return Fail(absl::InvalidArgumentError("--role " + absl::GetFlag(FLAGS_role) +
-                                             " is not a role"));
-    }
-    request.set_role(parsed);
-  }
+// "rollout" -> REPLICA_ROLE_ROLLOUT (any case); nullopt for a name that is not a role.
+std::optional<v1::ReplicaRole> ParseRole(const std::string& name) {
+  v1::ReplicaRole role;
+  if (!v1::ReplicaRole_Parse("REPLICA_ROLE_" + absl::AsciiStrToUpper(name), &role)) return std::nullopt;
+  return role;
+}
+
+// Every replica the registry lists for `request`, over all pages.
+absl::StatusOr<std::vector<v1::ReplicaInfo>> ListAllReplicas(ControllerClient& client,
+                                                             v1::ListReplicasRequest request) {
+  std::vector<v1::ReplicaInfo> all;
   for (;;) {
     auto page = client.ListReplicas(request);
-    if (!page.ok()) return Fail(page.status());
-    for (const v1::ReplicaInfo& r : page->replicas()) {
-      std::cout << absl::StrFormat("%-32s %-10s %-22s version %-6u %s\n", r.replica_id(),
-                                   RoleName(r.role()), r.grpc_address(),
-                                   r.policy_version().version(),
-                                   r.admitted() ? "admitted" : "not admitted");
-    }
-    if (page->next_page_token().empty()) break;
+    if (!page.ok()) return page.status();
+    all.insert(all.end(), page->replicas().begin(), page->replicas().end());
+    if (page->next_page_token().empty()) return all;
     request.mutable_page()->set_page_token(page->next_page_token());
+  }
+}
+
+int Replicas(ControllerClient& client) {
+  v1::ListReplicasRequest request;
+  if (!absl::GetFlag(FLAGS_role).empty()) {
+    std::optional<v1::ReplicaRole> role = ParseRole(absl::GetFlag(FLAGS_role));
+    if (!role) return Fail(absl::InvalidArgumentError("--role " + absl::GetFlag(FLAGS_role) + " is not a role"));
+    request.set_role(*role);
+  }
+  auto replicas = ListAllReplicas(client, request);
+  if (!replicas.ok()) return Fail(replicas.status());
+  for (const v1::ReplicaInfo& r : *replicas) {
+    std::cout << absl::StrFormat("%-32s %-10s %-22s version %-6u %s\n", r.replica_id(), RoleName(r.role()),
+                                 r.grpc_address(), r.policy_version().version(),
+                                 r.admitted() ? "admitted" : "not admitted");
   }
   return 0;
 }
@@ -214,21 +226,52 @@ int Train(const rlfleet::rpc::ClientOptions& base) {
   return 0;
 }
 
+// `doctor --fleet`: checks across the replicas registered with the controller (their
+// NCCL_* labels, and their clocks read from their /metrics).
+absl::Status FleetChecks(ControllerClient& client, std::vector<rlfleet::controller::CheckResult>* results) {
+  std::vector<rlfleet::controller::ReplicaLabels> replicas;
+  std::vector<rlfleet::controller::ClockSample> clocks;
+  auto listed = ListAllReplicas(client, {});
+  if (!listed.ok()) return listed.status();
+  for (const v1::ReplicaInfo& r : *listed) {
+    replicas.push_back({r.replica_id(), {r.labels().begin(), r.labels().end()}});
+    // Its clock, from its /metrics (the port it registered as a label).
+    auto port = r.labels().find("metrics_port");
+    int metrics_port = 0;
+    if (port == r.labels().end() || !absl::SimpleAtoi(port->second, &metrics_port)) continue;
+    const std::string host = r.grpc_address().substr(0, r.grpc_address().rfind(':'));
+    rlfleet::controller::ClockSample sample;
+    sample.id = r.replica_id();
+    sample.sent = absl::Now();
+    auto exposition = rlfleet::metrics::FetchMetrics(host, metrics_port, absl::Seconds(5));
+    sample.received = absl::Now();
+    if (exposition.ok()) sample.unix_seconds = rlfleet::metrics::FindSample(*exposition, "rlfleet_time_seconds");
+    if (!sample.unix_seconds) {
+      sample.error = exposition.ok() ? "no rlfleet_time_seconds in its /metrics"
+                                     : std::string(exposition.status().message());
+    }
+    clocks.push_back(std::move(sample));
+  }
+  for (auto& r : rlfleet::controller::CheckNcclConsistency(replicas)) results->push_back(std::move(r));
+  for (auto& r : rlfleet::controller::CheckClockSkew(clocks)) results->push_back(std::move(r));
+  return absl::OkStatus();
+}
+
 // `rlfleet scale ROLE=N`: the desired count of a role (the launcher acts on it).
 int Scale(ControllerClient& client, const std::string& spec) {
   const size_t eq = spec.find('=');
   uint32_t count = 0;
-  v1::ReplicaRole role;
+  std::optional<v1::ReplicaRole> role;
   if (eq == std::string::npos || !absl::SimpleAtoi(spec.substr(eq + 1), &count) ||
-      !v1::ReplicaRole_Parse("REPLICA_ROLE_" + absl::AsciiStrToUpper(spec.substr(0, eq)), &role)) {
+      !(role = ParseRole(spec.substr(0, eq)))) {
     return Fail(absl::InvalidArgumentError("want ROLE=N, e.g. rollout=3; got `" + spec + "`"));
   }
   v1::ScaleRequest request;
-  request.set_role(role);
+  request.set_role(*role);
   request.set_target_count(count);
   auto scaled = client.Scale(request);
   if (!scaled.ok()) return Fail(scaled.status());
-  std::cout << absl::StrFormat("%s: desired %u (was %u), %u registered now\n", RoleName(role),
+  std::cout << absl::StrFormat("%s: desired %u (was %u), %u registered now\n", RoleName(*role),
                                scaled->target_count(), scaled->previous_count(), scaled->registered());
   return 0;
 }
@@ -259,36 +302,7 @@ int main(int argc, char** argv) {
   if (command == "doctor") {
     auto results = rlfleet::controller::RunLocalChecks();
     if (absl::GetFlag(FLAGS_fleet)) {
-      std::vector<rlfleet::controller::ReplicaLabels> replicas;
-      std::vector<rlfleet::controller::ClockSample> clocks;
-      rlfleet::v1::ListReplicasRequest request;
-      for (;;) {
-        auto page = (*client)->ListReplicas(request);
-        if (!page.ok()) return Fail(page.status());
-        for (const auto& r : page->replicas()) {
-          replicas.push_back({r.replica_id(), {r.labels().begin(), r.labels().end()}});
-          // Its clock, from its /metrics (the port it registered as a label).
-          auto port = r.labels().find("metrics_port");
-          int metrics_port = 0;
-          if (port == r.labels().end() || !absl::SimpleAtoi(port->second, &metrics_port)) continue;
-          const std::string host = r.grpc_address().substr(0, r.grpc_address().rfind(':'));
-          rlfleet::controller::ClockSample sample;
-          sample.id = r.replica_id();
-          sample.sent = absl::Now();
-          auto exposition = rlfleet::metrics::FetchMetrics(host, metrics_port, absl::Seconds(5));
-          sample.received = absl::Now();
-          if (exposition.ok()) sample.unix_seconds = rlfleet::metrics::FindSample(*exposition, "rlfleet_time_seconds");
-          if (!sample.unix_seconds) {
-            sample.error = exposition.ok() ? "no rlfleet_time_seconds in its /metrics"
-                                           : std::string(exposition.status().message());
-          }
-          clocks.push_back(std::move(sample));
-        }
-        if (page->next_page_token().empty()) break;
-        request.mutable_page()->set_page_token(page->next_page_token());
-      }
-      for (auto& r : rlfleet::controller::CheckNcclConsistency(replicas)) results.push_back(std::move(r));
-      for (auto& r : rlfleet::controller::CheckClockSkew(clocks)) results.push_back(std::move(r));
+      if (absl::Status fleet = FleetChecks(**client, &results); !fleet.ok()) return Fail(fleet);
     }
     std::cout << rlfleet::controller::FormatResults(results, absl::GetFlag(FLAGS_json));
     for (const auto& r : results) {

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
-#include "tests/util/http_get.h"
+#include "libs/metrics/http_server.h"
 #include "tests/util/subprocess.h"
 
 namespace rlfleet {
@@ -24,6 +24,12 @@ namespace {
 
 using testing::RunfilePath;
 using testing::Subprocess;
+
+// The body of GET 127.0.0.1:port/path; empty if it fails.
+std::string Get(int port, const std::string& path) {
+  auto r = metrics::HttpGet("127.0.0.1", port, path, absl::Seconds(10));
+  return r.ok() ? r->body : "";
+}
 
 int RunTool(const std::vector<std::string>& argv, std::string* output) {
   Subprocess p;
@@ -63,7 +69,7 @@ TEST(Prometheus, ScrapesAServiceAndAnswersAQuery) {
   const std::string target = m[1];
   int metrics_port = 0;
   ASSERT_TRUE(absl::SimpleAtoi(m[2].str(), &metrics_port));
-  EXPECT_TRUE(absl::StrContains(testing::HttpGet(metrics_port, "/metrics"), "rlfleet_up{service=\"rlfleet-reward\"} 1"));
+  EXPECT_TRUE(absl::StrContains(Get(metrics_port, "/metrics"), "rlfleet_up{service=\"rlfleet-reward\"} 1"));
 
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/prometheus";
   std::filesystem::create_directories(dir);
@@ -88,14 +94,14 @@ TEST(Prometheus, ScrapesAServiceAndAnswersAQuery) {
   std::string answer;
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
   while (absl::Now() < deadline) {
-    answer = testing::HttpGet(port, query);
+    answer = Get(port, query);
     if (absl::StrContains(answer, "\"service\":\"rlfleet-reward\"") && absl::StrContains(answer, ",\"1\"]")) break;
     absl::SleepFor(absl::Milliseconds(200));  // (Prometheus scrapes on its own clock)
   }
   EXPECT_TRUE(absl::StrContains(answer, "\"status\":\"success\"")) << answer;
   EXPECT_TRUE(absl::StrContains(answer, "\"service\":\"rlfleet-reward\"")) << answer;
   EXPECT_TRUE(absl::StrContains(answer, ",\"1\"]")) << answer;
-  const std::string rules = testing::HttpGet(port, "/api/v1/rules");
+  const std::string rules = Get(port, "/api/v1/rules");
   EXPECT_TRUE(absl::StrContains(rules, "RlfleetAllReduceSlow")) << rules;
   // Every query of the Grafana dashboard is one Prometheus accepts.
   std::ifstream dashboard_file(RunfilePath("deploy/grafana/rlfleet.json"));
@@ -112,7 +118,7 @@ TEST(Prometheus, ScrapesAServiceAndAnswersAQuery) {
         encoded += absl::StrFormat("%%%02X", c);
       }
     }
-    const std::string reply = testing::HttpGet(port, "/api/v1/query?query=" + encoded);
+    const std::string reply = Get(port, "/api/v1/query?query=" + encoded);
     EXPECT_TRUE(absl::StrContains(reply, "\"status\":\"success\"")) << (*it)[1].str() << "\n" << reply;
   }
   EXPECT_EQ(queries, 16);

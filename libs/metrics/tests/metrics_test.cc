@@ -4,7 +4,6 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/metrics/http_server.h"
-#include "tests/util/http_get.h"
 
 namespace rlfleet::metrics {
 namespace {
@@ -39,19 +38,20 @@ TEST(Metrics, RendersPrometheusTextFormat) {
   }
 }
 
-using testing::HttpGet;
-
 TEST(MetricsServer, ServesMetricsAndNotFoundElsewhere) {
   Registry r;
   r.AddCounter("served_total", "Served.", {})->Add(2);
   auto server = MetricsServer::Start("127.0.0.1", 0, &r);
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_GT((*server)->port(), 0);
-  const std::string ok = HttpGet((*server)->port(), "/metrics");
-  EXPECT_TRUE(absl::StartsWith(ok, "HTTP/1.1 200 OK\r\n")) << ok;
-  EXPECT_TRUE(absl::StrContains(ok, "text/plain; version=0.0.4")) << ok;
-  EXPECT_TRUE(absl::StrContains(ok, "\r\n\r\n# HELP served_total Served.\n")) << ok;
-  EXPECT_TRUE(absl::StartsWith(HttpGet((*server)->port(), "/other"), "HTTP/1.1 404"));
+  auto ok = HttpGet("127.0.0.1", (*server)->port(), "/metrics", absl::Seconds(5));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(absl::StartsWith(ok->head, "HTTP/1.1 200 OK\r\n")) << ok->head;
+  EXPECT_TRUE(absl::StrContains(ok->head, "text/plain; version=0.0.4")) << ok->head;
+  EXPECT_TRUE(absl::StartsWith(ok->body, "# HELP served_total Served.\n")) << ok->body;
+  auto other = HttpGet("127.0.0.1", (*server)->port(), "/other", absl::Seconds(5));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(absl::StartsWith(other->head, "HTTP/1.1 404")) << other->head;
   // The client side (rlfleet doctor reads replicas' clocks this way).
   auto body = FetchMetrics("127.0.0.1", (*server)->port(), absl::Seconds(5));
   ASSERT_TRUE(body.ok()) << body.status();
