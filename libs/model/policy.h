@@ -3,8 +3,9 @@
 // learned positions, optional scalar value head for PPO critics).
 //
 // This header has no libtorch in it (each file that includes torch/torch.h costs ~20 s
-// and ~1 GB to compile); the model lives behind a pimpl in policy.cc. Device-agnostic:
-// "cpu" by default, "cuda:0" etc. where libtorch was built with CUDA.
+// and ~1 GB to compile); the model lives behind a pimpl (policy_impl.h, used by
+// policy.cc and decode_batch.cc). Device-agnostic: "cpu" by default, "cuda:0" etc.
+// where libtorch was built with CUDA.
 //
 // Not thread-safe: one thread drives a Policy (the rollout scheduler owns it).
 #ifndef RLFLEET_LIBS_MODEL_POLICY_H_

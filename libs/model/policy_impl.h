@@ -1,0 +1,200 @@
+// Private to libs/model: the policy's libtorch module (Policy::Impl, its KV cache)
+// and the helpers policy.cc and decode_batch.cc share. Only those two files include
+// it (each libtorch translation unit costs ~20 s and ~1 GB to compile).
+#ifndef RLFLEET_LIBS_MODEL_POLICY_IMPL_H_
+#define RLFLEET_LIBS_MODEL_POLICY_IMPL_H_
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "libs/model/policy.h"
+
+namespace rlfleet::model {
+namespace internal {
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int d_model)
+      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
+        qkv(register_module("qkv", torch::nn::Linear(d_model, 3 * d_model))),
+        proj(register_module("proj", torch::nn::Linear(d_model, d_model))),
+        fc1(register_module("fc1", torch::nn::Linear(d_model, 4 * d_model))),
+        fc2(register_module("fc2", torch::nn::Linear(4 * d_model, d_model))) {}
+  torch::nn::LayerNorm ln1, ln2;
+  torch::nn::Linear qkv, proj, fc1, fc2;
+};
+TORCH_MODULE(Block);
+
+}  // namespace internal
+
+using internal::Block;
+
+class Policy::Impl : public torch::nn::Module {
+ public:
+  Impl(const PolicyConfig& c, torch::Device device) : config(c), device(device) {
+    tok = register_module("tok_emb", torch::nn::Embedding(c.vocab_size, c.d_model));
+    pos = register_module("pos_emb", torch::nn::Embedding(c.max_seq_len, c.d_model));
+    list = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < c.n_layers; ++i) {
+      blocks.push_back(Block(c.d_model));
+      list->push_back(blocks.back());
+    }
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+    head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.vocab_size).bias(false)));
+    if (c.value_head) value = register_module("value_head", torch::nn::Linear(c.d_model, 1));
+    to(device);
+  }
+
+  // The KV cache: per layer [B, H, max_seq_len, Dh] keys and values, written in place.
+  struct Cache {
+    std::vector<torch::Tensor> k, v;
+    torch::Tensor key_ok;  // [B, max_seq_len] bool: false for PAD keys
+  };
+
+  Cache NewCache(int64_t batch) {
+    Cache cache;
+    const int64_t dh = config.d_model / config.n_heads;
+    auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    for (int i = 0; i < config.n_layers; ++i) {
+      cache.k.push_back(torch::zeros({batch, config.n_heads, config.max_seq_len, dh}, opts));
+      cache.v.push_back(torch::zeros({batch, config.n_heads, config.max_seq_len, dh}, opts));
+    }
+    cache.key_ok = torch::ones({batch, config.max_seq_len}, opts.dtype(torch::kBool));
+    return cache;
+  }
+
+  // Runs tokens [B, t] at positions [p0, p0 + t) through the model, writing their
+  // keys and values into `cache`; returns logits [B, t, V].
+  torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache& cache) {
+    return Forward(tokens, p0, &cache);
+  }
+
+  // Without a cache (training): p0 must be 0 and keys are this call's tokens, so
+  // autograd sees no in-place writes.
+  torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache* cache) {
+    return head(Trunk(tokens, p0, cache));
+  }
+
+  // The final hidden states [B, t, d_model] (after ln_f), before the LM head.
+  torch::Tensor Trunk(const torch::Tensor& tokens, int64_t p0, Cache* cache) {
+    const int64_t B = tokens.size(0), t = tokens.size(1);
+    const int64_t H = config.n_heads, dh = config.d_model / H;
+    torch::Tensor key_ok = tokens.ne(kPadForMask);
+    if (cache != nullptr) {
+      cache->key_ok.narrow(1, p0, t).copy_(key_ok);
+      key_ok = cache->key_ok.narrow(1, 0, p0 + t);
+    }
+    auto positions = torch::arange(p0, p0 + t, torch::TensorOptions().dtype(torch::kLong).device(device));
+    // Position embeddings count real tokens only, so a left-padded prompt sees the same
+    // positions as it would alone: what a sequence generates must not depend on what
+    // else is in its batch. (key_ok here covers slots [0, p0 + t).)
+    torch::Tensor pos_ids = (key_ok.to(torch::kLong).cumsum(1).narrow(1, p0, t) - 1).clamp_min(0);
+    torch::Tensor x = tok(tokens) + pos(pos_ids);
+    // Causal mask over keys [0, p0 + t): query i (absolute p0 + i) sees keys <= p0 + i
+    // that are not PAD.
+    const int64_t T = p0 + t;
+    auto kpos = torch::arange(T, positions.options());
+    torch::Tensor allowed = kpos.unsqueeze(0).le(positions.unsqueeze(1));       // [t, T]
+    allowed = allowed.unsqueeze(0) & key_ok.unsqueeze(1);  // [B, t, T]
+    // A query at a PAD position would see nothing: let every query see itself, which
+    // keeps the softmax finite (PAD rows' outputs are never used).
+    allowed = allowed | kpos.unsqueeze(0).eq(positions.unsqueeze(1)).unsqueeze(0);
+    torch::Tensor bias = torch::zeros({B, 1, t, T}, x.options()).masked_fill(allowed.logical_not().unsqueeze(1), -1e9);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      Block& b = blocks[l];
+      torch::Tensor h = b->ln1(x);
+      auto qkv = b->qkv(h).view({B, t, 3, H, dh}).permute({2, 0, 3, 1, 4});  // [3, B, H, t, dh]
+      torch::Tensor k = qkv[1], v = qkv[2];
+      if (cache != nullptr) {
+        cache->k[l].narrow(2, p0, t).copy_(qkv[1]);
+        cache->v[l].narrow(2, p0, t).copy_(qkv[2]);
+        k = cache->k[l].narrow(2, 0, T);
+        v = cache->v[l].narrow(2, 0, T);
+      }
+      torch::Tensor att = torch::matmul(qkv[0], k.transpose(-2, -1)) * scale + bias;
+      att = torch::softmax(att, -1);
+      torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, t, config.d_model});
+      x = x + b->proj(y);
+      x = x + b->fc2(torch::gelu(b->fc1(b->ln2(x))));
+    }
+    return ln_f(x);
+  }
+
+  // One decode step: token [n, 1] of each of the cache's n rows at cache position p,
+  // with position ids pos_ids [n, 1] and the key mask as an additive bias [n*H, 1, p+1]
+  // (0 for a real key, -1e9 otherwise). Fewer, larger operations than Trunk: heads
+  // batched into one baddbmm (scale and mask fused), no mask built per step, and the
+  // attention output needs no transpose for one query. Returns logits [n, V].
+  torch::Tensor DecodeStep(const torch::Tensor& tokens, const torch::Tensor& pos_ids, const torch::Tensor& bias,
+                           int64_t p, Cache& cache) {
+    const int64_t n = tokens.size(0), H = config.n_heads, dh = config.d_model / H, T = p + 1;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    torch::Tensor x = tok(tokens.view({n})) + pos(pos_ids.view({n}));  // [n, d]
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      Block& b = blocks[l];
+      torch::Tensor qkv = b->qkv(b->ln1(x)).view({n, 3, H, dh});
+      cache.k[l].select(2, p).copy_(qkv.select(1, 1));
+      cache.v[l].select(2, p).copy_(qkv.select(1, 2));
+      torch::Tensor q = qkv.select(1, 0).reshape({n * H, 1, dh});
+      torch::Tensor k = cache.k[l].narrow(2, 0, T).reshape({n * H, T, dh});
+      torch::Tensor v = cache.v[l].narrow(2, 0, T).reshape({n * H, T, dh});
+      torch::Tensor att = torch::softmax(torch::baddbmm(bias, q, k.transpose(1, 2), 1.0, scale), -1);
+      x = x + b->proj(torch::bmm(att, v).view({n, config.d_model}));
+      x = x + b->fc2(torch::gelu(b->fc1(b->ln2(x))));
+    }
+    return head(ln_f(x));
+  }
+
+  static constexpr int64_t kPadForMask = 0;
+  PolicyConfig config;
+  torch::Device device;
+  torch::nn::Embedding tok{nullptr}, pos{nullptr};
+  torch::nn::ModuleList list{nullptr};  // registers the blocks as blocks.<i>.*
+  std::vector<Block> blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr}, value{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+};
+
+inline absl::Status CheckTokens(const std::vector<std::vector<int32_t>>& rows, int vocab, bool equal_length) {
+  if (rows.empty()) return absl::InvalidArgumentError("empty batch");
+  for (size_t b = 0; b < rows.size(); ++b) {
+    if (rows[b].empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " is empty"));
+    if (equal_length && rows[b].size() != rows[0].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " has length ", rows[b].size(),
+                                                     ", sequence 0 has ", rows[0].size()));
+    }
+    for (size_t i = 0; i < rows[b].size(); ++i) {
+      if (rows[b][i] < 0 || rows[b][i] >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", rows[b][i], " at [", b, "][", i,
+                                                       "] is outside the vocabulary of ", vocab));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+inline torch::Tensor ToTensor(const std::vector<std::vector<int32_t>>& rows, torch::Device device) {
+  const int64_t B = rows.size(), T = rows[0].size();
+  torch::Tensor t = torch::empty({B, T}, torch::kLong);
+  auto a = t.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < T; ++i) a[b][i] = rows[b][i];
+  }
+  return t.to(device);
+}
+
+inline std::vector<float> ToVector(const torch::Tensor& t) {
+  torch::Tensor c = t.to(torch::kCPU).contiguous().to(torch::kFloat32);
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+}  // namespace rlfleet::model
+
+#endif  // RLFLEET_LIBS_MODEL_POLICY_IMPL_H_
