@@ -39,7 +39,7 @@ namespace v1 = rlfleet::v1;
 using rlfleet::model::Tokenizer;
 
 int main(int argc, char** argv) {
-  rlfleet::model::PinBlasThreads(argv);
+  rlfleet::model::ConfigureBlas(argv);
   absl::ParseCommandLine(argc, argv);
   rlfleet::model::SetComputeThreads(absl::GetFlag(FLAGS_threads));
   const rlfleet::tasks::Task* task = rlfleet::tasks::FindTask(absl::GetFlag(FLAGS_task));

@@ -20,9 +20,22 @@ namespace rlfleet::model {
 
 void SetComputeThreads(int threads) { torch::set_num_threads(std::max(1, threads)); }
 
-void PinBlasThreads(char** argv) {
+const char* BlasCoreTypeForCpu() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return "SkylakeX";
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return "";
+}
+
+void ConfigureBlas(char** argv) {
   if (getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
   setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  if (getenv("OPENBLAS_CORETYPE") == nullptr && *BlasCoreTypeForCpu() != '\0') {
+    setenv("OPENBLAS_CORETYPE", BlasCoreTypeForCpu(), 1);
+  }
   execv("/proc/self/exe", argv);
 }
 
@@ -291,6 +304,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
     if (options.group != nullptr) RETURN_IF_ERROR(SyncGradients(*impl_, mask, options.group));
     const double norm = torch::nn::utils::clip_grad_norm_(impl_->parameters(), options.grad_clip);
     impl_->optimizer->step();
+    ++impl_->weights_generation;
     stats.loss = total.item<float>();
     stats.policy_loss = loss.policy_loss.item<float>();
     stats.clip_fraction = loss.clip_fraction.item<float>();
@@ -415,6 +429,7 @@ absl::Status Policy::LoadSafetensors(const std::string& path) {
     torch::Tensor src = torch::from_blob(const_cast<char*>(blob->bytes.data()), blob->shape, torch::kFloat32);
     param.copy_(src);
   }
+  ++impl_->weights_generation;
   return absl::OkStatus();
 }
 

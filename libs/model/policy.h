@@ -54,11 +54,19 @@ struct Generation {
 // both pools on the same cores run several times slower; DESIGN.md).
 void SetComputeThreads(int threads);
 
-// Call first in main of every binary that runs the model: OpenBLAS reads its thread
-// count when it loads, before main, so without OPENBLAS_NUM_THREADS in the environment
-// this re-executes the binary (/proc/self/exe, same argv) with it set to 1. Returns
-// only when it was already set (or the re-exec failed).
-void PinBlasThreads(char** argv);
+// Call first in main of every binary that runs the model. OpenBLAS reads its settings
+// when it loads, before main, so when OPENBLAS_NUM_THREADS is not in the environment
+// this re-executes the binary (/proc/self/exe, same argv) with
+//  - OPENBLAS_NUM_THREADS=1 (torch's threads use the cores; DESIGN.md), and
+//  - OPENBLAS_CORETYPE from the CPU's instruction sets (SkylakeX with AVX-512, Haswell
+//    with AVX2), unless already set: Debian 12's OpenBLAS 0.3.21 does not know newer
+//    Xeons by cpuid model and falls back to its Prescott (SSE3) kernels, 2-3x slower on
+//    the small products of a decode step ([32x128]x[128x512]: 174 vs 58-70 us).
+// Returns only when OPENBLAS_NUM_THREADS was already set (or the re-exec failed).
+void ConfigureBlas(char** argv);
+
+// The OPENBLAS_CORETYPE ConfigureBlas picks for this CPU ("" when it picks none).
+const char* BlasCoreTypeForCpu();
 
 // One sequence of a training batch: the prompt, the response the rollout produced,
 // its per-token log-probs at the time (behaviour) and the sequence's advantage.

@@ -26,7 +26,7 @@ ABSL_FLAG(std::string, registry_address, "",
 ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised model as --weights_version.");
 
 int main(int argc, char** argv) {
-  rlfleet::model::PinBlasThreads(argv);
+  rlfleet::model::ConfigureBlas(argv);
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-rollout: policy replica.");
   auto options = rlfleet::rpc::ServerOptionsFromFlags();
   if (!options.ok()) {

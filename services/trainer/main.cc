@@ -31,7 +31,7 @@ ABSL_FLAG(absl::Duration, dp_timeout, absl::Seconds(60),
 ABSL_FLAG(std::string, publish_dir, "", "PublishWeights writes policy-v<N>.safetensors here (single machine).");
 
 int main(int argc, char** argv) {
-  rlfleet::model::PinBlasThreads(argv);
+  rlfleet::model::ConfigureBlas(argv);
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-trainer: trainer (one rank).");
   auto options = rlfleet::rpc::ServerOptionsFromFlags();
   if (!options.ok()) {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/model/safetensors.h"
 #include "libs/model/test_util.h"
@@ -97,6 +98,48 @@ TEST(Policy, GreedyGenerationMatchesArgmaxOfFullLogits) {
     ASSERT_EQ((*gen)[0].tokens[step], best) << "step " << step;
     seq.push_back(best);
   }
+}
+
+// Generation decodes with its own copy of the weights (transposed for the products):
+// after a TrainStep and after a load it must follow the new weights, which the full
+// forward pass reads directly.
+TEST(Policy, GenerationFollowsTheWeightsAfterATrainStepAndALoad) {
+  auto policy = Policy::Create(Small(), "cpu", 11);
+  ASSERT_TRUE(policy.ok());
+  const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("reverse:812");
+  SamplingOptions options;
+  options.temperature = 0;
+  options.max_new_tokens = 5;
+  options.eos_id = -1;
+  // Each generated token's log-prob against log-softmax of the full forward pass.
+  auto max_logprob_error = [&]() {
+    auto gen = (*policy)->Generate({prompt}, options);
+    EXPECT_TRUE(gen.ok());
+    std::vector<int32_t> seq = prompt;
+    float worst = 0;
+    for (size_t step = 0; step < (*gen)[0].tokens.size(); ++step) {
+      auto logits = (*policy)->Logits({seq});
+      const float* last = logits->data() + (seq.size() - 1) * 32;
+      const float m = *std::max_element(last, last + 32);
+      float z = 0;
+      for (int i = 0; i < 32; ++i) z += std::exp(last[i] - m);
+      const int32_t token = (*gen)[0].tokens[step];
+      worst = std::max(worst, std::abs((*gen)[0].logprobs[step] - (last[token] - m - std::log(z))));
+      seq.push_back(token);
+    }
+    return worst;
+  };
+  const std::string saved = absl::StrCat(testing::TempDir(), "/follow.safetensors");
+  ASSERT_TRUE((*policy)->SaveSafetensors(saved).ok());
+  EXPECT_LT(max_logprob_error(), 1e-4f);
+  TrainOptions train;
+  train.learning_rate = 0.05f;  // a large step: stale weights would be far off
+  auto gens = (*policy)->Generate({prompt}, options);
+  ASSERT_TRUE(gens.ok());
+  ASSERT_TRUE((*policy)->TrainStep({{prompt, (*gens)[0].tokens, (*gens)[0].logprobs, 1.0f}}, train).ok());
+  EXPECT_LT(max_logprob_error(), 1e-4f) << "after TrainStep";
+  ASSERT_TRUE((*policy)->LoadSafetensors(saved).ok());
+  EXPECT_LT(max_logprob_error(), 1e-4f) << "after LoadSafetensors";
 }
 
 TEST(Policy, WhatASequenceGeneratesDoesNotDependOnItsBatch) {
