@@ -5,6 +5,8 @@
 // prompt 16, 96 new; batch 1, 8, 32. Best of --repeats each. Writes a table to --out;
 // last line: rollout_ratio_vs_torch_eager=<ours / eager for (a) at batch 32>.
 //   bazel run //bench:rollout_tokens -- --out=$PWD/bench/results/rollout_tokens.md
+// On a GPU (bench/gpu/run_rollout_gpu.sh builds this file with CMake against the
+// CUDA libtorch there): --device=cuda --torch_script= (ours only).
 #include <sched.h>
 #include <unistd.h>
 
@@ -27,7 +29,9 @@ ABSL_FLAG(std::string, out, "rollout_tokens.md", "Where the results table is wri
 ABSL_FLAG(int, threads, 2, "Intra-op threads for both sides.");
 ABSL_FLAG(int, repeats, 3, "Runs of each measurement per round; the best is kept.");
 ABSL_FLAG(int, rounds, 2, "Rounds alternating the two sides; the best of all is kept.");
-ABSL_FLAG(std::string, torch_script, "bench/rollout_tokens_torch.py", "The PyTorch-eager side.");
+ABSL_FLAG(std::string, torch_script, "bench/rollout_tokens_torch.py",
+          "The PyTorch-eager side (CPU); empty: ours only.");
+ABSL_FLAG(std::string, device, "cpu", "Where our side runs: cpu, cuda, cuda:N.");
 
 namespace {
 
@@ -60,13 +64,13 @@ int main(int argc, char** argv) {
   configs[1] = {"b", {32, 256, 6, 8, 112, false}, 16, 96};
   std::ofstream out(absl::GetFlag(FLAGS_out));
   out << "# rollout_tokens: Policy::Generate (C++ libtorch) vs PyTorch eager, same model and algorithm\n\n"
-      << "threads " << threads << ", best of " << absl::GetFlag(FLAGS_rounds) << " rounds x "
+      << "device " << absl::GetFlag(FLAGS_device) << ", threads " << threads << ", best of " << absl::GetFlag(FLAGS_rounds) << " rounds x "
       << absl::GetFlag(FLAGS_repeats) << " runs per side, the sides alternating by round\n\n"
       << "| config | batch | ours (tokens/s) | eager (tokens/s) | ratio |\n|---|---:|---:|---:|---:|\n";
   double headline = 0;
   std::string eager_blas;
   for (const Config& c : configs) {
-    auto policy = rlfleet::model::Policy::Create(c.model, "cpu", 1);
+    auto policy = rlfleet::model::Policy::Create(c.model, absl::GetFlag(FLAGS_device), 1);
     if (!policy.ok()) {
       std::cerr << policy.status() << "\n";
       return 1;
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
           }
           ours = std::max(ours, batch * c.new_tokens / s);
         }
+        if (absl::GetFlag(FLAGS_torch_script).empty()) continue;
         const std::string cmd = absl::StrCat(
             "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ", absl::GetFlag(FLAGS_torch_script), " ", weights, " ",
             c.model.d_model, " ", c.model.n_layers, " ", c.model.n_heads, " ", c.model.vocab_size, " ", batch,

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <sstream>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -339,6 +341,19 @@ TensorBlob ToBlob(const torch::Tensor& tensor) {
   return blob;
 }
 
+// The key of a parameter in the optimizer's state map: libtorch 1.13 (Debian) keys it
+// by the TensorImpl's address printed as a string, libtorch 2.x by the address itself.
+template <typename Map>
+typename Map::key_type OptimizerStateKey(const Map&, const torch::Tensor& param) {
+  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
+    std::ostringstream key;
+    key << param.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
+
 }  // namespace
 
 absl::Status Policy::SaveOptimizerState(const std::string& path, bool* saved) const {
@@ -347,7 +362,7 @@ absl::Status Policy::SaveOptimizerState(const std::string& path, bool* saved) co
   auto& state = impl_->optimizer->state();
   std::map<std::string, TensorBlob> tensors;
   for (const auto& item : impl_->named_parameters()) {
-    auto it = state.find(c10::guts::to_string(item.value().unsafeGetTensorImpl()));
+    auto it = state.find(OptimizerStateKey(state, item.value()));
     if (it == state.end()) continue;  // (a parameter without a gradient yet)
     const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
     tensors[item.key() + ".exp_avg"] = ToBlob(s.exp_avg());
@@ -403,7 +418,7 @@ absl::Status Policy::LoadOptimizerState(const std::string& path) {
   }
   auto& state = impl_->optimizer->state();
   state.clear();
-  for (auto& [param, s] : loaded) state[c10::guts::to_string(param.unsafeGetTensorImpl())] = std::move(s);
+  for (auto& [param, s] : loaded) state[OptimizerStateKey(state, param)] = std::move(s);
   return absl::OkStatus();
 }
 
