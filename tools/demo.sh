@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The local fleet demo, on one machine over loopback.
 #
-# Installs what is missing, builds the fleet, starts the services (reward, buffer,
-# trainer, controller, then rollout replicas that register with the controller's
-# registry) on free loopback ports, shows that they
+# Installs what is missing, builds the fleet, starts the services (the controller,
+# then reward, buffer, trainer and rollout replicas, each registering with the
+# controller's registry) on free loopback ports, shows that they
 # answer, runs the RL loop across them with `rlfleet loop` (rollout generates, reward
 # scores, the buffer groups, the trainer updates, the new weights go back to rollout
 # through a file) while a newcomer watches held-out accuracy rise, then shows the
@@ -58,19 +58,27 @@ start() {
 }
 
 echo "== starting the fleet on loopback"
-start reward reward/rlfleet-reward
-start buffer buffer/rlfleet-buffer --store=memory://
-start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --publish_dir="$RUN_DIR/weights"
-start controller controller/rlfleet-controller \
-  --reward="$ADDR_reward" --buffer="$ADDR_buffer" --trainer="$ADDR_trainer" --runs_dir="$RUN_DIR/runs"
-# Rollout replicas register with the controller; runs find them through its registry.
+# The controller first: every other service registers with it (--registry_address)
+# and runs find them through its registry.
+start controller controller/rlfleet-controller --runs_dir="$RUN_DIR/runs"
+# registered NAME: waits for NAME's "registered as" line.
+registered() {
+  for _ in $(seq 1 100); do grep -q "registered as" "$RUN_DIR/$1.log" && break; sleep 0.1; done
+  grep -q "registered as" "$RUN_DIR/$1.log" || { echo "$1 did not register:"; cat "$RUN_DIR/$1.log"; exit 1; }
+  echo "   $(grep -m1 "registered as" "$RUN_DIR/$1.log")"
+}
+start reward reward/rlfleet-reward --registry_address="$ADDR_controller"
+registered reward
+start buffer buffer/rlfleet-buffer --store=memory:// --registry_address="$ADDR_controller"
+registered buffer
+start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --publish_dir="$RUN_DIR/weights" \
+  --registry_address="$ADDR_controller"
+registered trainer
 ROLLOUTS="${RLFLEET_DEMO_ROLLOUTS:-1}"
 for i in $(seq 1 "$ROLLOUTS"); do
   name=rollout; [[ $i -gt 1 ]] && name="rollout$i"
   start "$name" rollout/rlfleet-rollout --registry_address="$ADDR_controller"
-  for _ in $(seq 1 100); do grep -q "registered as" "$RUN_DIR/$name.log" && break; sleep 0.1; done
-  grep -q "registered as" "$RUN_DIR/$name.log" || { echo "$name did not register:"; cat "$RUN_DIR/$name.log"; exit 1; }
-  echo "   $(grep -m1 "registered as" "$RUN_DIR/$name.log")"
+  registered "$name"
 done
 
 health() {

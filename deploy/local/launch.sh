@@ -111,15 +111,28 @@ if [[ -z "$REDIS_URL" ]]; then
   REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
   echo "launch.sh: redis-server on $REDIS_URL (pid ${CORE_PIDS[0]}, AOF in $DIR/redis)"
 fi
-start reward "$BIN/reward/rlfleet-reward" || fail "reward"
-CORE_PIDS+=("$PID"); REWARD=$ADDR
-start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" || fail "buffer"
-CORE_PIDS+=("$PID"); BUFFER=$ADDR
-start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" --publish_dir="$DIR/weights" "${MODEL[@]}" || fail "trainer"
-CORE_PIDS+=("$PID"); TRAINER=$ADDR
+# The controller first: the other services register with it (--registry_address) and
+# runs find them through its registry (Redis-backed here).
 start controller "$BIN/controller/rlfleet-controller" --registry="$REDIS_URL/registry:" --scaler=launcher \
-  --reward="$REWARD" --buffer="$BUFFER" --trainer="$TRAINER" --runs_dir="$DIR/runs" || fail "controller"
+  --runs_dir="$DIR/runs" || fail "controller"
 CORE_PIDS+=("$PID"); CONTROLLER=$ADDR
+# registered NAME: waits until NAME's log says it registered with the controller.
+registered() {
+  for _ in $(seq 1 100); do grep -q "registered as" "$DIR/$1.log" && return 0; sleep 0.1; done
+  echo "launch.sh: $1 did not register: $(tail -3 "$DIR/$1.log")"
+  return 1
+}
+start reward "$BIN/reward/rlfleet-reward" --registry_address="$CONTROLLER" || fail "reward"
+CORE_PIDS+=("$PID")
+registered reward || fail "reward"
+start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" --registry_address="$CONTROLLER" ||
+  fail "buffer"
+CORE_PIDS+=("$PID"); BUFFER=$ADDR
+registered buffer || fail "buffer"
+start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" --publish_dir="$DIR/weights" "${MODEL[@]}" \
+  --registry_address="$CONTROLLER" || fail "trainer"
+CORE_PIDS+=("$PID")
+registered trainer || fail "trainer"
 
 NEXT_ROLLOUT=0
 add_rollout() {

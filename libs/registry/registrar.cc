@@ -1,5 +1,8 @@
 #include "libs/registry/registrar.h"
 
+#include <iostream>
+
+#include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/ids.h"
@@ -7,6 +10,10 @@
 #include "libs/rpc/status_conversion.h"
 
 extern char** environ;
+
+ABSL_FLAG(std::string, registry_address, "",
+          "The controller (RegistryService) to register with, so that runs discover this service; "
+          "empty: not registered.");
 
 namespace rlfleet::registry {
 
@@ -116,6 +123,26 @@ void Registrar::Loop() {
     if (absl::IsNotFound(s)) s = RegisterNow();
     if (!s.ok() && log_) log_(absl::StrCat("registry ", options_.client.target, ": ", s.message(), " (retrying)"));
   }
+}
+
+absl::StatusOr<std::unique_ptr<Registrar>> RegisterFromFlags(v1::ReplicaRole role, const std::string& grpc_address,
+                                                             int metrics_port, Registrar::Fill fill,
+                                                             const std::string& name) {
+  const std::string address = absl::GetFlag(FLAGS_registry_address);
+  if (address.empty()) return std::unique_ptr<Registrar>();
+  auto client = rpc::ClientOptionsFromFlags(address);
+  if (!client.ok()) return common::Annotate(client.status(), "--registry_address");
+  Registrar::Options o;
+  o.client = *client;
+  o.replica.set_role(role);
+  o.replica.set_grpc_address(grpc_address);
+  if (metrics_port > 0) (*o.replica.mutable_labels())["metrics_port"] = std::to_string(metrics_port);
+  auto started = Registrar::Start(o, std::move(fill), [name](const std::string& line) {
+    std::cerr << name << ": " << line << std::endl;
+  });
+  if (!started.ok()) return common::Annotate(started.status(), absl::StrCat("registering with ", address));
+  std::cout << name << " registered as " << (*started)->replica_id() << std::endl;
+  return started;
 }
 
 }  // namespace rlfleet::registry

@@ -64,6 +64,14 @@ class Registrar {
   std::thread thread_;
 };
 
+// What every service's main does with its --registry_address flag (defined with this
+// library: "the controller to register with, so that runs discover this service"):
+// nothing when it is empty (returns nullptr), else Registrar::Start as `role` at
+// `grpc_address` with the label metrics_port (when > 0), logging as `name`.
+absl::StatusOr<std::unique_ptr<Registrar>> RegisterFromFlags(v1::ReplicaRole role, const std::string& grpc_address,
+                                                             int metrics_port, Registrar::Fill fill,
+                                                             const std::string& name);
+
 }  // namespace rlfleet::registry
 
 #endif  // RLFLEET_LIBS_REGISTRY_REGISTRAR_H_

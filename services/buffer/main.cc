@@ -7,6 +7,7 @@
 #include "libs/common/clock.h"
 #include "libs/common/config.h"
 #include "libs/metrics/metrics.h"
+#include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
 #include "services/buffer/buffer_core.h"
 #include "services/buffer/buffer_service.h"
@@ -76,6 +77,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "rlfleet-buffer listening on " << runner.address() << std::endl;
+  auto registrar = rlfleet::registry::RegisterFromFlags(rlfleet::v1::REPLICA_ROLE_BUFFER, runner.address(),
+                                                        runner.metrics_port(), nullptr, "rlfleet-buffer");
+  if (!registrar.ok()) {
+    std::cerr << "rlfleet-buffer: " << registrar.status() << "\n";
+    return 1;
+  }
   const int signo = runner.WaitForTermination();
   std::cout << "rlfleet-buffer stopped" << (signo ? " on signal" : "") << std::endl;
   return 0;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_split.h"
 #include "libs/common/config.h"
 #include "services/reward/model_reward.h"
+#include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
 #include "services/reward/reward_core.h"
 #include "services/reward/reward_service.h"
@@ -49,6 +50,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "rlfleet-reward listening on " << runner.address() << std::endl;
+  auto registrar = rlfleet::registry::RegisterFromFlags(rlfleet::v1::REPLICA_ROLE_REWARD, runner.address(),
+                                                        runner.metrics_port(), nullptr, "rlfleet-reward");
+  if (!registrar.ok()) {
+    std::cerr << "rlfleet-reward: " << registrar.status() << "\n";
+    return 1;
+  }
   const int signo = runner.WaitForTermination();
   std::cout << "rlfleet-reward stopped" << (signo ? " on signal" : "") << std::endl;
   return 0;

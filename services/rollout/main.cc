@@ -20,9 +20,6 @@ ABSL_FLAG(std::string, weights, "", "Safetensors file to serve at --weights_vers
                                     "(or serve the random init with --serve_initial_weights).");
 ABSL_FLAG(uint64_t, weights_version, 1, "Policy version of --weights / the initial weights.");
 ABSL_FLAG(int, max_batch, 256, "Sequences decoded together at most (continuous batching).");
-ABSL_FLAG(std::string, registry_address, "",
-          "The controller (RegistryService) to register with, so that runs discover this replica; "
-          "empty: not registered.");
 ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised model as --weights_version.");
 
 int main(int argc, char** argv) {
@@ -67,35 +64,19 @@ int main(int argc, char** argv) {
   runner.SetServing((*core)->serving());  // health is SERVING only with verified weights
   std::cout << "rlfleet-rollout listening on " << runner.address() << " (policy version "
             << (*core)->installed_version() << ")" << std::endl;
-  std::unique_ptr<rlfleet::registry::Registrar> registrar;
-  if (!absl::GetFlag(FLAGS_registry_address).empty()) {
-    auto client = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_registry_address));
-    if (!client.ok()) {
-      std::cerr << "rlfleet-rollout: --registry_address: " << client.status() << "\n";
-      return 2;
-    }
-    rlfleet::registry::Registrar::Options o;
-    o.client = *client;
-    o.replica.set_role(rlfleet::v1::REPLICA_ROLE_ROLLOUT);
-    o.replica.set_grpc_address(runner.address());
-    if (runner.metrics_port() > 0) (*o.replica.mutable_labels())["metrics_port"] = std::to_string(runner.metrics_port());
-    rlfleet::rollout::RolloutCore* c = core->get();
-    auto started = rlfleet::registry::Registrar::Start(
-        o,
-        [c](rlfleet::v1::ReplicaInfo* r) {
-          rlfleet::v1::GetInfoResponse info;
-          if (!c->GetInfo(&info).ok()) return;
-          *r->mutable_policy_version() = info.installed_version();
-          *r->mutable_load() = info.load();
-        },
-        [](const std::string& line) { std::cerr << "rlfleet-rollout: " << line << std::endl; });
-    if (!started.ok()) {
-      std::cerr << "rlfleet-rollout: registering with " << absl::GetFlag(FLAGS_registry_address) << ": "
-                << started.status() << "\n";
-      return 1;
-    }
-    registrar = std::move(*started);
-    std::cout << "rlfleet-rollout registered as " << registrar->replica_id() << std::endl;
+  rlfleet::rollout::RolloutCore* c = core->get();
+  auto registrar = rlfleet::registry::RegisterFromFlags(
+      rlfleet::v1::REPLICA_ROLE_ROLLOUT, runner.address(), runner.metrics_port(),
+      [c](rlfleet::v1::ReplicaInfo* r) {
+        rlfleet::v1::GetInfoResponse info;
+        if (!c->GetInfo(&info).ok()) return;
+        *r->mutable_policy_version() = info.installed_version();
+        *r->mutable_load() = info.load();
+      },
+      "rlfleet-rollout");
+  if (!registrar.ok()) {
+    std::cerr << "rlfleet-rollout: " << registrar.status() << "\n";
+    return 1;
   }
   const int signo = runner.WaitForTermination();
   std::cout << "rlfleet-rollout stopped" << (signo ? " on signal" : "") << std::endl;

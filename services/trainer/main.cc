@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "libs/dist/gloo_group.h"
 #include "libs/common/config.h"
+#include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
 #include "services/trainer/buffer_client.h"
 #include "services/trainer/trainer_core.h"
@@ -105,6 +106,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "rlfleet-trainer listening on " << runner.address() << std::endl;
+  auto registrar = rlfleet::registry::RegisterFromFlags(rlfleet::v1::REPLICA_ROLE_TRAINER, runner.address(),
+                                                        runner.metrics_port(), nullptr, "rlfleet-trainer");
+  if (!registrar.ok()) {
+    std::cerr << "rlfleet-trainer: " << registrar.status() << "\n";
+    return 1;
+  }
   const int signo = runner.WaitForTermination();
   std::cout << "rlfleet-trainer stopped" << (signo ? " on signal" : "") << std::endl;
   return 0;

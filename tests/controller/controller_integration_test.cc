@@ -114,10 +114,12 @@ TEST(ControllerBinary, ServesRegistryStatusAndHealthThenStopsOnSigterm) {
   v1::HeartbeatRequest stale = beat;
   stale.set_lease_id("lease-unknown");
   EXPECT_EQ(client->Heartbeat(stale).status().code(), absl::StatusCode::kNotFound);
-  // Started without peers, it runs no loop and says what is missing.
+  // Started without peer flags and with only a rollout replica registered, it runs no
+  // loop and says what is missing.
   auto no_run = client->StartRun({});
   EXPECT_EQ(no_run.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(no_run.status().message(), "--rollout")) << no_run.status();
+  EXPECT_TRUE(absl::StrContains(no_run.status().message(), "no reward service")) << no_run.status();
+  EXPECT_TRUE(absl::StrContains(no_run.status().message(), "--reward")) << no_run.status();
 
   // The CLI against the same binary.
   Subprocess cli;

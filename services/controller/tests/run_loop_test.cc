@@ -1,16 +1,22 @@
 // The run loop against fake peers: nothing is lost when a rollout replica dies (its
 // prompts go to the survivor), stop is honoured, bad config and rejected requests are
-// clear errors.
+// clear errors; runs find their peers in the registry (discovery.h).
 #include "services/controller/run_loop.h"
 #include "services/controller/run_manager.h"
+
+#include <map>
 
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "libs/common/clock.h"
 #include "libs/model/tokenizer.h"
+#include "libs/registry/registry.h"
 #include "libs/tasks/tasks.h"
+#include "services/controller/controller_core.h"
+#include "services/controller/discovery.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -308,6 +314,131 @@ TEST(RunManager, StartRunsAndStopStops) {
   // A finished run makes room for the next.
   c.set_total_steps(2);
   ASSERT_TRUE(runs.Start(c, "second").ok());
+}
+
+// A controller's registry (in memory) with replicas registered through its core.
+struct Registry {
+  Registry() : registry(*registry::OpenRegistry("memory://", common::Clock::Real())), core(registry.get(), common::Clock::Real()) {
+    core.StartWatching(absl::Milliseconds(10));
+  }
+  // Registers `address` as `role` with `load` in-flight requests; returns the lease.
+  std::string Add(v1::ReplicaRole role, const std::string& address, uint32_t load = 0) {
+    v1::RegisterRequest request;
+    request.mutable_replica()->set_replica_id(absl::StrCat("r-", ++ids));
+    request.mutable_replica()->set_role(role);
+    request.mutable_replica()->set_grpc_address(address);
+    request.mutable_replica()->mutable_load()->set_inflight_requests(load);
+    v1::RegisterResponse response;
+    EXPECT_TRUE(core.Register(request, &response).ok());
+    leases[address] = {request.replica().replica_id(), response.lease_id()};
+    return response.lease_id();
+  }
+  void Remove(const std::string& address) {
+    v1::DeregisterRequest request;
+    request.set_replica_id(leases[address].first);
+    request.set_lease_id(leases[address].second);
+    v1::DeregisterResponse response;
+    EXPECT_TRUE(core.Deregister(request, &response).ok());
+  }
+  std::unique_ptr<registry::Registry> registry;
+  ControllerCore core;
+  int ids = 0;
+  std::map<std::string, std::pair<std::string, std::string>> leases;  // address -> (id, lease)
+};
+
+// Waits up to 10 s for `condition`.
+bool Eventually(const std::function<bool()>& condition) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!condition()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+TEST(Discovery, PeersComeFromTheFlagElseTheLeastLoadedRegisteredReplica) {
+  Registry r;
+  auto none = ResolvePeerAddress(r.core, v1::REPLICA_ROLE_REWARD, "", "reward");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "--reward")) << none.status();
+  r.Add(v1::REPLICA_ROLE_REWARD, "busy:1", /*load=*/5);
+  r.Add(v1::REPLICA_ROLE_REWARD, "idle:2", /*load=*/1);
+  r.Add(v1::REPLICA_ROLE_BUFFER, "buffer:3");
+  EXPECT_EQ(*ResolvePeerAddress(r.core, v1::REPLICA_ROLE_REWARD, "", "reward"), "idle:2");
+  EXPECT_EQ(*ResolvePeerAddress(r.core, v1::REPLICA_ROLE_REWARD, "flag:9", "reward"), "flag:9");
+  EXPECT_EQ(*ResolvePeerAddress(r.core, v1::REPLICA_ROLE_BUFFER, "", "buffer"), "buffer:3");
+  EXPECT_FALSE(ResolvePeerAddress(r.core, v1::REPLICA_ROLE_TRAINER, "", "trainer").ok());
+  r.Add(v1::REPLICA_ROLE_ROLLOUT, "rollout:5");
+  r.Add(v1::REPLICA_ROLE_ROLLOUT, "rollout:4");
+  EXPECT_EQ(RolloutAddressesForRun(r.core, "rollout:4,flag:7"),
+            (std::vector<std::string>{"flag:7", "rollout:4", "rollout:5"}));
+}
+
+TEST(Discovery, RegisteredRolloutReplicasJoinTheActiveRunAndDeregisteredOnesLeaveDrained) {
+  Registry r;
+  auto factory = [&r]() -> absl::StatusOr<RunPeers> {
+    RunPeers peers;
+    for (const std::string& a : RolloutAddressesForRun(r.core, "a")) {
+      peers.rollouts.push_back(std::make_unique<FakeRollout>(a));
+    }
+    peers.reward = std::make_unique<FakeReward>();
+    peers.buffer = std::make_unique<FakeBuffer>();
+    peers.trainer = std::make_unique<FakeTrainer>();
+    return peers;
+  };
+  RunManager runs(factory, nullptr);
+  absl::Mutex mu;
+  std::map<std::string, FakeRollout*> made;  // what discovery made, by address
+  std::vector<std::string> logs;
+  auto discovery = RolloutDiscovery::Start(
+      &r.core, &runs,
+      [&](const std::string& address) -> absl::StatusOr<std::unique_ptr<RolloutReplica>> {
+        auto replica = std::make_unique<FakeRollout>(address);
+        absl::MutexLock lock(&mu);
+        made[address] = replica.get();
+        return replica;
+      },
+      [&](const std::string& line) {
+        absl::MutexLock lock(&mu);
+        logs.push_back(line);
+      });
+  ASSERT_TRUE(discovery.ok()) << discovery.status();
+  // Registered before the run: in it from the start (the run lists the registry).
+  r.Add(v1::REPLICA_ROLE_ROLLOUT, "early:1");
+  v1::RunConfig c;
+  c.set_total_steps(0);  // until stopped
+  c.set_batch_size(2);
+  c.set_group_size(2);
+  c.set_eval_interval_steps(1);
+  ASSERT_TRUE(runs.Start(c, "").ok());
+  auto has = [&](const std::string& a) {
+    auto all = runs.RolloutAddresses();
+    return std::find(all.begin(), all.end(), a) != all.end();
+  };
+  ASSERT_TRUE(Eventually([&] { return has("a") && has("early:1"); }));
+  // Registered during the run: joins it with the run's weights.
+  r.Add(v1::REPLICA_ROLE_ROLLOUT, "late:2");
+  ASSERT_TRUE(Eventually([&] { return has("late:2"); }));
+  FakeRollout* late = nullptr;
+  {
+    absl::MutexLock lock(&mu);
+    late = made["late:2"];
+  }
+  ASSERT_NE(late, nullptr);
+  // Admitted with the current weights (the run has published at least version 1),
+  // then given prompts.
+  ASSERT_TRUE(Eventually([&] { return late->prompts() > 0; }));
+  EXPECT_GT(late->version(), 0u);
+  // Deregistered: leaves the run drained.
+  r.Remove("late:2");
+  ASSERT_TRUE(Eventually([&] { return !has("late:2"); }));
+  EXPECT_TRUE(late->drained());
+  EXPECT_TRUE(has("early:1"));
+  v1::StopRunResponse stopped;
+  ASSERT_TRUE(runs.Stop("", absl::Seconds(30), &stopped).ok());
+  discovery->reset();
+  absl::MutexLock lock(&mu);
+  EXPECT_TRUE(logs.empty()) << logs.front();
 }
 
 }  // namespace

@@ -1,0 +1,93 @@
+#include "services/controller/discovery.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace rlfleet::controller {
+namespace {
+
+std::vector<v1::ReplicaInfo> Registered(ControllerCore& core, v1::ReplicaRole role) {
+  v1::ListReplicasRequest request;
+  request.set_role(role);
+  request.mutable_page()->set_page_size(kMaxPageSize);
+  v1::ListReplicasResponse response;
+  if (!core.ListReplicas(request, &response).ok()) return {};
+  return {response.replicas().begin(), response.replicas().end()};
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolvePeerAddress(ControllerCore& core, v1::ReplicaRole role,
+                                               const std::string& flag_value, absl::string_view flag_name) {
+  if (!flag_value.empty()) return flag_value;
+  const v1::ReplicaInfo* best = nullptr;
+  uint64_t best_load = 0;
+  const std::vector<v1::ReplicaInfo> replicas = Registered(core, role);
+  for (const v1::ReplicaInfo& r : replicas) {
+    const uint64_t load = uint64_t{r.load().inflight_requests()} + r.load().queued_requests();
+    if (best == nullptr || load < best_load) {
+      best = &r;
+      best_load = load;
+    }
+  }
+  if (best == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("the controller knows no ", flag_name,
+                                                      " service: none registered (--registry_address) and no --",
+                                                      flag_name));
+  }
+  return best->grpc_address();
+}
+
+std::vector<std::string> RolloutAddressesForRun(ControllerCore& core, const std::string& flag_addresses) {
+  std::set<std::string> addresses;
+  for (absl::string_view a : absl::StrSplit(flag_addresses, ',', absl::SkipEmpty())) {
+    addresses.insert(std::string(a));
+  }
+  for (const v1::ReplicaInfo& r : Registered(core, v1::REPLICA_ROLE_ROLLOUT)) addresses.insert(r.grpc_address());
+  return {addresses.begin(), addresses.end()};
+}
+
+absl::StatusOr<std::unique_ptr<RolloutDiscovery>> RolloutDiscovery::Start(ControllerCore* core, RunManager* runs,
+                                                                           MakeReplica make, Log log) {
+  v1::WatchReplicasRequest watch;
+  watch.set_role(v1::REPLICA_ROLE_ROLLOUT);
+  auto sub = core->Watch(watch);
+  if (!sub.ok()) return sub.status();
+  return std::unique_ptr<RolloutDiscovery>(new RolloutDiscovery(*sub, runs, std::move(make), std::move(log)));
+}
+
+RolloutDiscovery::RolloutDiscovery(std::shared_ptr<registry::Subscription> sub, RunManager* runs, MakeReplica make,
+                                   Log log)
+    : sub_(std::move(sub)), runs_(runs), make_(std::move(make)), log_(std::move(log)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+RolloutDiscovery::~RolloutDiscovery() {
+  stopping_ = true;
+  sub_->Close();
+  thread_.join();
+}
+
+void RolloutDiscovery::Loop() {
+  while (!stopping_) {
+    std::optional<v1::ReplicaEvent> event = sub_->Next(absl::Milliseconds(500));
+    if (!event) continue;
+    const std::string& address = event->replica().grpc_address();
+    absl::Status s;
+    if (event->type() == v1::REPLICA_EVENT_TYPE_ADDED) {
+      auto replica = make_(address);
+      s = replica.ok() ? runs_->AdmitRollout(std::move(*replica)) : replica.status();
+    } else if (event->type() == v1::REPLICA_EVENT_TYPE_REMOVED || event->type() == v1::REPLICA_EVENT_TYPE_EXPIRED) {
+      s = runs_->RemoveRollout(address);
+    }
+    // No active run (it lists the registry when it starts), or already in / out of
+    // the pool: nothing to do.
+    if (!s.ok() && !absl::IsFailedPrecondition(s) && !absl::IsAlreadyExists(s) && !absl::IsNotFound(s) && log_) {
+      log_(absl::StrCat("discovery: rollout replica ", address, ": ", s.ToString()));
+    }
+  }
+}
+
+}  // namespace rlfleet::controller

@@ -1,0 +1,60 @@
+// Registry discovery for runs (free of gRPC): where a run's reward, buffer and trainer
+// are (a flag, else the registry), which rollout replicas a new run starts with, and
+// RolloutDiscovery, which admits rollout replicas that register into the active run
+// and drains those that deregister or expire.
+#ifndef RLFLEET_SERVICES_CONTROLLER_DISCOVERY_H_
+#define RLFLEET_SERVICES_CONTROLLER_DISCOVERY_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "libs/registry/watch.h"
+#include "services/controller/controller_core.h"
+#include "services/controller/run_manager.h"
+
+namespace rlfleet::controller {
+
+// The address of the `role` service a run uses: `flag_value` when set, else the
+// registered replica of that role with the fewest in-flight + queued requests (ties:
+// the first listed). FAILED_PRECONDITION naming the role and `flag_name` when neither.
+absl::StatusOr<std::string> ResolvePeerAddress(ControllerCore& core, v1::ReplicaRole role,
+                                               const std::string& flag_value, absl::string_view flag_name);
+
+// A new run's rollout replicas: `flag_addresses` (comma-separated) and every registered
+// rollout replica, each once, sorted.
+std::vector<std::string> RolloutAddressesForRun(ControllerCore& core, const std::string& flag_addresses);
+
+class RolloutDiscovery {
+ public:
+  using MakeReplica = std::function<absl::StatusOr<std::unique_ptr<RolloutReplica>>(const std::string& address)>;
+  using Log = std::function<void(const std::string&)>;
+
+  // Watches `core` for rollout replicas on a thread of its own: ADDED -> the active
+  // run admits the replica (with its current weights), REMOVED / EXPIRED -> it leaves
+  // drained. Without an active run nothing happens (a run lists the registry when it
+  // starts). Other failures go to `log`. `core` and `runs` must outlive it.
+  static absl::StatusOr<std::unique_ptr<RolloutDiscovery>> Start(ControllerCore* core, RunManager* runs,
+                                                                 MakeReplica make, Log log);
+  ~RolloutDiscovery();  // stops watching and joins
+
+ private:
+  RolloutDiscovery(std::shared_ptr<registry::Subscription> sub, RunManager* runs, MakeReplica make, Log log);
+  void Loop();
+
+  const std::shared_ptr<registry::Subscription> sub_;
+  RunManager* const runs_;
+  const MakeReplica make_;
+  const Log log_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace rlfleet::controller
+
+#endif  // RLFLEET_SERVICES_CONTROLLER_DISCOVERY_H_
