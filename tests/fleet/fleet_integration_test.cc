@@ -8,13 +8,16 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <set>
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
@@ -104,8 +107,9 @@ TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {
 // Reward, buffer, `rollouts` rollout replicas (a tiny model, no weights yet) and a
 // trainer publishing into TEST_TMPDIR/<name>: each a real process on a free port.
 struct LoopFleet {
-  LoopFleet(const std::string& name, int rollouts) {
-    const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
+  // `model`: the rollout's and trainer's model flags (default: a tiny model).
+  LoopFleet(const std::string& name, int rollouts,
+            const std::vector<std::string>& model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"}) {
     r = Start(reward, "services/reward/rlfleet-reward", {});
     b = Start(buffer, "services/buffer/rlfleet-buffer", {});
     for (int i = 0; i < rollouts; ++i) {
@@ -173,6 +177,51 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   EXPECT_EQ(rows[0], "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact");
   EXPECT_TRUE(absl::EndsWith(rows[1], ",nan")) << rows[1];
   EXPECT_FALSE(absl::EndsWith(rows[4], ",nan")) << rows[4];
+  fleet.Stop();
+}
+
+// Learning through the real processes: GRPO on reverse with 1-2 digit inputs (32 prompts
+// x 8 samples a step, lr 2e-3, the default model) for 40 steps. Each step's training
+// reward is a mean over 256 scored samples. Measured here in 8 runs: the first 10 steps
+// averaged -0.02 to 0.03 (a policy that has not learned yet), the last 10 0.65 to 0.98;
+// how fast it learns varies (the takeoff step moves), so the smallest rise seen was 0.62.
+// The test asks for a rise of at least 0.2: several times the step-to-step noise of a
+// policy that does not learn (10-step means within ~0.05), a third of the slowest
+// learning seen.
+TEST(Fleet, TheLoopRaisesTheTrainingRewardClearly) {
+  LoopFleet fleet("weights-learn", 1, {});
+  ASSERT_TRUE(fleet.ok());
+  const std::string run_dir = std::string(std::getenv("TEST_TMPDIR")) + "/run-learn";
+  Subprocess loop;
+  ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + fleet.rollouts(),
+                          "--loop_reward=" + fleet.r, "--loop_buffer=" + fleet.b, "--loop_trainer=" + fleet.t,
+                          "--steps=40", "--eval_every=0", "--loop_prompts=32", "--loop_samples=8", "--min_len=1",
+                          "--max_len=2", "--lr=2e-3", "--entropy_coef=0.03", "--run_dir=" + run_dir,
+                          "--timeout=120s"})
+                  .ok());
+  auto done = loop.Wait(absl::Seconds(240));
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(WEXITSTATUS(*done), 0) << loop.output();
+  std::ifstream csv(run_dir + "/metrics.csv");
+  std::vector<double> reward;
+  std::string line;
+  std::getline(csv, line);
+  ASSERT_TRUE(absl::StartsWith(line, "step,seconds,policy_version,train_reward")) << line;
+  while (std::getline(csv, line)) {
+    std::vector<std::string> fields = absl::StrSplit(line, ',');
+    ASSERT_GE(fields.size(), 4u) << line;
+    double r = 0;
+    ASSERT_TRUE(absl::SimpleAtod(fields[3], &r)) << line;
+    reward.push_back(r);
+  }
+  ASSERT_EQ(reward.size(), 40u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 10; ++i) {
+    first += reward[i] / 10;
+    last += reward[30 + i] / 10;
+  }
+  EXPECT_GE(last - first, 0.2) << "first 10 steps " << first << ", last 10 " << last << "\n" << loop.output();
+  std::cout << "train reward: first 10 steps " << first << ", last 10 " << last << std::endl;
   fleet.Stop();
 }
 
