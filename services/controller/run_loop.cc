@@ -1,6 +1,7 @@
 #include "services/controller/run_loop.h"
 
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <thread>
 
@@ -87,58 +88,104 @@ void RolloutPool::Drop(Replica& replica, const absl::Status& why, const std::str
 absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request,
                                    v1::GenerateBatchResponse* response) {
   absl::MutexLock lock(&mu_);
-  std::vector<int> pending(request.prompts_size());
-  for (int i = 0; i < request.prompts_size(); ++i) pending[i] = i;
-  std::vector<v1::GenerateBatchResponse> per_prompt(request.prompts_size());
-  const int samples = request.num_samples();
-  for (int attempt = 0; !pending.empty(); ++attempt) {
-    std::vector<size_t> alive;
-    for (size_t r = 0; r < replicas_.size(); ++r) {
-      if (replicas_[r].alive) alive.push_back(r);
-    }
-    if (alive.empty()) return absl::UnavailableError("no rollout replica left");
-    // Contiguous shares of the pending prompts, one per live replica.
-    const size_t n = std::min(alive.size(), pending.size());
-    std::vector<std::vector<int>> shares(n);
-    for (size_t i = 0; i < pending.size(); ++i) shares[i * n / pending.size()].push_back(pending[i]);
-    std::vector<absl::Status> status(n);
-    std::vector<v1::GenerateBatchResponse> replies(n);
-    std::vector<std::thread> threads;
-    for (size_t k = 0; k < n; ++k) {
-      threads.emplace_back([&, k] {
-        v1::GenerateBatchRequest part = request;
-        part.clear_prompts();
-        part.set_request_id(absl::StrCat(request.request_id(), "-a", attempt, "-r", k));
-        for (int i : shares[k]) *part.add_prompts() = request.prompts(i);
-        status[k] = replicas_[alive[k]].peer->GenerateBatch(part, &replies[k]);
-      });
-    }
-    for (auto& t : threads) t.join();
-    std::vector<int> again;
-    for (size_t k = 0; k < n; ++k) {
-      if (!status[k].ok()) {
-        if (!ReplicaFailure(status[k])) return status[k];
-        Drop(replicas_[alive[k]], status[k],
-             absl::StrCat("; re-dispatching its ", shares[k].size(), " prompts"));
-        again.insert(again.end(), shares[k].begin(), shares[k].end());
-        continue;
+  std::vector<size_t> alive;
+  for (size_t r = 0; r < replicas_.size(); ++r) {
+    if (replicas_[r].alive) alive.push_back(r);
+  }
+  if (alive.empty()) return absl::UnavailableError("no rollout replica left");
+  // The prompts in chunks that the replicas take as they finish, so that a replica
+  // with less load (or more speed) takes more; each replica has two calls in flight,
+  // so its continuous batching always has the next chunk to take in. A chunk whose
+  // replica failed goes back on the queue for the others; the replica is dropped.
+  constexpr int kCallsInFlight = 2;
+  const int prompts = request.prompts_size(), samples = request.num_samples();
+  const int chunk = std::max<int>(
+      1, (prompts + 2 * kCallsInFlight * alive.size() - 1) / (2 * kCallsInFlight * alive.size()));
+  std::deque<std::vector<int>> queue;
+  for (int i = 0; i < prompts; i += chunk) {
+    std::vector<int>& c = queue.emplace_back();
+    for (int k = i; k < std::min(prompts, i + chunk); ++k) c.push_back(k);
+  }
+  std::vector<v1::GenerateBatchResponse> per_prompt(prompts);
+  absl::Mutex work_mu;
+  int in_flight = 0, calls = 0;
+  absl::Status fatal;
+  std::vector<absl::Status> failure(alive.size());  // the first failure of each replica
+  std::vector<int> requeued(alive.size(), 0);
+  std::vector<RolloutReplica*> peers;
+  for (size_t r : alive) peers.push_back(replicas_[r].peer.get());
+  // Every live replica's first call is set before any is made: each gets work.
+  std::vector<std::vector<int>> first(alive.size());
+  for (size_t k = 0; k < alive.size() && !queue.empty(); ++k) {
+    first[k] = std::move(queue.front());
+    queue.pop_front();
+    ++in_flight;
+  }
+  auto worker = [&](size_t k, bool starts) {
+    RolloutReplica* peer = peers[k];
+    while (true) {
+      std::vector<int> mine;
+      v1::GenerateBatchRequest part = request;
+      {
+        absl::MutexLock work(&work_mu);
+        if (starts && !first[k].empty()) {
+          mine = std::move(first[k]);
+          starts = false;
+        } else {
+          // Wait for a chunk while others still hold some (theirs may come back).
+          auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(work_mu) {
+            return !queue.empty() || in_flight == 0 || !fatal.ok() || !failure[k].ok();
+          };
+          work_mu.Await(absl::Condition(&ready));
+          if (queue.empty() || !fatal.ok() || !failure[k].ok()) return;
+          mine = std::move(queue.front());
+          queue.pop_front();
+          ++in_flight;
+        }
+        part.set_request_id(absl::StrCat(request.request_id(), "-c", calls++));
       }
-      if (replies[k].completions_size() != static_cast<int>(shares[k].size()) * samples) {
-        return absl::InternalError(absl::StrCat("rollout replica ", replicas_[alive[k]].peer->address(),
-                                                " returned ", replies[k].completions_size(),
-                                                " completions for ", shares[k].size(), " prompts x ",
-                                                samples));
+      part.clear_prompts();
+      for (int i : mine) *part.add_prompts() = request.prompts(i);
+      v1::GenerateBatchResponse reply;
+      absl::Status s = peer->GenerateBatch(part, &reply);
+      if (s.ok() && reply.completions_size() != static_cast<int>(mine.size()) * samples) {
+        s = absl::InternalError(absl::StrCat("rollout replica ", peer->address(), " returned ",
+                                             reply.completions_size(), " completions for ", mine.size(),
+                                             " prompts x ", samples));
       }
-      for (size_t j = 0; j < shares[k].size(); ++j) {
-        for (int s = 0; s < samples; ++s) {
-          *per_prompt[shares[k][j]].add_completions() =
-              std::move(*replies[k].mutable_completions(static_cast<int>(j) * samples + s));
+      if (s.ok()) {  // each prompt belongs to one chunk: no two workers write one slot
+        for (size_t j = 0; j < mine.size(); ++j) {
+          for (int x = 0; x < samples; ++x) {
+            *per_prompt[mine[j]].add_completions() =
+                std::move(*reply.mutable_completions(static_cast<int>(j) * samples + x));
+          }
         }
       }
+      absl::MutexLock work(&work_mu);
+      --in_flight;
+      if (s.ok()) continue;
+      if (!ReplicaFailure(s)) {
+        if (fatal.ok()) fatal = s;
+        return;
+      }
+      if (failure[k].ok()) failure[k] = s;
+      requeued[k] += mine.size();
+      queue.push_back(std::move(mine));
+      return;
     }
-    std::sort(again.begin(), again.end());
-    pending = std::move(again);
+  };
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < alive.size(); ++k) {
+    for (int c = 0; c < kCallsInFlight; ++c) threads.emplace_back(worker, k, /*starts=*/c == 0);
   }
+  for (auto& t : threads) t.join();
+  for (size_t k = 0; k < alive.size(); ++k) {
+    if (!failure[k].ok()) {
+      Drop(replicas_[alive[k]], failure[k], absl::StrCat("; re-dispatching its ", requeued[k], " prompts"));
+    }
+  }
+  if (!fatal.ok()) return fatal;
+  if (!queue.empty()) return absl::UnavailableError("no rollout replica left");
   for (auto& p : per_prompt) {
     for (auto& c : *p.mutable_completions()) *response->add_completions() = std::move(c);
   }

@@ -4,6 +4,7 @@
 #include "services/controller/run_loop.h"
 #include "services/controller/run_manager.h"
 
+#include <atomic>
 #include <map>
 
 #include <set>
@@ -24,11 +25,13 @@ namespace {
 // Answers every prompt correctly; can be made to fail from its n-th call on.
 class FakeRollout : public RolloutReplica {
  public:
-  FakeRollout(std::string address, int fail_from_call = -1, absl::Status failure = absl::UnavailableError("gone"))
-      : address_(std::move(address)), fail_from_(fail_from_call), failure_(std::move(failure)) {}
+  FakeRollout(std::string address, int fail_from_call = -1, absl::Status failure = absl::UnavailableError("gone"),
+              absl::Duration latency = absl::ZeroDuration())
+      : address_(std::move(address)), fail_from_(fail_from_call), failure_(std::move(failure)), latency_(latency) {}
   std::string address() const override { return address_; }
   absl::Status GenerateBatch(const v1::GenerateBatchRequest& request,
                              v1::GenerateBatchResponse* response) override {
+    absl::SleepFor(latency_);  // a slow (or loaded) replica
     absl::MutexLock lock(&mu_);
     if (fail_from_ >= 0 && calls_ >= fail_from_) return failure_;
     ++calls_;
@@ -57,17 +60,16 @@ class FakeRollout : public RolloutReplica {
   }
   absl::Status Drain() override {
     absl::MutexLock lock(&mu_);
-    drained_ = true;
+    *drained_ = true;
     return absl::OkStatus();
   }
   uint64_t version() {
     absl::MutexLock lock(&mu_);
     return version_;
   }
-  bool drained() {
-    absl::MutexLock lock(&mu_);
-    return drained_;
-  }
+  // Whether it was drained; the flag outlives the replica (a pool that removes a
+  // replica destroys it).
+  std::shared_ptr<std::atomic<bool>> drained_flag() const { return drained_; }
   int prompts() {
     absl::MutexLock lock(&mu_);
     return prompts_;
@@ -77,10 +79,11 @@ class FakeRollout : public RolloutReplica {
   const std::string address_;
   const int fail_from_;
   const absl::Status failure_;
+  const absl::Duration latency_;
   absl::Mutex mu_;
   int calls_ = 0, prompts_ = 0, ids_ = 0, updates_ = 0;
   uint64_t version_ = 0;
-  bool drained_ = false;
+  const std::shared_ptr<std::atomic<bool>> drained_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 class FakeReward : public RewardPeer {
@@ -183,9 +186,34 @@ TEST(RunLoop, AReplicaThatDiesLosesNothing) {
   EXPECT_GT(a->prompts(), 3 * 6);
 }
 
+TEST(RolloutPool, EveryReplicaGetsWorkAndAFasterOneTakesMore) {
+  auto fast = std::make_unique<FakeRollout>("fast");
+  auto slow = std::make_unique<FakeRollout>("slow", -1, absl::OkStatus(), absl::Milliseconds(50));
+  FakeRollout* f = fast.get();
+  FakeRollout* s = slow.get();
+  RolloutPool pool(Pool(std::move(fast), std::move(slow)), nullptr);
+  v1::GenerateBatchRequest request;
+  request.set_num_samples(2);
+  for (int i = 0; i < 32; ++i) {
+    v1::BatchPrompt* p = request.add_prompts();
+    p->set_task("reverse");
+    p->set_prompt_id(absl::StrCat("reverse:", 100 + i));
+    p->set_group_id(absl::StrCat("g", i));
+  }
+  v1::GenerateBatchResponse response;
+  ASSERT_TRUE(pool.Generate(request, &response).ok());
+  // All completions, in prompt order.
+  ASSERT_EQ(response.completions_size(), 64);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(response.completions(2 * i).group_id(), absl::StrCat("g", i));
+  EXPECT_EQ(f->prompts() + s->prompts(), 32);
+  EXPECT_GT(s->prompts(), 0);
+  EXPECT_GT(f->prompts(), 2 * s->prompts()) << "fast " << f->prompts() << ", slow " << s->prompts();
+}
+
 TEST(RunLoop, ReplicasJoinWithTheCurrentWeightsAndLeaveDrainedLosingNothing) {
   auto replica_a = std::make_unique<FakeRollout>("a");
   FakeRollout* a = replica_a.get();
+  auto a_drained = a->drained_flag();  // (a is destroyed once the pool removes it)
   std::vector<std::string> logs;
   FakeRun run(Pool(std::move(replica_a), std::make_unique<FakeRollout>("b")),
               [&](const std::string& l) { logs.push_back(l); });
@@ -213,7 +241,7 @@ TEST(RunLoop, ReplicasJoinWithTheCurrentWeightsAndLeaveDrainedLosingNothing) {
   ASSERT_NE(c, nullptr);
   EXPECT_GT(c->prompts(), 0) << "the new replica got no work";
   EXPECT_GT(e->prompts(), 0) << "the early replica never joined";
-  EXPECT_TRUE(a->drained());
+  EXPECT_TRUE(*a_drained);
   EXPECT_EQ(run.pool.Remove("a").code(), absl::StatusCode::kNotFound);
   const std::vector<std::string> left = run.pool.addresses();
   EXPECT_EQ(std::set<std::string>(left.begin(), left.end()), (std::set<std::string>{"b", "c", "early"}));
@@ -425,6 +453,7 @@ TEST(Discovery, RegisteredRolloutReplicasJoinTheActiveRunAndDeregisteredOnesLeav
     late = made["late:2"];
   }
   ASSERT_NE(late, nullptr);
+  auto late_drained = late->drained_flag();  // (late is destroyed once the run removes it)
   // Admitted with the current weights (the run has published at least version 1),
   // then given prompts.
   ASSERT_TRUE(Eventually([&] { return late->prompts() > 0; }));
@@ -432,7 +461,7 @@ TEST(Discovery, RegisteredRolloutReplicasJoinTheActiveRunAndDeregisteredOnesLeav
   // Deregistered: leaves the run drained.
   r.Remove("late:2");
   ASSERT_TRUE(Eventually([&] { return !has("late:2"); }));
-  EXPECT_TRUE(late->drained());
+  EXPECT_TRUE(*late_drained);
   EXPECT_TRUE(has("early:1"));
   v1::StopRunResponse stopped;
   ASSERT_TRUE(runs.Stop("", absl::Seconds(30), &stopped).ok());
