@@ -3,8 +3,10 @@
 # generation overlaps this step's training) on a fresh fleet each, for the same number
 # of steps; trained samples per second of each, and as its last line
 #   async_over_sync_throughput=<async / sync>
-# On 2 cores rollout and trainer share the cores, so the overlap cannot double anything
-# here; the table says what these cores allow. Writes bench/results/e2e.md (or $OUT).
+# Async can beat sync by at most (G + T + S) / max(G, T + S) (G generate+score, T train,
+# S weight sync per step, from the sync run's metrics.csv; printed), and only where
+# rollout and trainer have cores of their own; on 2 cores they share them. The table
+# says what these cores allow. Writes bench/results/e2e.md (or $OUT).
 #   bash bench/e2e.sh [steps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +50,19 @@ async_line=$(measure 1)
 echo "$async_line" >&2
 rate() { sed -E 's/.*: ([0-9.]+) samples\/s.*/\1/' <<< "$1"; }
 ratio=$(python3 -c "print(f'{$(rate "$async_line") / $(rate "$sync_line"):.3f}')")
+# The sync run's phases (metrics.csv): generate+score G, train T, weight sync S per
+# step. With generation on cores of its own, async overlaps G with T + S: at most
+# (G + T + S) / max(G, T + S) times sync.
+phases=$(python3 - "$DIR/run-0/metrics.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))[1:]  # step 1 warms up
+g = sum(float(r["generate_s"]) for r in rows) / len(rows)
+t = sum(float(r["train_s"]) for r in rows) / len(rows)
+s = sum(float(r["sync_s"]) for r in rows) / len(rows)
+print(f"generate+score {g*1e3:.0f} ms, train {t*1e3:.0f} ms, weight sync {s*1e3:.0f} ms per step; "
+      f"bound with separate cores: {(g + t + s) / max(g, t + s):.2f}")
+PY
+)
 mkdir -p "$(dirname "$OUT")"
 {
   echo "# e2e: sync vs async (k=1) on one 2-core machine"
@@ -57,7 +72,9 @@ mkdir -p "$(dirname "$OUT")"
   echo
   echo "- sync:  $sync_line"
   echo "- async: $async_line"
+  echo "- sync run's phases: $phases"
   echo
   echo "async_over_sync_throughput=$ratio"
 } > "$OUT"
+echo "sync run's phases: $phases"
 echo "async_over_sync_throughput=$ratio"

@@ -98,10 +98,12 @@ int StartRunAndWatch(ControllerClient& client) {
     const bool ended = status->state() == v1::RUN_STATE_COMPLETED || status->state() == v1::RUN_STATE_STOPPED ||
                        status->state() == v1::RUN_STATE_FAILED;
     const uint64_t step = status->step();
-    const std::string line =
-        absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  held-out exact %.3f", step,
-                        status->metrics().elapsed_ms() / 1000.0, status->policy_version().version(),
-                        status->metrics().reward_mean(), status->metrics().eval_exact_match());
+    const v1::MetricsSummary& m = status->metrics();
+    const std::string line = absl::StrFormat(
+        "step %4d  %6.1f s  policy v%-4d  train reward %.3f  %5.0f tok/s  staleness %.2f  sync %4.0f ms  "
+        "held-out exact %.3f",
+        step, m.elapsed_ms() / 1000.0, status->policy_version().version(), m.reward_mean(),
+        m.rollout_tokens_per_s(), m.mean_staleness(), m.weight_sync_ms(), m.eval_exact_match());
     if (step != printed && eval_every > 0 && (step % eval_every == 0 || ended)) {
       // A line to keep at every evaluation (and at the end).
       printed = step;
@@ -185,10 +187,10 @@ int RunLoop(const rpc::ClientOptions& base) {
     metrics.Add(p);
     last = p;
     if (!p.held_out_exact) return;
-    std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  entropy %.3f  "
-                                 "idle steps %d  held-out exact %.3f\n",
-                                 p.step, p.seconds, p.policy_version, p.train_reward, p.entropy, p.idle_steps,
-                                 *p.held_out_exact)
+    std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  %5.0f tok/s  "
+                                 "staleness %.2f  sync %4.0f ms  entropy %.3f  idle steps %d  held-out exact %.3f\n",
+                                 p.step, p.seconds, p.policy_version, p.train_reward, p.tokens_per_s,
+                                 p.mean_staleness, p.sync_seconds * 1e3, p.entropy, p.idle_steps, *p.held_out_exact)
               << std::flush;
   };
   std::atomic<bool> stop{false};

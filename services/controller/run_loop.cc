@@ -306,13 +306,19 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     RETURN_IF_ERROR(common::Annotate(buffer.Configure(configure), "buffer Configure"));
   }
   // The rollout replicas start from the trainer's weights (behaviour == policy at step 1).
+  double sync_seconds = 0;  // the last publish's
   auto publish = [&]() -> absl::Status {
+    const absl::Time begin = absl::Now();
+    auto timed = [&](absl::Status s) {
+      sync_seconds = absl::ToDoubleSeconds(absl::Now() - begin);
+      return s;
+    };
     v1::PublishWeightsResponse published;
     RETURN_IF_ERROR(common::Annotate(trainer.PublishWeights(&published), "PublishWeights"));
     v1::PrepareWeightsRequest update;
     *update.mutable_manifest() = published.manifest();
     *update.add_chunks()->mutable_source() = published.location();
-    return common::Annotate(rollout.UpdateWeights(update), "UpdateWeights");
+    return timed(common::Annotate(rollout.UpdateWeights(update), "UpdateWeights"));
   };
   RETURN_IF_ERROR(publish());
   absl::BitGen gen(std::seed_seq{config.seed});
@@ -326,12 +332,15 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     v1::GenerateBatchResponse generated;
     v1::ScoreResponse scored;
     absl::Status status;
+    double seconds = 0;
   };
   auto produce = [&](int step, std::vector<tasks::Example> examples) {
     auto p = std::make_shared<Produced>();
+    const absl::Time begin = absl::Now();
     p->status = RolloutAndScore(config, rollout, reward, examples, config.samples,
                                 static_cast<float>(config.temperature), step, absl::StrCat("s", step),
                                 &p->generated, &p->scored);
+    p->seconds = absl::ToDoubleSeconds(absl::Now() - begin);
     return p;
   };
   auto make_examples = [&]() {
@@ -389,16 +398,26 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     train.mutable_params()->mutable_optimizer()->set_learning_rate(static_cast<float>(config.lr));
     train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
     v1::TrainStepResponse trained;
+    const absl::Time train_begin = absl::Now();
     absl::Status ts = trainer.TrainStep(train, &trained);
+    progress.train_seconds = absl::ToDoubleSeconds(absl::Now() - train_begin);
     // UNAVAILABLE: every group had zero variance; nothing to learn this step.
     if (!ts.ok() && !absl::IsUnavailable(ts)) return at_step(common::Annotate(ts, "TrainStep"));
+    progress.sync_seconds = 0;
     if (ts.ok()) {
       progress.entropy = trained.metrics().entropy();
+      progress.loss = trained.metrics().loss();
+      progress.mean_staleness = trained.metrics().mean_staleness();
       progress.trained_sequences += trained.metrics().sequences();
       RETURN_IF_ERROR(at_step(publish()));
+      progress.sync_seconds = sync_seconds;
     } else {
       ++progress.idle_steps;
     }
+    uint64_t response_tokens = 0;
+    for (const v1::Experience& e : generated.completions()) response_tokens += e.response_token_ids_size();
+    progress.generate_seconds = now->seconds;
+    progress.tokens_per_s = now->seconds > 0 ? response_tokens / now->seconds : 0;
     progress.step = step;
     progress.train_reward = generated.completions_size() ? reward_sum / generated.completions_size() : 0;
     progress.policy_version = VersionOf(generated);

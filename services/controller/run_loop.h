@@ -130,6 +130,13 @@ struct LoopProgress {
   int idle_steps = 0;           // steps whose every group had zero reward variance
   uint64_t trained_sequences = 0;  // summed over the steps that trained
   std::optional<double> held_out_exact;
+  // This step's phases: generating and scoring its rollouts (in async mode that
+  // overlapped the previous step's training), TrainStep, and the weight sync
+  // (PublishWeights + every replica installing the version).
+  double generate_seconds = 0, train_seconds = 0, sync_seconds = 0;
+  double tokens_per_s = 0;    // response tokens of this step's rollouts / generate_seconds
+  float mean_staleness = 0;   // version lag of the trained batch (the trainer's figure)
+  float loss = 0;             // of the last step that trained
 };
 
 // INVALID_ARGUMENT naming the field for a config out of range or an unknown task.

@@ -211,6 +211,11 @@ void RunManager::Fill(v1::GetStatusResponse* response) {
   m->set_reward_mean(static_cast<float>(progress_.train_reward));
   m->set_eval_exact_match(last_exact_);
   m->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - started_));
+  m->set_rollout_tokens_per_s(progress_.tokens_per_s);
+  m->set_train_step_ms(progress_.train_seconds * 1e3);
+  m->set_weight_sync_ms(progress_.sync_seconds * 1e3);
+  m->set_mean_staleness(progress_.mean_staleness);
+  m->set_loss(progress_.loss);
   if (progress_.policy_version > response->policy_version().version()) {
     response->mutable_policy_version()->set_version(progress_.policy_version);
   }

@@ -13,14 +13,17 @@ absl::Status RunMetrics::Open(const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir, ec);
   csv_.open(dir / "metrics.csv");
   if (ec || !csv_) return absl::InternalError(absl::StrCat("cannot write ", (dir / "metrics.csv").string()));
-  csv_ << "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact\n" << std::flush;
+  csv_ << "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact,generate_s,train_s,sync_s,"
+          "tokens_per_s,mean_staleness\n"
+       << std::flush;
   return absl::OkStatus();
 }
 
 void RunMetrics::Add(const LoopProgress& p) {
-  csv_ << absl::StrFormat("%d,%.2f,%d,%.4f,%.4f,%d,%s\n", p.step, p.seconds, p.policy_version, p.train_reward,
-                          p.entropy, p.idle_steps,
-                          p.held_out_exact ? absl::StrFormat("%.4f", *p.held_out_exact) : "nan")
+  csv_ << absl::StrFormat("%d,%.2f,%d,%.4f,%.4f,%d,%s,%.3f,%.3f,%.3f,%.0f,%.3f\n", p.step, p.seconds,
+                          p.policy_version, p.train_reward, p.entropy, p.idle_steps,
+                          p.held_out_exact ? absl::StrFormat("%.4f", *p.held_out_exact) : "nan", p.generate_seconds,
+                          p.train_seconds, p.sync_seconds, p.tokens_per_s, p.mean_staleness)
        << std::flush;
 }
 

@@ -174,9 +174,19 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   std::vector<std::string> rows;
   for (std::string line; std::getline(csv, line);) rows.push_back(line);
   ASSERT_EQ(rows.size(), 5u);
-  EXPECT_EQ(rows[0], "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact");
-  EXPECT_TRUE(absl::EndsWith(rows[1], ",nan")) << rows[1];
-  EXPECT_FALSE(absl::EndsWith(rows[4], ",nan")) << rows[4];
+  EXPECT_EQ(rows[0],
+            "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact,generate_s,train_s,sync_s,"
+            "tokens_per_s,mean_staleness");
+  const std::vector<std::string> row1 = absl::StrSplit(rows[1], ','), row4 = absl::StrSplit(rows[4], ',');
+  ASSERT_EQ(row1.size(), 12u) << rows[1];
+  ASSERT_EQ(row4.size(), 12u) << rows[4];
+  EXPECT_EQ(row1[6], "nan") << rows[1];
+  EXPECT_NE(row4[6], "nan") << rows[4];
+  // Each step's phases were timed and tokens counted.
+  double generate_s = 0, tokens_per_s = 0;
+  ASSERT_TRUE(absl::SimpleAtod(row4[7], &generate_s) && absl::SimpleAtod(row4[10], &tokens_per_s)) << rows[4];
+  EXPECT_GT(generate_s, 0) << rows[4];
+  EXPECT_GT(tokens_per_s, 0) << rows[4];
   fleet.Stop();
 }
 
