@@ -33,9 +33,8 @@ absl::StatusOr<std::string> ResolvePeerAddress(ControllerCore& core, v1::Replica
     }
   }
   if (best == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("the controller knows no ", flag_name,
-                                                      " service: none registered (--registry_address) and no --",
-                                                      flag_name));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the controller knows no ", flag_name, " service: none registered (--registry_address) and no --", flag_name));
   }
   return best->grpc_address();
 }
@@ -50,7 +49,7 @@ std::vector<std::string> RolloutAddressesForRun(ControllerCore& core, const std:
 }
 
 absl::StatusOr<std::unique_ptr<RolloutDiscovery>> RolloutDiscovery::Start(ControllerCore* core, RunManager* runs,
-                                                                           MakeReplica make, Log log) {
+                                                                          MakeReplica make, Log log) {
   v1::WatchReplicasRequest watch;
   watch.set_role(v1::REPLICA_ROLE_ROLLOUT);
   auto sub = core->Watch(watch);

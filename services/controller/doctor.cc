@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "libs/nccl_tuning/nccl_env.h"
 
 extern char** environ;
 
@@ -20,45 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The variables NCCL 2.19 .. 2.28 reads (NVIDIA's environment-variable documentation).
-const std::set<std::string>& KnownNcclVariables() {
-  static const auto* known = new std::set<std::string>{
-      "NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_CHECK_POINTERS", "NCCL_CHECKS_DISABLE", "NCCL_COLLNET_ENABLE",
-      "NCCL_COLLNET_NODE_THRESHOLD", "NCCL_COMM_BLOCKING", "NCCL_COMM_ID", "NCCL_CONF_FILE", "NCCL_CROSS_NIC",
-      "NCCL_CUMEM_ENABLE", "NCCL_CUMEM_HOST_ENABLE", "NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS",
-      "NCCL_DMABUF_ENABLE", "NCCL_GRAPH_DUMP_FILE", "NCCL_GRAPH_FILE", "NCCL_GRAPH_MIXING_SUPPORT",
-      "NCCL_HOSTID", "NCCL_IB_ADAPTIVE_ROUTING", "NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE",
-      "NCCL_IB_AR_THRESHOLD", "NCCL_IB_DISABLE", "NCCL_IB_ECE_ENABLE", "NCCL_IB_FIFO_TC", "NCCL_IB_GID_INDEX",
-      "NCCL_IB_HCA", "NCCL_IB_MERGE_NICS", "NCCL_IB_MERGE_VFS", "NCCL_IB_PCI_RELAXED_ORDERING",
-      "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_RETRY_CNT", "NCCL_IB_ROCE_VERSION_NUM", "NCCL_IB_SL",
-      "NCCL_IB_SPLIT_DATA_ON_QPS", "NCCL_IB_TC", "NCCL_IB_TIMEOUT", "NCCL_IB_USE_INLINE",
-      "NCCL_IGNORE_CPU_AFFINITY", "NCCL_IGNORE_DISABLED_P2P", "NCCL_LAUNCH_MODE", "NCCL_LL128_BUFFSIZE",
-      "NCCL_LL_BUFFSIZE", "NCCL_LOCAL_REGISTER", "NCCL_MAX_CTAS", "NCCL_MAX_NCHANNELS",
-      "NCCL_MAX_P2P_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MIN_P2P_NCHANNELS",
-      "NCCL_MNNVL_ENABLE", "NCCL_NCHANNELS_PER_NET_PEER", "NCCL_NET", "NCCL_NET_DISABLE_INTRA",
-      "NCCL_NET_FORCE_FLUSH", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ", "NCCL_NET_OVERHEAD",
-      "NCCL_NET_PLUGIN", "NCCL_NET_SHARED_BUFFERS", "NCCL_NET_SHARED_COMMS", "NCCL_NSOCKS_PERTHREAD",
-      "NCCL_NTHREADS", "NCCL_NVB_DISABLE", "NCCL_NVLS_CHUNKSIZE", "NCCL_NVLS_ENABLE", "NCCL_NVLS_NCHANNELS",
-      "NCCL_P2P_DIRECT_DISABLE", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_P2P_NET_CHUNKSIZE",
-      "NCCL_P2P_NVL_CHUNKSIZE", "NCCL_P2P_PCI_CHUNKSIZE", "NCCL_P2P_READ_ENABLE", "NCCL_PROFILER_PLUGIN",
-      "NCCL_PROTO", "NCCL_PXN_DISABLE", "NCCL_RAS_ADDR", "NCCL_RAS_ENABLE", "NCCL_RAS_TIMEOUT_FACTOR",
-      "NCCL_RUNTIME_CONNECT", "NCCL_SET_STACK_SIZE", "NCCL_SET_THREAD_NAME", "NCCL_SHM_DISABLE",
-      "NCCL_SHM_USE_CUDA_MEMCPY", "NCCL_SINGLE_RING_THRESHOLD", "NCCL_SOCKET_FAMILY", "NCCL_SOCKET_IFNAME",
-      "NCCL_SOCKET_NTHREADS", "NCCL_SOCKET_RETRY_CNT", "NCCL_SOCKET_RETRY_SLEEP_MSEC", "NCCL_TOPO_DUMP_FILE",
-      "NCCL_TOPO_FILE", "NCCL_TUNER_PLUGIN", "NCCL_WIN_ENABLE", "NCCL_WORK_FIFO_DEPTH",
-  };
-  return *known;
-}
-
-// Variables with NCCL_ in their name that another layer reads, and what to use.
-const std::map<std::string, std::string>& ForeignNcclVariables() {
-  static const auto* foreign = new std::map<std::string, std::string>{
-      {"NCCL_ASYNC_ERROR_HANDLING", "PyTorch reads it (deprecated there for TORCH_NCCL_ASYNC_ERROR_HANDLING); NCCL ignores it"},
-      {"NCCL_BLOCKING_WAIT", "PyTorch reads it (now TORCH_NCCL_BLOCKING_WAIT); NCCL ignores it"},
-      {"NCCL_ENABLE_MONITORING", "PyTorch's (TORCH_NCCL_ENABLE_MONITORING); NCCL ignores it"},
-  };
-  return *foreign;
-}
+using nccl::ForeignNcclVariables;
+using nccl::KnownNcclVariables;
 
 std::string ReadTrimmed(const fs::path& path) {
   std::ifstream in(path);

@@ -16,10 +16,17 @@
 //   rlfleet doctor [--json] [--fleet]           network checklist on this host (--fleet: and
 //                                               across registered replicas); exit 1 on
 //                                               any failed check
+//   rlfleet nccl-profiles                       the NCCL tuning profiles (--nccl_profile of
+//                                               the services), as documented export lines
+//   rlfleet nccl-log FILE [--json]              summary of an NCCL_DEBUG=INFO log: version,
+//                                               ranks, network, channels, rings / trees,
+//                                               transports, warnings and errors
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
+#include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -38,6 +45,8 @@
 #include "services/controller/cli_loop.h"
 #include "services/controller/cli_util.h"
 #include "libs/metrics/http_server.h"
+#include "libs/nccl_tuning/nccl_env.h"
+#include "libs/nccl_tuning/nccl_log.h"
 #include "services/controller/doctor.h"
 #include "services/controller/controller_client.h"
 
@@ -48,7 +57,7 @@ ABSL_FLAG(std::string, rollout, "", "try: rollout replica address.");
 ABSL_FLAG(std::string, reward, "", "try: reward service address.");
 ABSL_FLAG(std::string, buffer, "", "try: buffer address (optional).");
 ABSL_FLAG(std::string, prompt, "reverse:12345", "try: the prompt.");
-ABSL_FLAG(bool, json, false, "doctor: print JSON instead of a table.");
+ABSL_FLAG(bool, json, false, "doctor, nccl-log: print JSON instead of a table.");
 ABSL_FLAG(bool, fleet, false,
           "doctor: also check across the replicas registered with --controller (NCCL_* settings that differ, "
           "clock skew).");
@@ -281,10 +290,27 @@ int Scale(ControllerClient& client, const std::string& spec) {
 int main(int argc, char** argv) {
   std::vector<std::string> args = rlfleet::common::ParseFlagsWithConfig(
       argc, argv, "rlfleet status|replicas|health|try|train|loop|run|stop|doctor [--controller=HOST:PORT]");
-  if (args.size() != 2 && !(args.size() == 3 && args[1] == "scale")) {
-    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop|run|stop|doctor|scale ROLE=N "
-                 "[--controller=HOST:PORT]\n";
+  if (args.size() != 2 && !(args.size() == 3 && (args[1] == "scale" || args[1] == "nccl-log"))) {
+    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop|run|stop|doctor|scale ROLE=N|"
+                 "nccl-profiles|nccl-log FILE [--controller=HOST:PORT]\n";
     return 2;
+  }
+  // Local commands: no controller.
+  if (args[1] == "nccl-profiles") {
+    std::cout << rlfleet::nccl::FormatNcclProfiles();
+    return 0;
+  }
+  if (args[1] == "nccl-log") {
+    std::ifstream in(args[2]);
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read ", args[2])));
+    std::stringstream text;
+    text << in.rdbuf();
+    const rlfleet::nccl::NcclLogSummary summary = rlfleet::nccl::ParseNcclLog(text.str());
+    if (summary.nccl_lines == 0) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(args[2], " has no NCCL lines (run with NCCL_DEBUG=INFO)")));
+    }
+    std::cout << rlfleet::nccl::FormatNcclLogSummary(summary, absl::GetFlag(FLAGS_json));
+    return summary.problems.empty() ? 0 : 1;
   }
   auto options = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_controller));
   if (!options.ok()) return Fail(options.status());
@@ -312,6 +338,7 @@ int main(int argc, char** argv) {
   }
   if (command == "stop") return rlfleet::controller::StopRun(**client);
   if (command == "scale") return Scale(**client, args[2]);
-  std::cerr << "rlfleet: unknown command `" << command << "` (status, replicas, health, try, train, loop, run, stop, doctor, scale)\n";
+  std::cerr << "rlfleet: unknown command `" << command
+            << "` (status, replicas, health, try, train, loop, run, stop, doctor, scale, nccl-profiles, nccl-log)\n";
   return 2;
 }

@@ -5,6 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "libs/common/config.h"
+#include "libs/nccl_tuning/nccl_env.h"
 #include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
 #include "services/rollout/rollout_core.h"
@@ -25,6 +26,10 @@ ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised mo
 int main(int argc, char** argv) {
   rlfleet::model::ConfigureBlas(argv);
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-rollout: policy replica.");
+  if (absl::Status s = rlfleet::nccl::ApplyNcclProfileFromFlags("rlfleet-rollout"); !s.ok()) {
+    std::cerr << "rlfleet-rollout: --nccl_profile: " << s << "\n";
+    return 2;
+  }
   auto options = rlfleet::rpc::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-rollout: " << options.status() << "\n";

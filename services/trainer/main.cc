@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "libs/dist/gloo_group.h"
 #include "libs/common/config.h"
+#include "libs/nccl_tuning/nccl_env.h"
 #include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
 #include "services/trainer/buffer_client.h"
@@ -34,6 +35,10 @@ ABSL_FLAG(std::string, publish_dir, "", "PublishWeights writes policy-v<N>.safet
 int main(int argc, char** argv) {
   rlfleet::model::ConfigureBlas(argv);
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-trainer: trainer (one rank).");
+  if (absl::Status s = rlfleet::nccl::ApplyNcclProfileFromFlags("rlfleet-trainer"); !s.ok()) {
+    std::cerr << "rlfleet-trainer: --nccl_profile: " << s << "\n";
+    return 2;
+  }
   auto options = rlfleet::rpc::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-trainer: " << options.status() << "\n";
