@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "libs/gpu/nvml.h"
 #include "libs/nccl_tuning/nccl_env.h"
 
 extern char** environ;
@@ -200,6 +201,27 @@ std::vector<CheckResult> CheckClockSkew(const std::vector<ClockSample>& samples)
   return results;
 }
 
+std::vector<CheckResult> CheckGpuMemory(const std::vector<GpuMemory>& gpus) {
+  std::vector<CheckResult> out;
+  for (const GpuMemory& g : gpus) {
+    const double free_fraction = g.total > 0 ? 1.0 - static_cast<double>(g.used) / g.total : 0.0;
+    const std::string detail =
+        absl::StrFormat("GPU %d (%s): %.1f of %.1f GiB free (%.0f%%)", g.index, g.name, (g.total - g.used) / 1073741824.0,
+                        g.total / 1073741824.0, free_fraction * 100);
+    if (free_fraction < 0.02) {
+      out.push_back({"gpu_memory", CheckStatus::kFail, detail,
+                     "free GPU memory first: find the processes with nvidia-smi, or shrink the KV cache / batch "
+                     "(rollout --max_batch) of what runs there"});
+    } else if (free_fraction < 0.10) {
+      out.push_back({"gpu_memory", CheckStatus::kWarn, detail,
+                     "under 10% free: a larger batch or another process will run out of memory"});
+    } else {
+      out.push_back({"gpu_memory", CheckStatus::kPass, detail, ""});
+    }
+  }
+  return out;
+}
+
 std::vector<CheckResult> RunLocalChecks() {
   std::map<std::string, std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
@@ -212,6 +234,14 @@ std::vector<CheckResult> RunLocalChecks() {
   out.push_back(CheckNcclDebug(env));
   for (auto& r : CheckNics("/sys/class/net")) out.push_back(std::move(r));
   for (auto& r : CheckGpuNuma("/sys/bus/pci/devices")) out.push_back(std::move(r));
+  absl::StatusOr<std::vector<gpu::GpuSample>> gpus = gpu::SampleGpus();
+  if (gpus.ok()) {
+    std::vector<GpuMemory> memory;
+    for (const gpu::GpuSample& g : *gpus) memory.push_back({g.index, g.name, g.memory_used, g.memory_total});
+    for (auto& r : CheckGpuMemory(memory)) out.push_back(std::move(r));
+  } else {
+    out.push_back({"gpu_memory", CheckStatus::kPass, absl::StrCat("not checked: ", gpus.status().message()), ""});
+  }
   return out;
 }
 

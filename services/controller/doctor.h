@@ -10,6 +10,7 @@
 #ifndef RLFLEET_SERVICES_CONTROLLER_DOCTOR_H_
 #define RLFLEET_SERVICES_CONTROLLER_DOCTOR_H_
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -40,6 +41,16 @@ std::vector<CheckResult> CheckNics(const std::string& sysfs_net);
 // Per NVIDIA PCI device under `sysfs_pci` (e.g. /sys/bus/pci/devices): its NUMA node and
 // the numactl line for its process; unknown node -> WARN.
 std::vector<CheckResult> CheckGpuNuma(const std::string& sysfs_pci);
+
+// One GPU's memory as NVML reports it (libs/gpu/nvml.h).
+struct GpuMemory {
+  int index = 0;
+  std::string name;
+  uint64_t used = 0, total = 0;  // bytes
+};
+// Per GPU: free memory under 10% of the total -> WARN, under 2% -> FAIL (the next
+// process, or a KV cache or batch sized for an empty GPU, runs out).
+std::vector<CheckResult> CheckGpuMemory(const std::vector<GpuMemory>& gpus);
 
 // Replicas as the registry lists them: id and labels ("env.NCCL_X" -> value).
 struct ReplicaLabels {

@@ -125,5 +125,22 @@ TEST(Doctor, JsonIsOneObjectPerCheck) {
   EXPECT_EQ(json, "[{\"check\": \"nccl_env\", \"status\": \"fail\", \"detail\": \"X=\\\"1\\\"\", \"fix\": \"unset X\"}]\n");
 }
 
+TEST(Doctor, GpuMemoryHeadroomWarnsUnderTenPercentAndFailsUnderTwo) {
+  const uint64_t gib = 1ull << 30;
+  auto results = CheckGpuMemory({{0, "NVIDIA H200", 20 * gib, 140 * gib},
+                                 {1, "NVIDIA H200", 130 * gib, 140 * gib},
+                                 {2, "NVIDIA H200", 139 * gib, 140 * gib}});
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0].status, CheckStatus::kPass);
+  EXPECT_EQ(results[0].detail, "GPU 0 (NVIDIA H200): 120.0 of 140.0 GiB free (86%)");
+  EXPECT_EQ(results[1].status, CheckStatus::kWarn);
+  EXPECT_EQ(results[2].status, CheckStatus::kFail);
+  EXPECT_TRUE(absl::StrContains(results[2].fix, "nvidia-smi")) << results[2].fix;
+  // This machine has no NVIDIA driver: the local run says so and does not fail on it.
+  for (const CheckResult& r : RunLocalChecks()) {
+    if (r.check == "gpu_memory") EXPECT_NE(r.status, CheckStatus::kFail) << r.detail;
+  }
+}
+
 }  // namespace
 }  // namespace rlfleet::controller
