@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "libs/common/status_macros.h"
+#include "libs/metrics/metrics.h"
 
 namespace rlfleet::transport {
 namespace {
@@ -55,11 +56,28 @@ constexpr absl::Duration kPoll = absl::Microseconds(100);
 
 class NcclTransport::Impl {
  public:
+  // Per-collective metrics in the process's registry (served at /metrics):
+  // rlfleet_nccl_op_seconds{op} from submission to completion on the GPU,
+  // rlfleet_nccl_bytes_total{op} and rlfleet_nccl_errors_total{op}.
+  struct OpMetrics {
+    explicit OpMetrics(const std::string& op)
+        : seconds(metrics::Global().AddHistogram("rlfleet_nccl_op_seconds",
+                                                 "NCCL operation time, submission to completion on the GPU.",
+                                                 {{"op", op}})),
+          bytes(metrics::Global().AddCounter("rlfleet_nccl_bytes_total", "Bytes NCCL operations moved.", {{"op", op}})),
+          errors(metrics::Global().AddCounter("rlfleet_nccl_errors_total", "NCCL operations that failed.",
+                                              {{"op", op}})) {}
+    metrics::Histogram* seconds;
+    metrics::Counter* bytes;
+    metrics::Counter* errors;
+  };
+
   struct Pending {
     cudaEvent_t event = nullptr;  // null until the op is enqueued
     std::shared_ptr<PendingCompletion> completion;
-    absl::Time deadline;
+    absl::Time submitted, deadline;
     uint64_t bytes = 0;
+    OpMetrics* metrics = nullptr;
   };
 
   explicit Impl(NcclOptions options) : options_(std::move(options)) {}
@@ -76,7 +94,10 @@ class NcclTransport::Impl {
   absl::StatusOr<uint8_t*> Resolve(const MemoryHandle& h, uint64_t offset, uint64_t length,
                                    absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_);
   // Enqueues `enqueue` (NCCL calls on stream_) and tracks its completion.
-  std::unique_ptr<Completion> Submit(uint64_t bytes, const std::function<absl::Status()>& enqueue);
+  std::unique_ptr<Completion> Submit(OpMetrics& op, uint64_t bytes, const std::function<absl::Status()>& enqueue);
+
+  OpMetrics send_recv_metrics_{"send_recv"};  // grouped Send / Recv
+  OpMetrics broadcast_metrics_{"broadcast"};
 
   const NcclOptions options_;
   ncclComm_t comm_ = nullptr;
@@ -165,6 +186,7 @@ void Impl::Abort(const absl::Status& why) {
   // Fail the waiters first: ncclCommAbort can block until work queued on the stream
   // ahead of NCCL's drains, and nobody should wait for that.
   for (Pending& p : failed) {
+    if (p.metrics != nullptr) p.metrics->errors->Add();
     p.completion->Finish(absl::UnavailableError(absl::StrCat("NCCL communicator aborted: ", why.message())), 0);
   }
   ncclCommAbort(comm_);  // makes kernels waiting on a dead rank give up
@@ -185,6 +207,8 @@ void Impl::Watch() {
         if (it->event != nullptr) {
           const cudaError_t q = cudaEventQuery(it->event);
           if (q == cudaSuccess) {
+            it->metrics->seconds->Observe(absl::ToDoubleSeconds(now - it->submitted));
+            it->metrics->bytes->Add(static_cast<double>(it->bytes));
             it->completion->Finish(absl::OkStatus(), it->bytes);
             cudaEventDestroy(it->event);
             it = pending_.erase(it);
@@ -262,7 +286,7 @@ absl::StatusOr<uint8_t*> Impl::Resolve(const MemoryHandle& h, uint64_t offset, u
   return static_cast<uint8_t*>(it->second.base) + offset;
 }
 
-std::unique_ptr<Completion> Impl::Submit(uint64_t bytes,
+std::unique_ptr<Completion> Impl::Submit(OpMetrics& op, uint64_t bytes,
                                          const std::function<absl::Status()>& enqueue) {
   auto completion = std::make_shared<PendingCompletion>();
   {
@@ -270,8 +294,10 @@ std::unique_ptr<Completion> Impl::Submit(uint64_t bytes,
     if (!aborted_.ok()) return CompletedWith(aborted_);
   }
   cudaSetDevice(options_.device);
+  const absl::Time submitted = absl::Now();
   absl::Status s = enqueue();
   if (!s.ok()) {
+    op.errors->Add();
     if (absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) {
       // Stuck in NCCL (a peer rank is gone): the communicator is aborted, and that
       // is what the caller hears, like every other operation on it from now on.
@@ -283,8 +309,10 @@ std::unique_ptr<Completion> Impl::Submit(uint64_t bytes,
   }
   Pending p;
   p.completion = completion;
+  p.submitted = submitted;
   p.deadline = absl::Now() + options_.op_timeout;
   p.bytes = bytes;
+  p.metrics = &op;
   s = CUDA_STATUS(cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming));
   if (s.ok()) s = CUDA_STATUS(cudaEventRecord(p.event, stream_));
   if (!s.ok()) return CompletedWith(s);
@@ -450,7 +478,7 @@ std::unique_ptr<Completion> NcclTransport::Grouped(const std::vector<GroupedOp>&
     resolved.emplace_back(*ptr, &op);
     bytes += op.length;
   }
-  return impl->Submit(bytes, [&]() -> absl::Status {
+  return impl->Submit(impl->send_recv_metrics_, bytes, [&]() -> absl::Status {
     const absl::Time deadline = absl::Now() + impl->options_.op_timeout;
     RETURN_IF_ERROR(NCCL_STATUS(ncclGroupStart()));
     for (auto& [ptr, op] : resolved) {
@@ -482,7 +510,7 @@ std::unique_ptr<Completion> NcclTransport::Broadcast(int root, const MemoryHandl
   }
   auto dst = impl->Resolve(recv, recv_offset, length, "Broadcast recv");
   if (!dst.ok()) return CompletedWith(dst.status());
-  return impl->Submit(length, [&]() -> absl::Status {
+  return impl->Submit(impl->broadcast_metrics_, length, [&]() -> absl::Status {
     const absl::Time deadline = absl::Now() + impl->options_.op_timeout;
     return impl->Settle(ncclBroadcast(src, *dst, length, ncclUint8, root, impl->comm_, impl->stream_),
                         "ncclBroadcast", deadline);

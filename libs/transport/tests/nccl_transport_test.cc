@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "libs/metrics/metrics.h"
 #include "libs/transport/tests/pattern.h"
 #include "libs/transport/tests/stall_kernel.h"
 
@@ -46,6 +48,14 @@ absl::Status Check(const MemoryHandle& h, uint64_t n, uint64_t seed) {
   return VerifyPattern(host.data(), n, seed, 0);
 }
 
+// The line of the process's /metrics text that starts with `series` ("" if none).
+std::string MetricLine(const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(metrics::Global().Render(), '\n')) {
+    if (absl::StartsWith(line, series + " ")) return std::string(line);
+  }
+  return "";
+}
+
 TEST(NcclTransport, CommunicatorLifecycleAndCapabilities) {
   for (int i = 0; i < 3; ++i) {  // create and destroy repeatedly: no leak, no hang
     auto t = OneRank();
@@ -68,10 +78,15 @@ TEST(NcclTransport, OneRankBroadcastIsByteExact) {
   auto dst = t->AllocateMemory(kSize, MemoryKind::kCuda, 0);
   ASSERT_TRUE(src.ok() && dst.ok());
   Upload(*src, kSize, 11);
+  const std::string bytes_before = MetricLine("rlfleet_nccl_bytes_total{op=\"broadcast\"}");
   auto done = t->Broadcast(0, *src, 0, *dst, 0, kSize);
   ASSERT_TRUE(done->Wait(absl::Seconds(30)).ok());
   EXPECT_EQ(done->bytes(), kSize);
   EXPECT_TRUE(Check(*dst, kSize, 11).ok());
+  // The collective's time and bytes are in the process's metrics.
+  EXPECT_TRUE(bytes_before.empty() || bytes_before != MetricLine("rlfleet_nccl_bytes_total{op=\"broadcast\"}"));
+  EXPECT_TRUE(absl::StrContains(metrics::Global().Render(), "rlfleet_nccl_op_seconds_count{op=\"broadcast\"} "));
+  EXPECT_FALSE(MetricLine("rlfleet_nccl_bytes_total{op=\"broadcast\"}").empty());
   EXPECT_TRUE(t->DeregisterMemory(*src).ok());
   EXPECT_TRUE(t->DeregisterMemory(*dst).ok());
 }
@@ -147,6 +162,7 @@ TEST(NcclTransport, OperationThatCannotFinishAbortsTheCommunicator) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "aborted")) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_FALSE(MetricLine("rlfleet_nccl_errors_total{op=\"send_recv\"}").empty());
   // Later operations fail at once.
   EXPECT_EQ((*t)->Send(1, 0, *src, 0, 16)->Wait(absl::Seconds(1)).code(),
             absl::StatusCode::kUnavailable);
