@@ -116,7 +116,8 @@ FaultTransport::Decision FaultTransport::Decide(uint64_t length) {
   Decision d;
   const uint64_t n = counters_.transfers++;
   d.delay = plan_.delay;
-  if (plan_.delay > absl::ZeroDuration()) ++counters_.delayed;
+  if (plan_.bytes_per_second > 0) d.delay += absl::Seconds(static_cast<double>(length) / plan_.bytes_per_second);
+  if (d.delay > absl::ZeroDuration()) ++counters_.delayed;
   if (plan_.fail_after >= 0 && n >= static_cast<uint64_t>(plan_.fail_after)) {
     ++counters_.failed;
     d.fate = Fate::kFail;

@@ -22,6 +22,9 @@ namespace rlfleet::transport {
 struct FaultPlan {
   // Every transfer completes no sooner than this after submission.
   absl::Duration delay = absl::ZeroDuration();
+  // With > 0, a slow link: every transfer also takes its length / bytes_per_second
+  // (on top of `delay`, which is then the link's latency).
+  double bytes_per_second = 0;
   // Probability that a transfer is silently lost: never submitted, never completes
   // (Wait returns DEADLINE_EXCEEDED), like a message into a black hole.
   double drop_probability = 0;

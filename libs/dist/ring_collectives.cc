@@ -1,0 +1,256 @@
+#include "libs/dist/ring_collectives.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "libs/common/status_macros.h"
+
+namespace rlfleet::dist {
+
+const char* WirePrecisionName(WirePrecision p) {
+  switch (p) {
+    case WirePrecision::kFp32: return "fp32";
+    case WirePrecision::kBf16: return "bf16";
+    case WirePrecision::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float FromBf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t ToFp16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow (>= 65520) -> inf
+  if (abs < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // under half the smallest subnormal
+    const uint32_t exponent = abs >> 23, mantissa = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exponent;  // 14 + (127 - exponent) - 1 + ... (to 10 mantissa bits)
+    uint32_t half = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1), midpoint = 1u << (shift - 1);
+    if (rest > midpoint || (rest == midpoint && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((abs >> 13) - (112u << 10));  // rebias exponent 127 -> 15
+  const uint32_t rest = abs & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+float FromFp16(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, u;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      exponent = 113;
+      while ((mantissa & 0x400u) == 0) {
+        mantissa <<= 1;
+        --exponent;
+      }
+      u = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+  } else if (exponent == 31) {
+    u = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    u = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+namespace {
+
+using transport::Completion;
+using transport::MemoryHandle;
+using transport::Transport;
+
+// A host buffer registered with every transport this rank uses; deregistered at the end.
+class Registered {
+ public:
+  Registered(const Links& links, void* base, uint64_t bytes) {
+    for (size_t r = 0; r < links.transport.size(); ++r) {
+      Transport* t = links.transport[r];
+      if (t == nullptr || static_cast<int>(r) == links.rank || handles_.count(t)) continue;
+      auto h = t->RegisterMemory(base, std::max<uint64_t>(bytes, 1));
+      if (!h.ok()) {
+        status_ = h.status();
+        return;
+      }
+      handles_[t] = *h;
+    }
+  }
+  ~Registered() {
+    for (auto& [t, h] : handles_) (void)t->DeregisterMemory(h);
+  }
+  const absl::Status& status() const { return status_; }
+  const MemoryHandle& on(Transport* t) const { return handles_.at(t); }
+
+ private:
+  std::map<Transport*, MemoryHandle> handles_;
+  absl::Status status_;
+};
+
+// This rank's buffers for one collective: the data itself, a receive buffer, and the
+// 16-bit staging buffers.
+struct Buffers {
+  Buffers(const Links& links, std::vector<float>& data)
+      : scratch(data.size()),
+        send16(data.size()),
+        recv16(data.size()),
+        data_reg(links, data.data(), data.size() * 4),
+        scratch_reg(links, scratch.data(), scratch.size() * 4),
+        send16_reg(links, send16.data(), send16.size() * 2),
+        recv16_reg(links, recv16.data(), recv16.size() * 2) {}
+  absl::Status status() const {
+    for (const Registered* r : {&data_reg, &scratch_reg, &send16_reg, &recv16_reg}) {
+      if (!r->status().ok()) return r->status();
+    }
+    return absl::OkStatus();
+  }
+  std::vector<float> scratch;
+  std::vector<uint16_t> send16, recv16;
+  Registered data_reg, scratch_reg, send16_reg, recv16_reg;
+};
+
+uint16_t Encode(WirePrecision p, float f) { return p == WirePrecision::kBf16 ? ToBf16(f) : ToFp16(f); }
+float Decode(WirePrecision p, uint16_t h) { return p == WirePrecision::kBf16 ? FromBf16(h) : FromFp16(h); }
+
+absl::Status WaitFor(Completion& c, const CollectiveOptions& options, const std::string& what) {
+  absl::Status s = c.Wait(options.timeout);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
+// Sends data[offset, +count) to `to` and receives `count` elements from `from` into
+// `out` (which is either added into data[recv_offset...] or copied there), in the wire
+// precision.
+absl::Status Exchange(std::vector<float>& data, Buffers& b, const Links& links, const CollectiveOptions& options,
+                      WirePrecision precision, uint64_t tag, int to, size_t send_offset, size_t send_count, int from,
+                      size_t recv_offset, size_t recv_count, bool add) {
+  Transport* tx = links.transport[to];
+  Transport* rx = links.transport[from];
+  std::unique_ptr<Completion> recv, send;
+  if (precision == WirePrecision::kFp32) {
+    recv = rx->Recv(links.peer[from], tag, b.scratch_reg.on(rx), recv_offset * 4, recv_count * 4);
+    send = tx->Send(links.peer[to], tag, b.data_reg.on(tx), send_offset * 4, send_count * 4);
+  } else {
+    for (size_t i = 0; i < send_count; ++i) b.send16[send_offset + i] = Encode(precision, data[send_offset + i]);
+    recv = rx->Recv(links.peer[from], tag, b.recv16_reg.on(rx), recv_offset * 2, recv_count * 2);
+    send = tx->Send(links.peer[to], tag, b.send16_reg.on(tx), send_offset * 2, send_count * 2);
+  }
+  RETURN_IF_ERROR(WaitFor(*send, options, absl::StrCat("rank ", links.rank, ": sending to rank ", to)));
+  RETURN_IF_ERROR(WaitFor(*recv, options, absl::StrCat("rank ", links.rank, ": receiving from rank ", from)));
+  for (size_t i = 0; i < recv_count; ++i) {
+    const float v = precision == WirePrecision::kFp32 ? b.scratch[recv_offset + i]
+                                                      : Decode(precision, b.recv16[recv_offset + i]);
+    data[recv_offset + i] = add ? data[recv_offset + i] + v : v;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ring(std::vector<float>& data, Buffers& b, const std::vector<int>& ring, const Links& links,
+                  const CollectiveOptions& options, WirePrecision precision, uint64_t tag) {
+  const int k = static_cast<int>(ring.size());
+  const auto it = std::find(ring.begin(), ring.end(), links.rank);
+  if (it == ring.end()) return absl::InvalidArgumentError(absl::StrCat("rank ", links.rank, " is not in the ring"));
+  if (k == 1) return absl::OkStatus();
+  const int pos = static_cast<int>(it - ring.begin());
+  const int next = ring[(pos + 1) % k], prev = ring[(pos + k - 1) % k];
+  const size_t n = data.size();
+  auto begin = [&](int c) { return static_cast<size_t>(c) * n / k; };
+  auto size = [&](int c) { return begin(c + 1) - begin(c); };
+  auto mod = [k](int x) { return ((x % k) + k) % k; };
+  for (int s = 0; s < k - 1; ++s) {  // reduce-scatter: chunk (pos + 1) ends complete here
+    const int send_c = mod(pos - s), recv_c = mod(pos - s - 1);
+    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, next, begin(send_c), size(send_c), prev,
+                             begin(recv_c), size(recv_c), /*add=*/true));
+  }
+  if (precision != WirePrecision::kFp32) {
+    // The chunk this rank owns goes out rounded: round it here too, so every rank
+    // ends with the same bits.
+    const int own = mod(pos + 1);
+    for (size_t i = begin(own); i < begin(own) + size(own); ++i) data[i] = Decode(precision, Encode(precision, data[i]));
+  }
+  for (int s = 0; s < k - 1; ++s) {  // all-gather
+    const int send_c = mod(pos + 1 - s), recv_c = mod(pos - s);
+    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, next, begin(send_c), size(send_c), prev,
+                             begin(recv_c), size(recv_c), /*add=*/false));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RingAllReduce(std::vector<float>& data, const std::vector<int>& ring, const Links& links,
+                           const CollectiveOptions& options) {
+  Buffers b(links, data);
+  RETURN_IF_ERROR(b.status());
+  return Ring(data, b, ring, links, options, options.precision, options.tag << 2);
+}
+
+absl::Status HierarchicalAllReduce(std::vector<float>& data, const Topology& topology, const Links& links,
+                                   const CollectiveOptions& options) {
+  if (links.rank < 0 || links.rank >= static_cast<int>(topology.node_of.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", links.rank, " is not in the topology"));
+  }
+  Buffers b(links, data);
+  RETURN_IF_ERROR(b.status());
+  const std::vector<int>& members = topology.node_ranks[topology.node_of[links.rank]];
+  const int leader = members.front();
+  const uint64_t tag = options.tag << 2;
+  const size_t n = data.size();
+  if (links.rank != leader) {
+    // 1. My part to the leader; 3. the total back.
+    Transport* t = links.transport[leader];
+    auto send = t->Send(links.peer[leader], tag + 1, b.data_reg.on(t), 0, n * 4);
+    RETURN_IF_ERROR(WaitFor(*send, options, absl::StrCat("rank ", links.rank, ": sending to its leader ", leader)));
+    auto recv = t->Recv(links.peer[leader], tag + 3, b.data_reg.on(t), 0, n * 4);
+    return WaitFor(*recv, options, absl::StrCat("rank ", links.rank, ": receiving from its leader ", leader));
+  }
+  // 1. The node's sum (members in order, so every run adds in the same order).
+  for (int m : members) {
+    if (m == leader) continue;
+    Transport* t = links.transport[m];
+    auto recv = t->Recv(links.peer[m], tag + 1, b.scratch_reg.on(t), 0, n * 4);
+    RETURN_IF_ERROR(WaitFor(*recv, options, absl::StrCat("leader ", leader, ": receiving from rank ", m)));
+    for (size_t i = 0; i < n; ++i) data[i] += b.scratch[i];
+  }
+  // 2. Across nodes.
+  RETURN_IF_ERROR(Ring(data, b, topology.leaders, links, options, options.precision, tag + 2));
+  // 3. Back to the node.
+  std::vector<std::unique_ptr<Completion>> sends;
+  for (int m : members) {
+    if (m == leader) continue;
+    Transport* t = links.transport[m];
+    sends.push_back(t->Send(links.peer[m], tag + 3, b.data_reg.on(t), 0, n * 4));
+  }
+  for (size_t i = 0; i < sends.size(); ++i) {
+    RETURN_IF_ERROR(WaitFor(*sends[i], options, absl::StrCat("leader ", leader, ": sending the total")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rlfleet::dist

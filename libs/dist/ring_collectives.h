@@ -1,0 +1,59 @@
+// All-reduce over libs/transport, flat (one ring over every rank) or hierarchical (reduce
+// to each node's leader over the node's fast links, all-reduce among the leaders across
+// nodes, broadcast back inside each node: topology.h), with an optional 16-bit wire
+// format (bf16 / fp16) that halves the bytes on the links it applies to. One call per
+// rank, every rank calling with the same arguments; a rank's thread blocks until its
+// part is done. Every wait has a deadline: a dead or silent peer is an error naming it
+// (DEADLINE_EXCEEDED, or the transport's UNAVAILABLE), never a hang.
+#ifndef RLFLEET_LIBS_DIST_RING_COLLECTIVES_H_
+#define RLFLEET_LIBS_DIST_RING_COLLECTIVES_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "libs/dist/topology.h"
+#include "libs/transport/transport.h"
+
+namespace rlfleet::dist {
+
+enum class WirePrecision { kFp32, kBf16, kFp16 };
+const char* WirePrecisionName(WirePrecision p);
+
+// How this rank reaches every other rank: the transport to use and that rank's PeerId
+// on it (a rank may reach same-node peers and other nodes' ranks over different
+// transports). Indexed by rank; this rank's own entry is unused.
+struct Links {
+  int rank = 0;
+  std::vector<transport::Transport*> transport;
+  std::vector<transport::PeerId> peer;
+};
+
+struct CollectiveOptions {
+  // Flat: every link. Hierarchical: the links between node leaders only (inside a node
+  // partial sums travel in fp32). Every rank ends with the same bits either way.
+  WirePrecision precision = WirePrecision::kFp32;
+  absl::Duration timeout = absl::Seconds(30);  // per transfer
+  uint64_t tag = 1;  // distinguishes concurrent collectives between the same ranks
+};
+
+// Sum of `data` over the ranks of `ring` (this rank among them), in ring order:
+// reduce-scatter, then all-gather, 2 (k - 1) steps of n / k elements.
+absl::Status RingAllReduce(std::vector<float>& data, const std::vector<int>& ring, const Links& links,
+                           const CollectiveOptions& options);
+
+// Sum of `data` over every rank of `topology`: reduce to the node's leader, RingAllReduce
+// among the leaders, the leader sends the result to its node's ranks.
+absl::Status HierarchicalAllReduce(std::vector<float>& data, const Topology& topology, const Links& links,
+                                   const CollectiveOptions& options);
+
+// The 16-bit wire formats (round to nearest even), exposed for tests.
+uint16_t ToBf16(float f);
+float FromBf16(uint16_t h);
+uint16_t ToFp16(float f);
+float FromFp16(uint16_t h);
+
+}  // namespace rlfleet::dist
+
+#endif  // RLFLEET_LIBS_DIST_RING_COLLECTIVES_H_
