@@ -171,35 +171,63 @@ absl::Status Exchange(std::vector<float>& data, Buffers& b, const Links& links, 
   return absl::OkStatus();
 }
 
-absl::Status Ring(std::vector<float>& data, Buffers& b, const std::vector<int>& ring, const Links& links,
-                  const CollectiveOptions& options, WirePrecision precision, uint64_t tag) {
-  const int k = static_cast<int>(ring.size());
-  const auto it = std::find(ring.begin(), ring.end(), links.rank);
-  if (it == ring.end()) return absl::InvalidArgumentError(absl::StrCat("rank ", links.rank, " is not in the ring"));
-  if (k == 1) return absl::OkStatus();
-  const int pos = static_cast<int>(it - ring.begin());
-  const int next = ring[(pos + 1) % k], prev = ring[(pos + k - 1) % k];
-  const size_t n = data.size();
-  auto begin = [&](int c) { return static_cast<size_t>(c) * n / k; };
-  auto size = [&](int c) { return begin(c + 1) - begin(c); };
-  auto mod = [k](int x) { return ((x % k) + k) % k; };
-  for (int s = 0; s < k - 1; ++s) {  // reduce-scatter: chunk (pos + 1) ends complete here
-    const int send_c = mod(pos - s), recv_c = mod(pos - s - 1);
-    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, next, begin(send_c), size(send_c), prev,
-                             begin(recv_c), size(recv_c), /*add=*/true));
+// A ring's view of one rank: its position, neighbours, and the chunking of the element
+// range [base, base + count) into one chunk per ring position.
+struct RingPlan {
+  int k = 1, pos = 0, next = 0, prev = 0;
+  size_t base = 0, count = 0;
+  size_t begin(int c) const { return base + static_cast<size_t>(c) * count / k; }
+  size_t size(int c) const { return begin(c + 1) - begin(c); }
+  int mod(int x) const { return ((x % k) + k) % k; }
+  // After the reduce-scatter this rank holds the complete sum of this chunk.
+  int owned() const { return mod(pos + 1); }
+};
+
+absl::StatusOr<RingPlan> PlanRing(const std::vector<int>& ring, int rank, size_t base, size_t count) {
+  const auto it = std::find(ring.begin(), ring.end(), rank);
+  if (it == ring.end()) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in the ring"));
+  RingPlan p;
+  p.k = static_cast<int>(ring.size());
+  p.pos = static_cast<int>(it - ring.begin());
+  p.next = ring[(p.pos + 1) % p.k];
+  p.prev = ring[(p.pos + p.k - 1) % p.k];
+  p.base = base;
+  p.count = count;
+  return p;
+}
+
+absl::Status ReduceScatter(std::vector<float>& data, Buffers& b, const RingPlan& p, const Links& links,
+                           const CollectiveOptions& options, WirePrecision precision, uint64_t tag) {
+  for (int s = 0; s < p.k - 1; ++s) {
+    const int send_c = p.mod(p.pos - s), recv_c = p.mod(p.pos - s - 1);
+    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, p.next, p.begin(send_c), p.size(send_c),
+                             p.prev, p.begin(recv_c), p.size(recv_c), /*add=*/true));
   }
-  if (precision != WirePrecision::kFp32) {
+  if (precision != WirePrecision::kFp32 && p.k > 1) {
     // The chunk this rank owns goes out rounded: round it here too, so every rank
     // ends with the same bits.
-    const int own = mod(pos + 1);
-    for (size_t i = begin(own); i < begin(own) + size(own); ++i) data[i] = Decode(precision, Encode(precision, data[i]));
-  }
-  for (int s = 0; s < k - 1; ++s) {  // all-gather
-    const int send_c = mod(pos + 1 - s), recv_c = mod(pos - s);
-    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, next, begin(send_c), size(send_c), prev,
-                             begin(recv_c), size(recv_c), /*add=*/false));
+    const int own = p.owned();
+    for (size_t i = p.begin(own); i < p.begin(own) + p.size(own); ++i) data[i] = Decode(precision, Encode(precision, data[i]));
   }
   return absl::OkStatus();
+}
+
+absl::Status AllGather(std::vector<float>& data, Buffers& b, const RingPlan& p, const Links& links,
+                       const CollectiveOptions& options, WirePrecision precision, uint64_t tag) {
+  for (int s = 0; s < p.k - 1; ++s) {
+    const int send_c = p.mod(p.pos + 1 - s), recv_c = p.mod(p.pos - s);
+    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, p.next, p.begin(send_c), p.size(send_c),
+                             p.prev, p.begin(recv_c), p.size(recv_c), /*add=*/false));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ring(std::vector<float>& data, Buffers& b, const std::vector<int>& ring, const Links& links,
+                  const CollectiveOptions& options, WirePrecision precision, uint64_t tag, size_t base,
+                  size_t count) {
+  ASSIGN_OR_RETURN(RingPlan p, PlanRing(ring, links.rank, base, count));
+  RETURN_IF_ERROR(ReduceScatter(data, b, p, links, options, precision, tag));
+  return AllGather(data, b, p, links, options, precision, tag);
 }
 
 }  // namespace
@@ -208,7 +236,7 @@ absl::Status RingAllReduce(std::vector<float>& data, const std::vector<int>& rin
                            const CollectiveOptions& options) {
   Buffers b(links, data);
   RETURN_IF_ERROR(b.status());
-  return Ring(data, b, ring, links, options, options.precision, options.tag << 2);
+  return Ring(data, b, ring, links, options, options.precision, options.tag << 2, 0, data.size());
 }
 
 absl::Status HierarchicalAllReduce(std::vector<float>& data, const Topology& topology, const Links& links,
@@ -216,41 +244,26 @@ absl::Status HierarchicalAllReduce(std::vector<float>& data, const Topology& top
   if (links.rank < 0 || links.rank >= static_cast<int>(topology.node_of.size())) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", links.rank, " is not in the topology"));
   }
+  const std::vector<int>& members = topology.node_ranks[topology.node_of[links.rank]];
+  for (const std::vector<int>& node : topology.node_ranks) {
+    if (node.size() != members.size()) {
+      return absl::InvalidArgumentError("hierarchical all-reduce needs the same number of ranks on every node");
+    }
+  }
   Buffers b(links, data);
   RETURN_IF_ERROR(b.status());
-  const std::vector<int>& members = topology.node_ranks[topology.node_of[links.rank]];
-  const int leader = members.front();
   const uint64_t tag = options.tag << 2;
-  const size_t n = data.size();
-  if (links.rank != leader) {
-    // 1. My part to the leader; 3. the total back.
-    Transport* t = links.transport[leader];
-    auto send = t->Send(links.peer[leader], tag + 1, b.data_reg.on(t), 0, n * 4);
-    RETURN_IF_ERROR(WaitFor(*send, options, absl::StrCat("rank ", links.rank, ": sending to its leader ", leader)));
-    auto recv = t->Recv(links.peer[leader], tag + 3, b.data_reg.on(t), 0, n * 4);
-    return WaitFor(*recv, options, absl::StrCat("rank ", links.rank, ": receiving from its leader ", leader));
-  }
-  // 1. The node's sum (members in order, so every run adds in the same order).
-  for (int m : members) {
-    if (m == leader) continue;
-    Transport* t = links.transport[m];
-    auto recv = t->Recv(links.peer[m], tag + 1, b.scratch_reg.on(t), 0, n * 4);
-    RETURN_IF_ERROR(WaitFor(*recv, options, absl::StrCat("leader ", leader, ": receiving from rank ", m)));
-    for (size_t i = 0; i < n; ++i) data[i] += b.scratch[i];
-  }
-  // 2. Across nodes.
-  RETURN_IF_ERROR(Ring(data, b, topology.leaders, links, options, options.precision, tag + 2));
-  // 3. Back to the node.
-  std::vector<std::unique_ptr<Completion>> sends;
-  for (int m : members) {
-    if (m == leader) continue;
-    Transport* t = links.transport[m];
-    sends.push_back(t->Send(links.peer[m], tag + 3, b.data_reg.on(t), 0, n * 4));
-  }
-  for (size_t i = 0; i < sends.size(); ++i) {
-    RETURN_IF_ERROR(WaitFor(*sends[i], options, absl::StrCat("leader ", leader, ": sending the total")));
-  }
-  return absl::OkStatus();
+  // 1. Inside the node (fast links, fp32): a reduce-scatter leaves each rank with its
+  //    node's sum of one slice.
+  ASSIGN_OR_RETURN(RingPlan node, PlanRing(members, links.rank, 0, data.size()));
+  RETURN_IF_ERROR(ReduceScatter(data, b, node, links, options, WirePrecision::kFp32, tag + 1));
+  // 2. Across nodes: the ranks that hold the same slice (one per node: a rail) all-reduce
+  //    it; every node's NIC carries 1 / (ranks per node) of the data.
+  const int own = node.owned();
+  RETURN_IF_ERROR(Ring(data, b, topology.rails[node.pos], links, options, options.precision, tag + 2,
+                       node.begin(own), node.size(own)));
+  // 3. Inside the node again: an all-gather of the finished slices.
+  return AllGather(data, b, node, links, options, WirePrecision::kFp32, tag + 3);
 }
 
 }  // namespace rlfleet::dist

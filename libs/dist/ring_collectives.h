@@ -1,6 +1,6 @@
 // All-reduce over libs/transport, flat (one ring over every rank) or hierarchical (reduce
-// to each node's leader over the node's fast links, all-reduce among the leaders across
-// nodes, broadcast back inside each node: topology.h), with an optional 16-bit wire
+// inside each node over its fast links, all-reduce across nodes, broadcast back inside
+// each node: topology.h), with an optional 16-bit wire
 // format (bf16 / fp16) that halves the bytes on the links it applies to. One call per
 // rank, every rank calling with the same arguments; a rank's thread blocks until its
 // part is done. Every wait has a deadline: a dead or silent peer is an error naming it
@@ -31,8 +31,8 @@ struct Links {
 };
 
 struct CollectiveOptions {
-  // Flat: every link. Hierarchical: the links between node leaders only (inside a node
-  // partial sums travel in fp32). Every rank ends with the same bits either way.
+  // Flat: every link. Hierarchical: the inter-node links only (inside a node partial
+  // sums travel in fp32). Every rank ends with the same bits either way.
   WirePrecision precision = WirePrecision::kFp32;
   absl::Duration timeout = absl::Seconds(30);  // per transfer
   uint64_t tag = 1;  // distinguishes concurrent collectives between the same ranks
@@ -43,8 +43,13 @@ struct CollectiveOptions {
 absl::Status RingAllReduce(std::vector<float>& data, const std::vector<int>& ring, const Links& links,
                            const CollectiveOptions& options);
 
-// Sum of `data` over every rank of `topology`: reduce to the node's leader, RingAllReduce
-// among the leaders, the leader sends the result to its node's ranks.
+// Sum of `data` over every rank of `topology` (every node with the same number of ranks,
+// else INVALID_ARGUMENT) in three phases: a ring reduce-scatter inside each node leaves
+// the rank at position i with its node's sum of slice i; the ranks at position i of
+// every node (topology.rails[i]) all-reduce that slice across nodes; a ring all-gather
+// inside each node completes every rank. Inter-node traffic is 2 (nodes - 1) / nodes
+// of the data in total per node, spread over all its ranks (and their NICs); a flat
+// ring over R ranks makes 2 (R - 1) latency-bound steps, this 2 (nodes - 1).
 absl::Status HierarchicalAllReduce(std::vector<float>& data, const Topology& topology, const Links& links,
                                    const CollectiveOptions& options);
 

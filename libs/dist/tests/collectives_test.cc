@@ -126,6 +126,16 @@ TEST(Collectives, FlatAndHierarchicalSumExactlyAndAgreeOnEveryRank) {
   }
 }
 
+TEST(Collectives, HierarchicalNeedsEqualNodes) {
+  LoopbackCluster cluster(2, 2);
+  auto uneven = BuildTopology({{0, "a", 0, ""}, {1, "a", 0, ""}, {2, "a", 0, ""}, {3, "b", 0, ""}});
+  ASSERT_TRUE(uneven.ok());
+  std::vector<float> data(8, 1.0f);
+  absl::Status s = HierarchicalAllReduce(data, *uneven, cluster.links(0), {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "same number of ranks on every node")) << s;
+}
+
 TEST(Collectives, ARankThatNeverComesIsAnErrorWithinTheDeadline) {
   LoopbackCluster cluster(2, 2);
   std::vector<double> exact;
