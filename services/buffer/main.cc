@@ -68,6 +68,18 @@ int main(int argc, char** argv) {
                               stat([](const Stats& s) { return s.dropped().zero_variance(); }));
   registry.AddCallbackCounter("rlfleet_buffer_dropped_total", "Experiences dropped, by reason.",
                               {{"reason", "duplicate"}}, stat([](const Stats& s) { return s.dropped().duplicate(); }));
+  // The staleness distribution of what the trainer sampled: policy versions behind at
+  // sampling time (the last bucket counts that many or more).
+  for (uint64_t lag = 0; lag < 8; ++lag) {
+    registry.AddCallbackCounter("rlfleet_buffer_sampled_total", "Experiences sampled, by staleness in versions.",
+                                {{"staleness", lag == 7 ? "7+" : std::to_string(lag)}},
+                                stat([lag](const Stats& s) -> uint64_t {
+                                  for (const auto& b : s.staleness_histogram()) {
+                                    if (b.staleness() == lag) return b.count();
+                                  }
+                                  return 0;
+                                }));
+  }
   rlfleet::buffer::BufferServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token},
                                              absl::GetFlag(FLAGS_stream_full_wait));
   rlfleet::rpc::ServerRunner runner(*options);

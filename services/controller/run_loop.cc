@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/common/status_macros.h"
+#include "libs/metrics/metrics.h"
 #include "libs/model/tokenizer.h"
 #include "libs/tasks/tasks.h"
 
@@ -311,6 +312,9 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     const absl::Time begin = absl::Now();
     auto timed = [&](absl::Status s) {
       sync_seconds = absl::ToDoubleSeconds(absl::Now() - begin);
+      static metrics::Histogram* sync_metric = metrics::Global().AddHistogram(
+          "rlfleet_weight_sync_seconds", "Weight sync end to end: PublishWeights until every replica installed.", {});
+      if (s.ok()) sync_metric->Observe(sync_seconds);
       return s;
     };
     v1::PublishWeightsResponse published;

@@ -1,5 +1,7 @@
 #include "services/rollout/rollout_core.h"
 
+#include <filesystem>
+
 #include <algorithm>
 #include <set>
 
@@ -108,6 +110,11 @@ RolloutCore::RolloutCore(std::unique_ptr<model::Policy> policy, std::string devi
       swap_metric_(metrics::Global().AddHistogram("rlfleet_weight_install_pause_seconds",
                                                   "Decode paused for a weight install (load + KV recompute).",
                                                   {{"service", "rollout"}})),
+      load_metric_(metrics::Global().AddHistogram("rlfleet_weight_load_seconds",
+                                                  "Weight sync: reading and verifying a version on the replica.",
+                                                  {})),
+      load_bytes_metric_(metrics::Global().AddCounter("rlfleet_weight_load_bytes_total",
+                                                      "Weight sync: bytes of the versions the replica loaded.", {})),
       active_metric_(metrics::Global().AddGauge("rlfleet_rollout_active_sequences",
                                                 "Sequences in the running decode batch.", {})),
       queued_metric_(metrics::Global().AddGauge("rlfleet_rollout_queued_sequences",
@@ -284,6 +291,14 @@ void RolloutCore::Run() {
       install->report.install_us = absl::ToInt64Microseconds(loaded - start);
       install->report.pause_us = absl::ToInt64Microseconds(absl::Now() - start);
       swap_metric_->Observe(install->report.pause_us / 1e6);
+      if (install->status.ok()) {
+        // Weight sync, phase 2: reading and verifying the version (GB/s = the rate of
+        // the bytes counter over the rate of the seconds sum).
+        load_metric_->Observe(install->report.install_us / 1e6);
+        std::error_code ec;
+        const uintmax_t bytes = std::filesystem::file_size(install->path, ec);
+        if (!ec) load_bytes_metric_->Add(static_cast<double>(bytes));
+      }
       install->done.Notify();
     }
     for (const auto& job : cancelled) {

@@ -164,6 +164,8 @@ class RolloutCore {
   metrics::Counter* const tokens_metric_;
   metrics::Histogram* const step_metric_;
   metrics::Histogram* const swap_metric_;
+  metrics::Histogram* const load_metric_;
+  metrics::Counter* const load_bytes_metric_;
   metrics::Gauge* const active_metric_;
   metrics::Gauge* const queued_metric_;
   metrics::Gauge* const version_metric_;

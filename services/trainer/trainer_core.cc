@@ -588,6 +588,13 @@ absl::Status TrainerCore::PublishToFile(const std::string& publish_dir, const v1
   where->set_length_bytes(fs::file_size(path, ec));
   where->set_version(version_);
   response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  // Weight sync, phase 1: the trainer's pause to write the version out.
+  static metrics::Histogram* publish_seconds = metrics::Global().AddHistogram(
+      "rlfleet_weight_publish_seconds", "Weight sync: the trainer writing a version out (its pause).", {});
+  static metrics::Counter* publish_bytes = metrics::Global().AddCounter(
+      "rlfleet_weight_publish_bytes_total", "Weight sync: bytes of the versions the trainer published.", {});
+  publish_seconds->Observe(response->elapsed_ms() / 1000);
+  publish_bytes->Add(static_cast<double>(where->length_bytes()));
   return absl::OkStatus();
 }
 

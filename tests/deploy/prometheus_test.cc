@@ -121,7 +121,7 @@ TEST(Prometheus, ScrapesAServiceAndAnswersAQuery) {
     const std::string reply = Get(port, "/api/v1/query?query=" + encoded);
     EXPECT_TRUE(absl::StrContains(reply, "\"status\":\"success\"")) << (*it)[1].str() << "\n" << reply;
   }
-  EXPECT_EQ(queries, 16);
+  EXPECT_EQ(queries, 27);
   ASSERT_TRUE(prometheus.Signal(SIGTERM).ok());
   EXPECT_TRUE(prometheus.Wait(absl::Seconds(30)).ok());
   ASSERT_TRUE(reward.Signal(SIGTERM).ok());

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "libs/metrics/http_server.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "tests/util/subprocess.h"
@@ -182,6 +183,26 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   ASSERT_EQ(row4.size(), 12u) << rows[4];
   EXPECT_EQ(row1[6], "nan") << rows[1];
   EXPECT_NE(row4[6], "nan") << rows[4];
+  // The weight sync's phases are in the services' metrics: the trainer's publish, the
+  // replica's load and verify.
+  auto metric = [](const Subprocess& p, const std::string& name) -> double {
+    const std::string marker = "metrics on http://127.0.0.1:";
+    const size_t at = p.output().find(marker);
+    int port = 0;
+    if (at == std::string::npos ||
+        !absl::SimpleAtoi(p.output().substr(at + marker.size(), p.output().find('/', at + marker.size()) -
+                                                                    at - marker.size()),
+                          &port)) {
+      return -1;
+    }
+    auto text = metrics::FetchMetrics("127.0.0.1", port, absl::Seconds(10));
+    if (!text.ok()) return -2;
+    return metrics::FindSample(*text, name).value_or(-3);
+  };
+  EXPECT_GE(metric(fleet.trainer, "rlfleet_weight_publish_seconds_count"), 1) << fleet.trainer.output();
+  EXPECT_GT(metric(fleet.trainer, "rlfleet_weight_publish_bytes_total"), 0);
+  EXPECT_GE(metric(*fleet.rollout[0], "rlfleet_weight_load_seconds_count"), 1) << fleet.rollout[0]->output();
+  EXPECT_GT(metric(*fleet.rollout[0], "rlfleet_weight_load_bytes_total"), 0);
   // Each step's phases were timed and tokens counted.
   double generate_s = 0, tokens_per_s = 0;
   ASSERT_TRUE(absl::SimpleAtod(row4[7], &generate_s) && absl::SimpleAtod(row4[10], &tokens_per_s)) << rows[4];
