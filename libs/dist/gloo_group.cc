@@ -147,4 +147,19 @@ absl::Status GlooGroup::Broadcast(std::string* bytes) {
   return impl_->Run(data, true, absl::StrCat("broadcast of ", n, " bytes"));
 }
 
+absl::StatusOr<std::vector<std::string>> GlooGroup::AllGather(const std::string& key, const std::string& mine) {
+  const std::string prefix = absl::StrCat("rlfleet/allgather/", key, "/");
+  try {
+    impl_->store->set(absl::StrCat(prefix, rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::vector<std::string> all(world_size());
+    for (int r = 0; r < world_size(); ++r) {
+      const std::vector<uint8_t> value = impl_->store->get(absl::StrCat(prefix, r));
+      all[r].assign(value.begin(), value.end());
+    }
+    return all;
+  } catch (const std::exception& e) {
+    return FromException(e, absl::StrCat("all-gather of '", key, "'"));
+  }
+}
+
 }  // namespace rlfleet::dist

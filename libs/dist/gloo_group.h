@@ -57,6 +57,9 @@ class GlooGroup : public model::GradientGroup {
   int world_size() const override;
   absl::Status AllReduceSum(float* data, size_t n) override;
   absl::Status Broadcast(std::string* bytes) override;
+  // Every rank's `mine`, indexed by rank, through the rendezvous store (under `key`:
+  // use a new key for each exchange). DEADLINE_EXCEEDED past the group's timeout.
+  absl::StatusOr<std::vector<std::string>> AllGather(const std::string& key, const std::string& mine);
 
   class Impl;
 

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
 #include "libs/dist/gloo_group.h"
+#include "libs/dist/transport_group.h"
 #include "libs/common/config.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/registry/registrar.h"
@@ -28,6 +29,12 @@ ABSL_FLAG(int, dp_world, 1, "Data-parallel ranks (processes); gradients are all-
 ABSL_FLAG(int, dp_rank, 0, "This process's rank: 0 serves the API and the rendezvous, the others follow it.");
 ABSL_FLAG(std::string, dp_host, "127.0.0.1", "Where rank 0's rendezvous listens (and this rank's address).");
 ABSL_FLAG(int, dp_port, 0, "Rank 0's rendezvous port (rank 0: 0 picks one and prints it).");
+ABSL_FLAG(std::string, dp_allreduce, "gloo",
+          "How data-parallel ranks all-reduce gradients: gloo (c10d Gloo, TCP), ring (libs/dist over UCX) or "
+          "hierarchical (libs/dist over UCX: inside each --dp_node, across nodes over the rails, inside again; "
+          "a ring when the ranks do not split evenly over several nodes).");
+ABSL_FLAG(std::string, dp_node, "", "This rank's node for --dp_allreduce=hierarchical; empty: the host name.");
+ABSL_FLAG(std::string, dp_wire, "fp32", "Gradient precision between nodes (ring / hierarchical): fp32, bf16, fp16.");
 ABSL_FLAG(absl::Duration, dp_timeout, absl::Seconds(60),
           "Rendezvous and collective deadline: a dead rank is an error after this long.");
 ABSL_FLAG(std::string, publish_dir, "", "PublishWeights writes policy-v<N>.safetensors here (single machine).");
@@ -64,8 +71,17 @@ int main(int argc, char** argv) {
   config.value_head = absl::GetFlag(FLAGS_value_head);
   // Data parallelism: rank 0 serves the rendezvous, every rank joins the group.
   std::unique_ptr<rlfleet::dist::Rendezvous> rendezvous;
-  std::unique_ptr<rlfleet::dist::GlooGroup> group;
+  std::unique_ptr<rlfleet::model::GradientGroup> group;
   const int world = absl::GetFlag(FLAGS_dp_world), rank = absl::GetFlag(FLAGS_dp_rank);
+  const std::string allreduce = absl::GetFlag(FLAGS_dp_allreduce), wire = absl::GetFlag(FLAGS_dp_wire);
+  if (allreduce != "gloo" && allreduce != "ring" && allreduce != "hierarchical") {
+    std::cerr << "rlfleet-trainer: --dp_allreduce=" << allreduce << ": want gloo, ring or hierarchical\n";
+    return 2;
+  }
+  if (wire != "fp32" && wire != "bf16" && wire != "fp16") {
+    std::cerr << "rlfleet-trainer: --dp_wire=" << wire << ": want fp32, bf16 or fp16\n";
+    return 2;
+  }
   if (world > 1) {
     rlfleet::dist::GlooGroupOptions o;
     o.rank = rank;
@@ -88,7 +104,31 @@ int main(int argc, char** argv) {
       std::cerr << "rlfleet-trainer: rank " << rank << ": " << joined.status() << "\n";
       return 2;
     }
-    group = std::move(*joined);
+    if (allreduce == "gloo") {
+      group = std::move(*joined);
+    } else {
+      rlfleet::dist::TransportGroupOptions t;
+      t.node = absl::GetFlag(FLAGS_dp_node);
+      if (t.node.empty()) {
+        char host[256] = {0};
+        gethostname(host, sizeof(host) - 1);
+        t.node = host;
+      }
+      t.hierarchical = allreduce == "hierarchical";
+      t.precision = wire == "bf16"   ? rlfleet::dist::WirePrecision::kBf16
+                    : wire == "fp16" ? rlfleet::dist::WirePrecision::kFp16
+                                     : rlfleet::dist::WirePrecision::kFp32;
+      t.timeout = absl::GetFlag(FLAGS_dp_timeout);
+      auto made = rlfleet::dist::TransportGroup::Create(std::move(*joined), t);
+      if (!made.ok()) {
+        std::cerr << "rlfleet-trainer: rank " << rank << ": " << made.status() << "\n";
+        return 2;
+      }
+      std::cout << "rlfleet-trainer rank " << rank << ": all-reduce "
+                << ((*made)->hierarchical() ? "hierarchical" : "ring") << " over " << (*made)->topology().nodes.size()
+                << " node(s), wire " << wire << std::endl;
+      group = std::move(*made);
+    }
     std::cout << "rlfleet-trainer rank " << rank << " of " << world << " joined" << std::endl;
   }
   auto core = rlfleet::trainer::TrainerCore::Create(config, absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_seed),

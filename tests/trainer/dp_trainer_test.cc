@@ -73,23 +73,31 @@ std::string Save(v1::TrainerService::Stub* stub, const std::string& path) {
   return path + "/weights.safetensors";
 }
 
-TEST(DataParallelTrainer, TwoRanksEqualOneRankAndADeadRankIsAnError) {
-  const std::string tmp = std::getenv("TEST_TMPDIR");
+// Two trainer processes (rank 0 with `flags0`, rank 1 with `flags1` added) against one
+// single-rank trainer on the same batches; then rank 1 dies.
+void TwoRanksEqualOneRankAndADeadRankIsAnError(const std::vector<std::string>& flags0,
+                                               const std::vector<std::string>& flags1,
+                                               const std::string& expect_in_rank0) {
+  const std::string tmp = std::string(std::getenv("TEST_TMPDIR")) + "/" + std::to_string(flags0.size());
   testing::Subprocess single, rank0, rank1;
   auto single_address = testing::StartService(single, "services/trainer/rlfleet-trainer", With({}));
   ASSERT_TRUE(single_address.ok()) << single_address.status();
   // Rank 0 prints its rendezvous port, rank 1 joins it, then rank 0 serves.
-  ASSERT_TRUE(
-      rank0.Start(Trainer({"--host=127.0.0.1", "--port=0", "--dp_world=2", "--dp_rank=0", "--dp_timeout=10s"})).ok());
+  std::vector<std::string> args0 = {"--host=127.0.0.1", "--port=0", "--dp_world=2", "--dp_rank=0", "--dp_timeout=10s"};
+  args0.insert(args0.end(), flags0.begin(), flags0.end());
+  ASSERT_TRUE(rank0.Start(Trainer(args0)).ok());
   auto rendezvous = rank0.WaitForLine(
       [](const std::string& l) { return absl::StrContains(l, "dp rendezvous on "); }, absl::Seconds(60));
   ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
   const std::string port = rendezvous->substr(rendezvous->rfind(':') + 1, rendezvous->find(' ', rendezvous->rfind(':')) -
                                                                             rendezvous->rfind(':') - 1);
-  ASSERT_TRUE(rank1.Start(Trainer({"--dp_world=2", "--dp_rank=1", "--dp_port=" + port, "--dp_timeout=10s"})).ok());
+  std::vector<std::string> args1 = {"--dp_world=2", "--dp_rank=1", "--dp_port=" + port, "--dp_timeout=10s"};
+  args1.insert(args1.end(), flags1.begin(), flags1.end());
+  ASSERT_TRUE(rank1.Start(Trainer(args1)).ok());
   auto listening = rank0.WaitForLine(
       [](const std::string& l) { return absl::StrContains(l, "listening on "); }, absl::Seconds(60));
   ASSERT_TRUE(listening.ok()) << listening.status() << rank1.output();
+  EXPECT_TRUE(absl::StrContains(rank0.output(), expect_in_rank0)) << rank0.output();
   const std::string dp_address = listening->substr(listening->rfind(' ') + 1);
 
   auto one = Stub(*single_address), dp = Stub(dp_address);
@@ -130,6 +138,17 @@ TEST(DataParallelTrainer, TwoRanksEqualOneRankAndADeadRankIsAnError) {
               dead.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
       << dead.error_message();
   EXPECT_LT(absl::Now() - start, absl::Seconds(60));
+}
+
+TEST(DataParallelTrainer, TwoRanksOverGlooEqualOneRankAndADeadRankIsAnError) {
+  TwoRanksEqualOneRankAndADeadRankIsAnError({}, {}, "rank 0 of 2 joined");
+}
+
+// The topology-aware all-reduce over UCX, the ranks on two "nodes".
+TEST(DataParallelTrainer, TwoRanksHierarchicalOverUcxEqualOneRankAndADeadRankIsAnError) {
+  TwoRanksEqualOneRankAndADeadRankIsAnError({"--dp_allreduce=hierarchical", "--dp_node=node-a"},
+                                            {"--dp_allreduce=hierarchical", "--dp_node=node-b"},
+                                            "all-reduce hierarchical over 2 node(s), wire fp32");
 }
 
 }  // namespace
