@@ -1,6 +1,6 @@
 // deploy/prometheus against Debian's Prometheus: promtool accepts the alert rules and
-// their unit tests, and a real Prometheus on loopback scrapes a real rlfleet service's
-// /metrics and answers a query for it through its HTTP API.
+// their unit tests, and a real Prometheus on loopback scrapes a small fleet of real
+// rlfleet services (reward, buffer, rollout) and answers queries through its HTTP API.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "libs/metrics/http_server.h"
 #include "tests/util/subprocess.h"
@@ -58,18 +59,31 @@ TEST(Prometheus, PromtoolAcceptsTheRulesAndTheirTests) {
       << out;
 }
 
-TEST(Prometheus, ScrapesAServiceAndAnswersAQuery) {
-  Subprocess reward;
-  ASSERT_TRUE(reward.Start({RunfilePath("services/reward/rlfleet-reward"), "--host=127.0.0.1", "--port=0"}).ok());
-  auto line = reward.WaitForLine([](const std::string& l) { return absl::StrContains(l, "metrics on http://"); },
-                                 absl::Seconds(30));
-  ASSERT_TRUE(line.ok()) << line.status();
+// Starts `argv` (a service) and returns its metrics target host:port ("" on failure).
+std::string StartScraped(Subprocess& p, const std::vector<std::string>& argv) {
+  if (!p.Start(argv).ok()) return "";
+  auto line = p.WaitForLine([](const std::string& l) { return absl::StrContains(l, "metrics on http://"); },
+                            absl::Seconds(60));
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(*line, m, std::regex("http://(127\\.0\\.0\\.1:([0-9]+))/metrics")));
-  const std::string target = m[1];
+  if (!line.ok() || !std::regex_search(*line, m, std::regex("http://(127\\.0\\.0\\.1:[0-9]+)/metrics"))) return "";
+  return m[1];
+}
+
+TEST(Prometheus, ScrapesASmallFleetAndAnswersQueries) {
+  // A small fleet: reward, buffer, and a rollout replica serving its initial weights.
+  Subprocess reward, buffer, rollout;
+  const std::vector<std::string> targets = {
+      StartScraped(reward, {RunfilePath("services/reward/rlfleet-reward"), "--host=127.0.0.1", "--port=0"}),
+      StartScraped(buffer, {RunfilePath("services/buffer/rlfleet-buffer"), "--host=127.0.0.1", "--port=0",
+                            "--store=memory://"}),
+      StartScraped(rollout, {RunfilePath("services/rollout/rlfleet-rollout"), "--host=127.0.0.1", "--port=0",
+                             "--serve_initial_weights", "--threads=1"}),
+  };
+  for (const std::string& t : targets) ASSERT_FALSE(t.empty()) << reward.output() << buffer.output() << rollout.output();
   int metrics_port = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(m[2].str(), &metrics_port));
+  ASSERT_TRUE(absl::SimpleAtoi(targets[0].substr(targets[0].find(':') + 1), &metrics_port));
   EXPECT_TRUE(absl::StrContains(Get(metrics_port, "/metrics"), "rlfleet_up{service=\"rlfleet-reward\"} 1"));
+  const std::string target = absl::StrJoin(targets, "', '");
 
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/prometheus";
   std::filesystem::create_directories(dir);
@@ -89,18 +103,31 @@ TEST(Prometheus, ScrapesAServiceAndAnswersAQuery) {
                           "--storage.tsdb.path=" + dir + "/data", absl::StrCat("--web.listen-address=127.0.0.1:", port),
                           "--log.level=warn"})
                   .ok());
-  // Poll its HTTP API (deadline 90 s) until the scraped series is there.
+  // Poll its HTTP API (deadline 90 s) until every service's series is there.
   const std::string query = "/api/v1/query?query=rlfleet_up%7Bjob%3D%22rlfleet%22%7D";
+  const std::vector<std::string> services = {"rlfleet-reward", "rlfleet-buffer", "rlfleet-rollout"};
+  auto all_up = [&](const std::string& answer) {
+    for (const std::string& service : services) {
+      if (!absl::StrContains(answer, absl::StrCat("\"service\":\"", service, "\""))) return false;
+    }
+    return true;
+  };
   std::string answer;
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
   while (absl::Now() < deadline) {
     answer = Get(port, query);
-    if (absl::StrContains(answer, "\"service\":\"rlfleet-reward\"") && absl::StrContains(answer, ",\"1\"]")) break;
+    if (all_up(answer)) break;
     absl::SleepFor(absl::Milliseconds(200));  // (Prometheus scrapes on its own clock)
   }
   EXPECT_TRUE(absl::StrContains(answer, "\"status\":\"success\"")) << answer;
-  EXPECT_TRUE(absl::StrContains(answer, "\"service\":\"rlfleet-reward\"")) << answer;
+  EXPECT_TRUE(all_up(answer)) << answer;
   EXPECT_TRUE(absl::StrContains(answer, ",\"1\"]")) << answer;
+  // Each service's own series through Prometheus.
+  for (const std::string& series : {"rlfleet_buffer_depth_experiences", "rlfleet_rollout_active_sequences",
+                                    "rlfleet_buffer_sampled_total", "rlfleet_nic_receive_bytes_total"}) {
+    const std::string reply = Get(port, "/api/v1/query?query=" + series);
+    EXPECT_TRUE(absl::StrContains(reply, "\"result\":[{")) << series << ": " << reply;
+  }
   const std::string rules = Get(port, "/api/v1/rules");
   EXPECT_TRUE(absl::StrContains(rules, "RlfleetAllReduceSlow")) << rules;
   // Every query of the Grafana dashboard is one Prometheus accepts.
@@ -124,8 +151,10 @@ TEST(Prometheus, ScrapesAServiceAndAnswersAQuery) {
   EXPECT_EQ(queries, 27);
   ASSERT_TRUE(prometheus.Signal(SIGTERM).ok());
   EXPECT_TRUE(prometheus.Wait(absl::Seconds(30)).ok());
-  ASSERT_TRUE(reward.Signal(SIGTERM).ok());
-  EXPECT_TRUE(reward.Wait(absl::Seconds(30)).ok());
+  for (Subprocess* p : {&reward, &buffer, &rollout}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
 }
 
 }  // namespace
