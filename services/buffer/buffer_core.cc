@@ -1,5 +1,7 @@
 #include "services/buffer/buffer_core.h"
 
+#include <optional>
+
 #include <algorithm>
 #include <cmath>
 
@@ -55,6 +57,21 @@ BufferCore::BufferCore(common::Clock* clock, BufferStore* store) : clock_(clock)
   config_.set_filter_zero_variance(true);
   config_.set_zero_variance_epsilon(1e-6f);
   config_.set_default_lease_ttl_ms(kDefaultLeaseTtlMs);
+}
+
+std::string BufferCore::FetchPayload(const v1::Experience& sent, v1::Experience* out) {
+  if (fetcher_ == nullptr) return "this buffer fetches no payloads (no PayloadFetcher)";
+  absl::StatusOr<std::string> bytes = fetcher_->Fetch(sent.remote_payload());
+  if (!bytes.ok()) return std::string(bytes.status().ToString());
+  v1::Experience fetched;
+  if (!fetched.ParseFromString(*bytes)) return "the fetched bytes are not a serialized Experience";
+  if (fetched.experience_id().value() != sent.experience_id().value()) {
+    return absl::StrCat("the fetched experience is `", fetched.experience_id().value(), "`, not `",
+                        sent.experience_id().value(), "`");
+  }
+  if (fetched.has_remote_payload()) return "the fetched experience has a remote_payload of its own";
+  *out = std::move(fetched);
+  return "";
 }
 
 void BufferCore::AddLocked(const v1::Experience& e, uint64_t bytes) {
@@ -121,13 +138,25 @@ bool BufferCore::TooStaleLocked(uint64_t oldest_version, uint64_t current) const
          current - oldest_version > config_.max_staleness();
 }
 
-absl::Status BufferCore::Put(const v1::PutExperiencesRequest& request,
+absl::Status BufferCore::Put(const v1::PutExperiencesRequest& original,
                              v1::PutExperiencesResponse* response) {
-  if (request.experiences_size() == 0) return absl::InvalidArgumentError("experiences is empty");
-  if (request.experiences_size() > kMaxExperiencesPerPut) {
-    return absl::InvalidArgumentError(absl::StrCat("experiences has ", request.experiences_size(),
+  if (original.experiences_size() == 0) return absl::InvalidArgumentError("experiences is empty");
+  if (original.experiences_size() > kMaxExperiencesPerPut) {
+    return absl::InvalidArgumentError(absl::StrCat("experiences has ", original.experiences_size(),
                                                    " entries; the limit is ", kMaxExperiencesPerPut));
   }
+  // Experiences sent by descriptor are fetched first, without the lock; one that cannot
+  // be fetched is rejected (and the others go on).
+  std::optional<v1::PutExperiencesRequest> resolved;
+  std::map<int, std::string> unfetched;  // index -> why
+  for (int i = 0; i < original.experiences_size(); ++i) {
+    const v1::Experience& e = original.experiences(i);
+    if (!e.has_remote_payload()) continue;
+    if (!resolved) resolved = original;
+    std::string why = FetchPayload(e, resolved->mutable_experiences(i));
+    if (!why.empty()) unfetched[i] = absl::StrCat("remote_payload: ", why);
+  }
+  const v1::PutExperiencesRequest& request = resolved ? *resolved : original;
   // Three phases, so that concurrent producers overlap their durable writes (and the
   // store can commit them together): decide and reserve under the lock; write to the
   // store without it; take the experiences under the lock.
@@ -152,6 +181,10 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& request,
     if (seen_.contains(id) || reserved_ids_.contains(id) || ids_in_request.contains(id)) {
       response->set_duplicates(response->duplicates() + 1);
       *response->add_duplicate_ids() = e.experience_id();
+      continue;
+    }
+    if (auto it = unfetched.find(i); it != unfetched.end()) {
+      Reject(response, i, e, v1::REJECT_REASON_INVALID, it->second);
       continue;
     }
     if (std::string why = Invalid(e, group_size); !why.empty()) {

@@ -9,12 +9,16 @@
 #include "libs/metrics/metrics.h"
 #include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/transport/ucx/ucx_transport.h"
 #include "services/buffer/buffer_core.h"
 #include "services/buffer/buffer_service.h"
 
 ABSL_FLAG(absl::Duration, stream_full_wait, absl::Seconds(30),
           "StreamExperiences: how long a message waits for room in a full buffer before the "
           "stream ends with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, data_plane, "ucx",
+          "How the buffer fetches experiences sent by descriptor (remote_payload) from producers' memory: ucx, or "
+          "none (FILE descriptors only).");
 ABSL_FLAG(std::string, store, "memory://",
           "Where accepted experiences are kept: memory:// or redis://host:port[/prefix] "
           "(survives a restart).");
@@ -38,6 +42,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   rlfleet::buffer::BufferCore core(rlfleet::common::Clock::Real(), store->get());
+  // Payloads by descriptor: FILE always; memory over UCX unless --data_plane=none.
+  std::unique_ptr<rlfleet::transport::Transport> data_plane;
+  if (absl::GetFlag(FLAGS_data_plane) == "ucx") {
+    rlfleet::transport::UcxOptions ucx;
+    ucx.loopback_only = false;
+    auto t = rlfleet::transport::UcxTransport::Create(ucx);
+    if (t.ok()) {
+      data_plane = std::move(*t);
+    } else {
+      std::cerr << "rlfleet-buffer: no UCX data plane (" << t.status() << "); remote payloads by FILE only\n";
+    }
+  } else if (absl::GetFlag(FLAGS_data_plane) != "none") {
+    std::cerr << "rlfleet-buffer: --data_plane=" << absl::GetFlag(FLAGS_data_plane) << ": want ucx or none\n";
+    return 2;
+  }
+  rlfleet::buffer::PayloadFetcher fetcher(data_plane.get());
+  core.SetPayloadFetcher(&fetcher);
   if (absl::Status s = core.Recover(); !s.ok()) {
     std::cerr << "rlfleet-buffer: recovering from --store: " << s << "\n";
     return 1;

@@ -1,0 +1,47 @@
+// Fetches the experience payloads that travel by TransferDescriptor
+// (v1::Experience.remote_payload: the producer keeps the serialized experience in its
+// memory or a file and sends only the descriptor). Backends: FILE (a path both sides
+// read: one machine or a shared filesystem) and, with a data-plane Transport, a Get
+// from the producer's registered memory (UCX; loopback in tests). The digest the
+// descriptor carries (XXH64 or CRC-32C) is checked. Free of gRPC; thread-safe.
+#ifndef RLFLEET_SERVICES_BUFFER_PAYLOAD_FETCHER_H_
+#define RLFLEET_SERVICES_BUFFER_PAYLOAD_FETCHER_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libs/transport/transport.h"
+#include "rlfleet/v1/common.pb.h"
+
+namespace rlfleet::buffer {
+
+class PayloadFetcher {
+ public:
+  struct Options {
+    uint64_t max_bytes = uint64_t{64} << 20;     // one payload at most
+    absl::Duration timeout = absl::Seconds(10);  // per fetch: a dead producer is an error after this
+  };
+  // `transport` (not owned, may be null: memory descriptors are then refused) serves
+  // descriptors of its backend.
+  PayloadFetcher(transport::Transport* transport, Options options);
+  PayloadFetcher(transport::Transport* transport) : PayloadFetcher(transport, Options()) {}
+
+  // The bytes. INVALID_ARGUMENT naming the field for a malformed descriptor (no digest,
+  // zero or oversized length, range outside the segment, a backend this buffer does not
+  // fetch from); DATA_LOSS for a digest mismatch or a short file; the transport's error
+  // (UNAVAILABLE, FAILED_PRECONDITION for a stale registration, DEADLINE_EXCEEDED)
+  // otherwise.
+  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor);
+
+ private:
+  absl::StatusOr<std::string> FetchFile(const v1::TransferDescriptor& d);
+  absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d);
+
+  transport::Transport* const transport_;
+  const Options options_;
+};
+
+}  // namespace rlfleet::buffer
+
+#endif  // RLFLEET_SERVICES_BUFFER_PAYLOAD_FETCHER_H_
