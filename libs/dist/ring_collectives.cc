@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -113,14 +114,15 @@ class Registered {
   absl::Status status_;
 };
 
-// This rank's buffers for one collective: the data itself, a receive buffer, and the
-// 16-bit staging buffers.
+// This rank's buffers for one collective: a working copy of the data, a receive
+// buffer, and the 16-bit staging buffers, each registered with the transports used.
 struct Buffers {
-  Buffers(const Links& links, std::vector<float>& data)
-      : scratch(data.size()),
+  Buffers(const Links& links, const std::vector<float>& data)
+      : work(data),
+        scratch(data.size()),
         send16(data.size()),
         recv16(data.size()),
-        data_reg(links, data.data(), data.size() * 4),
+        data_reg(links, work.data(), work.size() * 4),
         scratch_reg(links, scratch.data(), scratch.size() * 4),
         send16_reg(links, send16.data(), send16.size() * 2),
         recv16_reg(links, recv16.data(), recv16.size() * 2) {}
@@ -130,10 +132,28 @@ struct Buffers {
     }
     return absl::OkStatus();
   }
+  std::vector<float> work;
   std::vector<float> scratch;
   std::vector<uint16_t> send16, recv16;
   Registered data_reg, scratch_reg, send16_reg, recv16_reg;
 };
+
+// Runs `body` over a working copy of `data` and copies the result back. When it fails,
+// transfers it posted may still be in flight (a peer that is late, not dead, writes
+// into them afterwards): the buffers are then left allocated and registered on
+// purpose, never freed under a transfer.
+absl::Status WithBuffers(std::vector<float>& data, const Links& links,
+                         const std::function<absl::Status(Buffers&)>& body) {
+  auto b = std::make_unique<Buffers>(links, data);
+  RETURN_IF_ERROR(b->status());
+  absl::Status s = body(*b);
+  if (!s.ok()) {
+    b.release();  // NOLINT: deliberately leaked (see above)
+    return s;
+  }
+  data.swap(b->work);
+  return absl::OkStatus();
+}
 
 uint16_t Encode(WirePrecision p, float f) { return p == WirePrecision::kBf16 ? ToBf16(f) : ToFp16(f); }
 float Decode(WirePrecision p, uint16_t h) { return p == WirePrecision::kBf16 ? FromBf16(h) : FromFp16(h); }
@@ -234,9 +254,9 @@ absl::Status Ring(std::vector<float>& data, Buffers& b, const std::vector<int>& 
 
 absl::Status RingAllReduce(std::vector<float>& data, const std::vector<int>& ring, const Links& links,
                            const CollectiveOptions& options) {
-  Buffers b(links, data);
-  RETURN_IF_ERROR(b.status());
-  return Ring(data, b, ring, links, options, options.precision, options.tag << 2, 0, data.size());
+  return WithBuffers(data, links, [&](Buffers& b) {
+    return Ring(b.work, b, ring, links, options, options.precision, options.tag << 2, 0, b.work.size());
+  });
 }
 
 absl::Status HierarchicalAllReduce(std::vector<float>& data, const Topology& topology, const Links& links,
@@ -250,20 +270,20 @@ absl::Status HierarchicalAllReduce(std::vector<float>& data, const Topology& top
       return absl::InvalidArgumentError("hierarchical all-reduce needs the same number of ranks on every node");
     }
   }
-  Buffers b(links, data);
-  RETURN_IF_ERROR(b.status());
   const uint64_t tag = options.tag << 2;
-  // 1. Inside the node (fast links, fp32): a reduce-scatter leaves each rank with its
-  //    node's sum of one slice.
   ASSIGN_OR_RETURN(RingPlan node, PlanRing(members, links.rank, 0, data.size()));
-  RETURN_IF_ERROR(ReduceScatter(data, b, node, links, options, WirePrecision::kFp32, tag + 1));
-  // 2. Across nodes: the ranks that hold the same slice (one per node: a rail) all-reduce
-  //    it; every node's NIC carries 1 / (ranks per node) of the data.
-  const int own = node.owned();
-  RETURN_IF_ERROR(Ring(data, b, topology.rails[node.pos], links, options, options.precision, tag + 2,
-                       node.begin(own), node.size(own)));
-  // 3. Inside the node again: an all-gather of the finished slices.
-  return AllGather(data, b, node, links, options, WirePrecision::kFp32, tag + 3);
+  return WithBuffers(data, links, [&](Buffers& b) -> absl::Status {
+    // 1. Inside the node (fast links, fp32): a reduce-scatter leaves each rank with its
+    //    node's sum of one slice.
+    RETURN_IF_ERROR(ReduceScatter(b.work, b, node, links, options, WirePrecision::kFp32, tag + 1));
+    // 2. Across nodes: the ranks that hold the same slice (one per node: a rail)
+    //    all-reduce it; every node's NIC carries 1 / (ranks per node) of the data.
+    const int own = node.owned();
+    RETURN_IF_ERROR(Ring(b.work, b, topology.rails[node.pos], links, options, options.precision, tag + 2,
+                         node.begin(own), node.size(own)));
+    // 3. Inside the node again: an all-gather of the finished slices.
+    return AllGather(b.work, b, node, links, options, WirePrecision::kFp32, tag + 3);
+  });
 }
 
 }  // namespace rlfleet::dist

@@ -1,10 +1,12 @@
-// All-reduce over libs/transport, flat (one ring over every rank) or hierarchical (reduce
-// inside each node over its fast links, all-reduce across nodes, broadcast back inside
-// each node: topology.h), with an optional 16-bit wire
+// All-reduce over libs/transport, flat (one ring over every rank) or hierarchical (a
+// reduce-scatter inside each node over its fast links, an all-reduce of each slice
+// across nodes, an all-gather inside each node: topology.h), with an optional 16-bit wire
 // format (bf16 / fp16) that halves the bytes on the links it applies to. One call per
 // rank, every rank calling with the same arguments; a rank's thread blocks until its
 // part is done. Every wait has a deadline: a dead or silent peer is an error naming it
-// (DEADLINE_EXCEEDED, or the transport's UNAVAILABLE), never a hang.
+// (DEADLINE_EXCEEDED, or the transport's UNAVAILABLE), never a hang; after an error
+// the caller's data is unchanged and the call's buffers stay allocated (a late peer may
+// still write into them), so a group that failed should not be used again.
 #ifndef RLFLEET_LIBS_DIST_RING_COLLECTIVES_H_
 #define RLFLEET_LIBS_DIST_RING_COLLECTIVES_H_
 
@@ -32,7 +34,8 @@ struct Links {
 
 struct CollectiveOptions {
   // Flat: every link. Hierarchical: the inter-node links only (inside a node partial
-  // sums travel in fp32). Every rank ends with the same bits either way.
+  // sums travel in fp32). Every rank ends with the same bits either way. fp16 holds
+  // magnitudes up to 65504: a larger partial sum becomes inf (no loss scaling here).
   WirePrecision precision = WirePrecision::kFp32;
   absl::Duration timeout = absl::Seconds(30);  // per transfer
   uint64_t tag = 1;  // distinguishes concurrent collectives between the same ranks

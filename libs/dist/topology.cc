@@ -20,7 +20,7 @@ absl::StatusOr<Topology> BuildTopology(const std::vector<RankPlace>& places) {
     if (p.node.empty()) return absl::InvalidArgumentError(absl::StrCat("rank ", p.rank, " has no node"));
     by_rank[p.rank] = &p;
   }
-  // Nodes by (switch, name); a node's switch is the one its first-listed rank names.
+  // Nodes by (switch, name); a node's switch is the one its lowest rank names.
   std::map<std::string, std::string> switch_of;
   for (const RankPlace* p : by_rank) switch_of.emplace(p->node, p->switch_name);
   std::vector<std::pair<std::string, std::string>> order;  // (switch, node)

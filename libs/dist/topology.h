@@ -24,8 +24,8 @@ struct Topology {
   // Nodes in ring order (by switch, then name); for each, its ranks by (NUMA, rank).
   std::vector<std::string> nodes;
   std::vector<std::vector<int>> node_ranks;
-  // The first rank of each node, in node order: the inter-node group of a
-  // hierarchical all-reduce.
+  // The first rank of each node, in node order (a group for per-node work; the
+  // hierarchical all-reduce uses the rails across nodes instead).
   std::vector<int> leaders;
   // rails[i]: the i-th rank of every node that has one (nodes may differ in size).
   std::vector<std::vector<int>> rails;

@@ -16,6 +16,7 @@ absl::StatusOr<std::unique_ptr<TransportGroup>> TransportGroup::Create(std::uniq
   g->bootstrap_ = std::move(bootstrap);
   transport::UcxOptions ucx;
   ucx.tls = options.ucx_tls;
+  ucx.loopback_only = options.loopback_only;
   ASSIGN_OR_RETURN(std::unique_ptr<transport::UcxTransport> t, transport::UcxTransport::Create(ucx));
   g->transport_ = std::move(t);
   const int n = g->world_size(), me = g->rank();
@@ -51,6 +52,7 @@ absl::Status TransportGroup::AllReduceSum(float* data, size_t n) {
   static metrics::Counter* const bytes = metrics::Global().AddCounter(
       "rlfleet_dp_allreduce_bytes_total", "Bytes all-reduced (data-parallel ranks).", {{"backend", "transport"}});
   const absl::Time start = absl::Now();
+  if (!broken_.ok()) return broken_;
   std::vector<float> buffer(data, data + n);
   CollectiveOptions o;
   o.precision = options_.precision;
@@ -64,7 +66,12 @@ absl::Status TransportGroup::AllReduceSum(float* data, size_t n) {
     for (int r = 0; r < world_size(); ++r) ring.push_back(r);
     s = RingAllReduce(buffer, ring, links_, o);
   }
-  if (s.ok()) std::copy(buffer.begin(), buffer.end(), data);
+  if (s.ok()) {
+    std::copy(buffer.begin(), buffer.end(), data);
+  } else {
+    // Ranks may now disagree on what was exchanged: the group is unusable.
+    broken_ = absl::FailedPreconditionError(absl::StrCat("an earlier all-reduce failed: ", s.message()));
+  }
   (hierarchical_ ? hier_seconds : ring_seconds)->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   bytes->Add(static_cast<double>(n * sizeof(float)));
   return s;

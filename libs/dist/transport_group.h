@@ -2,7 +2,9 @@
 // TCP or shared memory) with the topology-aware collectives of ring_collectives.h:
 // hierarchical (inside each node, then across nodes over the rails, then inside again)
 // when the ranks sit on more than one node with as many ranks each, a flat ring
-// otherwise; optionally with a bf16 / fp16 wire across nodes. A GlooGroup bootstraps it
+// otherwise; optionally with a bf16 / fp16 wire (across nodes when hierarchical, on
+// every link of a flat ring). After a failed all-reduce the group answers
+// FAILED_PRECONDITION (the ranks may disagree on what was exchanged). A GlooGroup bootstraps it
 // (the rendezvous exchanges every rank's node and UCX address) and carries Broadcast.
 #ifndef RLFLEET_LIBS_DIST_TRANSPORT_GROUP_H_
 #define RLFLEET_LIBS_DIST_TRANSPORT_GROUP_H_
@@ -25,6 +27,9 @@ struct TransportGroupOptions {
   WirePrecision precision = WirePrecision::kFp32;
   absl::Duration timeout = absl::Seconds(60);  // per transfer
   std::string ucx_tls;         // UCX_TLS for the data plane; empty: UCX's default
+  // UCX on the loopback interface only (every rank on this host); false for ranks on
+  // several hosts.
+  bool loopback_only = true;
 };
 
 class TransportGroup : public model::GradientGroup {
@@ -53,6 +58,7 @@ class TransportGroup : public model::GradientGroup {
   Links links_;
   bool hierarchical_ = false;
   uint64_t calls_ = 0;  // each all-reduce gets its own tags
+  absl::Status broken_;
 };
 
 }  // namespace rlfleet::dist

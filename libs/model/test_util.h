@@ -28,6 +28,22 @@ inline float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b
   return m;
 }
 
+// `n` training sequences of different lengths (1-4 response tokens and EOS), with
+// alternating advantages, so that data-parallel ranks hold different token counts.
+inline std::vector<TrainSequence> VariedBatch(int n) {
+  std::vector<TrainSequence> batch;
+  for (int i = 0; i < n; ++i) {
+    TrainSequence s;
+    s.prompt = {1, 4, 5 + i};
+    for (int j = 0; j <= i % 4; ++j) s.response.push_back(6 + (i + j) % 20);
+    s.response.push_back(2);
+    s.behaviour_logprobs.assign(s.response.size(), -3.0f);
+    s.advantage = i % 2 ? 1.0f : -0.5f;
+    batch.push_back(std::move(s));
+  }
+  return batch;
+}
+
 }  // namespace rlfleet::model
 
 #endif  // RLFLEET_LIBS_MODEL_TEST_UTIL_H_

@@ -63,7 +63,19 @@ std::string TransportKind(absl::string_view transport) {
   return std::string(parts[0]);
 }
 
-void ParseInfo(absl::string_view m, NcclLogSummary& s, std::set<int>& rings, std::set<int>& trees) {
+// Communicator life cycle, per "host:pid comm 0x...": started, completed, aborted.
+enum class CommState { kStarted, kComplete, kAborted };
+
+// The "comm 0x..." token of a line ("" if none).
+std::string CommOf(absl::string_view m) {
+  const size_t at = m.find("comm 0x");
+  if (at == absl::string_view::npos) return "";
+  absl::string_view rest = m.substr(at + 5);
+  return std::string(rest.substr(0, rest.find(' ')));
+}
+
+void ParseInfo(absl::string_view m, const std::string& who, NcclLogSummary& s, std::set<int>& rings,
+               std::set<int>& trees, std::map<std::string, CommState>& comms) {
   if (absl::ConsumePrefix(&m, "NCCL version ")) {
     s.version = std::string(m.substr(0, m.find(' ')));
     return;
@@ -100,16 +112,26 @@ void ParseInfo(absl::string_view m, NcclLogSummary& s, std::set<int>& rings, std
     return;
   }
   // Communicator life cycle.
+  const std::string comm = absl::StrCat(who, " ", CommOf(m));
   if (absl::StrContains(m, " rank ") && absl::StartsWith(m, "ncclCommInit")) {
     s.ranks = std::max(s.ranks, IntAfter(m, "nranks"));
-    if (absl::EndsWith(m, "Init START")) ++s.init_started;
-    if (absl::EndsWith(m, "Init COMPLETE")) ++s.init_complete;
+    if (absl::EndsWith(m, "Init START")) {
+      ++s.init_started;
+      comms[comm] = CommState::kStarted;
+    }
+    if (absl::EndsWith(m, "Init COMPLETE")) {
+      ++s.init_complete;
+      comms[comm] = CommState::kComplete;
+    }
     return;
   }
   if (absl::StartsWith(m, "comm ")) {
     s.ranks = std::max({s.ranks, IntAfter(m, "nRanks"), IntAfter(m, "nranks")});
     s.nodes = std::max(s.nodes, IntAfter(m, "nNodes"));
-    if (absl::EndsWith(m, "Abort COMPLETE")) ++s.aborted;
+    if (absl::EndsWith(m, "Abort COMPLETE")) {
+      ++s.aborted;
+      comms[comm] = CommState::kAborted;
+    }
     if (absl::EndsWith(m, "Destroy COMPLETE")) ++s.destroyed;
     return;
   }
@@ -152,6 +174,7 @@ void ParseInfo(absl::string_view m, NcclLogSummary& s, std::set<int>& rings, std
 NcclLogSummary ParseNcclLog(absl::string_view log) {
   NcclLogSummary s;
   std::set<int> rings, trees;
+  std::map<std::string, CommState> comms;
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
     line = absl::StripTrailingAsciiWhitespace(line);
     size_t at = line.find(" NCCL INFO ");
@@ -170,6 +193,7 @@ NcclLogSummary ParseNcclLog(absl::string_view log) {
     }
     ++s.nccl_lines;
     // The prefix: [timestamp] host:pid:tid [device] [file.cc:line]
+    std::string who;  // host:pid
     for (absl::string_view token : absl::StrSplit(line.substr(0, at), ' ', absl::SkipEmpty())) {
       std::vector<absl::string_view> parts = absl::StrSplit(token, ':');
       int pid = 0, tid = 0;
@@ -177,6 +201,7 @@ NcclLogSummary ParseNcclLog(absl::string_view log) {
           absl::SimpleAtoi(parts[2], &tid)) {
         s.hosts.insert(std::string(parts[0]));
         s.processes.insert(pid);
+        who = absl::StrCat(parts[0], ":", pid);
       }
     }
     absl::string_view message = line.substr(at + 11);
@@ -189,11 +214,12 @@ NcclLogSummary ParseNcclLog(absl::string_view log) {
         !absl::StrContains(message, "set by environment")) {
       AddOnce(s.problems, std::string(message));
     }
-    ParseInfo(message, s, rings, trees);
+    ParseInfo(message, who, s, rings, trees, comms);
   }
   s.rings = rings.size();
   s.trees = trees.size();
-  const int unfinished = s.init_started - s.init_complete - s.aborted;
+  int unfinished = 0;  // communicators whose init started and neither completed nor was aborted
+  for (const auto& [comm, state] : comms) unfinished += state == CommState::kStarted;
   if (unfinished > 0) {
     s.problems.push_back(absl::StrCat(unfinished, " communicator(s) started init and never completed it"));
   }

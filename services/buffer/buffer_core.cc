@@ -59,9 +59,9 @@ BufferCore::BufferCore(common::Clock* clock, BufferStore* store) : clock_(clock)
   config_.set_default_lease_ttl_ms(kDefaultLeaseTtlMs);
 }
 
-std::string BufferCore::FetchPayload(const v1::Experience& sent, v1::Experience* out) {
+std::string BufferCore::FetchPayload(const v1::Experience& sent, absl::Time deadline, v1::Experience* out) {
   if (fetcher_ == nullptr) return "this buffer fetches no payloads (no PayloadFetcher)";
-  absl::StatusOr<std::string> bytes = fetcher_->Fetch(sent.remote_payload());
+  absl::StatusOr<std::string> bytes = fetcher_->Fetch(sent.remote_payload(), deadline);
   if (!bytes.ok()) return std::string(bytes.status().ToString());
   v1::Experience fetched;
   if (!fetched.ParseFromString(*bytes)) return "the fetched bytes are not a serialized Experience";
@@ -147,13 +147,20 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& original,
   }
   // Experiences sent by descriptor are fetched first, without the lock; one that cannot
   // be fetched is rejected (and the others go on).
+  // One deadline for all of a request's fetches; ids already taken are not fetched
+  // (they are duplicates).
   std::optional<v1::PutExperiencesRequest> resolved;
   std::map<int, std::string> unfetched;  // index -> why
+  const absl::Time deadline = absl::Now() + (fetcher_ ? fetcher_->options().timeout : absl::ZeroDuration());
   for (int i = 0; i < original.experiences_size(); ++i) {
     const v1::Experience& e = original.experiences(i);
     if (!e.has_remote_payload()) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      if (seen_.contains(e.experience_id().value())) continue;
+    }
     if (!resolved) resolved = original;
-    std::string why = FetchPayload(e, resolved->mutable_experiences(i));
+    std::string why = FetchPayload(e, deadline, resolved->mutable_experiences(i));
     if (!why.empty()) unfetched[i] = absl::StrCat("remote_payload: ", why);
   }
   const v1::PutExperiencesRequest& request = resolved ? *resolved : original;

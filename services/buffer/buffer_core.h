@@ -91,7 +91,7 @@ class BufferCore {
   void AddLocked(const v1::Experience& e, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A remote payload into `out`; empty on success, else why not.
-  std::string FetchPayload(const v1::Experience& sent, v1::Experience* out);
+  std::string FetchPayload(const v1::Experience& sent, absl::Time deadline, v1::Experience* out);
 
   common::Clock* const clock_;
   BufferStore* const store_;

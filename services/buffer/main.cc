@@ -3,6 +3,7 @@
 
 #include <iostream>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "libs/common/clock.h"
 #include "libs/common/config.h"
@@ -19,6 +20,9 @@ ABSL_FLAG(absl::Duration, stream_full_wait, absl::Seconds(30),
 ABSL_FLAG(std::string, data_plane, "ucx",
           "How the buffer fetches experiences sent by descriptor (remote_payload) from producers' memory: ucx, or "
           "none (FILE descriptors only).");
+ABSL_DECLARE_FLAG(std::string, host);  // libs/rpc's server flag
+ABSL_FLAG(std::string, payload_dir, "",
+          "FILE payload descriptors may name files under this directory only; empty: FILE descriptors refused.");
 ABSL_FLAG(std::string, store, "memory://",
           "Where accepted experiences are kept: memory:// or redis://host:port[/prefix] "
           "(survives a restart).");
@@ -46,7 +50,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<rlfleet::transport::Transport> data_plane;
   if (absl::GetFlag(FLAGS_data_plane) == "ucx") {
     rlfleet::transport::UcxOptions ucx;
-    ucx.loopback_only = false;
+    // Serving on loopback only: producers are on this host, keep UCX there too.
+    const std::string host = absl::GetFlag(FLAGS_host);
+    ucx.loopback_only = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
     auto t = rlfleet::transport::UcxTransport::Create(ucx);
     if (t.ok()) {
       data_plane = std::move(*t);
@@ -57,7 +63,9 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-buffer: --data_plane=" << absl::GetFlag(FLAGS_data_plane) << ": want ucx or none\n";
     return 2;
   }
-  rlfleet::buffer::PayloadFetcher fetcher(data_plane.get());
+  rlfleet::buffer::PayloadFetcher::Options fetch;
+  fetch.file_root = absl::GetFlag(FLAGS_payload_dir);
+  rlfleet::buffer::PayloadFetcher fetcher(data_plane.get(), fetch);
   core.SetPayloadFetcher(&fetcher);
   if (absl::Status s = core.Recover(); !s.ok()) {
     std::cerr << "rlfleet-buffer: recovering from --store: " << s << "\n";

@@ -1,7 +1,11 @@
 #include "services/buffer/payload_fetcher.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,7 +17,8 @@ namespace rlfleet::buffer {
 PayloadFetcher::PayloadFetcher(transport::Transport* transport, Options options)
     : transport_(transport), options_(options) {}
 
-absl::StatusOr<std::string> PayloadFetcher::Fetch(const v1::TransferDescriptor& d) {
+absl::StatusOr<std::string> PayloadFetcher::Fetch(const v1::TransferDescriptor& d, absl::Time deadline) {
+  if (absl::Now() >= deadline) return absl::DeadlineExceededError("no time left for this fetch");
   if (d.length_bytes() == 0) return absl::InvalidArgumentError("length_bytes: 0");
   if (d.length_bytes() > options_.max_bytes) {
     return absl::InvalidArgumentError(
@@ -29,19 +34,21 @@ absl::StatusOr<std::string> PayloadFetcher::Fetch(const v1::TransferDescriptor& 
       break;
     case v1::TRANSFER_BACKEND_UCX:
     case v1::TRANSFER_BACKEND_LOOPBACK:
-      bytes = FetchMemory(d);
+      bytes = FetchMemory(d, deadline);
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("segment.backend: ",
                                                      v1::TransferBackend_Name(d.segment().backend()),
-                                                     " is not one the buffer fetches from (FILE, UCX)"));
+                                                     " is not one the buffer fetches from (FILE, UCX, LOOPBACK)"));
   }
   if (!bytes.ok()) return bytes.status();
   const uint64_t got = d.digest().algorithm() == v1::DIGEST_ALGORITHM_XXHASH64 ? common::Xxh64(*bytes)
                                                                                : common::Crc32c(*bytes);
   if (got != d.digest().value()) {
-    return absl::DataLossError(absl::StrFormat("digest: the %d bytes fetched hash to %#x, the descriptor says %#x",
-                                               bytes->size(), got, d.digest().value()));
+    // (The computed value is not echoed: it would tell a producer about bytes it
+    // cannot read.)
+    return absl::DataLossError(absl::StrFormat("digest: the %d bytes fetched do not match the descriptor's %s",
+                                               bytes->size(), v1::DigestAlgorithm_Name(d.digest().algorithm())));
   }
   return bytes;
 }
@@ -49,8 +56,27 @@ absl::StatusOr<std::string> PayloadFetcher::Fetch(const v1::TransferDescriptor& 
 absl::StatusOr<std::string> PayloadFetcher::FetchFile(const v1::TransferDescriptor& d) {
   const std::string& path = d.segment().worker_address();
   if (path.empty()) return absl::InvalidArgumentError("segment.worker_address: empty (the file's path)");
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (options_.file_root.empty()) {
+    return absl::InvalidArgumentError("segment.backend: FILE payloads are not accepted here (no --payload_dir)");
+  }
+  // The real path must lie under the root: no "..", no symlink out of it.
+  char resolved[PATH_MAX], root[PATH_MAX];
+  if (realpath(options_.file_root.c_str(), root) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("payload directory ", options_.file_root, " does not exist"));
+  }
+  if (realpath(path.c_str(), resolved) == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  const std::string prefix = absl::StrCat(root, "/");
+  if (std::string(resolved).rfind(prefix, 0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment.worker_address: ", path, " is not under the payload directory ", options_.file_root));
+  }
+  const int fd = open(resolved, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("segment.worker_address: ", path, " is not a regular file"));
+  }
   std::string bytes(d.length_bytes(), '\0');
   uint64_t done = 0;
   while (done < bytes.size()) {
@@ -66,7 +92,7 @@ absl::StatusOr<std::string> PayloadFetcher::FetchFile(const v1::TransferDescript
   return bytes;
 }
 
-absl::StatusOr<std::string> PayloadFetcher::FetchMemory(const v1::TransferDescriptor& d) {
+absl::StatusOr<std::string> PayloadFetcher::FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline) {
   if (transport_ == nullptr) {
     return absl::InvalidArgumentError("segment.backend: this buffer has no data-plane transport (FILE only)");
   }
@@ -76,7 +102,8 @@ absl::StatusOr<std::string> PayloadFetcher::FetchMemory(const v1::TransferDescri
     return absl::InvalidArgumentError(
         absl::StrCat("segment.backend: ", theirs, "; this buffer's data plane is ", mine));
   }
-  if (d.offset_bytes() + d.length_bytes() > d.segment().length_bytes()) {
+  if (d.offset_bytes() > d.segment().length_bytes() ||
+      d.length_bytes() > d.segment().length_bytes() - d.offset_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("offset_bytes + length_bytes (", d.offset_bytes() + d.length_bytes(),
                                                    ") exceeds segment.length_bytes (", d.segment().length_bytes(), ")"));
   }
@@ -84,10 +111,12 @@ absl::StatusOr<std::string> PayloadFetcher::FetchMemory(const v1::TransferDescri
   ASSIGN_OR_RETURN(transport::MemoryHandle local, transport_->AllocateMemory(d.length_bytes()));
   std::unique_ptr<transport::Completion> get =
       transport_->Get(peer, local, 0, d.segment(), d.offset_bytes(), d.length_bytes());
-  absl::Status s = get->Wait(options_.timeout);
+  absl::Status s = get->Wait(deadline - absl::Now());
   std::string bytes;
   if (s.ok()) bytes.assign(static_cast<const char*>(local.base), d.length_bytes());
-  if (!absl::IsDeadlineExceeded(s)) (void)transport_->DeregisterMemory(local);  // (else it may still land)
+  // Past the deadline the bytes may still land: the region is left registered then
+  // (a producer that is late, not dead, must not write into freed memory).
+  if (!absl::IsDeadlineExceeded(s)) (void)transport_->DeregisterMemory(local);
   if (!s.ok()) return s;
   return bytes;
 }

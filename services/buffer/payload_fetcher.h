@@ -21,6 +21,10 @@ class PayloadFetcher {
   struct Options {
     uint64_t max_bytes = uint64_t{64} << 20;     // one payload at most
     absl::Duration timeout = absl::Seconds(10);  // per fetch: a dead producer is an error after this
+    // FILE descriptors may only name regular files under this directory (no symlinks
+    // out of it); empty: FILE descriptors are refused. (A producer must not be able to
+    // make the buffer read any file it can.)
+    std::string file_root;
   };
   // `transport` (not owned, may be null: memory descriptors are then refused) serves
   // descriptors of its backend.
@@ -29,14 +33,20 @@ class PayloadFetcher {
 
   // The bytes. INVALID_ARGUMENT naming the field for a malformed descriptor (no digest,
   // zero or oversized length, range outside the segment, a backend this buffer does not
-  // fetch from); DATA_LOSS for a digest mismatch or a short file; the transport's error
+  // fetch from, a path outside file_root); NOT_FOUND for a file that cannot be opened;
+  // DATA_LOSS for a digest mismatch or a short file; the transport's error
   // (UNAVAILABLE, FAILED_PRECONDITION for a stale registration, DEADLINE_EXCEEDED)
   // otherwise.
-  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor);
+  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor) {
+    return Fetch(descriptor, absl::Now() + options_.timeout);
+  }
+  // With a deadline of its own (several fetches of one request share one).
+  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline);
+  const Options& options() const { return options_; }
 
  private:
   absl::StatusOr<std::string> FetchFile(const v1::TransferDescriptor& d);
-  absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d);
+  absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline);
 
   transport::Transport* const transport_;
   const Options options_;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "libs/common/status_macros.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -48,30 +49,56 @@ std::vector<std::string> RolloutAddressesForRun(ControllerCore& core, const std:
   return {addresses.begin(), addresses.end()};
 }
 
-absl::StatusOr<std::unique_ptr<RolloutDiscovery>> RolloutDiscovery::Start(ControllerCore* core, RunManager* runs,
-                                                                          MakeReplica make, Log log) {
+namespace {
+
+absl::StatusOr<std::shared_ptr<registry::Subscription>> WatchRollouts(ControllerCore* core, bool snapshot) {
   v1::WatchReplicasRequest watch;
   watch.set_role(v1::REPLICA_ROLE_ROLLOUT);
-  auto sub = core->Watch(watch);
-  if (!sub.ok()) return sub.status();
-  return std::unique_ptr<RolloutDiscovery>(new RolloutDiscovery(*sub, runs, std::move(make), std::move(log)));
+  watch.set_send_snapshot(snapshot);
+  return core->Watch(watch);
 }
 
-RolloutDiscovery::RolloutDiscovery(std::shared_ptr<registry::Subscription> sub, RunManager* runs, MakeReplica make,
-                                   Log log)
-    : sub_(std::move(sub)), runs_(runs), make_(std::move(make)), log_(std::move(log)) {
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RolloutDiscovery>> RolloutDiscovery::Start(ControllerCore* core, RunManager* runs,
+                                                                          MakeReplica make, Log log) {
+  ASSIGN_OR_RETURN(std::shared_ptr<registry::Subscription> sub, WatchRollouts(core, /*snapshot=*/false));
+  return std::unique_ptr<RolloutDiscovery>(new RolloutDiscovery(core, sub, runs, std::move(make), std::move(log)));
+}
+
+RolloutDiscovery::RolloutDiscovery(ControllerCore* core, std::shared_ptr<registry::Subscription> sub,
+                                   RunManager* runs, MakeReplica make, Log log)
+    : core_(core), sub_(std::move(sub)), runs_(runs), make_(std::move(make)), log_(std::move(log)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
 RolloutDiscovery::~RolloutDiscovery() {
   stopping_ = true;
-  sub_->Close();
+  {
+    absl::MutexLock lock(&mu_);
+    sub_->Close();
+  }
   thread_.join();
 }
 
 void RolloutDiscovery::Loop() {
   while (!stopping_) {
-    std::optional<v1::ReplicaEvent> event = sub_->Next(absl::Milliseconds(500));
+    std::shared_ptr<registry::Subscription> sub;
+    {
+      absl::MutexLock lock(&mu_);
+      sub = sub_;
+    }
+    std::optional<v1::ReplicaEvent> event = sub->Next(absl::Milliseconds(500));
+    if (!event && sub->closed() && !stopping_) {
+      // The registry closed a watch that fell too far behind: watch again, from a
+      // snapshot of who is registered now (an ADDED event for each).
+      if (log_) log_("discovery: the registry watch was closed; watching again");
+      auto again = WatchRollouts(core_, /*snapshot=*/true);
+      absl::MutexLock lock(&mu_);
+      if (!again.ok() || stopping_) return;
+      sub_ = *again;
+      continue;
+    }
     if (!event) continue;
     const std::string& address = event->replica().grpc_address();
     absl::Status s;

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "libs/registry/watch.h"
 #include "services/controller/controller_core.h"
 #include "services/controller/run_manager.h"
@@ -21,8 +22,9 @@
 namespace rlfleet::controller {
 
 // The address of the `role` service a run uses: `flag_value` when set, else the
-// registered replica of that role with the fewest in-flight + queued requests (ties:
-// the first listed). FAILED_PRECONDITION naming the role and `flag_name` when neither.
+// registered replica of that role with the fewest in-flight + queued requests (ties,
+// and replicas that report no load: the first listed). FAILED_PRECONDITION naming the
+// role and `flag_name` when neither.
 absl::StatusOr<std::string> ResolvePeerAddress(ControllerCore& core, v1::ReplicaRole role,
                                                const std::string& flag_value, absl::string_view flag_name);
 
@@ -44,10 +46,13 @@ class RolloutDiscovery {
   ~RolloutDiscovery();  // stops watching and joins
 
  private:
-  RolloutDiscovery(std::shared_ptr<registry::Subscription> sub, RunManager* runs, MakeReplica make, Log log);
+  RolloutDiscovery(ControllerCore* core, std::shared_ptr<registry::Subscription> sub, RunManager* runs,
+                   MakeReplica make, Log log);
   void Loop();
 
-  const std::shared_ptr<registry::Subscription> sub_;
+  ControllerCore* const core_;
+  absl::Mutex mu_;
+  std::shared_ptr<registry::Subscription> sub_ ABSL_GUARDED_BY(mu_);
   RunManager* const runs_;
   const MakeReplica make_;
   const Log log_;

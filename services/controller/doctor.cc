@@ -204,10 +204,10 @@ std::vector<CheckResult> CheckClockSkew(const std::vector<ClockSample>& samples)
 std::vector<CheckResult> CheckGpuMemory(const std::vector<GpuMemory>& gpus) {
   std::vector<CheckResult> out;
   for (const GpuMemory& g : gpus) {
-    const double free_fraction = g.total > 0 ? 1.0 - static_cast<double>(g.used) / g.total : 0.0;
-    const std::string detail =
-        absl::StrFormat("GPU %d (%s): %.1f of %.1f GiB free (%.0f%%)", g.index, g.name, (g.total - g.used) / 1073741824.0,
-                        g.total / 1073741824.0, free_fraction * 100);
+    const uint64_t free_bytes = g.total > g.used ? g.total - g.used : 0;
+    const double free_fraction = g.total > 0 ? static_cast<double>(free_bytes) / g.total : 0.0;
+    const std::string detail = absl::StrFormat("GPU %d (%s): %.1f of %.1f GiB free (%.0f%%)", g.index, g.name,
+                                               free_bytes / 1073741824.0, g.total / 1073741824.0, free_fraction * 100);
     if (free_fraction < 0.02) {
       out.push_back({"gpu_memory", CheckStatus::kFail, detail,
                      "free GPU memory first: find the processes with nvidia-smi, or shrink the KV cache / batch "

@@ -34,7 +34,8 @@ ABSL_FLAG(std::string, dp_allreduce, "gloo",
           "hierarchical (libs/dist over UCX: inside each --dp_node, across nodes over the rails, inside again; "
           "a ring when the ranks do not split evenly over several nodes).");
 ABSL_FLAG(std::string, dp_node, "", "This rank's node for --dp_allreduce=hierarchical; empty: the host name.");
-ABSL_FLAG(std::string, dp_wire, "fp32", "Gradient precision between nodes (ring / hierarchical): fp32, bf16, fp16.");
+ABSL_FLAG(std::string, dp_wire, "fp32",
+          "Gradient precision on the wire (ring: every link; hierarchical: between nodes): fp32, bf16, fp16.");
 ABSL_FLAG(absl::Duration, dp_timeout, absl::Seconds(60),
           "Rendezvous and collective deadline: a dead rank is an error after this long.");
 ABSL_FLAG(std::string, publish_dir, "", "PublishWeights writes policy-v<N>.safetensors here (single machine).");
@@ -119,6 +120,10 @@ int main(int argc, char** argv) {
                     : wire == "fp16" ? rlfleet::dist::WirePrecision::kFp16
                                      : rlfleet::dist::WirePrecision::kFp32;
       t.timeout = absl::GetFlag(FLAGS_dp_timeout);
+      // Ranks on one host (a loopback rendezvous) keep UCX on loopback; otherwise every
+      // interface, so that ranks on other hosts can reach this one.
+      const std::string& host = o.store_host;
+      t.loopback_only = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
       auto made = rlfleet::dist::TransportGroup::Create(std::move(*joined), t);
       if (!made.ok()) {
         std::cerr << "rlfleet-trainer: rank " << rank << ": " << made.status() << "\n";

@@ -123,9 +123,9 @@ TEST(Prometheus, ScrapesASmallFleetAndAnswersQueries) {
   EXPECT_TRUE(all_up(answer)) << answer;
   EXPECT_TRUE(absl::StrContains(answer, ",\"1\"]")) << answer;
   // Each service's own series through Prometheus.
-  for (const std::string& series : {"rlfleet_buffer_depth_experiences", "rlfleet_rollout_active_sequences",
-                                    "rlfleet_buffer_sampled_total", "rlfleet_nic_receive_bytes_total"}) {
-    const std::string reply = Get(port, "/api/v1/query?query=" + series);
+  for (const char* series : {"rlfleet_buffer_depth_experiences", "rlfleet_rollout_active_sequences",
+                             "rlfleet_buffer_sampled_total", "rlfleet_nic_receive_bytes_total"}) {
+    const std::string reply = Get(port, absl::StrCat("/api/v1/query?query=", series));
     EXPECT_TRUE(absl::StrContains(reply, "\"result\":[{")) << series << ": " << reply;
   }
   const std::string rules = Get(port, "/api/v1/rules");

@@ -15,20 +15,7 @@ using model::MaxAbsDiff;
 
 model::PolicyConfig Small() { return model::TinyConfig(); }
 
-// Sequences of different lengths, so that the ranks hold different token counts.
-std::vector<model::TrainSequence> Batch() {
-  std::vector<model::TrainSequence> batch;
-  for (int i = 0; i < 6; ++i) {
-    model::TrainSequence s;
-    s.prompt = {1, 4, 5 + i};
-    for (int j = 0; j <= i % 4; ++j) s.response.push_back(6 + (i + j) % 20);
-    s.response.push_back(2);
-    s.behaviour_logprobs.assign(s.response.size(), -3.0f);
-    s.advantage = i % 2 ? 1.0f : -0.5f;
-    batch.push_back(std::move(s));
-  }
-  return batch;
-}
+std::vector<model::TrainSequence> Batch() { return model::VariedBatch(6); }
 
 TEST(GlooGroup, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
   const std::vector<model::TrainSequence> batch = Batch();

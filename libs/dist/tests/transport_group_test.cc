@@ -13,19 +13,7 @@ namespace {
 
 using model::MaxAbsDiff;
 
-std::vector<model::TrainSequence> Batch() {
-  std::vector<model::TrainSequence> batch;
-  for (int i = 0; i < 8; ++i) {
-    model::TrainSequence s;
-    s.prompt = {1, 4, 5 + i};
-    for (int j = 0; j <= i % 4; ++j) s.response.push_back(6 + (i + j) % 20);
-    s.response.push_back(2);
-    s.behaviour_logprobs.assign(s.response.size(), -3.0f);
-    s.advantage = i % 2 ? 1.0f : -0.5f;
-    batch.push_back(std::move(s));
-  }
-  return batch;
-}
+std::vector<model::TrainSequence> Batch() { return model::VariedBatch(8); }
 
 void FourRanksEqualOneRank(bool hierarchical) {
   constexpr int kRanks = 4;

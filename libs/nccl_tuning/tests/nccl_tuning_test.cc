@@ -2,6 +2,7 @@
 // the NCCL_DEBUG=INFO log reader on logs recorded on an H200 machine
 // (tests/testdata, by tools/device/record_nccl_logs.sh) and on a hand-written
 // multi-node excerpt in NCCL's format.
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -106,6 +107,22 @@ TEST(NcclLog, TwoRanksOnOneGpuAreReportedAsTheProblem) {
 
 // Written by hand in NCCL's format (two 2-GPU hosts: P2P inside, IB with GPUDirect RDMA
 // between, one stale socket connection, then a timeout and an abort).
+// One communicator completes and is later aborted while another never finishes init:
+// the hang is still reported (per communicator, not by counting).
+TEST(NcclLog, AnAbortElsewhereDoesNotHideAHungInit) {
+  const NcclLogSummary s = ParseNcclLog(R"(
+h:1:1 [0] NCCL INFO ncclCommInitRankConfig comm 0xa rank 0 nranks 2 cudaDev 0 busId 1 commId 0x1 - Init START
+h:1:1 [0] NCCL INFO ncclCommInitRankConfig comm 0xa rank 0 nranks 2 cudaDev 0 busId 1 commId 0x1 - Init COMPLETE
+h:1:1 [0] NCCL INFO comm 0xa rank 0 nranks 2 cudaDev 0 busId 1 - Abort COMPLETE
+h:2:2 [1] NCCL INFO ncclCommInitRankConfig comm 0xa rank 1 nranks 2 cudaDev 1 busId 2 commId 0x2 - Init START
+)");
+  EXPECT_EQ(s.init_started, 2);
+  EXPECT_EQ(s.aborted, 1);
+  EXPECT_NE(std::find(s.problems.begin(), s.problems.end(), "1 communicator(s) started init and never completed it"),
+            s.problems.end())
+      << FormatNcclLogSummary(s, false);
+}
+
 TEST(NcclLog, TransportsAcrossHostsTimeoutsAndAborts) {
   const std::string log = R"(
 hostA:101:201 [0] NCCL INFO NCCL version 2.21.5+cuda12.4

@@ -58,7 +58,9 @@ TEST(RemotePayload, FromAFileWithItsDigestAndEveryBadDescriptorRejectedByName) {
   good.mutable_digest()->set_value(common::Xxh64(bytes));
 
   BufferCore core;
-  PayloadFetcher fetcher(nullptr);
+  PayloadFetcher::Options options;
+  options.file_root = std::getenv("TEST_TMPDIR");
+  PayloadFetcher fetcher(nullptr, options);
   // Without a fetcher: rejected, saying so.
   v1::PutExperiencesResponse none;
   ASSERT_TRUE(core.Put(Request({Sent("e1", good)}), &none).ok());
@@ -87,6 +89,10 @@ TEST(RemotePayload, FromAFileWithItsDigestAndEveryBadDescriptorRejectedByName) {
       {bad([](auto& d) { d.mutable_segment()->set_backend(v1::TRANSFER_BACKEND_UCX); }), "e1",
        "no data-plane transport"},
       {bad([](auto& d) { d.mutable_segment()->set_worker_address("/nonexistent"); }), "e1", "cannot open"},
+      {bad([](auto& d) { d.mutable_segment()->set_worker_address("/etc/hostname"); }), "e1",
+       "is not under the payload directory"},
+      {bad([&](auto& d) { d.mutable_segment()->set_worker_address(path + "/../../../etc/hostname"); }), "e1",
+       "cannot open"},
       {good, "e2", "the fetched experience is `e1`, not `e2`"},
   };
   for (const Case& c : cases) {
@@ -97,6 +103,17 @@ TEST(RemotePayload, FromAFileWithItsDigestAndEveryBadDescriptorRejectedByName) {
     EXPECT_TRUE(absl::StartsWith(r.rejections(0).message(), "remote_payload: ")) << r.rejections(0).message();
     EXPECT_TRUE(absl::StrContains(r.rejections(0).message(), c.want)) << r.rejections(0).message();
     EXPECT_EQ(r.accepted(), 0u);
+  }
+  // A buffer without a payload directory takes no FILE descriptors.
+  {
+    BufferCore strict;
+    PayloadFetcher no_files(nullptr);
+    strict.SetPayloadFetcher(&no_files);
+    v1::PutExperiencesResponse r;
+    ASSERT_TRUE(strict.Put(Request({Sent("e1", good)}), &r).ok());
+    ASSERT_EQ(r.rejections_size(), 1);
+    EXPECT_TRUE(absl::StrContains(r.rejections(0).message(), "FILE payloads are not accepted here"))
+        << r.rejections(0).message();
   }
   // The good one, next to an inline one: both accepted; what the trainer samples is the
   // full experience.
