@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <cstring>
 #include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "libs/common/checksum.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::trainer {
@@ -587,6 +589,13 @@ absl::Status TrainerCore::PublishToFile(const std::string& publish_dir, const v1
   where->mutable_segment()->set_worker_address(path);
   where->set_length_bytes(fs::file_size(path, ec));
   where->set_version(version_);
+  {
+    // Its digest, so that whoever reads the file (the weights service) can check it.
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+    where->mutable_digest()->set_value(common::Xxh64(bytes));
+  }
   response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   // Weight sync, phase 1: the trainer's pause to write the version out.
   static metrics::Histogram* publish_seconds = metrics::Global().AddHistogram(

@@ -1,0 +1,155 @@
+// WeightsCore over fake destinations: a version is read and its digest checked before
+// it is published; a round installs it on every live replica while a dead one and a
+// stalled one are dropped at their deadline, each with its reason.
+#include "services/weights/weights_core.h"
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "libs/common/checksum.h"
+
+namespace rlfleet::weights {
+namespace {
+
+class FakeDestination : public Destination {
+ public:
+  enum class Kind { kHealthy, kDead, kStalled };
+  explicit FakeDestination(Kind kind) : kind_(kind) {}
+  absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
+                                                    absl::Time deadline) override {
+    last_ = request;
+    if (kind_ == Kind::kDead) return absl::UnavailableError("connection refused");
+    if (kind_ == Kind::kStalled) {
+      never_.WaitForNotificationWithDeadline(deadline);
+      return absl::DeadlineExceededError("replica did not answer");
+    }
+    v1::CommitWeightsResponse r;
+    *r.mutable_installed_version() = request.manifest().version();
+    r.set_install_us(2000);
+    r.set_pause_us(3000);
+    return r;
+  }
+  v1::PrepareWeightsRequest last_;
+
+ private:
+  const Kind kind_;
+  absl::Notification never_;
+};
+
+struct Fixture {
+  Fixture()
+      : core([this](const std::string& address) -> std::unique_ptr<Destination> {
+          auto d = std::make_unique<FakeDestination>(address == "dead:1"      ? FakeDestination::Kind::kDead
+                                                     : address == "stalled:1" ? FakeDestination::Kind::kStalled
+                                                                              : FakeDestination::Kind::kHealthy);
+          made[address] = d.get();
+          return d;
+        }) {}
+  std::map<std::string, FakeDestination*> made;
+  WeightsCore core;
+};
+
+// A version file and the request that publishes it.
+v1::PublishVersionRequest Publish(uint64_t version, const std::string& path, uint64_t digest_xor = 0) {
+  const std::string bytes(4096 + version, static_cast<char>('a' + version));
+  std::ofstream(path, std::ios::binary) << bytes;
+  v1::PublishVersionRequest r;
+  r.mutable_manifest()->mutable_version()->set_version(version);
+  v1::TransferDescriptor* where = r.add_sources()->add_shards()->mutable_location();
+  where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
+  where->mutable_segment()->set_worker_address(path);
+  where->set_length_bytes(bytes.size());
+  where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+  where->mutable_digest()->set_value(common::Xxh64(bytes) ^ digest_xor);
+  return r;
+}
+
+TEST(WeightsCore, AVersionIsVerifiedBeforeItIsPublished) {
+  Fixture f;
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  v1::PublishVersionResponse out;
+  EXPECT_EQ(f.core.PublishVersion(Publish(1, dir + "/v1", /*digest_xor=*/1), &out).code(),
+            absl::StatusCode::kDataLoss);
+  v1::PublishVersionRequest two_sources = Publish(1, dir + "/v1");
+  *two_sources.add_sources() = two_sources.sources(0);
+  auto bad = f.core.PublishVersion(two_sources, &out);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "sources:")) << bad;
+  v1::PublishVersionRequest no_digest = Publish(1, dir + "/v1");
+  no_digest.mutable_sources(0)->mutable_shards(0)->mutable_location()->clear_digest();
+  EXPECT_TRUE(absl::StrContains(f.core.PublishVersion(no_digest, &out).message(), "digest: required"));
+  ASSERT_TRUE(f.core.PublishVersion(Publish(2, dir + "/v2"), &out).ok());
+  EXPECT_EQ(out.bytes_read(), 4098u);
+  EXPECT_EQ(f.core.PublishVersion(Publish(2, dir + "/v2"), &out).code(), absl::StatusCode::kFailedPrecondition);
+  // A rejected version left nothing to sync.
+  v1::RegisterDestinationRequest reg;
+  reg.set_replica_id("r");
+  reg.set_grpc_address("healthy:1");
+  v1::RegisterDestinationResponse registered;
+  ASSERT_TRUE(f.core.RegisterDestination(reg, &registered).ok());
+  EXPECT_EQ(registered.latest_version().version(), 2u);
+  v1::SyncVersionRequest sync;
+  sync.set_replica_id("r");
+  sync.set_version(1);
+  v1::SyncVersionResponse synced;
+  EXPECT_EQ(f.core.SyncVersion(sync, &synced).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(WeightsCore, ARoundDropsADeadAndAStalledReplicaAtTheirDeadlineAndTheOthersInstall) {
+  Fixture f;
+  for (const auto& [id, address] : std::vector<std::pair<std::string, std::string>>{
+           {"a", "healthy:1"}, {"b", "healthy:2"}, {"dead", "dead:1"}, {"stalled", "stalled:1"}}) {
+    v1::RegisterDestinationRequest reg;
+    reg.set_replica_id(id);
+    reg.set_grpc_address(address);
+    v1::RegisterDestinationResponse out;
+    ASSERT_TRUE(f.core.RegisterDestination(reg, &out).ok());
+  }
+  v1::RegisterDestinationRequest nameless;
+  nameless.set_grpc_address("x:1");
+  v1::RegisterDestinationResponse ignored;
+  EXPECT_TRUE(absl::StrContains(f.core.RegisterDestination(nameless, &ignored).message(), "replica_id"));
+  v1::PublishVersionResponse published;
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/v7";
+  ASSERT_TRUE(f.core.PublishVersion(Publish(7, path), &published).ok());
+  EXPECT_EQ(published.destinations(), 4u);
+
+  const absl::Time start = absl::Now();
+  auto round = f.core.SyncAll(0, absl::Milliseconds(500));
+  ASSERT_TRUE(round.ok()) << round.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the stalled replica held up the round";
+  std::map<std::string, v1::DestinationSyncStatus> by_id;
+  for (const auto& s : *round) by_id[s.replica_id()] = s;
+  ASSERT_EQ(by_id.size(), 4u);
+  for (const char* id : {"a", "b"}) {
+    EXPECT_EQ(by_id[id].phase(), v1::SYNC_PHASE_INSTALLED) << id;
+    EXPECT_EQ(by_id[id].version(), 7u);
+    EXPECT_EQ(by_id[id].bytes_moved(), 4103u);
+    EXPECT_EQ(by_id[id].transfer_us(), 2000);
+    EXPECT_EQ(by_id[id].pause_us(), 3000);
+    EXPECT_GT(by_id[id].throughput_gb_per_s(), 0);
+  }
+  EXPECT_EQ(by_id["dead"].phase(), v1::SYNC_PHASE_FAILED);
+  EXPECT_TRUE(absl::StrContains(by_id["dead"].error(), "UNAVAILABLE")) << by_id["dead"].error();
+  EXPECT_EQ(by_id["stalled"].phase(), v1::SYNC_PHASE_FAILED);
+  EXPECT_TRUE(absl::StrContains(by_id["stalled"].error(), "DEADLINE_EXCEEDED")) << by_id["stalled"].error();
+  // What a replica was asked to install: the verified file, with its digest.
+  const v1::PrepareWeightsRequest& asked = f.made["healthy:1"]->last_;
+  EXPECT_EQ(asked.manifest().version().version(), 7u);
+  ASSERT_EQ(asked.chunks_size(), 1);
+  EXPECT_EQ(asked.chunks(0).source().segment().worker_address(), path);
+  // The status RPC says the same.
+  v1::GetSyncStatusRequest ask;
+  ask.set_replica_id("stalled");
+  v1::GetSyncStatusResponse status;
+  ASSERT_TRUE(f.core.GetSyncStatus(ask, &status).ok());
+  ASSERT_EQ(status.destinations_size(), 1);
+  EXPECT_EQ(status.destinations(0).phase(), v1::SYNC_PHASE_FAILED);
+  ask.set_replica_id("nobody");
+  EXPECT_EQ(f.core.GetSyncStatus(ask, &status).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace rlfleet::weights

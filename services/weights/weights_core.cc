@@ -1,0 +1,202 @@
+#include "services/weights/weights_core.h"
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/common/checksum.h"
+#include "libs/common/status_macros.h"
+
+namespace rlfleet::weights {
+
+WeightsCore::WeightsCore(DestinationFactory factory) : factory_(std::move(factory)) {}
+
+absl::Status WeightsCore::RegisterDestination(const v1::RegisterDestinationRequest& request,
+                                              v1::RegisterDestinationResponse* response) {
+  if (request.replica_id().empty() || request.replica_id().size() > 128) {
+    return absl::InvalidArgumentError("replica_id: want 1..128 bytes");
+  }
+  if (request.grpc_address().empty()) return absl::InvalidArgumentError("grpc_address: empty");
+  std::shared_ptr<Destination> d = factory_(request.grpc_address());
+  absl::MutexLock lock(&mu_);
+  destinations_[request.replica_id()] = {request.grpc_address(), std::move(d)};
+  if (!versions_.empty()) {
+    const Version& latest = versions_.rbegin()->second;
+    *response->mutable_latest_version() = latest.manifest.version();
+    response->set_bytes_needed(latest.location.length_bytes());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightsCore::UnregisterDestination(const v1::UnregisterDestinationRequest& request,
+                                                v1::UnregisterDestinationResponse* response) {
+  if (request.replica_id().empty()) return absl::InvalidArgumentError("replica_id: empty");
+  absl::MutexLock lock(&mu_);
+  response->set_was_registered(destinations_.erase(request.replica_id()) > 0);
+  return absl::OkStatus();
+}
+
+absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& request,
+                                         v1::PublishVersionResponse* response) {
+  const uint64_t version = request.manifest().version().version();
+  if (version == 0) return absl::InvalidArgumentError("manifest.version.version: 0");
+  if (request.sources_size() != 1 || request.sources(0).shards_size() != 1) {
+    return absl::InvalidArgumentError(
+        "sources: this weights service takes one source rank with one shard (the trainer's file) for now");
+  }
+  const v1::TransferDescriptor& where = request.sources(0).shards(0).location();
+  if (where.segment().backend() != v1::TRANSFER_BACKEND_FILE) {
+    return absl::InvalidArgumentError("sources[0].shards[0].location.segment.backend: FILE only for now");
+  }
+  if (where.segment().worker_address().empty()) {
+    return absl::InvalidArgumentError("sources[0].shards[0].location.segment.worker_address: empty (the file)");
+  }
+  if (where.length_bytes() == 0) return absl::InvalidArgumentError("sources[0].shards[0].location.length_bytes: 0");
+  const v1::DigestAlgorithm algorithm = where.digest().algorithm();
+  if (algorithm != v1::DIGEST_ALGORITHM_XXHASH64 && algorithm != v1::DIGEST_ALGORITHM_CRC32C) {
+    return absl::InvalidArgumentError("sources[0].shards[0].location.digest: required (XXHASH64 or CRC32C)");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!versions_.empty() && version <= versions_.rbegin()->first) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", version, " is not newer than the latest, ", versions_.rbegin()->first));
+    }
+  }
+  // Read and verify before anyone sees the version.
+  const absl::Time start = absl::Now();
+  std::ifstream in(where.segment().worker_address(), std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", where.segment().worker_address()));
+  in.seekg(static_cast<std::streamoff>(where.offset_bytes()));
+  std::string bytes(where.length_bytes(), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (static_cast<uint64_t>(in.gcount()) != bytes.size()) {
+    return absl::DataLossError(absl::StrCat(where.segment().worker_address(), " holds ", in.gcount(), " of the ",
+                                            bytes.size(), " bytes the descriptor names"));
+  }
+  const uint64_t digest =
+      algorithm == v1::DIGEST_ALGORITHM_XXHASH64 ? common::Xxh64(bytes) : common::Crc32c(bytes);
+  if (digest != where.digest().value()) {
+    return absl::DataLossError(absl::StrCat("version ", version, ": the source's bytes do not match its digest"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!versions_.empty() && version <= versions_.rbegin()->first) {
+    return absl::FailedPreconditionError(absl::StrCat("version ", version, " was overtaken while it was read"));
+  }
+  Version& v = versions_[version];
+  v.manifest = request.manifest();
+  v.location = where;
+  for (const auto& [id, d] : destinations_) {
+    v1::DestinationSyncStatus& s = v.status[id];
+    s.set_replica_id(id);
+    s.set_version(version);
+    s.set_phase(v1::SYNC_PHASE_PENDING);
+    s.set_bytes_needed(where.length_bytes());
+  }
+  // Keep the latest few versions' records.
+  while (versions_.size() > 8) versions_.erase(versions_.begin());
+  *response->mutable_version() = request.manifest().version();
+  response->set_destinations(destinations_.size());
+  response->set_bytes_read(bytes.size());
+  response->set_read_us(absl::ToInt64Microseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+uint64_t WeightsCore::Resolve(uint64_t version) {
+  if (version == 0 && !versions_.empty()) return versions_.rbegin()->first;
+  return version;
+}
+
+absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& replica_id, uint64_t version,
+                                                            absl::Duration timeout) {
+  v1::PrepareWeightsRequest request;
+  std::shared_ptr<Destination> destination;
+  {
+    absl::MutexLock lock(&mu_);
+    version = Resolve(version);
+    auto v = versions_.find(version);
+    if (v == versions_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+    auto d = destinations_.find(replica_id);
+    if (d == destinations_.end()) return absl::NotFoundError(absl::StrCat("destination ", replica_id, " is not registered"));
+    destination = d->second.destination;
+    *request.mutable_manifest() = v->second.manifest;
+    *request.add_chunks()->mutable_source() = v->second.location;
+    request.set_transfer_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    v1::DestinationSyncStatus& s = v->second.status[replica_id];
+    s.set_replica_id(replica_id);
+    s.set_version(version);
+    s.set_bytes_needed(v->second.location.length_bytes());
+    s.set_phase(v1::SYNC_PHASE_TRANSFERRING);
+    s.clear_error();
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::CommitWeightsResponse> installed = destination->Install(request, start + timeout);
+  const absl::Duration took = absl::Now() - start;
+  absl::MutexLock lock(&mu_);
+  auto v = versions_.find(version);
+  if (v == versions_.end()) return absl::AbortedError(absl::StrCat("version ", version, " was retired meanwhile"));
+  v1::DestinationSyncStatus& s = v->second.status[replica_id];
+  if (!installed.ok()) {
+    s.set_phase(v1::SYNC_PHASE_FAILED);
+    s.set_error(installed.status().ToString());
+    return installed.status();
+  }
+  s.set_phase(v1::SYNC_PHASE_INSTALLED);
+  s.set_bytes_moved(s.bytes_needed());
+  s.set_transfer_us(installed->install_us());
+  s.set_pause_us(installed->pause_us());
+  s.set_install_us(absl::ToInt64Microseconds(took));
+  if (installed->install_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (installed->install_us() * 1e3));
+  return s;
+}
+
+absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1::SyncVersionResponse* response) {
+  const absl::Duration timeout =
+      request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms()) : absl::Seconds(120);
+  absl::StatusOr<v1::DestinationSyncStatus> s = Sync(request.replica_id(), request.version(), timeout);
+  if (!s.ok()) return s.status();
+  *response->mutable_status() = *s;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncAll(uint64_t version,
+                                                                            absl::Duration timeout) {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    version = Resolve(version);
+    if (!versions_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+    for (const auto& [id, d] : destinations_) ids.push_back(id);
+  }
+  std::vector<std::thread> threads;
+  for (const std::string& id : ids) threads.emplace_back([this, id, version, timeout] { (void)Sync(id, version, timeout); });
+  for (auto& t : threads) t.join();
+  std::vector<v1::DestinationSyncStatus> out;
+  absl::MutexLock lock(&mu_);
+  auto v = versions_.find(version);
+  if (v == versions_.end()) return absl::AbortedError(absl::StrCat("version ", version, " was retired meanwhile"));
+  for (const std::string& id : ids) out.push_back(v->second.status[id]);
+  return out;
+}
+
+absl::Status WeightsCore::GetSyncStatus(const v1::GetSyncStatusRequest& request, v1::GetSyncStatusResponse* response) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t version = Resolve(request.version());
+  auto v = versions_.find(version);
+  if (v == versions_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+  if (!request.replica_id().empty()) {
+    auto s = v->second.status.find(request.replica_id());
+    if (s == v->second.status.end()) {
+      return absl::NotFoundError(absl::StrCat("destination ", request.replica_id(), " has no status for version ",
+                                              version));
+    }
+    *response->add_destinations() = s->second;
+    return absl::OkStatus();
+  }
+  for (const auto& [id, s] : v->second.status) *response->add_destinations() = s;
+  return absl::OkStatus();
+}
+
+}  // namespace rlfleet::weights

@@ -1,0 +1,86 @@
+// WeightsCore: the weight-broadcast service's logic without gRPC. This first slice
+// runs rounds over the trainer's file hand-off: PublishVersion takes a version the
+// trainer wrote (one source rank, one FILE shard with its digest), reads it and checks
+// the digest before anything sees it; SyncVersion / SyncAll have registered rollout
+// replicas stage and install it (RolloutService.UpdateWeights through a Destination),
+// each under its own deadline, so a replica that dies or stalls is dropped from the
+// round (FAILED, with the reason) while the others finish; GetSyncStatus reports each
+// destination's phase, bytes and timings (transfer = the replica's load, pause = its
+// decode pause). Next slices: descriptors of memory shards, the reshard plan per
+// destination layout, the UCX/NCCL executor with relays (libs/reshard). Thread-safe.
+#ifndef RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
+#define RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rlfleet/v1/rollout.pb.h"
+#include "rlfleet/v1/weights.pb.h"
+
+namespace rlfleet::weights {
+
+// How the core reaches one rollout replica (gRPC in the service, fakes in tests).
+class Destination {
+ public:
+  virtual ~Destination() = default;
+  // Stages and installs the version (RolloutService.UpdateWeights); gives up at
+  // `deadline` (DEADLINE_EXCEEDED).
+  virtual absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
+                                                            absl::Time deadline) = 0;
+};
+using DestinationFactory = std::function<std::unique_ptr<Destination>(const std::string& grpc_address)>;
+
+class WeightsCore {
+ public:
+  explicit WeightsCore(DestinationFactory factory);
+
+  // INVALID_ARGUMENT naming the field (replica_id, grpc_address).
+  absl::Status RegisterDestination(const v1::RegisterDestinationRequest& request,
+                                   v1::RegisterDestinationResponse* response);
+  absl::Status UnregisterDestination(const v1::UnregisterDestinationRequest& request,
+                                     v1::UnregisterDestinationResponse* response);
+  // INVALID_ARGUMENT naming the field (this slice: exactly one source rank with one FILE
+  // shard, its length and digest); FAILED_PRECONDITION for a version not newer than
+  // the latest; NOT_FOUND for a file that cannot be read; DATA_LOSS when the bytes do
+  // not match the digest (the version is not published).
+  absl::Status PublishVersion(const v1::PublishVersionRequest& request, v1::PublishVersionResponse* response);
+  // One destination (version 0 = the latest). NOT_FOUND for an unknown destination or
+  // version; the destination's error (DEADLINE_EXCEEDED past timeout_ms, UNAVAILABLE
+  // for a dead replica), its status recorded as FAILED.
+  absl::Status SyncVersion(const v1::SyncVersionRequest& request, v1::SyncVersionResponse* response);
+  // Every registered destination in parallel, each under `timeout`; returns each one's
+  // final status. NOT_FOUND for an unknown version.
+  absl::StatusOr<std::vector<v1::DestinationSyncStatus>> SyncAll(uint64_t version, absl::Duration timeout);
+  // NOT_FOUND for an unknown version or destination.
+  absl::Status GetSyncStatus(const v1::GetSyncStatusRequest& request, v1::GetSyncStatusResponse* response);
+
+ private:
+  struct Version {
+    v1::WeightManifest manifest;
+    v1::TransferDescriptor location;
+    std::map<std::string, v1::DestinationSyncStatus> status;  // by replica_id
+  };
+  struct Registered {
+    std::string grpc_address;
+    std::shared_ptr<Destination> destination;
+  };
+  absl::StatusOr<v1::DestinationSyncStatus> Sync(const std::string& replica_id, uint64_t version,
+                                                 absl::Duration timeout);
+  uint64_t Resolve(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DestinationFactory factory_;
+  absl::Mutex mu_;
+  std::map<std::string, Registered> destinations_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Version> versions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rlfleet::weights
+
+#endif  // RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_

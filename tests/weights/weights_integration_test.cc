@@ -1,0 +1,97 @@
+// The weights service between real processes: the trainer publishes a version (a file
+// with its digest), rlfleet-weights verifies it and has a registered rollout replica
+// install it (the replica then serves that version), while a replica that is not
+// there fails at its deadline without holding up the round.
+#include <grpcpp/create_channel.h>
+#include <signal.h>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "rlfleet/v1/rollout.grpc.pb.h"
+#include "rlfleet/v1/trainer.grpc.pb.h"
+#include "rlfleet/v1/weights.grpc.pb.h"
+#include "tests/util/subprocess.h"
+
+namespace rlfleet {
+namespace {
+
+using testing::Subprocess;
+
+template <typename Service>
+std::unique_ptr<typename Service::Stub> Stub(const std::string& address) {
+  return Service::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+std::unique_ptr<grpc::ClientContext> Context(int seconds = 60) {
+  auto c = std::make_unique<grpc::ClientContext>();
+  c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  return c;
+}
+
+TEST(WeightsService, TheTrainersVersionReachesAReplicaAndADeadOneFailsAtItsDeadline) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/published";
+  Subprocess trainer, rollout, weights;
+  auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer", {"--publish_dir=" + dir, "--threads=1"});
+  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout", {"--threads=1"});
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {});
+  ASSERT_TRUE(t.ok() && r.ok() && w.ok()) << trainer.output() << rollout.output() << weights.output();
+
+  // The trainer hands over a version: a file and its digest.
+  v1::PublishWeightsResponse published;
+  ASSERT_TRUE(Stub<v1::TrainerService>(*t)->PublishWeights(Context().get(), {}, &published).ok());
+  ASSERT_EQ(published.location().digest().algorithm(), v1::DIGEST_ALGORITHM_XXHASH64);
+  auto service = Stub<v1::WeightsService>(*w);
+  v1::PublishVersionRequest publish;
+  *publish.mutable_manifest() = published.manifest();
+  *publish.add_sources()->add_shards()->mutable_location() = published.location();
+  v1::PublishVersionResponse accepted;
+  grpc::Status s = service->PublishVersion(Context().get(), publish, &accepted);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(accepted.bytes_read(), published.location().length_bytes());
+  // A tampered digest is refused.
+  v1::PublishVersionRequest tampered = publish;
+  tampered.mutable_manifest()->mutable_version()->set_version(published.manifest().version().version() + 1);
+  tampered.mutable_sources(0)->mutable_shards(0)->mutable_location()->mutable_digest()->set_value(1);
+  EXPECT_EQ(service->PublishVersion(Context().get(), tampered, &accepted).error_code(), grpc::StatusCode::DATA_LOSS);
+
+  for (const auto& [id, address] : std::vector<std::pair<std::string, std::string>>{{"live", *r}, {"gone", "127.0.0.1:1"}}) {
+    v1::RegisterDestinationRequest reg;
+    reg.set_replica_id(id);
+    reg.set_grpc_address(address);
+    v1::RegisterDestinationResponse out;
+    ASSERT_TRUE(service->RegisterDestination(Context().get(), reg, &out).ok());
+  }
+  v1::SyncVersionRequest sync;
+  sync.set_replica_id("live");
+  sync.set_commit(true);
+  v1::SyncVersionResponse synced;
+  s = service->SyncVersion(Context().get(), sync, &synced);
+  ASSERT_TRUE(s.ok()) << s.error_message() << rollout.output();
+  EXPECT_EQ(synced.status().phase(), v1::SYNC_PHASE_INSTALLED);
+  EXPECT_EQ(synced.status().version(), published.manifest().version().version());
+  EXPECT_GT(synced.status().transfer_us(), 0);
+  v1::GetInfoResponse info;
+  ASSERT_TRUE(Stub<v1::RolloutService>(*r)->GetInfo(Context().get(), {}, &info).ok());
+  EXPECT_EQ(info.installed_version().version(), published.manifest().version().version());
+
+  sync.set_replica_id("gone");
+  sync.set_timeout_ms(3000);
+  const absl::Time start = absl::Now();
+  s = service->SyncVersion(Context().get(), sync, &synced);
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  v1::GetSyncStatusRequest ask;
+  v1::GetSyncStatusResponse status;
+  ASSERT_TRUE(service->GetSyncStatus(Context().get(), ask, &status).ok());
+  ASSERT_EQ(status.destinations_size(), 2);
+  for (const auto& d : status.destinations()) {
+    EXPECT_EQ(d.phase(), d.replica_id() == "live" ? v1::SYNC_PHASE_INSTALLED : v1::SYNC_PHASE_FAILED) << d.replica_id();
+  }
+  for (Subprocess* p : {&trainer, &rollout, &weights}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
+}
+
+}  // namespace
+}  // namespace rlfleet
