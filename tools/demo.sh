@@ -2,11 +2,12 @@
 # The local fleet demo, on one machine over loopback.
 #
 # Installs what is missing, builds the fleet, starts the services (the controller,
-# then reward, buffer, trainer and rollout replicas, each registering with the
-# controller's registry) on free loopback ports, shows that they
-# answer, runs the RL loop across them with `rlfleet loop` (rollout generates, reward
-# scores, the buffer groups, the trainer updates, the new weights go back to rollout
-# through a file) while a newcomer watches held-out accuracy rise, then shows the
+# then reward, buffer, trainer, the weights service and rollout replicas, each
+# registering with the controller's registry) on free loopback ports, shows that they
+# answer, has the controller run the RL loop across them (rollout generates, reward
+# scores, the buffer groups, the trainer updates, the weights service checks each new
+# version and has the rollout replicas install it) while a newcomer watches held-out
+# accuracy rise, then shows the
 # trained policy answering and stops everything by pid. RLFLEET_DEMO_STEPS bounds
 # the loop (default 300, at most about 3 minutes on 2 cores).
 #   bash tools/demo.sh            # start, show, stop
@@ -22,7 +23,7 @@ mkdir -p "$DISK_CACHE"
 echo "== building the fleet (first build on a cold cache takes a few minutes)"
 bazel build --disk_cache="$DISK_CACHE" //services/... 2>&1 | grep -E "^(ERROR|FAILED)" || true
 B=bazel-bin/services
-for bin in controller/rlfleet-controller reward/rlfleet-reward buffer/rlfleet-buffer rollout/rlfleet-rollout trainer/rlfleet-trainer controller/rlfleet; do
+for bin in controller/rlfleet-controller reward/rlfleet-reward buffer/rlfleet-buffer rollout/rlfleet-rollout trainer/rlfleet-trainer weights/rlfleet-weights controller/rlfleet; do
   [[ -x $B/$bin ]] || { echo "build failed: $bin missing"; exit 1; }
 done
 
@@ -74,6 +75,10 @@ registered buffer
 start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --publish_dir="$RUN_DIR/weights" \
   --registry_address="$ADDR_controller"
 registered trainer
+# Every version the trainer publishes goes through the weights service, which checks
+# its digest and has each rollout replica install it.
+start weights weights/rlfleet-weights --registry_address="$ADDR_controller"
+registered weights
 ROLLOUTS="${RLFLEET_DEMO_ROLLOUTS:-1}"
 for i in $(seq 1 "$ROLLOUTS"); do
   name=rollout; [[ $i -gt 1 ]] && name="rollout$i"
@@ -82,7 +87,7 @@ for i in $(seq 1 "$ROLLOUTS"); do
 done
 
 health() {
-  for name in controller reward buffer rollout trainer; do
+  for name in controller reward buffer rollout trainer weights; do
     addr_var="ADDR_$name"
     printf '   %-10s ' "$name"
     $B/controller/rlfleet health --controller="${!addr_var}" | sed 's/^controller //' || true
@@ -93,7 +98,7 @@ health
 echo "== rlfleet status --controller=$ADDR_controller"
 $B/controller/rlfleet status --controller="$ADDR_controller"
 STEPS="${RLFLEET_DEMO_STEPS:-300}"
-echo "== the RL loop, run by the controller: rollout -> reward -> buffer -> trainer -> weights back to rollout ($STEPS steps at most)"
+echo "== the RL loop, run by the controller: rollout -> reward -> buffer -> trainer -> weights service -> rollout ($STEPS steps at most)"
 echo "   GRPO on reverse n=3..5, 32 prompts x 8 samples per step; held-out greedy exact match every 10 steps"
 echo "   rlfleet run --controller=$ADDR_controller (rlfleet stop in another terminal ends it early)"
 $B/controller/rlfleet run --controller="$ADDR_controller" --entropy_coef="${RLFLEET_DEMO_ENTROPY:-0.03}" \

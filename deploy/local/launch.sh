@@ -33,11 +33,11 @@ done
 [[ -n "$DIR" ]] || DIR=$(mktemp -d "${TMPDIR:-/tmp}/rlfleet-local.XXXXXX")
 mkdir -p "$DIR"
 for bin in controller/rlfleet-controller controller/rlfleet reward/rlfleet-reward buffer/rlfleet-buffer \
-           rollout/rlfleet-rollout trainer/rlfleet-trainer; do
+           rollout/rlfleet-rollout trainer/rlfleet-trainer weights/rlfleet-weights; do
   [[ -x "$BIN/$bin" ]] || { echo "launch.sh: $BIN/$bin missing: bazel build //services/..." >&2; exit 2; }
 done
 
-CORE_PIDS=()       # redis, controller, reward, buffer, trainer
+CORE_PIDS=()       # redis, controller, reward, buffer, trainer, weights
 ROLLOUT_PIDS=()    # in start order
 ROLLOUT_NAMES=()
 STOPPING=0
@@ -133,6 +133,9 @@ start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" --publish_dir="$
   --registry_address="$CONTROLLER" || fail "trainer"
 CORE_PIDS+=("$PID")
 registered trainer || fail "trainer"
+start weights "$BIN/weights/rlfleet-weights" --registry_address="$CONTROLLER" || fail "weights"
+CORE_PIDS+=("$PID")
+registered weights || fail "weights"
 
 NEXT_ROLLOUT=0
 add_rollout() {

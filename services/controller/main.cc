@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/synchronization/mutex.h"
 #include "libs/common/clock.h"
 #include "libs/common/config.h"
 #include "libs/common/status_macros.h"
@@ -22,6 +23,9 @@ ABSL_FLAG(std::string, rollout, "",
 ABSL_FLAG(std::string, reward, "", "Reward service address runs use; empty: the registered one.");
 ABSL_FLAG(std::string, buffer, "", "Experience buffer address runs use; empty: the registered one.");
 ABSL_FLAG(std::string, trainer, "", "Trainer address runs use; empty: the registered one.");
+ABSL_FLAG(std::string, weights, "",
+          "Weights service (rlfleet-weights) runs publish versions through; empty: the registered one, and "
+          "without one the trainer's file goes to the replicas directly.");
 ABSL_FLAG(std::string, runs_dir, "rlfleet-runs",
           "Each run writes metrics.csv and reward_curve.png into <runs_dir>/<run id>; empty: none.");
 ABSL_FLAG(std::string, scaler, "",
@@ -54,7 +58,12 @@ int main(int argc, char** argv) {
   // started with --registry_address=<this controller>).
   rlfleet::rpc::ClientOptions client;
   client.auth.token = options->auth.token;
-  auto factory = [client, &core]() -> absl::StatusOr<rlfleet::controller::RunPeers> {
+  // The active run's route through the weights service (replicas discovered mid-run
+  // install through it too); null without one. Set by the run's factory, read by the
+  // discovery thread.
+  absl::Mutex route_mu;
+  std::shared_ptr<rlfleet::controller::WeightsRoute> weights_route;
+  auto factory = [client, &core, &route_mu, &weights_route]() -> absl::StatusOr<rlfleet::controller::RunPeers> {
     using namespace rlfleet::controller;  // NOLINT: the factory functions
     const absl::Duration timeout = absl::GetFlag(FLAGS_peer_timeout);
     RunPeers peers;
@@ -76,6 +85,17 @@ int main(int argc, char** argv) {
     ASSIGN_OR_RETURN(peers.reward, NewGrpcRewardPeer(client, reward, timeout));
     ASSIGN_OR_RETURN(peers.buffer, NewGrpcBufferPeer(client, buffer, timeout));
     ASSIGN_OR_RETURN(peers.trainer, NewGrpcTrainerPeer(client, trainer, timeout));
+    // Versions go through the weights service when there is one.
+    auto weights = ResolvePeerAddress(core, rlfleet::v1::REPLICA_ROLE_WEIGHTS, absl::GetFlag(FLAGS_weights), "weights");
+    std::shared_ptr<WeightsRoute> route_of_run;
+    if (weights.ok()) {
+      ASSIGN_OR_RETURN(std::shared_ptr<WeightsRoute> route, WeightsRoute::Connect(client, *weights, timeout));
+      route_of_run = route;
+      peers.trainer = PublishThrough(std::move(peers.trainer), route);
+      for (auto& r : peers.rollouts) r = InstallThrough(std::move(r), route);
+    }
+    absl::MutexLock lock(&route_mu);
+    weights_route = weights.ok() ? route_of_run : nullptr;
     return peers;
   };
   rlfleet::controller::RunManager runs(
@@ -83,8 +103,16 @@ int main(int argc, char** argv) {
   rlfleet::controller::ControllerServiceImpl controller_service(&core, &runs, auth);
   auto discovery = rlfleet::controller::RolloutDiscovery::Start(
       &core, &runs,
-      [client](const std::string& address) {
-        return rlfleet::controller::NewGrpcRolloutReplica(client, address, absl::GetFlag(FLAGS_peer_timeout));
+      [client, &route_mu, &weights_route](
+          const std::string& address) -> absl::StatusOr<std::unique_ptr<rlfleet::controller::RolloutReplica>> {
+        auto replica = rlfleet::controller::NewGrpcRolloutReplica(client, address, absl::GetFlag(FLAGS_peer_timeout));
+        std::shared_ptr<rlfleet::controller::WeightsRoute> route;
+        {
+          absl::MutexLock lock(&route_mu);
+          route = weights_route;
+        }
+        if (!replica.ok() || route == nullptr) return replica;
+        return rlfleet::controller::InstallThrough(std::move(*replica), route);
       },
       [](const std::string& line) { std::cout << line << std::endl; });
   if (!discovery.ok()) {

@@ -2,11 +2,13 @@
 
 #include <grpcpp/client_context.h>
 
+#include "libs/common/status_macros.h"
 #include "libs/rpc/status_conversion.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "rlfleet/v1/reward.grpc.pb.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
+#include "rlfleet/v1/weights.grpc.pb.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -84,6 +86,66 @@ class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {
   }
 };
 
+class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
+ public:
+  using Peer::Peer;
+  absl::Status Publish(const v1::PublishWeightsResponse& published) override {
+    v1::PublishVersionRequest request;
+    *request.mutable_manifest() = published.manifest();
+    *request.add_sources()->add_shards()->mutable_location() = published.location();
+    v1::PublishVersionResponse response;
+    return rpc::ToAbslStatus(stub_->PublishVersion(Context().get(), request, &response));
+  }
+  absl::Status Install(const std::string& replica_address, const v1::PrepareWeightsRequest& request) override {
+    v1::RegisterDestinationRequest reg;
+    reg.set_replica_id(replica_address);
+    reg.set_grpc_address(replica_address);
+    v1::RegisterDestinationResponse registered;
+    RETURN_IF_ERROR(rpc::ToAbslStatus(stub_->RegisterDestination(Context().get(), reg, &registered)));
+    v1::SyncVersionRequest sync;
+    sync.set_replica_id(replica_address);
+    sync.set_version(request.manifest().version().version());
+    sync.set_commit(true);
+    v1::SyncVersionResponse synced;
+    return rpc::ToAbslStatus(stub_->SyncVersion(Context().get(), sync, &synced));
+  }
+};
+
+class TrainerThroughWeights : public TrainerPeer {
+ public:
+  TrainerThroughWeights(std::unique_ptr<TrainerPeer> inner, std::shared_ptr<WeightsRoute> route)
+      : inner_(std::move(inner)), route_(std::move(route)) {}
+  absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) override {
+    return inner_->TrainStep(request, response);
+  }
+  absl::Status PublishWeights(v1::PublishWeightsResponse* response) override {
+    RETURN_IF_ERROR(inner_->PublishWeights(response));
+    return common::Annotate(route_->Publish(*response), "weights service PublishVersion");
+  }
+
+ private:
+  const std::unique_ptr<TrainerPeer> inner_;
+  const std::shared_ptr<WeightsRoute> route_;
+};
+
+class ReplicaThroughWeights : public RolloutReplica {
+ public:
+  ReplicaThroughWeights(std::unique_ptr<RolloutReplica> inner, std::shared_ptr<WeightsRoute> route)
+      : inner_(std::move(inner)), route_(std::move(route)) {}
+  std::string address() const override { return inner_->address(); }
+  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response) override {
+    return inner_->GenerateBatch(request, response);
+  }
+  absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) override {
+    return route_->Install(inner_->address(), request);
+  }
+  absl::Status Drain() override { return inner_->Drain(); }
+
+ private:
+  const std::unique_ptr<RolloutReplica> inner_;
+  const std::shared_ptr<WeightsRoute> route_;
+};
+
 // Makes an adapter of type `Impl` over a channel to `address`.
 template <typename Interface, typename Impl, typename... Extra>
 absl::StatusOr<std::unique_ptr<Interface>> Make(const rpc::ClientOptions& options,
@@ -119,6 +181,23 @@ absl::StatusOr<std::unique_ptr<TrainerPeer>> NewGrpcTrainerPeer(const rpc::Clien
                                                                 const std::string& address,
                                                                 absl::Duration timeout) {
   return Make<TrainerPeer, GrpcTrainerPeer>(options, address, timeout);
+}
+
+absl::StatusOr<std::shared_ptr<WeightsRoute>> WeightsRoute::Connect(const rpc::ClientOptions& options,
+                                                                     const std::string& address,
+                                                                     absl::Duration timeout) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WeightsRoute> route,
+                   (Make<WeightsRoute, GrpcWeightsRoute>(options, address, timeout)));
+  return std::shared_ptr<WeightsRoute>(std::move(route));
+}
+
+std::unique_ptr<TrainerPeer> PublishThrough(std::unique_ptr<TrainerPeer> trainer, std::shared_ptr<WeightsRoute> route) {
+  return std::make_unique<TrainerThroughWeights>(std::move(trainer), std::move(route));
+}
+
+std::unique_ptr<RolloutReplica> InstallThrough(std::unique_ptr<RolloutReplica> replica,
+                                               std::shared_ptr<WeightsRoute> route) {
+  return std::make_unique<ReplicaThroughWeights>(std::move(replica), std::move(route));
 }
 
 }  // namespace rlfleet::controller

@@ -26,6 +26,25 @@ absl::StatusOr<std::unique_ptr<TrainerPeer>> NewGrpcTrainerPeer(const rpc::Clien
                                                                 const std::string& address,
                                                                 absl::Duration timeout);
 
+// Weight publishing through the weights service (rlfleet-weights): the trainer's
+// versions are published there (it checks the digest before any replica sees them) and
+// replicas install them through it (SyncVersion, each under the call deadline).
+class WeightsRoute {
+ public:
+  static absl::StatusOr<std::shared_ptr<WeightsRoute>> Connect(const rpc::ClientOptions& options,
+                                                               const std::string& address, absl::Duration timeout);
+  virtual ~WeightsRoute() = default;
+  virtual absl::Status Publish(const v1::PublishWeightsResponse& published) = 0;
+  // Registers the replica as a destination (idempotent) and has it install the version.
+  virtual absl::Status Install(const std::string& replica_address, const v1::PrepareWeightsRequest& request) = 0;
+};
+
+// The trainer, publishing each version to `route` too.
+std::unique_ptr<TrainerPeer> PublishThrough(std::unique_ptr<TrainerPeer> trainer, std::shared_ptr<WeightsRoute> route);
+// The replica, installing versions through `route`.
+std::unique_ptr<RolloutReplica> InstallThrough(std::unique_ptr<RolloutReplica> replica,
+                                               std::shared_ptr<WeightsRoute> route);
+
 }  // namespace rlfleet::controller
 
 #endif  // RLFLEET_SERVICES_CONTROLLER_RUN_PEERS_GRPC_H_

@@ -4,6 +4,7 @@
 // there fails at its deadline without holding up the round.
 #include <grpcpp/create_channel.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -88,6 +89,54 @@ TEST(WeightsService, TheTrainersVersionReachesAReplicaAndADeadOneFailsAtItsDeadl
     EXPECT_EQ(d.phase(), d.replica_id() == "live" ? v1::SYNC_PHASE_INSTALLED : v1::SYNC_PHASE_FAILED) << d.replica_id();
   }
   for (Subprocess* p : {&trainer, &rollout, &weights}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
+}
+
+// A run driven by the controller publishes every version through the weights service:
+// the replica ends on the run's last version, installed by rlfleet-weights.
+TEST(WeightsService, AControllerRunPublishesThroughIt) {
+  const std::string tmp = std::getenv("TEST_TMPDIR");
+  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
+  Subprocess reward, buffer, trainer, rollout, weights, controller;
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), model.begin(), model.end());
+    return flags;
+  };
+  auto rw = testing::StartService(reward, "services/reward/rlfleet-reward", {});
+  auto b = testing::StartService(buffer, "services/buffer/rlfleet-buffer", {"--data_plane=none"});
+  ASSERT_TRUE(rw.ok() && b.ok());
+  auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer",
+                                 with({"--buffer=" + *b, "--publish_dir=" + tmp + "/run-weights"}));
+  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout", with({}));
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {});
+  ASSERT_TRUE(t.ok() && r.ok() && w.ok());
+  auto c = testing::StartService(controller, "services/controller/rlfleet-controller",
+                                 {"--rollout=" + *r, "--reward=" + *rw, "--buffer=" + *b, "--trainer=" + *t,
+                                  "--weights=" + *w, "--runs_dir=" + tmp + "/runs"});
+  ASSERT_TRUE(c.ok()) << controller.output();
+  Subprocess run;
+  ASSERT_TRUE(run.Start({testing::RunfilePath("services/controller/rlfleet"), "run", "--controller=" + *c,
+                         "--steps=3", "--eval_every=1", "--loop_prompts=4", "--loop_samples=4", "--max_len=3"})
+                  .ok());
+  auto done = run.Wait(absl::Seconds(180));
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(WEXITSTATUS(*done), 0) << run.output() << controller.output();
+  // Every version the replica serves came through rlfleet-weights: its latest version's
+  // status says the replica installed it, and the replica serves that version.
+  v1::GetSyncStatusRequest ask;
+  ask.set_replica_id(*r);
+  v1::GetSyncStatusResponse status;
+  grpc::Status s = Stub<v1::WeightsService>(*w)->GetSyncStatus(Context().get(), ask, &status);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(status.destinations_size(), 1);
+  EXPECT_EQ(status.destinations(0).phase(), v1::SYNC_PHASE_INSTALLED);
+  v1::GetInfoResponse info;
+  ASSERT_TRUE(Stub<v1::RolloutService>(*r)->GetInfo(Context().get(), {}, &info).ok());
+  EXPECT_EQ(info.installed_version().version(), status.destinations(0).version());
+  EXPECT_GE(info.installed_version().version(), 1u);
+  for (Subprocess* p : {&controller, &weights, &rollout, &trainer, &buffer, &reward}) {
     ASSERT_TRUE(p->Signal(SIGTERM).ok());
     EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
   }
