@@ -424,6 +424,15 @@ absl::Status Policy::LoadOptimizerState(const std::string& path) {
 
 absl::Status Policy::LoadSafetensors(const std::string& path) {
   ASSIGN_OR_RETURN(auto tensors, ReadSafetensors(path));
+  return LoadTensors(tensors, path);
+}
+
+absl::Status Policy::LoadSafetensorsBytes(const std::string& bytes, const std::string& name) {
+  ASSIGN_OR_RETURN(auto tensors, ParseSafetensors(bytes, name));
+  return LoadTensors(tensors, name);
+}
+
+absl::Status Policy::LoadTensors(const std::map<std::string, TensorBlob>& tensors, const std::string& path) {
   torch::NoGradGuard no_grad;
   // Every tensor is checked before any is copied: a bad file changes nothing.
   std::vector<std::pair<torch::Tensor, const TensorBlob*>> copies;

@@ -12,6 +12,7 @@
 #define RLFLEET_LIBS_MODEL_POLICY_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@
 #include "absl/status/statusor.h"
 
 namespace rlfleet::model {
+
+struct TensorBlob;  // safetensors.h
 
 struct PolicyConfig {
   int vocab_size = 32;
@@ -177,6 +180,8 @@ class Policy {
   // mis-shaped tensor; NOT_FOUND for a missing file.
   absl::Status SaveSafetensors(const std::string& path) const;
   absl::Status LoadSafetensors(const std::string& path);
+  // The same from a safetensors image in memory (`name` names it in errors).
+  absl::Status LoadSafetensorsBytes(const std::string& bytes, const std::string& name);
 
   // The AdamW state (per parameter: first and second moments and the step count) as
   // a safetensors file: `<param>.exp_avg`, `<param>.exp_avg_sq`, `<param>.step` (I64).
@@ -191,6 +196,8 @@ class Policy {
   class Impl;
 
  private:
+  // Loads checked tensors into the model (every one checked first: a bad set changes nothing).
+  absl::Status LoadTensors(const std::map<std::string, TensorBlob>& tensors, const std::string& path);
   friend class DecodeBatch;
   explicit Policy(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -137,7 +137,10 @@ absl::StatusOr<std::map<std::string, TensorBlob>> ReadSafetensors(const std::str
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::stringstream buffer;
   buffer << in.rdbuf();
-  const std::string data = buffer.str();
+  return ParseSafetensors(buffer.str(), path);
+}
+
+absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensors(const std::string& data, const std::string& path) {
   if (data.size() < 8) return absl::DataLossError(absl::StrCat(path, ": shorter than 8 bytes"));
   uint64_t header_len = 0;
   std::memcpy(&header_len, data.data(), 8);

@@ -25,6 +25,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::map<std::strin
 // NOT_FOUND for a missing file; DATA_LOSS naming what is wrong for a malformed one
 // (header length, JSON, offsets outside the file, size not matching dtype x shape).
 absl::StatusOr<std::map<std::string, TensorBlob>> ReadSafetensors(const std::string& path);
+// The same over bytes already in memory (`name` names them in errors).
+absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensors(const std::string& bytes, const std::string& name);
 
 }  // namespace rlfleet::model
 

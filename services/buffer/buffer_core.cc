@@ -60,7 +60,7 @@ BufferCore::BufferCore(common::Clock* clock, BufferStore* store) : clock_(clock)
 }
 
 std::string BufferCore::FetchPayload(const v1::Experience& sent, absl::Time deadline, v1::Experience* out) {
-  if (fetcher_ == nullptr) return "this buffer fetches no payloads (no PayloadFetcher)";
+  if (fetcher_ == nullptr) return "this buffer fetches no payloads (no fetcher)";
   absl::StatusOr<std::string> bytes = fetcher_->Fetch(sent.remote_payload(), deadline);
   if (!bytes.ok()) return std::string(bytes.status().ToString());
   v1::Experience fetched;

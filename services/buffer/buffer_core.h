@@ -27,7 +27,7 @@
 #include "libs/common/clock.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "services/buffer/buffer_store.h"
-#include "services/buffer/payload_fetcher.h"
+#include "libs/transport/descriptor_fetcher.h"
 
 namespace rlfleet::buffer {
 
@@ -53,12 +53,12 @@ class BufferCore {
   // INVALID_ARGUMENT for an empty or oversized batch or a run_id mismatch;
   // RESOURCE_EXHAUSTED (nothing taken) when the acceptable experiences do not fit in
   // the capacity; UNAVAILABLE (nothing taken) when the store cannot record them. Per-experience problems are rejections in the response, not errors.
-  // Experiences with a remote_payload are fetched through the PayloadFetcher first;
+  // Experiences with a remote_payload are fetched through the payload fetcher first;
   // one that cannot be fetched (or is not the experience it claims) is rejected as
   // REJECT_REASON_INVALID with a message starting "remote_payload: ".
   absl::Status Put(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response);
   // Where remote payloads are fetched from (not owned; null: they are rejected).
-  void SetPayloadFetcher(PayloadFetcher* fetcher) { fetcher_ = fetcher; }
+  void SetPayloadFetcher(transport::DescriptorFetcher* fetcher) { fetcher_ = fetcher; }
 
   // INVALID_ARGUMENT for num_groups outside 1..1024, min_groups > num_groups, wait_ms
   // outside 0..600000 or a bad lease TTL. Fewer groups than min_groups after wait_ms is
@@ -95,7 +95,7 @@ class BufferCore {
 
   common::Clock* const clock_;
   BufferStore* const store_;
-  PayloadFetcher* fetcher_ = nullptr;  // set before serving
+  transport::DescriptorFetcher* fetcher_ = nullptr;  // set before serving
   absl::Mutex mu_;
   v1::ConfigureRequest config_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // every id ever accepted

@@ -63,9 +63,9 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-buffer: --data_plane=" << absl::GetFlag(FLAGS_data_plane) << ": want ucx or none\n";
     return 2;
   }
-  rlfleet::buffer::PayloadFetcher::Options fetch;
+  rlfleet::transport::DescriptorFetcher::Options fetch;
   fetch.file_root = absl::GetFlag(FLAGS_payload_dir);
-  rlfleet::buffer::PayloadFetcher fetcher(data_plane.get(), fetch);
+  rlfleet::transport::DescriptorFetcher fetcher(data_plane.get(), fetch);
   core.SetPayloadFetcher(&fetcher);
   if (absl::Status s = core.Recover(); !s.ok()) {
     std::cerr << "rlfleet-buffer: recovering from --store: " << s << "\n";

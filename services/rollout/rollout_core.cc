@@ -38,7 +38,8 @@ class RolloutCore::Job {
 };
 
 struct RolloutCore::Install {
-  std::string path;
+  std::string path;   // the file, or what `bytes` are (errors)
+  std::string bytes;  // a safetensors image in memory; empty: read `path`
   uint64_t version = 0;
   absl::Notification done;
   absl::Status status;
@@ -139,6 +140,20 @@ absl::StatusOr<InstallReport> RolloutCore::InstallFromFile(const std::string& pa
   auto install = std::make_shared<Install>();
   install->path = path;
   install->version = version;
+  return Queue(std::move(install), deadline);
+}
+
+absl::StatusOr<InstallReport> RolloutCore::InstallFromBytes(std::string bytes, const std::string& name,
+                                                            uint64_t version, absl::Time deadline) {
+  auto install = std::make_shared<Install>();
+  install->path = name;
+  install->bytes = std::move(bytes);
+  install->version = version;
+  return Queue(std::move(install), deadline);
+}
+
+absl::StatusOr<InstallReport> RolloutCore::Queue(std::shared_ptr<Install> install, absl::Time deadline) {
+  const uint64_t version = install->version;
   {
     absl::MutexLock lock(&mu_);
     if (version <= version_) {
@@ -277,7 +292,8 @@ void RolloutCore::Run() {
     }
     if (install != nullptr) {
       const absl::Time start = absl::Now();
-      install->status = policy_->LoadSafetensors(install->path);
+      install->status = install->bytes.empty() ? policy_->LoadSafetensors(install->path)
+                                               : policy_->LoadSafetensorsBytes(install->bytes, install->path);
       const absl::Time loaded = absl::Now();
       if (install->status.ok()) install->status = batch_->Refresh();
       if (install->status.ok()) {
@@ -296,7 +312,8 @@ void RolloutCore::Run() {
         // the bytes counter over the rate of the seconds sum).
         load_metric_->Observe(install->report.install_us / 1e6);
         std::error_code ec;
-        const uintmax_t bytes = std::filesystem::file_size(install->path, ec);
+        const uintmax_t bytes =
+            install->bytes.empty() ? std::filesystem::file_size(install->path, ec) : install->bytes.size();
         if (!ec) load_bytes_metric_->Add(static_cast<double>(bytes));
       }
       install->done.Notify();

@@ -91,6 +91,10 @@ class RolloutCore {
   // DEADLINE_EXCEEDED if the scheduler did not take it before `deadline`.
   absl::StatusOr<InstallReport> InstallFromFile(const std::string& path, uint64_t version,
                                                 absl::Time deadline = absl::InfiniteFuture());
+  // The same from a safetensors image in memory (a version pulled from the weights
+  // service); `name` names it in errors.
+  absl::StatusOr<InstallReport> InstallFromBytes(std::string bytes, const std::string& name, uint64_t version,
+                                                 absl::Time deadline = absl::InfiniteFuture());
   // Installs the model's current (e.g. freshly initialised) weights as `version`.
   absl::Status InstallInitial(uint64_t version);
 
@@ -120,6 +124,7 @@ class RolloutCore {
 
  private:
   struct Install;
+  absl::StatusOr<InstallReport> Queue(std::shared_ptr<Install> install, absl::Time deadline);
   RolloutCore(std::unique_ptr<model::Policy> policy, std::string device, RolloutLimits limits);
 
   // Validates and queues a job of `prompts` (one per sample). Errors as Generate.

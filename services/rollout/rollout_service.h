@@ -12,7 +12,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "libs/common/status_macros.h"
 #include "libs/rpc/server_call.h"
+#include "libs/transport/descriptor_fetcher.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "services/rollout/rollout_core.h"
 
@@ -150,8 +152,10 @@ class GenerateStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
  public:
   // `on_state_change` is told whether the replica serves (the health status follows it).
-  RolloutServiceImpl(RolloutCore* core, rpc::CallAuth auth, std::function<void(bool)> on_state_change = {})
-      : core_(core), auth_(std::move(auth)), on_state_change_(std::move(on_state_change)) {}
+  // `fetcher` (not owned; may be null) pulls versions sent by memory descriptor.
+  RolloutServiceImpl(RolloutCore* core, rpc::CallAuth auth, std::function<void(bool)> on_state_change = {},
+                     transport::DescriptorFetcher* fetcher = nullptr)
+      : core_(core), auth_(std::move(auth)), on_state_change_(std::move(on_state_change)), fetcher_(fetcher) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* c,
                                                            const v1::GenerateRequest* req) override {
@@ -173,19 +177,31 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
                                     v1::GetInfoResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->GetInfo(resp); });
   }
-  // Until the weights service lands, only a FILE-backend hand-off is accepted: one
-  // chunk whose source segment names a safetensors file (the trainer's PublishWeights).
-  // It is installed at the next decode-step boundary; in-flight sequences continue on it.
+  // One chunk holding the whole version as a safetensors image: a FILE source (the
+  // trainer's file, read here), or the weights service's memory (UCX; pulled over this
+  // replica's data plane, digest checked). Installed at the next decode-step boundary;
+  // in-flight sequences continue on it.
   grpc::ServerUnaryReactor* UpdateWeights(grpc::CallbackServerContext* c, const v1::PrepareWeightsRequest* req,
                                           v1::CommitWeightsResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&]() -> absl::Status {
-      if (req->chunks_size() != 1 || req->chunks(0).source().segment().backend() != v1::TRANSFER_BACKEND_FILE) {
-        return absl::UnimplementedError(
-            "UpdateWeights takes one chunk from a FILE source until the weights service lands");
+      if (req->chunks_size() != 1) {
+        return absl::UnimplementedError("UpdateWeights takes one chunk holding the whole version for now");
       }
+      const v1::TransferDescriptor& source = req->chunks(0).source();
       const uint64_t version = req->manifest().version().version();
-      absl::StatusOr<InstallReport> report = core_->InstallFromFile(
-          req->chunks(0).source().segment().worker_address(), version, CallDeadline(*c, absl::Minutes(1)));
+      const absl::Time deadline = CallDeadline(*c, absl::Minutes(1));
+      absl::StatusOr<InstallReport> report;
+      if (source.segment().backend() == v1::TRANSFER_BACKEND_FILE) {
+        report = core_->InstallFromFile(source.segment().worker_address(), version, deadline);
+      } else {
+        if (fetcher_ == nullptr) {
+          return absl::FailedPreconditionError("this replica has no data plane to pull weights over (FILE only)");
+        }
+        absl::StatusOr<std::string> bytes = fetcher_->Fetch(source, deadline);
+        if (!bytes.ok()) return common::Annotate(bytes.status(), "pulling the version");
+        report = core_->InstallFromBytes(std::move(*bytes), absl::StrCat("version ", version, " (pulled)"), version,
+                                         deadline);
+      }
       if (!report.ok()) return report.status();
       resp->mutable_installed_version()->set_version(report->version);
       resp->set_decode_step(report->decode_step);
@@ -218,6 +234,7 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   RolloutCore* const core_;
   const rpc::CallAuth auth_;
   std::function<void(bool)> on_state_change_;
+  transport::DescriptorFetcher* const fetcher_;
 };
 
 }  // namespace rlfleet::rollout

@@ -11,7 +11,18 @@
 
 namespace rlfleet::weights {
 
-WeightsCore::WeightsCore(DestinationFactory factory) : factory_(std::move(factory)) {}
+WeightsCore::WeightsCore(DestinationFactory factory, transport::Transport* data_plane)
+    : factory_(std::move(factory)), data_plane_(data_plane) {}
+
+WeightsCore::~WeightsCore() {
+  absl::MutexLock lock(&mu_);
+  while (!versions_.empty()) RetireLocked(versions_.begin());
+}
+
+void WeightsCore::RetireLocked(std::map<uint64_t, Version>::iterator it) {
+  if (it->second.registered) (void)data_plane_->DeregisterMemory(*it->second.registered);
+  versions_.erase(it);
+}
 
 absl::Status WeightsCore::RegisterDestination(const v1::RegisterDestinationRequest& request,
                                               v1::RegisterDestinationResponse* response) {
@@ -88,6 +99,23 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   Version& v = versions_[version];
   v.manifest = request.manifest();
   v.location = where;
+  if (data_plane_ != nullptr) {
+    // Served from memory: the replicas pull it over the data plane.
+    v.bytes = std::move(bytes);
+    auto handle = data_plane_->RegisterMemory(v.bytes.data(), v.bytes.size(), transport::MemoryKind::kHost, 0);
+    auto segment = handle.ok() ? data_plane_->Describe(*handle) : handle.status();
+    if (!segment.ok()) {
+      if (handle.ok()) (void)data_plane_->DeregisterMemory(*handle);
+      versions_.erase(version);
+      return absl::Status(segment.status().code(),
+                          absl::StrCat("staging version ", version, ": ", segment.status().message()));
+    }
+    v.registered = *handle;
+    *v.staging.mutable_segment() = *segment;
+    v.staging.set_length_bytes(v.bytes.size());
+    *v.staging.mutable_digest() = where.digest();
+    v.staging.set_version(version);
+  }
   for (const auto& [id, d] : destinations_) {
     v1::DestinationSyncStatus& s = v.status[id];
     s.set_replica_id(id);
@@ -96,10 +124,11 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
     s.set_bytes_needed(where.length_bytes());
   }
   // Keep the latest few versions' records.
-  while (versions_.size() > 8) versions_.erase(versions_.begin());
+  const uint64_t read = where.length_bytes();
+  while (versions_.size() > 8) RetireLocked(versions_.begin());
   *response->mutable_version() = request.manifest().version();
   response->set_destinations(destinations_.size());
-  response->set_bytes_read(bytes.size());
+  response->set_bytes_read(read);
   response->set_read_us(absl::ToInt64Microseconds(absl::Now() - start));
   return absl::OkStatus();
 }
@@ -122,7 +151,8 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
     if (d == destinations_.end()) return absl::NotFoundError(absl::StrCat("destination ", replica_id, " is not registered"));
     destination = d->second.destination;
     *request.mutable_manifest() = v->second.manifest;
-    *request.add_chunks()->mutable_source() = v->second.location;
+    *request.add_chunks()->mutable_source() =
+        v->second.registered ? v->second.staging : v->second.location;
     request.set_transfer_timeout_ms(absl::ToInt64Milliseconds(timeout));
     v1::DestinationSyncStatus& s = v->second.status[replica_id];
     s.set_replica_id(replica_id);

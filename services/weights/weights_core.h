@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/transport/transport.h"
 #include "rlfleet/v1/rollout.pb.h"
 #include "rlfleet/v1/weights.pb.h"
 
@@ -39,7 +41,12 @@ using DestinationFactory = std::function<std::unique_ptr<Destination>(const std:
 
 class WeightsCore {
  public:
-  explicit WeightsCore(DestinationFactory factory);
+  // With a `data_plane` (not owned), each published version is kept in memory
+  // registered with it and replicas pull it from there (a UCX descriptor: no shared
+  // filesystem between this service and the replicas); without one they get the
+  // trainer's FILE descriptor. The latest 8 versions are kept.
+  explicit WeightsCore(DestinationFactory factory, transport::Transport* data_plane = nullptr);
+  ~WeightsCore();
 
   // INVALID_ARGUMENT naming the field (replica_id, grpc_address).
   absl::Status RegisterDestination(const v1::RegisterDestinationRequest& request,
@@ -64,7 +71,10 @@ class WeightsCore {
  private:
   struct Version {
     v1::WeightManifest manifest;
-    v1::TransferDescriptor location;
+    v1::TransferDescriptor location;  // the trainer's file
+    std::string bytes;                // the version, when served from memory
+    std::optional<transport::MemoryHandle> registered;
+    v1::TransferDescriptor staging;   // `bytes` on the data plane
     std::map<std::string, v1::DestinationSyncStatus> status;  // by replica_id
   };
   struct Registered {
@@ -75,7 +85,10 @@ class WeightsCore {
                                                  absl::Duration timeout);
   uint64_t Resolve(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  void RetireLocked(std::map<uint64_t, Version>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const DestinationFactory factory_;
+  transport::Transport* const data_plane_;
   absl::Mutex mu_;
   std::map<std::string, Registered> destinations_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Version> versions_ ABSL_GUARDED_BY(mu_);

@@ -1,10 +1,13 @@
 // The weights service between real processes: the trainer publishes a version (a file
 // with its digest), rlfleet-weights verifies it and has a registered rollout replica
-// install it (the replica then serves that version), while a replica that is not
-// there fails at its deadline without holding up the round.
+// pull it from its memory over UCX and install it (the replica then serves that
+// version, with the trainer's file gone), while a replica that is not there fails at
+// its deadline without holding up the round.
 #include <grpcpp/create_channel.h>
 #include <signal.h>
 #include <sys/wait.h>
+
+#include <cstdio>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -62,6 +65,9 @@ TEST(WeightsService, TheTrainersVersionReachesAReplicaAndADeadOneFailsAtItsDeadl
     v1::RegisterDestinationResponse out;
     ASSERT_TRUE(service->RegisterDestination(Context().get(), reg, &out).ok());
   }
+  // The replica pulls the version from the weights service's memory (UCX): the
+  // trainer's file is not needed any more.
+  ASSERT_EQ(std::remove(published.location().segment().worker_address().c_str()), 0);
   v1::SyncVersionRequest sync;
   sync.set_replica_id("live");
   sync.set_commit(true);

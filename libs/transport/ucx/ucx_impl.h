@@ -146,6 +146,9 @@ class UcxTransport::Impl {
     MemoryHandle handle;
     ucp_mem_h memh = nullptr;
     std::string packed_rkey;  // framed
+    // Whether its descriptor (remote key) ever left this process: memory never
+    // described cannot be in use by a peer, so deregistering it needs no revoke round.
+    bool described = false;
   };
 
   struct RevokeWait {

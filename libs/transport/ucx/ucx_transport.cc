@@ -150,13 +150,18 @@ absl::Status UcxTransport::DeregisterMemory(const MemoryHandle& handle) {
           return absl::NotFoundError(
               absl::StrCat("memory registration ", handle.id, " is not registered"));
         }
+        auto wait = std::make_shared<Impl::RevokeWait>();
+        const uint64_t seq = impl->next_seq_++;
+        wait->seq = seq;
+        if (!it->second.described) {  // no peer can hold its key: nothing to revoke
+          wait->done.Notify();
+          impl->revokes_[seq] = wait;
+          return wait;
+        }
         // Peers that connected to us may hold the key: reach them too.
         for (const auto& [instance, address] : std::map<uint64_t, std::string>(impl->hello_addresses_)) {
           (void)impl->ConnectOnThread(address, /*send_hello=*/false);
         }
-        auto wait = std::make_shared<Impl::RevokeWait>();
-        const uint64_t seq = impl->next_seq_++;
-        wait->seq = seq;
         std::string msg;
         AppendU64(&msg, impl->instance_);
         AppendU64(&msg, handle.id);
@@ -199,7 +204,8 @@ absl::StatusOr<v1::RemoteMemoryDescriptor> UcxTransport::Describe(const MemoryHa
           return absl::NotFoundError(
               absl::StrCat("memory registration ", handle.id, " is not registered"));
         }
-        const Impl::Registration& reg = it->second;
+        Impl::Registration& reg = it->second;
+        reg.described = true;
         v1::RemoteMemoryDescriptor d;
         d.set_backend(v1::TRANSFER_BACKEND_UCX);
         d.set_packed_rkey(reg.packed_rkey);

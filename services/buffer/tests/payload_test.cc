@@ -9,7 +9,7 @@
 #include "libs/common/checksum.h"
 #include "libs/transport/loopback/loopback_transport.h"
 #include "services/buffer/buffer_core.h"
-#include "services/buffer/payload_fetcher.h"
+#include "libs/transport/descriptor_fetcher.h"
 
 namespace rlfleet::buffer {
 namespace {
@@ -58,9 +58,9 @@ TEST(RemotePayload, FromAFileWithItsDigestAndEveryBadDescriptorRejectedByName) {
   good.mutable_digest()->set_value(common::Xxh64(bytes));
 
   BufferCore core;
-  PayloadFetcher::Options options;
+  transport::DescriptorFetcher::Options options;
   options.file_root = std::getenv("TEST_TMPDIR");
-  PayloadFetcher fetcher(nullptr, options);
+  transport::DescriptorFetcher fetcher(nullptr, options);
   // Without a fetcher: rejected, saying so.
   v1::PutExperiencesResponse none;
   ASSERT_TRUE(core.Put(Request({Sent("e1", good)}), &none).ok());
@@ -107,7 +107,7 @@ TEST(RemotePayload, FromAFileWithItsDigestAndEveryBadDescriptorRejectedByName) {
   // A buffer without a payload directory takes no FILE descriptors.
   {
     BufferCore strict;
-    PayloadFetcher no_files(nullptr);
+    transport::DescriptorFetcher no_files(nullptr);
     strict.SetPayloadFetcher(&no_files);
     v1::PutExperiencesResponse r;
     ASSERT_TRUE(strict.Put(Request({Sent("e1", good)}), &r).ok());
@@ -146,7 +146,7 @@ TEST(RemotePayload, FromTheProducersMemoryAndAStaleRegistrationIsRejected) {
   ASSERT_EQ(d.segment().backend(), v1::TRANSFER_BACKEND_LOOPBACK);
 
   BufferCore core;
-  PayloadFetcher fetcher(buffer_side.get());
+  transport::DescriptorFetcher fetcher(buffer_side.get());
   core.SetPayloadFetcher(&fetcher);
   v1::PutExperiencesResponse ok;
   ASSERT_TRUE(core.Put(Request({Sent("m1", d)}), &ok).ok());

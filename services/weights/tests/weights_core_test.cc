@@ -4,11 +4,14 @@
 #include "services/weights/weights_core.h"
 
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/common/checksum.h"
+#include "libs/transport/descriptor_fetcher.h"
+#include "libs/transport/loopback/loopback_transport.h"
 
 namespace rlfleet::weights {
 namespace {
@@ -149,6 +152,50 @@ TEST(WeightsCore, ARoundDropsADeadAndAStalledReplicaAtTheirDeadlineAndTheOthersI
   EXPECT_EQ(status.destinations(0).phase(), v1::SYNC_PHASE_FAILED);
   ask.set_replica_id("nobody");
   EXPECT_EQ(f.core.GetSyncStatus(ask, &status).code(), absl::StatusCode::kNotFound);
+}
+
+// With a data plane, replicas are sent the version in the service's memory: a
+// destination that pulls it over its own transport gets the file's exact bytes.
+TEST(WeightsCore, VersionsAreServedFromMemoryOverTheDataPlane) {
+  auto service_side = transport::LoopbackTransport::Create();
+  auto replica_side = transport::LoopbackTransport::Create();
+  transport::DescriptorFetcher fetcher(replica_side.get());
+  std::string pulled;
+  struct Pulling : Destination {
+    transport::DescriptorFetcher* fetcher;
+    std::string* out;
+    absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
+                                                      absl::Time deadline) override {
+      EXPECT_EQ(request.chunks(0).source().segment().backend(), v1::TRANSFER_BACKEND_LOOPBACK);
+      absl::StatusOr<std::string> bytes = fetcher->Fetch(request.chunks(0).source(), deadline);
+      if (!bytes.ok()) return bytes.status();
+      *out = *bytes;
+      return v1::CommitWeightsResponse();
+    }
+  };
+  WeightsCore core(
+      [&](const std::string&) -> std::unique_ptr<Destination> {
+        auto d = std::make_unique<Pulling>();
+        d->fetcher = &fetcher;
+        d->out = &pulled;
+        return d;
+      },
+      service_side.get());
+  v1::RegisterDestinationRequest reg;
+  reg.set_replica_id("r");
+  reg.set_grpc_address("r:1");
+  v1::RegisterDestinationResponse registered;
+  ASSERT_TRUE(core.RegisterDestination(reg, &registered).ok());
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/v3";
+  v1::PublishVersionResponse published;
+  ASSERT_TRUE(core.PublishVersion(Publish(3, path), &published).ok());
+  std::ifstream in(path, std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  v1::SyncVersionRequest sync;
+  sync.set_replica_id("r");
+  v1::SyncVersionResponse synced;
+  ASSERT_TRUE(core.SyncVersion(sync, &synced).ok());
+  EXPECT_EQ(pulled, file);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "services/buffer/payload_fetcher.h"
+#include "libs/transport/descriptor_fetcher.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -12,12 +12,12 @@
 #include "libs/common/checksum.h"
 #include "libs/common/status_macros.h"
 
-namespace rlfleet::buffer {
+namespace rlfleet::transport {
 
-PayloadFetcher::PayloadFetcher(transport::Transport* transport, Options options)
+DescriptorFetcher::DescriptorFetcher(Transport* transport, Options options)
     : transport_(transport), options_(options) {}
 
-absl::StatusOr<std::string> PayloadFetcher::Fetch(const v1::TransferDescriptor& d, absl::Time deadline) {
+absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescriptor& d, absl::Time deadline) {
   if (absl::Now() >= deadline) return absl::DeadlineExceededError("no time left for this fetch");
   if (d.length_bytes() == 0) return absl::InvalidArgumentError("length_bytes: 0");
   if (d.length_bytes() > options_.max_bytes) {
@@ -53,7 +53,7 @@ absl::StatusOr<std::string> PayloadFetcher::Fetch(const v1::TransferDescriptor& 
   return bytes;
 }
 
-absl::StatusOr<std::string> PayloadFetcher::FetchFile(const v1::TransferDescriptor& d) {
+absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescriptor& d) {
   const std::string& path = d.segment().worker_address();
   if (path.empty()) return absl::InvalidArgumentError("segment.worker_address: empty (the file's path)");
   if (options_.file_root.empty()) {
@@ -92,7 +92,7 @@ absl::StatusOr<std::string> PayloadFetcher::FetchFile(const v1::TransferDescript
   return bytes;
 }
 
-absl::StatusOr<std::string> PayloadFetcher::FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline) {
+absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline) {
   if (transport_ == nullptr) {
     return absl::InvalidArgumentError("segment.backend: this buffer has no data-plane transport (FILE only)");
   }
@@ -107,9 +107,9 @@ absl::StatusOr<std::string> PayloadFetcher::FetchMemory(const v1::TransferDescri
     return absl::InvalidArgumentError(absl::StrCat("offset_bytes + length_bytes (", d.offset_bytes() + d.length_bytes(),
                                                    ") exceeds segment.length_bytes (", d.segment().length_bytes(), ")"));
   }
-  ASSIGN_OR_RETURN(transport::PeerId peer, transport_->Connect(d.segment().worker_address()));
-  ASSIGN_OR_RETURN(transport::MemoryHandle local, transport_->AllocateMemory(d.length_bytes()));
-  std::unique_ptr<transport::Completion> get =
+  ASSIGN_OR_RETURN(PeerId peer, transport_->Connect(d.segment().worker_address()));
+  ASSIGN_OR_RETURN(MemoryHandle local, transport_->AllocateMemory(d.length_bytes()));
+  std::unique_ptr<Completion> get =
       transport_->Get(peer, local, 0, d.segment(), d.offset_bytes(), d.length_bytes());
   absl::Status s = get->Wait(deadline - absl::Now());
   std::string bytes;
@@ -121,4 +121,4 @@ absl::StatusOr<std::string> PayloadFetcher::FetchMemory(const v1::TransferDescri
   return bytes;
 }
 
-}  // namespace rlfleet::buffer
+}  // namespace rlfleet::transport

@@ -1,11 +1,10 @@
-// Fetches the experience payloads that travel by TransferDescriptor
-// (v1::Experience.remote_payload: the producer keeps the serialized experience in its
-// memory or a file and sends only the descriptor). Backends: FILE (a path both sides
+// Fetches the bytes a TransferDescriptor names (an experience payload the buffer is sent
+// by descriptor, a weight version a rollout replica pulls): FILE (a path both sides
 // read: one machine or a shared filesystem) and, with a data-plane Transport, a Get
-// from the producer's registered memory (UCX; loopback in tests). The digest the
+// from the owner's registered memory (UCX; loopback in tests). The digest the
 // descriptor carries (XXH64 or CRC-32C) is checked. Free of gRPC; thread-safe.
-#ifndef RLFLEET_SERVICES_BUFFER_PAYLOAD_FETCHER_H_
-#define RLFLEET_SERVICES_BUFFER_PAYLOAD_FETCHER_H_
+#ifndef RLFLEET_LIBS_TRANSPORT_DESCRIPTOR_FETCHER_H_
+#define RLFLEET_LIBS_TRANSPORT_DESCRIPTOR_FETCHER_H_
 
 #include <string>
 
@@ -14,9 +13,9 @@
 #include "libs/transport/transport.h"
 #include "rlfleet/v1/common.pb.h"
 
-namespace rlfleet::buffer {
+namespace rlfleet::transport {
 
-class PayloadFetcher {
+class DescriptorFetcher {
  public:
   struct Options {
     uint64_t max_bytes = uint64_t{64} << 20;     // one payload at most
@@ -28,8 +27,8 @@ class PayloadFetcher {
   };
   // `transport` (not owned, may be null: memory descriptors are then refused) serves
   // descriptors of its backend.
-  PayloadFetcher(transport::Transport* transport, Options options);
-  PayloadFetcher(transport::Transport* transport) : PayloadFetcher(transport, Options()) {}
+  DescriptorFetcher(Transport* transport, Options options);
+  DescriptorFetcher(Transport* transport) : DescriptorFetcher(transport, Options()) {}
 
   // The bytes. INVALID_ARGUMENT naming the field for a malformed descriptor (no digest,
   // zero or oversized length, range outside the segment, a backend this buffer does not
@@ -48,10 +47,10 @@ class PayloadFetcher {
   absl::StatusOr<std::string> FetchFile(const v1::TransferDescriptor& d);
   absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline);
 
-  transport::Transport* const transport_;
+  Transport* const transport_;
   const Options options_;
 };
 
-}  // namespace rlfleet::buffer
+}  // namespace rlfleet::transport
 
-#endif  // RLFLEET_SERVICES_BUFFER_PAYLOAD_FETCHER_H_
+#endif  // RLFLEET_LIBS_TRANSPORT_DESCRIPTOR_FETCHER_H_
