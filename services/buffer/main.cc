@@ -3,24 +3,19 @@
 
 #include <iostream>
 
-#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "libs/common/clock.h"
 #include "libs/common/config.h"
 #include "libs/metrics/metrics.h"
 #include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
-#include "libs/transport/ucx/ucx_transport.h"
+#include "libs/transport/data_plane.h"
 #include "services/buffer/buffer_core.h"
 #include "services/buffer/buffer_service.h"
 
 ABSL_FLAG(absl::Duration, stream_full_wait, absl::Seconds(30),
           "StreamExperiences: how long a message waits for room in a full buffer before the "
           "stream ends with RESOURCE_EXHAUSTED.");
-ABSL_FLAG(std::string, data_plane, "ucx",
-          "How the buffer fetches experiences sent by descriptor (remote_payload) from producers' memory: ucx, or "
-          "none (FILE descriptors only).");
-ABSL_DECLARE_FLAG(std::string, host);  // libs/rpc's server flag
 ABSL_FLAG(std::string, payload_dir, "",
           "FILE payload descriptors may name files under this directory only; empty: FILE descriptors refused.");
 ABSL_FLAG(std::string, store, "memory://",
@@ -46,26 +41,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   rlfleet::buffer::BufferCore core(rlfleet::common::Clock::Real(), store->get());
-  // Payloads by descriptor: FILE always; memory over UCX unless --data_plane=none.
-  std::unique_ptr<rlfleet::transport::Transport> data_plane;
-  if (absl::GetFlag(FLAGS_data_plane) == "ucx") {
-    rlfleet::transport::UcxOptions ucx;
-    // Serving on loopback only: producers are on this host, keep UCX there too.
-    const std::string host = absl::GetFlag(FLAGS_host);
-    ucx.loopback_only = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-    auto t = rlfleet::transport::UcxTransport::Create(ucx);
-    if (t.ok()) {
-      data_plane = std::move(*t);
-    } else {
-      std::cerr << "rlfleet-buffer: no UCX data plane (" << t.status() << "); remote payloads by FILE only\n";
-    }
-  } else if (absl::GetFlag(FLAGS_data_plane) != "none") {
-    std::cerr << "rlfleet-buffer: --data_plane=" << absl::GetFlag(FLAGS_data_plane) << ": want ucx or none\n";
+  // Payloads by descriptor: FILE under --payload_dir; memory over the data plane.
+  auto data_plane = rlfleet::transport::OpenDataPlaneFromFlags(options->host, "rlfleet-buffer",
+                                                               "remote payloads by FILE only");
+  if (!data_plane.ok()) {
+    std::cerr << "rlfleet-buffer: " << data_plane.status() << "\n";
     return 2;
   }
   rlfleet::transport::DescriptorFetcher::Options fetch;
   fetch.file_root = absl::GetFlag(FLAGS_payload_dir);
-  rlfleet::transport::DescriptorFetcher fetcher(data_plane.get(), fetch);
+  rlfleet::transport::DescriptorFetcher fetcher(data_plane->get(), fetch);
   core.SetPayloadFetcher(&fetcher);
   if (absl::Status s = core.Recover(); !s.ok()) {
     std::cerr << "rlfleet-buffer: recovering from --store: " << s << "\n";

@@ -3,14 +3,13 @@
 
 #include <iostream>
 
-#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "libs/common/config.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
 #include "libs/transport/descriptor_fetcher.h"
-#include "libs/transport/ucx/ucx_transport.h"
+#include "libs/transport/data_plane.h"
 #include "services/rollout/rollout_core.h"
 #include "services/rollout/rollout_service.h"
 
@@ -24,8 +23,6 @@ ABSL_FLAG(std::string, weights, "", "Safetensors file to serve at --weights_vers
                                     "(or serve the random init with --serve_initial_weights).");
 ABSL_FLAG(uint64_t, weights_version, 1, "Policy version of --weights / the initial weights.");
 ABSL_FLAG(int, max_batch, 256, "Sequences decoded together at most (continuous batching).");
-ABSL_FLAG(std::string, data_plane, "ucx", "How weight versions sent by memory descriptor are pulled: ucx or none.");
-ABSL_DECLARE_FLAG(std::string, host);  // libs/rpc's server flag
 ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised model as --weights_version.");
 
 int main(int argc, char** argv) {
@@ -64,26 +61,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   rlfleet::rpc::ServerRunner runner(*options);
-  // The data plane weight versions are pulled over (UCX; on loopback when serving on it).
-  std::unique_ptr<rlfleet::transport::Transport> data_plane;
-  if (absl::GetFlag(FLAGS_data_plane) == "ucx") {
-    rlfleet::transport::UcxOptions ucx;
-    const std::string host = absl::GetFlag(FLAGS_host);
-    ucx.loopback_only = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-    auto t = rlfleet::transport::UcxTransport::Create(ucx);
-    if (t.ok()) {
-      data_plane = std::move(*t);
-    } else {
-      std::cerr << "rlfleet-rollout: no UCX data plane (" << t.status() << "); weights by FILE only\n";
-    }
-  } else if (absl::GetFlag(FLAGS_data_plane) != "none") {
-    std::cerr << "rlfleet-rollout: --data_plane=" << absl::GetFlag(FLAGS_data_plane) << ": want ucx or none\n";
+  // The data plane weight versions are pulled over.
+  auto data_plane =
+      rlfleet::transport::OpenDataPlaneFromFlags(options->host, "rlfleet-rollout", "weights by FILE only");
+  if (!data_plane.ok()) {
+    std::cerr << "rlfleet-rollout: " << data_plane.status() << "\n";
     return 2;
   }
   rlfleet::transport::DescriptorFetcher::Options fetch;
   fetch.max_bytes = uint64_t{16} << 30;  // a whole model version
   fetch.timeout = absl::Minutes(5);
-  rlfleet::transport::DescriptorFetcher fetcher(data_plane.get(), fetch);
+  rlfleet::transport::DescriptorFetcher fetcher(data_plane->get(), fetch);
   rlfleet::rollout::RolloutServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token},
                                                [&runner](bool serving) { runner.SetServing(serving); }, &fetcher);
   runner.AddService(&service);

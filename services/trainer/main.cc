@@ -12,6 +12,7 @@
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/transport/data_plane.h"
 #include "services/trainer/buffer_client.h"
 #include "services/trainer/trainer_core.h"
 #include "services/trainer/trainer_service.h"
@@ -122,8 +123,7 @@ int main(int argc, char** argv) {
       t.timeout = absl::GetFlag(FLAGS_dp_timeout);
       // Ranks on one host (a loopback rendezvous) keep UCX on loopback; otherwise every
       // interface, so that ranks on other hosts can reach this one.
-      const std::string& host = o.store_host;
-      t.loopback_only = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+      t.loopback_only = rlfleet::transport::IsLoopbackHost(o.store_host);
       auto made = rlfleet::dist::TransportGroup::Create(std::move(*joined), t);
       if (!made.ok()) {
         std::cerr << "rlfleet-trainer: rank " << rank << ": " << made.status() << "\n";
