@@ -101,7 +101,7 @@ STEPS="${RLFLEET_DEMO_STEPS:-300}"
 echo "== the RL loop, run by the controller: rollout -> reward -> buffer -> trainer -> weights service -> rollout ($STEPS steps at most)"
 echo "   GRPO on reverse n=3..5, 32 prompts x 8 samples per step; held-out greedy exact match every 10 steps"
 echo "   rlfleet run --controller=$ADDR_controller (rlfleet stop in another terminal ends it early)"
-$B/controller/rlfleet run --controller="$ADDR_controller" --entropy_coef="${RLFLEET_DEMO_ENTROPY:-0.03}" \
+$B/controller/rlfleet run --controller="$ADDR_controller" --entropy_coef="${RLFLEET_DEMO_ENTROPY:-0.05}" \
   --steps="$STEPS" --stop_at="${RLFLEET_DEMO_STOP_AT:-0.8}" --max_staleness="${RLFLEET_DEMO_STALENESS:-0}" --timeout=120s
 echo "== health now"
 health
