@@ -59,15 +59,17 @@ Result Measure(LoopbackCluster& cluster, size_t n, bool hierarchical, WirePrecis
     options.tag = rep + 1;
     const absl::Time start = absl::Now();
     absl::Status s = cluster.RunOnAll([&](int rank) {
-      return hierarchical ? HierarchicalAllReduce(data[rank], cluster.topology(), cluster.links(rank), options)
-                          : RingAllReduce(data[rank], ring, cluster.links(rank), options);
+      return hierarchical
+                 ? HierarchicalAllReduce(absl::MakeSpan(data[rank]), cluster.topology(), cluster.links(rank), options)
+                 : RingAllReduce(absl::MakeSpan(data[rank]), ring, cluster.links(rank), options);
     });
     times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
     if (!s.ok()) {
       std::cerr << s << "\n";
       std::exit(1);
     }
-    for (size_t i = 0; i < n; ++i) result.error = std::max(result.error, std::abs(data[0][i] - exact[i]) / magnitude[i]);
+    for (size_t i = 0; i < n; ++i)
+      result.error = std::max(result.error, std::abs(data[0][i] - exact[i]) / magnitude[i]);
   }
   std::sort(times.begin(), times.end());
   result.seconds = times[times.size() / 2];
@@ -89,7 +91,8 @@ int main(int argc, char** argv) {
       << "Inter-node link: " << absl::GetFlag(FLAGS_latency_us) << " us + size / " << absl::GetFlag(FLAGS_link_gbps)
       << " Gbit/s per transfer (FaultTransport); inside a node, memory speed. Median of " << repeats
       << " runs; error = max |result - exact| / sum of the inputs' magnitudes.\n\n"
-      << "| size | wire | flat (ms) | hierarchical (ms) | hierarchical / flat speed-up | flat error | hierarchical error |\n"
+      << "| size | wire | flat (ms) | hierarchical (ms) | hierarchical / flat speed-up | flat error | hierarchical "
+         "error |\n"
       << "|---:|---|---:|---:|---:|---:|---:|\n";
   double headline = 0;
   for (size_t mib : {1, 16}) {
@@ -98,9 +101,9 @@ int main(int argc, char** argv) {
       const Result flat = Measure(cluster, n, false, p, repeats);
       const Result hier = Measure(cluster, n, true, p, repeats);
       const double speedup = flat.seconds / hier.seconds;
-      const std::string row =
-          absl::StrFormat("| %d MiB | %s | %.1f | %.1f | %.2f | %.1e | %.1e |", mib, rlfleet::dist::WirePrecisionName(p),
-                          flat.seconds * 1e3, hier.seconds * 1e3, speedup, flat.error, hier.error);
+      const std::string row = absl::StrFormat("| %d MiB | %s | %.1f | %.1f | %.2f | %.1e | %.1e |", mib,
+                                              rlfleet::dist::WirePrecisionName(p), flat.seconds * 1e3,
+                                              hier.seconds * 1e3, speedup, flat.error, hier.error);
       std::cerr << row << "\n";
       out << row << "\n";
       if (mib == 16 && p == WirePrecision::kFp32) headline = speedup;

@@ -14,9 +14,12 @@ namespace rlfleet::dist {
 
 const char* WirePrecisionName(WirePrecision p) {
   switch (p) {
-    case WirePrecision::kFp32: return "fp32";
-    case WirePrecision::kBf16: return "bf16";
-    case WirePrecision::kFp16: return "fp16";
+    case WirePrecision::kFp32:
+      return "fp32";
+    case WirePrecision::kBf16:
+      return "bf16";
+    case WirePrecision::kFp16:
+      return "fp16";
   }
   return "?";
 }
@@ -41,7 +44,7 @@ uint16_t ToFp16(float f) {
   std::memcpy(&u, &f, 4);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow (>= 65520) -> inf
   if (abs < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // under half the smallest subnormal
@@ -117,8 +120,8 @@ class Registered {
 // This rank's buffers for one collective: a working copy of the data, a receive
 // buffer, and the 16-bit staging buffers, each registered with the transports used.
 struct Buffers {
-  Buffers(const Links& links, const std::vector<float>& data)
-      : work(data),
+  Buffers(const Links& links, absl::Span<const float> data)
+      : work(data.begin(), data.end()),
         scratch(data.size()),
         send16(data.size()),
         recv16(data.size()),
@@ -142,7 +145,7 @@ struct Buffers {
 // transfers it posted may still be in flight (a peer that is late, not dead, writes
 // into them afterwards): the buffers are then left allocated and registered on
 // purpose, never freed under a transfer.
-absl::Status WithBuffers(std::vector<float>& data, const Links& links,
+absl::Status WithBuffers(absl::Span<float> data, const Links& links,
                          const std::function<absl::Status(Buffers&)>& body) {
   auto b = std::make_unique<Buffers>(links, data);
   RETURN_IF_ERROR(b->status());
@@ -151,7 +154,7 @@ absl::Status WithBuffers(std::vector<float>& data, const Links& links,
     b.release();  // NOLINT: deliberately leaked (see above)
     return s;
   }
-  data.swap(b->work);
+  std::copy(b->work.begin(), b->work.end(), data.begin());
   return absl::OkStatus();
 }
 
@@ -184,8 +187,8 @@ absl::Status Exchange(std::vector<float>& data, Buffers& b, const Links& links, 
   RETURN_IF_ERROR(WaitFor(*send, options, absl::StrCat("rank ", links.rank, ": sending to rank ", to)));
   RETURN_IF_ERROR(WaitFor(*recv, options, absl::StrCat("rank ", links.rank, ": receiving from rank ", from)));
   for (size_t i = 0; i < recv_count; ++i) {
-    const float v = precision == WirePrecision::kFp32 ? b.scratch[recv_offset + i]
-                                                      : Decode(precision, b.recv16[recv_offset + i]);
+    const float v =
+        precision == WirePrecision::kFp32 ? b.scratch[recv_offset + i] : Decode(precision, b.recv16[recv_offset + i]);
     data[recv_offset + i] = add ? data[recv_offset + i] + v : v;
   }
   return absl::OkStatus();
@@ -220,14 +223,15 @@ absl::Status ReduceScatter(std::vector<float>& data, Buffers& b, const RingPlan&
                            const CollectiveOptions& options, WirePrecision precision, uint64_t tag) {
   for (int s = 0; s < p.k - 1; ++s) {
     const int send_c = p.mod(p.pos - s), recv_c = p.mod(p.pos - s - 1);
-    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, p.next, p.begin(send_c), p.size(send_c),
-                             p.prev, p.begin(recv_c), p.size(recv_c), /*add=*/true));
+    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, p.next, p.begin(send_c), p.size(send_c), p.prev,
+                             p.begin(recv_c), p.size(recv_c), /*add=*/true));
   }
   if (precision != WirePrecision::kFp32 && p.k > 1) {
     // The chunk this rank owns goes out rounded: round it here too, so every rank
     // ends with the same bits.
     const int own = p.owned();
-    for (size_t i = p.begin(own); i < p.begin(own) + p.size(own); ++i) data[i] = Decode(precision, Encode(precision, data[i]));
+    for (size_t i = p.begin(own); i < p.begin(own) + p.size(own); ++i)
+      data[i] = Decode(precision, Encode(precision, data[i]));
   }
   return absl::OkStatus();
 }
@@ -236,15 +240,14 @@ absl::Status AllGather(std::vector<float>& data, Buffers& b, const RingPlan& p, 
                        const CollectiveOptions& options, WirePrecision precision, uint64_t tag) {
   for (int s = 0; s < p.k - 1; ++s) {
     const int send_c = p.mod(p.pos + 1 - s), recv_c = p.mod(p.pos - s);
-    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, p.next, p.begin(send_c), p.size(send_c),
-                             p.prev, p.begin(recv_c), p.size(recv_c), /*add=*/false));
+    RETURN_IF_ERROR(Exchange(data, b, links, options, precision, tag, p.next, p.begin(send_c), p.size(send_c), p.prev,
+                             p.begin(recv_c), p.size(recv_c), /*add=*/false));
   }
   return absl::OkStatus();
 }
 
 absl::Status Ring(std::vector<float>& data, Buffers& b, const std::vector<int>& ring, const Links& links,
-                  const CollectiveOptions& options, WirePrecision precision, uint64_t tag, size_t base,
-                  size_t count) {
+                  const CollectiveOptions& options, WirePrecision precision, uint64_t tag, size_t base, size_t count) {
   ASSIGN_OR_RETURN(RingPlan p, PlanRing(ring, links.rank, base, count));
   RETURN_IF_ERROR(ReduceScatter(data, b, p, links, options, precision, tag));
   return AllGather(data, b, p, links, options, precision, tag);
@@ -252,14 +255,14 @@ absl::Status Ring(std::vector<float>& data, Buffers& b, const std::vector<int>& 
 
 }  // namespace
 
-absl::Status RingAllReduce(std::vector<float>& data, const std::vector<int>& ring, const Links& links,
+absl::Status RingAllReduce(absl::Span<float> data, const std::vector<int>& ring, const Links& links,
                            const CollectiveOptions& options) {
   return WithBuffers(data, links, [&](Buffers& b) {
     return Ring(b.work, b, ring, links, options, options.precision, options.tag << 2, 0, b.work.size());
   });
 }
 
-absl::Status HierarchicalAllReduce(std::vector<float>& data, const Topology& topology, const Links& links,
+absl::Status HierarchicalAllReduce(absl::Span<float> data, const Topology& topology, const Links& links,
                                    const CollectiveOptions& options) {
   if (links.rank < 0 || links.rank >= static_cast<int>(topology.node_of.size())) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", links.rank, " is not in the topology"));

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "libs/dist/topology.h"
 #include "libs/transport/transport.h"
 
@@ -43,7 +44,7 @@ struct CollectiveOptions {
 
 // Sum of `data` over the ranks of `ring` (this rank among them), in ring order:
 // reduce-scatter, then all-gather, 2 (k - 1) steps of n / k elements.
-absl::Status RingAllReduce(std::vector<float>& data, const std::vector<int>& ring, const Links& links,
+absl::Status RingAllReduce(absl::Span<float> data, const std::vector<int>& ring, const Links& links,
                            const CollectiveOptions& options);
 
 // Sum of `data` over every rank of `topology` (every node with the same number of ranks,
@@ -53,7 +54,7 @@ absl::Status RingAllReduce(std::vector<float>& data, const std::vector<int>& rin
 // inside each node completes every rank. Inter-node traffic is 2 (nodes - 1) / nodes
 // of the data in total per node, spread over all its ranks (and their NICs); a flat
 // ring over R ranks makes 2 (R - 1) latency-bound steps, this 2 (nodes - 1).
-absl::Status HierarchicalAllReduce(std::vector<float>& data, const Topology& topology, const Links& links,
+absl::Status HierarchicalAllReduce(absl::Span<float> data, const Topology& topology, const Links& links,
                                    const CollectiveOptions& options);
 
 // The 16-bit wire formats (round to nearest even), exposed for tests.

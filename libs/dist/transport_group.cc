@@ -43,32 +43,29 @@ TransportGroup::~TransportGroup() = default;
 
 absl::Status TransportGroup::AllReduceSum(float* data, size_t n) {
   const std::string backend = hierarchical_ ? "hierarchical" : "ring";
-  static metrics::Histogram* const ring_seconds = metrics::Global().AddHistogram(
-      "rlfleet_dp_allreduce_seconds", "Gradient all-reduce time per call (data-parallel ranks).", {{"backend", "ring"}});
-  static metrics::Histogram* const hier_seconds =
+  static metrics::Histogram* const ring_seconds =
       metrics::Global().AddHistogram("rlfleet_dp_allreduce_seconds",
-                                     "Gradient all-reduce time per call (data-parallel ranks).",
-                                     {{"backend", "hierarchical"}});
+                                     "Gradient all-reduce time per call (data-parallel ranks).", {{"backend", "ring"}});
+  static metrics::Histogram* const hier_seconds = metrics::Global().AddHistogram(
+      "rlfleet_dp_allreduce_seconds", "Gradient all-reduce time per call (data-parallel ranks).",
+      {{"backend", "hierarchical"}});
   static metrics::Counter* const bytes = metrics::Global().AddCounter(
       "rlfleet_dp_allreduce_bytes_total", "Bytes all-reduced (data-parallel ranks).", {{"backend", "transport"}});
   const absl::Time start = absl::Now();
   if (!broken_.ok()) return broken_;
-  std::vector<float> buffer(data, data + n);
   CollectiveOptions o;
   o.precision = options_.precision;
   o.timeout = options_.timeout;
   o.tag = ++calls_;
   absl::Status s;
   if (hierarchical_) {
-    s = HierarchicalAllReduce(buffer, topology_, links_, o);
+    s = HierarchicalAllReduce(absl::MakeSpan(data, n), topology_, links_, o);
   } else {
     std::vector<int> ring;
     for (int r = 0; r < world_size(); ++r) ring.push_back(r);
-    s = RingAllReduce(buffer, ring, links_, o);
+    s = RingAllReduce(absl::MakeSpan(data, n), ring, links_, o);
   }
-  if (s.ok()) {
-    std::copy(buffer.begin(), buffer.end(), data);
-  } else {
+  if (!s.ok()) {
     // Ranks may now disagree on what was exchanged: the group is unusable.
     broken_ = absl::FailedPreconditionError(absl::StrCat("an earlier all-reduce failed: ", s.message()));
   }

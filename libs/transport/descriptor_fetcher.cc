@@ -24,7 +24,8 @@ absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescripto
     return absl::InvalidArgumentError(
         absl::StrCat("length_bytes: ", d.length_bytes(), " exceeds the limit of ", options_.max_bytes));
   }
-  if (d.digest().algorithm() != v1::DIGEST_ALGORITHM_XXHASH64 && d.digest().algorithm() != v1::DIGEST_ALGORITHM_CRC32C) {
+  if (d.digest().algorithm() != v1::DIGEST_ALGORITHM_XXHASH64 &&
+      d.digest().algorithm() != v1::DIGEST_ALGORITHM_CRC32C) {
     return absl::InvalidArgumentError("digest: required (XXHASH64 or CRC32C)");
   }
   absl::StatusOr<std::string> bytes;
@@ -37,13 +38,13 @@ absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescripto
       bytes = FetchMemory(d, deadline);
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat("segment.backend: ",
-                                                     v1::TransferBackend_Name(d.segment().backend()),
-                                                     " is not one the buffer fetches from (FILE, UCX, LOOPBACK)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("segment.backend: ", v1::TransferBackend_Name(d.segment().backend()),
+                       " is not one the buffer fetches from (FILE, UCX, LOOPBACK)"));
   }
   if (!bytes.ok()) return bytes.status();
-  const uint64_t got = d.digest().algorithm() == v1::DIGEST_ALGORITHM_XXHASH64 ? common::Xxh64(*bytes)
-                                                                               : common::Crc32c(*bytes);
+  const uint64_t got =
+      d.digest().algorithm() == v1::DIGEST_ALGORITHM_XXHASH64 ? common::Xxh64(*bytes) : common::Crc32c(*bytes);
   if (got != d.digest().value()) {
     // (The computed value is not echoed: it would tell a producer about bytes it
     // cannot read.)
@@ -65,7 +66,7 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescr
     return absl::FailedPreconditionError(absl::StrCat("payload directory ", options_.file_root, " does not exist"));
   }
   if (realpath(path.c_str(), resolved) == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  const std::string prefix = absl::StrCat(root, "/");
+  const std::string prefix = std::string(root) == "/" ? "/" : absl::StrCat(root, "/");
   if (std::string(resolved).rfind(prefix, 0) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("segment.worker_address: ", path, " is not under the payload directory ", options_.file_root));
@@ -86,8 +87,8 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescr
   }
   close(fd);
   if (done != bytes.size()) {
-    return absl::DataLossError(absl::StrCat(path, " holds ", done, " of the ", bytes.size(), " bytes at offset ",
-                                            d.offset_bytes()));
+    return absl::DataLossError(
+        absl::StrCat(path, " holds ", done, " of the ", bytes.size(), " bytes at offset ", d.offset_bytes()));
   }
   return bytes;
 }
@@ -105,12 +106,12 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   if (d.offset_bytes() > d.segment().length_bytes() ||
       d.length_bytes() > d.segment().length_bytes() - d.offset_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("offset_bytes + length_bytes (", d.offset_bytes() + d.length_bytes(),
-                                                   ") exceeds segment.length_bytes (", d.segment().length_bytes(), ")"));
+                                                   ") exceeds segment.length_bytes (", d.segment().length_bytes(),
+                                                   ")"));
   }
   ASSIGN_OR_RETURN(PeerId peer, transport_->Connect(d.segment().worker_address()));
   ASSIGN_OR_RETURN(MemoryHandle local, transport_->AllocateMemory(d.length_bytes()));
-  std::unique_ptr<Completion> get =
-      transport_->Get(peer, local, 0, d.segment(), d.offset_bytes(), d.length_bytes());
+  std::unique_ptr<Completion> get = transport_->Get(peer, local, 0, d.segment(), d.offset_bytes(), d.length_bytes());
   absl::Status s = get->Wait(deadline - absl::Now());
   std::string bytes;
   if (s.ok()) bytes.assign(static_cast<const char*>(local.base), d.length_bytes());

@@ -1,13 +1,12 @@
 #include "services/weights/weights_core.h"
 
-#include <fstream>
-#include <sstream>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "libs/common/checksum.h"
 #include "libs/common/status_macros.h"
+#include "libs/transport/descriptor_fetcher.h"
 
 namespace rlfleet::weights {
 
@@ -64,11 +63,6 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   if (where.segment().worker_address().empty()) {
     return absl::InvalidArgumentError("sources[0].shards[0].location.segment.worker_address: empty (the file)");
   }
-  if (where.length_bytes() == 0) return absl::InvalidArgumentError("sources[0].shards[0].location.length_bytes: 0");
-  const v1::DigestAlgorithm algorithm = where.digest().algorithm();
-  if (algorithm != v1::DIGEST_ALGORITHM_XXHASH64 && algorithm != v1::DIGEST_ALGORITHM_CRC32C) {
-    return absl::InvalidArgumentError("sources[0].shards[0].location.digest: required (XXHASH64 or CRC32C)");
-  }
   {
     absl::MutexLock lock(&mu_);
     if (!versions_.empty() && version <= versions_.rbegin()->first) {
@@ -76,22 +70,17 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
           absl::StrCat("version ", version, " is not newer than the latest, ", versions_.rbegin()->first));
     }
   }
-  // Read and verify before anyone sees the version.
+  // Read and verify before anyone sees the version (the trainer's file may be anywhere
+  // on this host: PublishVersion is the trainer's call, not a producer's).
   const absl::Time start = absl::Now();
-  std::ifstream in(where.segment().worker_address(), std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", where.segment().worker_address()));
-  in.seekg(static_cast<std::streamoff>(where.offset_bytes()));
-  std::string bytes(where.length_bytes(), '\0');
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (static_cast<uint64_t>(in.gcount()) != bytes.size()) {
-    return absl::DataLossError(absl::StrCat(where.segment().worker_address(), " holds ", in.gcount(), " of the ",
-                                            bytes.size(), " bytes the descriptor names"));
+  transport::DescriptorFetcher::Options file;
+  file.max_bytes = std::numeric_limits<uint64_t>::max();
+  file.file_root = "/";
+  absl::StatusOr<std::string> fetched = transport::DescriptorFetcher(nullptr, file).Fetch(where);
+  if (!fetched.ok()) {
+    return common::Annotate(fetched.status(), absl::StrCat("version ", version, ": sources[0].shards[0].location"));
   }
-  const uint64_t digest =
-      algorithm == v1::DIGEST_ALGORITHM_XXHASH64 ? common::Xxh64(bytes) : common::Crc32c(bytes);
-  if (digest != where.digest().value()) {
-    return absl::DataLossError(absl::StrCat("version ", version, ": the source's bytes do not match its digest"));
-  }
+  std::string bytes = std::move(*fetched);
   absl::MutexLock lock(&mu_);
   if (!versions_.empty() && version <= versions_.rbegin()->first) {
     return absl::FailedPreconditionError(absl::StrCat("version ", version, " was overtaken while it was read"));
@@ -148,11 +137,11 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
     auto v = versions_.find(version);
     if (v == versions_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
     auto d = destinations_.find(replica_id);
-    if (d == destinations_.end()) return absl::NotFoundError(absl::StrCat("destination ", replica_id, " is not registered"));
+    if (d == destinations_.end())
+      return absl::NotFoundError(absl::StrCat("destination ", replica_id, " is not registered"));
     destination = d->second.destination;
     *request.mutable_manifest() = v->second.manifest;
-    *request.add_chunks()->mutable_source() =
-        v->second.registered ? v->second.staging : v->second.location;
+    *request.add_chunks()->mutable_source() = v->second.registered ? v->second.staging : v->second.location;
     request.set_transfer_timeout_ms(absl::ToInt64Milliseconds(timeout));
     v1::DestinationSyncStatus& s = v->second.status[replica_id];
     s.set_replica_id(replica_id);
@@ -191,8 +180,7 @@ absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1:
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncAll(uint64_t version,
-                                                                            absl::Duration timeout) {
+absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncAll(uint64_t version, absl::Duration timeout) {
   std::vector<std::string> ids;
   {
     absl::MutexLock lock(&mu_);
@@ -201,7 +189,8 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncAll(uint
     for (const auto& [id, d] : destinations_) ids.push_back(id);
   }
   std::vector<std::thread> threads;
-  for (const std::string& id : ids) threads.emplace_back([this, id, version, timeout] { (void)Sync(id, version, timeout); });
+  for (const std::string& id : ids)
+    threads.emplace_back([this, id, version, timeout] { (void)Sync(id, version, timeout); });
   for (auto& t : threads) t.join();
   std::vector<v1::DestinationSyncStatus> out;
   absl::MutexLock lock(&mu_);
@@ -219,8 +208,8 @@ absl::Status WeightsCore::GetSyncStatus(const v1::GetSyncStatusRequest& request,
   if (!request.replica_id().empty()) {
     auto s = v->second.status.find(request.replica_id());
     if (s == v->second.status.end()) {
-      return absl::NotFoundError(absl::StrCat("destination ", request.replica_id(), " has no status for version ",
-                                              version));
+      return absl::NotFoundError(
+          absl::StrCat("destination ", request.replica_id(), " has no status for version ", version));
     }
     *response->add_destinations() = s->second;
     return absl::OkStatus();

@@ -47,11 +47,11 @@ TEST(WireFormats, RoundTripAndRounding) {
   EXPECT_EQ(FromBf16(0x3f80), 1.0f);
   EXPECT_EQ(ToFp16(1.0f), 0x3c00);
   EXPECT_EQ(ToFp16(-2.0f), 0xc000);
-  EXPECT_EQ(ToFp16(65504.0f), 0x7bff);   // the largest half
-  EXPECT_EQ(ToFp16(1e6f), 0x7c00);       // overflow -> inf
+  EXPECT_EQ(ToFp16(65504.0f), 0x7bff);                 // the largest half
+  EXPECT_EQ(ToFp16(1e6f), 0x7c00);                     // overflow -> inf
   EXPECT_EQ(FromFp16(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
   EXPECT_EQ(ToFp16(std::ldexp(1.0f, -24)), 0x0001);
-  EXPECT_EQ(ToFp16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 ulp rounds to even (2)
+  EXPECT_EQ(ToFp16(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 ulp rounds to even (2)
   EXPECT_EQ(ToFp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
   EXPECT_EQ(ToFp16(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie to even, upward
   std::mt19937 gen(1);
@@ -93,9 +93,9 @@ struct Case {
 TEST(Collectives, FlatAndHierarchicalSumExactlyAndAgreeOnEveryRank) {
   LoopbackCluster cluster(/*nodes=*/3, /*ranks_per_node=*/3);
   const size_t n = 1000;  // not a multiple of the ring sizes
-  for (const Case& c : {Case{false, WirePrecision::kFp32}, Case{true, WirePrecision::kFp32},
-                        Case{false, WirePrecision::kBf16}, Case{true, WirePrecision::kBf16},
-                        Case{false, WirePrecision::kFp16}, Case{true, WirePrecision::kFp16}}) {
+  for (const Case& c :
+       {Case{false, WirePrecision::kFp32}, Case{true, WirePrecision::kFp32}, Case{false, WirePrecision::kBf16},
+        Case{true, WirePrecision::kBf16}, Case{false, WirePrecision::kFp16}, Case{true, WirePrecision::kFp16}}) {
     std::vector<double> exact, magnitude;
     auto data = Inputs(cluster.size(), n, &exact, &magnitude);
     CollectiveOptions options;
@@ -103,13 +103,14 @@ TEST(Collectives, FlatAndHierarchicalSumExactlyAndAgreeOnEveryRank) {
     std::vector<int> everyone;
     for (int r = 0; r < cluster.size(); ++r) everyone.push_back(r);
     absl::Status s = cluster.RunOnAll([&](int rank) {
-      return c.hierarchical ? HierarchicalAllReduce(data[rank], cluster.topology(), cluster.links(rank), options)
-                            : RingAllReduce(data[rank], everyone, cluster.links(rank), options);
+      return c.hierarchical
+                 ? HierarchicalAllReduce(absl::MakeSpan(data[rank]), cluster.topology(), cluster.links(rank), options)
+                 : RingAllReduce(absl::MakeSpan(data[rank]), everyone, cluster.links(rank), options);
     });
     const std::string what = absl::StrCat(c.hierarchical ? "hierarchical " : "flat ", WirePrecisionName(c.precision));
     ASSERT_TRUE(s.ok()) << what << ": " << s;
     const int ring = c.hierarchical ? 3 : 9;  // ranks of the ring the 16-bit wire is used on
-    const double u = c.precision == WirePrecision::kBf16 ? std::ldexp(1.0, -8)
+    const double u = c.precision == WirePrecision::kBf16   ? std::ldexp(1.0, -8)
                      : c.precision == WirePrecision::kFp16 ? std::ldexp(1.0, -11)
                                                            : 0.0;
     double worst = 0;
@@ -131,7 +132,7 @@ TEST(Collectives, HierarchicalNeedsEqualNodes) {
   auto uneven = BuildTopology({{0, "a", 0, ""}, {1, "a", 0, ""}, {2, "a", 0, ""}, {3, "b", 0, ""}});
   ASSERT_TRUE(uneven.ok());
   std::vector<float> data(8, 1.0f);
-  absl::Status s = HierarchicalAllReduce(data, *uneven, cluster.links(0), {});
+  absl::Status s = HierarchicalAllReduce(absl::MakeSpan(data), *uneven, cluster.links(0), {});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "same number of ranks on every node")) << s;
 }
@@ -145,7 +146,7 @@ TEST(Collectives, ARankThatNeverComesIsAnErrorWithinTheDeadline) {
   const absl::Time start = absl::Now();
   absl::Status s = cluster.RunOnAll([&](int rank) -> absl::Status {
     if (rank == 3) return absl::OkStatus();  // never joins
-    return RingAllReduce(data[rank], {0, 1, 2, 3}, cluster.links(rank), options);
+    return RingAllReduce(absl::MakeSpan(data[rank]), {0, 1, 2, 3}, cluster.links(rank), options);
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "rank")) << s;
