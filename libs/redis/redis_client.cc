@@ -1,6 +1,10 @@
 #include "libs/redis/redis_client.h"
 
 #include <hiredis/hiredis.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -95,24 +99,78 @@ absl::Status Client::EnsureConnectedLocked() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<Reply>> Client::RunLocked(
-    const std::vector<std::vector<std::string>>& commands) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    RETURN_IF_ERROR(EnsureConnectedLocked());
-    bool broken = false;
-    for (const auto& argv : commands) {
-      std::vector<const char*> args;
-      std::vector<size_t> lengths;
-      for (const std::string& a : argv) {
-        args.push_back(a.data());
-        lengths.push_back(a.size());
+bool Client::SendLocked(const std::vector<std::vector<absl::string_view>>& commands) {
+  // Pass 1: the framing (and arguments under 64 bytes) into headers_; each piece is a
+  // range of headers_ (offset >= 0) or an argument's own bytes.
+  struct Piece {
+    int64_t offset;  // into headers_, or -1
+    size_t length;
+    const char* data;
+  };
+  constexpr size_t kInline = 64;
+  headers_.clear();
+  std::vector<Piece> pieces;
+  int64_t open = 0;  // start of the headers_ range not yet made a piece
+  auto close_range = [&] {
+    if (static_cast<int64_t>(headers_.size()) > open) {
+      pieces.push_back({open, headers_.size() - static_cast<size_t>(open), nullptr});
+    }
+    open = static_cast<int64_t>(headers_.size());
+  };
+  for (const auto& argv : commands) {
+    absl::StrAppend(&headers_, "*", argv.size(), "\r\n");
+    for (absl::string_view a : argv) {
+      absl::StrAppend(&headers_, "$", a.size(), "\r\n");
+      if (a.size() < kInline) {
+        headers_.append(a.data(), a.size());
+      } else {
+        close_range();
+        pieces.push_back({-1, a.size(), a.data()});
       }
-      if (redisAppendCommandArgv(context_, static_cast<int>(args.size()), args.data(),
-                                 lengths.data()) != REDIS_OK) {
-        broken = true;
-        break;
+      headers_.append("\r\n");
+    }
+  }
+  close_range();
+  // Pass 2: send, at most IOV_MAX pieces per call; a short write resumes mid-piece.
+  std::vector<iovec> iov;
+  size_t next = 0, skip = 0;  // first piece not fully sent, bytes of it already sent
+  while (next < pieces.size()) {
+    iov.clear();
+    for (size_t i = next; i < pieces.size() && iov.size() < 1024; ++i) {
+      const Piece& p = pieces[i];
+      const char* base = p.offset >= 0 ? headers_.data() + p.offset : p.data;
+      const size_t off = i == next ? skip : 0;
+      iov.push_back({const_cast<char*>(base + off), p.length - off});
+    }
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = iov.size();
+    const ssize_t n = sendmsg(context_->fd, &msg, MSG_NOSIGNAL);  // (SO_SNDTIMEO bounds it)
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    size_t left = static_cast<size_t>(n);
+    while (left > 0) {
+      const size_t rest = pieces[next].length - skip;
+      if (left < rest) {
+        skip += left;
+        left = 0;
+      } else {
+        left -= rest;
+        ++next;
+        skip = 0;
       }
     }
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<Reply>> Client::RunLocked(
+    const std::vector<std::vector<absl::string_view>>& commands) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    RETURN_IF_ERROR(EnsureConnectedLocked());
+    bool broken = !SendLocked(commands);
     std::vector<Reply> replies;
     for (size_t i = 0; !broken && i < commands.size(); ++i) {
       void* raw = nullptr;
@@ -139,14 +197,30 @@ absl::StatusOr<std::vector<Reply>> Client::RunLocked(
   return absl::UnavailableError(absl::StrCat("Redis at ", address(), " did not answer"));
 }
 
+namespace {
+std::vector<std::vector<absl::string_view>> Views(const std::vector<std::vector<std::string>>& commands) {
+  std::vector<std::vector<absl::string_view>> views;
+  views.reserve(commands.size());
+  for (const auto& argv : commands) views.emplace_back(argv.begin(), argv.end());
+  return views;
+}
+}  // namespace
+
 absl::StatusOr<Reply> Client::Command(const std::vector<std::string>& argv) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(std::vector<Reply> replies, RunLocked({argv}));
+  ASSIGN_OR_RETURN(std::vector<Reply> replies, RunLocked(Views({argv})));
   return std::move(replies[0]);
 }
 
 absl::StatusOr<std::vector<Reply>> Client::Pipeline(
     const std::vector<std::vector<std::string>>& commands) {
+  if (commands.empty()) return std::vector<Reply>{};
+  absl::MutexLock lock(&mu_);
+  return RunLocked(Views(commands));
+}
+
+absl::StatusOr<std::vector<Reply>> Client::PipelineViews(
+    const std::vector<std::vector<absl::string_view>>& commands) {
   if (commands.empty()) return std::vector<Reply>{};
   absl::MutexLock lock(&mu_);
   return RunLocked(commands);

@@ -22,12 +22,12 @@ uint64_t OldestVersion(const v1::Experience& e) {
   return *std::min_element(e.token_policy_versions().begin(), e.token_policy_versions().end());
 }
 
-// Empty if valid, else the reason naming the field.
-std::string Invalid(const v1::Experience& e, uint32_t group_size) {
+// Empty if valid, else the reason naming the field (the group_id rule, which depends on
+// the configuration, is checked when deciding).
+std::string Invalid(const v1::Experience& e) {
   if (absl::Status s = common::ValidateId("experience_id", e.experience_id().value()); !s.ok()) {
     return std::string(s.message());
   }
-  if (group_size > 1 && e.group_id().empty()) return "group_id: required when group_size > 1";
   if (e.response_token_ids().empty()) return "response_token_ids: empty";
   const int n = e.response_token_ids_size();
   if (!e.response_logprobs().empty() && e.response_logprobs_size() != n) {
@@ -40,11 +40,11 @@ std::string Invalid(const v1::Experience& e, uint32_t group_size) {
   return "";
 }
 
-void Reject(v1::PutExperiencesResponse* response, uint32_t index, const v1::Experience& e,
+void Reject(v1::PutExperiencesResponse* response, uint32_t index, const std::string& id,
             v1::RejectReason reason, std::string message) {
   v1::Rejection* r = response->add_rejections();
   r->set_index(index);
-  *r->mutable_experience_id() = e.experience_id();
+  r->mutable_experience_id()->set_value(id);
   r->set_reason(reason);
   r->set_message(std::move(message));
 }
@@ -59,7 +59,7 @@ BufferCore::BufferCore(common::Clock* clock, BufferStore* store) : clock_(clock)
   config_.set_default_lease_ttl_ms(kDefaultLeaseTtlMs);
 }
 
-std::string BufferCore::FetchPayload(const v1::Experience& sent, absl::Time deadline, v1::Experience* out) {
+std::string BufferCore::FetchPayload(const v1::Experience& sent, absl::Time deadline, std::string* out) {
   if (fetcher_ == nullptr) return "this buffer fetches no payloads (no fetcher)";
   absl::StatusOr<std::string> bytes = fetcher_->Fetch(sent.remote_payload(), deadline);
   if (!bytes.ok()) return std::string(bytes.status().ToString());
@@ -70,23 +70,40 @@ std::string BufferCore::FetchPayload(const v1::Experience& sent, absl::Time dead
                         sent.experience_id().value(), "`");
   }
   if (fetched.has_remote_payload()) return "the fetched experience has a remote_payload of its own";
-  *out = std::move(fetched);
+  *out = std::move(*bytes);
   return "";
 }
 
-void BufferCore::AddLocked(const v1::Experience& e, uint64_t bytes) {
-  const uint32_t group_size = config_.group_size();
-  const std::string group_id = group_size > 1 ? e.group_id() : e.experience_id().value();
-  Group& g = filling_[group_id];
-  g.prompt_id = e.prompt_id();
-  g.bytes += bytes;
-  g.members.push_back(e);
-  bytes_ += bytes;
-  seen_.insert(e.experience_id().value());
-  for (uint64_t v : e.token_policy_versions()) current_version_ = std::max(current_version_, v);
-  if (g.members.size() == group_size) {
-    ready_.emplace_back(group_id, std::move(g));
-    filling_.erase(group_id);
+void BufferCore::Read(absl::string_view bytes, v1::Experience* e, Member* m, Parsed* p) {
+  if (!e->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    p->invalid = "not a serialized Experience";
+    return;
+  }
+  m->id = e->experience_id().value();
+  m->reward = e->reward();
+  m->oldest_version = OldestVersion(*e);
+  for (uint64_t v : e->token_policy_versions()) p->newest_version = std::max(p->newest_version, v);
+  p->group_id = e->group_id();
+  p->prompt_id = e->prompt_id();
+  p->has_reward = e->has_reward();
+  if (!e->has_remote_payload()) {
+    p->invalid = Invalid(*e);
+  } else if (absl::Status s = common::ValidateId("experience_id", m->id); !s.ok()) {
+    p->invalid = std::string(s.message());  // (the rest is checked on the fetched bytes)
+  }
+}
+
+void BufferCore::AddLocked(Member m, const std::string& group, const Parsed& p) {
+  Group& g = filling_[group];
+  g.prompt_id = p.prompt_id;
+  g.bytes += m.bytes.size();
+  bytes_ += m.bytes.size();
+  seen_.insert(m.id);
+  current_version_ = std::max(current_version_, p.newest_version);
+  g.members.push_back(std::move(m));
+  if (g.members.size() == config_.group_size()) {
+    ready_.emplace_back(group, std::move(g));
+    filling_.erase(group);
   }
 }
 
@@ -95,7 +112,20 @@ absl::Status BufferCore::Recover() {
   ASSIGN_OR_RETURN(BufferSnapshot snapshot, store_->Load());
   absl::MutexLock lock(&mu_);
   for (std::string& id : snapshot.seen_ids) seen_.insert(std::move(id));
-  for (const v1::Experience& e : snapshot.experiences) AddLocked(e, e.ByteSizeLong());
+  v1::Experience scratch;
+  for (StoredExperience& stored : snapshot.experiences) {
+    Member m;
+    Parsed p;
+    Read(stored.bytes, &scratch, &m, &p);
+    if (!p.invalid.empty()) {
+      return absl::DataLossError(absl::StrCat("a stored experience (segment ", stored.segment, ", id `", m.id,
+                                              "`) does not load: ", p.invalid));
+    }
+    m.bytes = std::move(stored.bytes);
+    m.segment = stored.segment;
+    const std::string group = config_.group_size() > 1 ? p.group_id : m.id;
+    AddLocked(std::move(m), group, p);
+  }
   auto counter = [&](const char* name) { return snapshot.counters[name]; };
   accepted_total_ = counter("accepted_total");
   consumed_total_ = counter("consumed_total");
@@ -138,89 +168,114 @@ bool BufferCore::TooStaleLocked(uint64_t oldest_version, uint64_t current) const
          current - oldest_version > config_.max_staleness();
 }
 
-absl::Status BufferCore::Put(const v1::PutExperiencesRequest& original,
-                             v1::PutExperiencesResponse* response) {
-  if (original.experiences_size() == 0) return absl::InvalidArgumentError("experiences is empty");
-  if (original.experiences_size() > kMaxExperiencesPerPut) {
-    return absl::InvalidArgumentError(absl::StrCat("experiences has ", original.experiences_size(),
-                                                   " entries; the limit is ", kMaxExperiencesPerPut));
+absl::Status BufferCore::ForgetLocked(const std::vector<const Group*>& groups, const std::string& counter) {
+  if (store_ == nullptr) return absl::OkStatus();
+  std::vector<StoredRef> refs;
+  for (const Group* g : groups) {
+    for (const Member& m : g->members) refs.push_back({m.segment, m.id});
   }
-  // Experiences sent by descriptor are fetched first, without the lock; one that cannot
-  // be fetched is rejected (and the others go on).
-  // One deadline for all of a request's fetches; ids already taken are not fetched
-  // (they are duplicates).
-  std::optional<v1::PutExperiencesRequest> resolved;
-  std::map<int, std::string> unfetched;  // index -> why
+  return store_->Removed(refs, counter);
+}
+
+absl::Status BufferCore::Put(const v1::PutExperiencesRequest& typed, v1::PutExperiencesResponse* response) {
+  v1::PutExperiencesRequestWire wire;
+  wire.set_producer_id(typed.producer_id());
+  wire.set_run_id(typed.run_id());
+  for (const v1::Experience& e : typed.experiences()) e.SerializeToString(wire.add_experiences());
+  return Put(&wire, response);
+}
+
+absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response) {
+  const int n = request->experiences_size();
+  if (n == 0) return absl::InvalidArgumentError("experiences is empty");
+  if (n > kMaxExperiencesPerPut) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("experiences has ", n, " entries; the limit is ", kMaxExperiencesPerPut));
+  }
+  // Read every experience without the lock (what deciding needs; the bytes stay as
+  // sent). Experiences sent by descriptor are fetched first, under one deadline for the
+  // request; ids already taken are not fetched (they are duplicates); one that cannot
+  // be fetched is rejected and the others go on.
+  std::vector<Member> members(n);
+  std::vector<Parsed> parsed(n);
+  v1::Experience scratch;
   const absl::Time deadline = absl::Now() + (fetcher_ ? fetcher_->options().timeout : absl::ZeroDuration());
-  for (int i = 0; i < original.experiences_size(); ++i) {
-    const v1::Experience& e = original.experiences(i);
-    if (!e.has_remote_payload()) continue;
+  for (int i = 0; i < n; ++i) {
+    std::string* bytes = request->mutable_experiences(i);
+    Read(*bytes, &scratch, &members[i], &parsed[i]);
+    if (!parsed[i].invalid.empty() || !scratch.has_remote_payload()) continue;
     {
       absl::MutexLock lock(&mu_);
-      if (seen_.contains(e.experience_id().value())) continue;
+      if (seen_.contains(members[i].id)) continue;
     }
-    if (!resolved) resolved = original;
-    std::string why = FetchPayload(e, deadline, resolved->mutable_experiences(i));
-    if (!why.empty()) unfetched[i] = absl::StrCat("remote_payload: ", why);
+    std::string fetched;
+    if (std::string why = FetchPayload(scratch, deadline, &fetched); !why.empty()) {
+      parsed[i].invalid = absl::StrCat("remote_payload: ", why);
+      continue;
+    }
+    bytes->swap(fetched);
+    parsed[i] = Parsed();
+    Read(*bytes, &scratch, &members[i], &parsed[i]);
   }
-  const v1::PutExperiencesRequest& request = resolved ? *resolved : original;
   // Three phases, so that concurrent producers overlap their durable writes (and the
   // store can commit them together): decide and reserve under the lock; write to the
   // store without it; take the experiences under the lock.
   mu_.Lock();
-  if (!request.run_id().empty() && !config_.run_id().empty() && request.run_id() != config_.run_id()) {
+  if (!request->run_id().empty() && !config_.run_id().empty() && request->run_id() != config_.run_id()) {
     const std::string run = config_.run_id();
     mu_.Unlock();
-    return absl::InvalidArgumentError(absl::StrCat("run_id `", request.run_id(), "` is not this buffer's run `",
+    return absl::InvalidArgumentError(absl::StrCat("run_id `", request->run_id(), "` is not this buffer's run `",
                                                    run, "`"));
   }
   ExpireLeasesLocked();
   const uint32_t group_size = config_.group_size();
   // First pass: decide; nothing changes unless the accepted ones fit.
   std::vector<int> accept;
-  std::vector<uint64_t> accept_bytes;  // (computing a size walks every token: once)
-  absl::flat_hash_set<std::string> ids_in_request;
-  std::map<std::string, int> adding_to_group;
+  std::vector<std::string> groups(n);
+  absl::flat_hash_set<absl::string_view> ids_in_request;
+  absl::flat_hash_map<absl::string_view, int> adding_to_group;
   uint64_t adding_bytes = 0;
-  for (int i = 0; i < request.experiences_size(); ++i) {
-    const v1::Experience& e = request.experiences(i);
-    const std::string& id = e.experience_id().value();
-    if (seen_.contains(id) || reserved_ids_.contains(id) || ids_in_request.contains(id)) {
+  for (int i = 0; i < n; ++i) {
+    const Member& m = members[i];
+    const Parsed& p = parsed[i];
+    const std::string& id = m.id;
+    if (!id.empty() && (seen_.contains(id) || reserved_ids_.contains(id) || ids_in_request.contains(id))) {
       response->set_duplicates(response->duplicates() + 1);
-      *response->add_duplicate_ids() = e.experience_id();
+      response->add_duplicate_ids()->set_value(id);
       continue;
     }
-    if (auto it = unfetched.find(i); it != unfetched.end()) {
-      Reject(response, i, e, v1::REJECT_REASON_INVALID, it->second);
+    if (!p.invalid.empty()) {
+      Reject(response, i, id, v1::REJECT_REASON_INVALID, p.invalid);
       continue;
     }
-    if (std::string why = Invalid(e, group_size); !why.empty()) {
-      Reject(response, i, e, v1::REJECT_REASON_INVALID, why);
+    if (group_size > 1 && p.group_id.empty()) {
+      Reject(response, i, id, v1::REJECT_REASON_INVALID, "group_id: required when group_size > 1");
       continue;
     }
-    if (!e.has_reward()) {
-      Reject(response, i, e, v1::REJECT_REASON_NO_REWARD, "reward: not set (score it first)");
+    if (!p.has_reward) {
+      Reject(response, i, id, v1::REJECT_REASON_NO_REWARD, "reward: not set (score it first)");
       continue;
     }
-    if (TooStaleLocked(OldestVersion(e), current_version_)) {
-      Reject(response, i, e, v1::REJECT_REASON_STALE,
-             absl::StrCat("token_policy_versions: oldest ", OldestVersion(e), " is more than ",
+    if (TooStaleLocked(m.oldest_version, current_version_)) {
+      Reject(response, i, id, v1::REJECT_REASON_STALE,
+             absl::StrCat("token_policy_versions: oldest ", m.oldest_version, " is more than ",
                           config_.max_staleness(), " behind ", current_version_));
       continue;
     }
-    const uint64_t bytes = e.ByteSizeLong();
+    const uint64_t bytes = request->experiences(i).size();
     if (bytes > config_.capacity_bytes() / 16) {
-      Reject(response, i, e, v1::REJECT_REASON_TOO_LARGE,
+      Reject(response, i, id, v1::REJECT_REASON_TOO_LARGE,
              absl::StrCat(bytes, " bytes; the limit is capacity_bytes / 16 = ", config_.capacity_bytes() / 16));
       continue;
     }
-    const std::string group = group_size > 1 ? e.group_id() : id;
+    groups[i] = group_size > 1 ? p.group_id : id;
+    const std::string& group = groups[i];
     auto it = filling_.find(group);
     auto reserved = reserved_groups_.find(group);
     const int have = (it == filling_.end() ? 0 : static_cast<int>(it->second.members.size())) +
                      (reserved == reserved_groups_.end() ? 0 : reserved->second) + adding_to_group[group];
     if (have >= static_cast<int>(group_size)) {
-      Reject(response, i, e, v1::REJECT_REASON_GROUP_FULL,
+      Reject(response, i, id, v1::REJECT_REASON_GROUP_FULL,
              absl::StrCat("group_id `", group, "` already has ", group_size, " experiences"));
       continue;
     }
@@ -228,7 +283,6 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& original,
     ids_in_request.insert(id);
     adding_bytes += bytes;
     accept.push_back(i);
-    accept_bytes.push_back(bytes);
   }
   response->set_rejected(response->rejections_size());
   if (bytes_ + reserved_bytes_ + adding_bytes > config_.capacity_bytes()) {
@@ -244,17 +298,21 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& original,
   dropped_.set_rejected(dropped_.rejected() + response->rejected());
   // Reserve: concurrent Puts see these ids as duplicates and these bytes as held.
   reserved_bytes_ += adding_bytes;
-  for (const auto& [group, n] : adding_to_group) reserved_groups_[group] += n;
-  for (const std::string& id : ids_in_request) reserved_ids_.insert(id);
+  for (const auto& [group, k] : adding_to_group) reserved_groups_[group] += k;
+  for (absl::string_view id : ids_in_request) reserved_ids_.emplace(id);
   mu_.Unlock();
 
   // Second pass: store them (all or none) without the lock.
   absl::Status stored;
+  uint64_t segment = 0;
   if (store_ != nullptr) {
-    std::vector<const v1::Experience*> taking;
-    for (int i : accept) taking.push_back(&request.experiences(i));
-    stored = store_->Added(taking);
-    if (stored.ok()) {
+    std::vector<ExperienceBytes> taking;
+    taking.reserve(accept.size());
+    for (int i : accept) taking.push_back({members[i].id, request->experiences(i)});
+    absl::StatusOr<uint64_t> added = store_->Added(taking);
+    stored = added.status();
+    if (added.ok()) {
+      segment = *added;
       (void)store_->Count("dropped_duplicate", response->duplicates());
       (void)store_->Count("dropped_rejected", response->rejected());
     }
@@ -263,15 +321,21 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& original,
   // Third pass: take them (or release the reservation).
   absl::MutexLock lock(&mu_);
   reserved_bytes_ -= adding_bytes;
-  for (const auto& [group, n] : adding_to_group) {
-    if ((reserved_groups_[group] -= n) == 0) reserved_groups_.erase(group);
+  for (const auto& [group, k] : adding_to_group) {
+    auto it = reserved_groups_.find(group);
+    if ((it->second -= k) == 0) reserved_groups_.erase(it);
   }
-  for (const std::string& id : ids_in_request) reserved_ids_.erase(id);
+  for (absl::string_view id : ids_in_request) reserved_ids_.erase(id);
   if (!stored.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot record experiences durably (nothing was taken): ",
                                                stored.message()));
   }
-  for (size_t k = 0; k < accept.size(); ++k) AddLocked(request.experiences(accept[k]), accept_bytes[k]);
+  for (int i : accept) {
+    Member& m = members[i];
+    m.bytes = std::move(*request->mutable_experiences(i));
+    m.segment = segment;
+    AddLocked(std::move(m), groups[i], parsed[i]);
+  }
   accepted_total_ += accept.size();
   response->set_accepted(static_cast<uint32_t>(accept.size()));
   response->set_buffer_bytes(bytes_);
@@ -323,10 +387,10 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     ready_.pop_front();
     uint64_t oldest = UINT64_MAX;
     double sum = 0, sq = 0;
-    for (const v1::Experience& e : group.members) {
-      oldest = std::min(oldest, OldestVersion(e));
-      sum += e.reward();
-      sq += static_cast<double>(e.reward()) * e.reward();
+    for (const Member& m : group.members) {
+      oldest = std::min(oldest, m.oldest_version);
+      sum += m.reward;
+      sq += static_cast<double>(m.reward) * m.reward;
     }
     const double n = static_cast<double>(group.members.size());
     const double mean = sum / n;
@@ -335,10 +399,7 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
                            ? (current > oldest && current - oldest > request.max_staleness())
                            : TooStaleLocked(oldest, current);
     auto forget = [&](const char* counter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (store_ == nullptr) return;
-      std::vector<std::string> ids;
-      for (const v1::Experience& e : group.members) ids.push_back(e.experience_id().value());
-      (void)store_->Removed(ids, counter);  // if it fails they return after a restart, and drop again
+      (void)ForgetLocked({&group}, counter);  // if it fails they return after a restart, and drop again
     };
     if (stale) {
       forget("dropped_stale");
@@ -360,7 +421,9 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     v1::ExperienceGroup* out = response->add_groups();
     out->set_group_id(id);
     out->set_prompt_id(group.prompt_id);
-    for (const v1::Experience& e : group.members) *out->add_experiences() = e;
+    for (const Member& m : group.members) {
+      (void)out->add_experiences()->ParseFromString(m.bytes);  // (parsed at Put: cannot fail)
+    }
     out->set_reward_mean(static_cast<float>(mean));
     out->set_reward_std(static_cast<float>(stddev));
     out->set_min_policy_version(oldest);
@@ -388,12 +451,10 @@ absl::Status BufferCore::Ack(const v1::AckBatchRequest& request, v1::AckBatchRes
     return absl::NotFoundError(absl::StrCat("lease `", request.lease_id(),
                                             "` is unknown or expired (its groups are back in the buffer)"));
   }
-  if (store_ != nullptr) {
-    std::vector<std::string> ids;
-    for (auto& [id, group] : it->second.groups) {
-      for (const v1::Experience& e : group.members) ids.push_back(e.experience_id().value());
-    }
-    if (absl::Status s = store_->Removed(ids, "consumed_total"); !s.ok()) {
+  {
+    std::vector<const Group*> groups;
+    for (const auto& [id, group] : it->second.groups) groups.push_back(&group);
+    if (absl::Status s = ForgetLocked(groups, "consumed_total"); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot record the ack durably (lease still open): ",
                                                  s.message()));
     }

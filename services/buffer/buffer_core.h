@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -56,6 +57,13 @@ class BufferCore {
   // Experiences with a remote_payload are fetched through the payload fetcher first;
   // one that cannot be fetched (or is not the experience it claims) is rejected as
   // REJECT_REASON_INVALID with a message starting "remote_payload: ".
+  // The request in wire form (each experience still serialized: what the stream
+  // reads): the buffer parses each to check it and keeps the bytes it was sent. The
+  // accepted experiences' bytes are moved out of `*request`; on an error nothing is
+  // taken and `*request` still holds every experience (remote payloads may have been
+  // replaced by the bytes fetched), so it can be retried.
+  absl::Status Put(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response);
+  // The same for a typed request (serialized first).
   absl::Status Put(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response);
   // Where remote payloads are fetched from (not owned; null: they are rejected).
   void SetPayloadFetcher(transport::DescriptorFetcher* fetcher) { fetcher_ = fetcher; }
@@ -73,9 +81,29 @@ class BufferCore {
   absl::Status GetStats(v1::GetStatsResponse* response);
 
  private:
+  // An accepted experience: its bytes as sent, and what grouping, sampling and the
+  // store need of it.
+  struct Member {
+    std::string bytes;  // serialized v1::Experience
+    std::string id;
+    float reward = 0;
+    uint64_t oldest_version = 0;  // min(token_policy_versions)
+    uint64_t segment = 0;         // where the store holds it
+  };
+  // What Put and Recover read of an experience besides its Member fields.
+  struct Parsed {
+    std::string group_id;
+    std::string prompt_id;
+    uint64_t newest_version = 0;  // max(token_policy_versions)
+    bool has_reward = false;
+    std::string invalid;  // why it cannot be taken, or empty
+  };
+  // Reads `bytes` (one serialized Experience) into `m` (not its bytes) and `p`;
+  // `scratch` is reused between calls.
+  static void Read(absl::string_view bytes, v1::Experience* scratch, Member* m, Parsed* p);
   struct Group {
     std::string prompt_id;
-    std::vector<v1::Experience> members;
+    std::vector<Member> members;
     uint64_t bytes = 0;
   };
   struct LeaseState {
@@ -87,11 +115,15 @@ class BufferCore {
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TooStaleLocked(uint64_t oldest_version, uint64_t current) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Adds accepted experiences to their groups (no store writes).
-  void AddLocked(const v1::Experience& e, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds an accepted experience to its group (no store writes).
+  void AddLocked(Member m, const std::string& group, const Parsed& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets a group's members in the store, counting them under `counter`.
+  absl::Status ForgetLocked(const std::vector<const Group*>& groups, const std::string& counter)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // A remote payload into `out`; empty on success, else why not.
-  std::string FetchPayload(const v1::Experience& sent, absl::Time deadline, v1::Experience* out);
+  // A remote payload's bytes into `out` (checked: the experience `sent` claims to be);
+  // empty on success, else why not.
+  std::string FetchPayload(const v1::Experience& sent, absl::Time deadline, std::string* out);
 
   common::Clock* const clock_;
   BufferStore* const store_;
@@ -99,7 +131,7 @@ class BufferCore {
   absl::Mutex mu_;
   v1::ConfigureRequest config_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // every id ever accepted
-  std::map<std::string, Group> filling_ ABSL_GUARDED_BY(mu_);  // groups below group_size
+  absl::flat_hash_map<std::string, Group> filling_ ABSL_GUARDED_BY(mu_);  // groups below group_size
   std::deque<std::pair<std::string, Group>> ready_ ABSL_GUARDED_BY(mu_);  // complete groups
   std::map<std::string, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> acked_leases_ ABSL_GUARDED_BY(mu_);
@@ -107,7 +139,7 @@ class BufferCore {
   // What Puts between their decision and their store write hold back.
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<std::string> reserved_ids_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int> reserved_groups_ ABSL_GUARDED_BY(mu_);  // group -> members being added
+  absl::flat_hash_map<std::string, int> reserved_groups_ ABSL_GUARDED_BY(mu_);  // group -> members being added
   uint64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t accepted_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t consumed_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,5 +1,7 @@
 #include "services/buffer/buffer_service.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -25,9 +27,9 @@ void Sum(const v1::PutExperiencesResponse& one, v1::PutExperiencesResponse* tota
 // applies them, reading message i+1 while it applies message i (so the producer's
 // sending overlaps the buffer's durable write); it calls Finish last, with no read
 // outstanding, and touches nothing after; OnDone deletes the reactor.
-class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> {
+class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  IngestReactor(BufferCore* core, v1::PutExperiencesResponse* response, absl::Duration full_wait)
+  IngestReactor(BufferCore* core, grpc::ByteBuffer* response, absl::Duration full_wait)
       : core_(core), response_(response), full_wait_(full_wait) {
     std::thread([this] { Run(); }).detach();
   }
@@ -43,7 +45,7 @@ class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> 
   void OnDone() override { delete this; }
 
  private:
-  void StartReading(v1::PutExperiencesRequest* into) {
+  void StartReading(grpc::ByteBuffer* into) {
     absl::MutexLock lock(&mu_);
     reading_ = true;
     StartRead(into);
@@ -59,13 +61,22 @@ class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> 
 
   void Run() {
     int current = 0;
-    StartReading(&requests_[current]);
+    StartReading(&messages_[current]);
     for (int index = 0;; ++index) {
       auto [ok, cancelled] = AwaitRead();
       if (cancelled) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
-      if (!ok) return Finish(grpc::Status::OK);  // the producer closed its side
-      StartReading(&requests_[1 - current]);     // the next message, while this one is applied
-      absl::Status s = Apply(requests_[current], index);
+      if (!ok) {  // the producer closed its side
+        bool own = false;
+        grpc::Status s = grpc::SerializationTraits<v1::PutExperiencesResponse>::Serialize(total_, response_, &own);
+        return Finish(s);
+      }
+      grpc::Status parsed =
+          grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(&messages_[current], &request_);
+      StartReading(&messages_[1 - current]);  // the next message, while this one is applied
+      absl::Status s = parsed.ok() ? Apply(&request_, index)
+                                   : absl::InvalidArgumentError(absl::StrCat(
+                                         "message ", index, " of the stream is not a PutExperiencesRequest: ",
+                                         parsed.error_message()));
       if (!s.ok()) {
         AwaitRead();  // (Finish with no read outstanding)
         return Finish(rpc::ToGrpcStatus(s));
@@ -74,15 +85,15 @@ class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> 
     }
   }
 
-  // Applies message `index`, retrying while the buffer is full (flow control: at most
-  // one more message is read meanwhile).
-  absl::Status Apply(const v1::PutExperiencesRequest& request, int index) {
+  // Applies message `index` (its accepted experiences move into the buffer), retrying
+  // while the buffer is full (flow control: at most one more message is read meanwhile).
+  absl::Status Apply(v1::PutExperiencesRequestWire* request, int index) {
     const absl::Time give_up = absl::Now() + full_wait_;
     for (;;) {
       v1::PutExperiencesResponse one;
       absl::Status s = core_->Put(request, &one);
       if (s.ok()) {
-        Sum(one, response_);
+        Sum(one, &total_);
         return s;
       }
       if (!absl::IsResourceExhausted(s) || absl::Now() >= give_up) {
@@ -98,9 +109,11 @@ class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> 
   }
 
   BufferCore* const core_;
-  v1::PutExperiencesResponse* const response_;
+  grpc::ByteBuffer* const response_;
   const absl::Duration full_wait_;
-  v1::PutExperiencesRequest requests_[2];
+  v1::PutExperiencesResponse total_;
+  grpc::ByteBuffer messages_[2];
+  v1::PutExperiencesRequestWire request_;  // the message being applied (reused)
   absl::Mutex mu_;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool read_ok_ ABSL_GUARDED_BY(mu_) = false;
@@ -109,10 +122,10 @@ class IngestReactor : public grpc::ServerReadReactor<v1::PutExperiencesRequest> 
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::PutExperiencesRequest>* BufferServiceImpl::StreamExperiences(
-    grpc::CallbackServerContext* c, v1::PutExperiencesResponse* resp) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::StreamExperiences(grpc::CallbackServerContext* c,
+                                                                              grpc::ByteBuffer* resp) {
   if (absl::Status s = rpc::CheckBearerToken(*c, auth_.token); !s.ok()) {
-    return new rpc::FinishedStream<grpc::ServerReadReactor<v1::PutExperiencesRequest>>(rpc::ToGrpcStatus(s));
+    return new rpc::FinishedStream<grpc::ServerReadReactor<grpc::ByteBuffer>>(rpc::ToGrpcStatus(s));
   }
   return new IngestReactor(core_, resp, full_wait_);
 }

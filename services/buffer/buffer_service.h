@@ -4,6 +4,8 @@
 // a time: while the buffer is full (RESOURCE_EXHAUSTED) it retries the message and does
 // not read the next (flow control) for up to `full_wait`, then ends the stream with
 // RESOURCE_EXHAUSTED; any other error ends it at once. The reply sums every message.
+// The stream is served raw: each message is read as a PutExperiencesRequestWire (the
+// same bytes), so the buffer keeps every experience's bytes as they were sent.
 #ifndef RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 #define RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 
@@ -14,14 +16,15 @@
 
 namespace rlfleet::buffer {
 
-class BufferServiceImpl final : public v1::BufferService::CallbackService {
+class BufferServiceImpl final
+    : public v1::BufferService::WithRawCallbackMethod_StreamExperiences<v1::BufferService::CallbackService> {
  public:
   BufferServiceImpl(BufferCore* core, rpc::CallAuth auth,
                     absl::Duration full_wait = absl::Seconds(30))
       : core_(core), auth_(std::move(auth)), full_wait_(full_wait) {}
 
-  grpc::ServerReadReactor<v1::PutExperiencesRequest>* StreamExperiences(
-      grpc::CallbackServerContext* c, v1::PutExperiencesResponse* resp) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* StreamExperiences(grpc::CallbackServerContext* c,
+                                                               grpc::ByteBuffer* resp) override;
 
   grpc::ServerUnaryReactor* PutExperiences(grpc::CallbackServerContext* c,
                                            const v1::PutExperiencesRequest* req,

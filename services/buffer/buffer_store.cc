@@ -1,20 +1,69 @@
 #include "services/buffer/buffer_store.h"
 
+#include <algorithm>
 #include <deque>
 
-#include "absl/synchronization/mutex.h"
-
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "libs/common/status_macros.h"
 #include "libs/redis/redis_client.h"
 
 namespace rlfleet::buffer {
 namespace {
 
-// Layout under the prefix: hash "exp" (id -> Experience bytes), set "seen", hash
-// "counters". Writes go in MULTI/EXEC so a crash never leaves half a batch.
+// Records are length-prefixed (LevelDB's varint32 + bytes).
+void PutVarint32(std::string* out, uint32_t n) {
+  while (n >= 0x80) {
+    out->push_back(static_cast<char>(n | 0x80));
+    n >>= 7;
+  }
+  out->push_back(static_cast<char>(n));
+}
+
+void PutRecord(std::string* out, absl::string_view bytes) {
+  PutVarint32(out, static_cast<uint32_t>(bytes.size()));
+  out->append(bytes.data(), bytes.size());
+}
+
+// The next record of `*in` into `*record`; false at the end or on a malformed record
+// (`*bad` then true).
+bool GetRecord(absl::string_view* in, absl::string_view* record, bool* bad) {
+  if (in->empty()) return false;
+  uint32_t n = 0;
+  size_t i = 0;
+  for (int shift = 0; shift <= 28; shift += 7, ++i) {
+    if (i >= in->size()) {
+      *bad = true;
+      return false;
+    }
+    const uint8_t b = static_cast<uint8_t>((*in)[i]);
+    n |= static_cast<uint32_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) break;
+  }
+  ++i;
+  if (i > in->size() || in->size() - i < n) {
+    *bad = true;
+    return false;
+  }
+  *record = in->substr(i, n);
+  in->remove_prefix(i + n);
+  return true;
+}
+
+// Layout under the prefix (README "Buffer durability"):
+//   seg:<n>     string: the records (serialized Experiences) of one group commit
+//   gone:<n>    string: the records (ids) of segment n's experiences since removed
+//   segs        set: the live segment numbers
+//   seen_log    string: the records (ids) of every experience ever accepted
+//   counters    hash: accepted_total, consumed_total, dropped_*
+//   next_segment  integer: segment numbers are reserved from it in blocks
+// A commit is a handful of commands whatever its size (Redis appends bytes, no
+// per-experience hash entry), in one MULTI/EXEC so a crash never leaves half a batch.
+// A segment whose every experience is gone is deleted.
 class RedisBufferStore : public BufferStore {
  public:
   RedisBufferStore(std::unique_ptr<redis::Client> client, std::string prefix)
@@ -23,14 +72,16 @@ class RedisBufferStore : public BufferStore {
   // Group commit (LevelDB's write queue): concurrent callers queue their batches; the
   // first in the queue writes every queued batch in one MULTI/EXEC round trip and
   // tells the others. A batch is still all or none (its group is).
-  absl::Status Added(const std::vector<const v1::Experience*>& experiences) override {
-    if (experiences.empty()) return absl::OkStatus();
+  absl::StatusOr<uint64_t> Added(const std::vector<ExperienceBytes>& experiences) override {
+    if (experiences.empty()) return 0;
     Writer w;
-    w.hset.reserve(2 * experiences.size());
-    for (const v1::Experience* e : experiences) {  // serialised outside every lock
-      w.hset.push_back(e->experience_id().value());
-      w.hset.push_back(e->SerializeAsString());
-      w.bytes += w.hset.back().size();
+    w.count = static_cast<uint32_t>(experiences.size());
+    size_t total = 0;
+    for (const ExperienceBytes& e : experiences) total += e.bytes.size() + 5;
+    w.records.reserve(total);
+    for (const ExperienceBytes& e : experiences) {  // framed outside every lock
+      PutRecord(&w.records, e.bytes);
+      PutRecord(&w.ids, e.id);
     }
     queue_mu_.Lock();
     writers_.push_back(&w);
@@ -40,93 +91,201 @@ class RedisBufferStore : public BufferStore {
     queue_mu_.Await(absl::Condition(&leader_or_done));
     if (w.done) {
       queue_mu_.Unlock();
-      return w.status;
+      if (!w.status.ok()) return w.status;
+      return w.segment;
     }
     std::vector<Writer*> group;
     uint64_t bytes = 0;
     for (Writer* x : writers_) {
-      if (!group.empty() && bytes + x->bytes > kMaxGroupBytes) break;
+      if (!group.empty() && bytes + x->records.size() > kMaxGroupBytes) break;
       group.push_back(x);
-      bytes += x->bytes;
+      bytes += x->records.size();
     }
     queue_mu_.Unlock();
-    std::vector<std::string> hset = {"HSET", prefix_ + "exp"};
-    std::vector<std::string> sadd = {"SADD", prefix_ + "seen"};
-    uint64_t count = 0;
-    for (Writer* x : group) {
-      for (size_t i = 0; i < x->hset.size(); i += 2) {
-        sadd.push_back(x->hset[i]);
-        hset.push_back(std::move(x->hset[i]));
-        hset.push_back(std::move(x->hset[i + 1]));
-        ++count;
-      }
-    }
-    const absl::Status status =
-        client_
-            ->Pipeline({{"MULTI"}, hset, sadd,
-                        {"HINCRBY", prefix_ + "counters", "accepted_total", absl::StrCat(count)},
-                        {"EXEC"}})
-            .status();
+    absl::StatusOr<uint64_t> segment = Commit(group);
     queue_mu_.Lock();
     for (Writer* x : group) {
-      x->status = status;
+      x->status = segment.status();
+      x->segment = segment.ok() ? *segment : 0;
       x->done = true;
       writers_.pop_front();
     }
     queue_mu_.Unlock();
-    return status;
+    return segment;
   }
 
-  absl::Status Removed(const std::vector<std::string>& ids, const std::string& counter) override {
-    if (ids.empty()) return absl::OkStatus();
-    std::vector<std::string> hdel = {"HDEL", prefix_ + "exp"};
-    hdel.insert(hdel.end(), ids.begin(), ids.end());
-    return client_
-        ->Pipeline({{"MULTI"}, hdel, {"HINCRBY", prefix_ + "counters", counter, absl::StrCat(ids.size())},
-                    {"EXEC"}})
-        .status();
+  absl::Status Removed(const std::vector<StoredRef>& refs, const std::string& counter) override {
+    if (refs.empty()) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);  // (removals are rare: one round trip under the lock)
+    std::map<uint64_t, std::string> gone;  // segment -> id records
+    std::map<uint64_t, uint32_t> removing;
+    for (const StoredRef& r : refs) {
+      PutRecord(&gone[r.segment], r.id);
+      ++removing[r.segment];
+    }
+    std::vector<std::string> keys;  // (the views below point into these)
+    keys.reserve(2 * gone.size() + 3);
+    std::vector<std::vector<absl::string_view>> commands = {{"MULTI"}};
+    std::vector<std::pair<uint64_t, uint32_t>> next_live;
+    std::vector<std::string> numbers;
+    numbers.reserve(gone.size() + 1);
+    for (const auto& [segment, records] : gone) {
+      auto it = live_.find(segment);
+      const uint32_t live = it == live_.end() ? 0 : it->second;
+      const uint32_t left = live > removing[segment] ? live - removing[segment] : 0;
+      next_live.emplace_back(segment, left);
+      keys.push_back(SegmentKey(segment));
+      keys.push_back(GoneKey(segment));
+      if (left == 0) {
+        numbers.push_back(absl::StrCat(segment));
+        commands.push_back({"DEL", keys[keys.size() - 2], keys.back()});
+        commands.push_back({"SREM", segs_key_, numbers.back()});
+      } else {
+        commands.push_back({"APPEND", keys.back(), records});
+      }
+    }
+    numbers.push_back(absl::StrCat(refs.size()));
+    commands.push_back({"HINCRBY", counters_key_, counter, numbers.back()});
+    commands.push_back({"EXEC"});
+    RETURN_IF_ERROR(client_->PipelineViews(commands).status());
+    for (const auto& [segment, left] : next_live) {
+      if (left == 0) {
+        live_.erase(segment);
+      } else {
+        live_[segment] = left;
+      }
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Count(const std::string& counter, uint64_t n) override {
     if (n == 0) return absl::OkStatus();
-    return client_->Command({"HINCRBY", prefix_ + "counters", counter, absl::StrCat(n)}).status();
+    return client_->Command({"HINCRBY", counters_key_, counter, absl::StrCat(n)}).status();
   }
 
   absl::StatusOr<BufferSnapshot> Load() override {
     ASSIGN_OR_RETURN(std::vector<redis::Reply> r,
-                     client_->Pipeline({{"HGETALL", prefix_ + "exp"},
-                                        {"SMEMBERS", prefix_ + "seen"},
-                                        {"HGETALL", prefix_ + "counters"}}));
-    BufferSnapshot snapshot;
-    for (size_t i = 0; i + 1 < r[0].elements.size(); i += 2) {
-      v1::Experience e;
-      if (!e.ParseFromString(r[0].elements[i + 1].str)) {
-        return absl::DataLossError(absl::StrCat("stored experience ", r[0].elements[i].str, " is corrupt"));
-      }
-      snapshot.experiences.push_back(std::move(e));
+                     client_->Pipeline({{"EXISTS", prefix_ + "exp"},
+                                        {"SMEMBERS", segs_key_},
+                                        {"GET", seen_key_},
+                                        {"HGETALL", counters_key_}}));
+    if (r[0].integer != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the store under `", prefix_, "` holds experiences in the layout before segments (hash `", prefix_,
+          "exp`): drain them with the rlfleet-buffer that wrote them, or use a new prefix"));
     }
-    for (const redis::Reply& id : r[1].elements) snapshot.seen_ids.push_back(id.str);
-    for (size_t i = 0; i + 1 < r[2].elements.size(); i += 2) {
+    BufferSnapshot snapshot;
+    std::vector<uint64_t> segments;
+    for (const redis::Reply& m : r[1].elements) {
+      uint64_t n = 0;
+      if (!absl::SimpleAtoi(m.str, &n)) {
+        return absl::DataLossError(absl::StrCat("`", segs_key_, "` holds `", m.str, "`, not a segment number"));
+      }
+      segments.push_back(n);
+    }
+    std::sort(segments.begin(), segments.end());  // (recovered in the order they came)
+    absl::string_view seen = r[2].str;
+    absl::string_view id;
+    bool bad = false;
+    while (GetRecord(&seen, &id, &bad)) snapshot.seen_ids.emplace_back(id);
+    if (bad) return absl::DataLossError(absl::StrCat("`", seen_key_, "` is corrupt"));
+    for (size_t i = 0; i + 1 < r[3].elements.size(); i += 2) {
       uint64_t v = 0;
-      (void)absl::SimpleAtoi(r[2].elements[i + 1].str, &v);
-      snapshot.counters[r[2].elements[i].str] = v;
+      (void)absl::SimpleAtoi(r[3].elements[i + 1].str, &v);
+      snapshot.counters[r[3].elements[i].str] = v;
+    }
+    std::vector<std::vector<std::string>> gets;
+    for (uint64_t n : segments) {
+      gets.push_back({"GET", SegmentKey(n)});
+      gets.push_back({"GET", GoneKey(n)});
+    }
+    ASSIGN_OR_RETURN(std::vector<redis::Reply> data, client_->Pipeline(gets));
+    absl::MutexLock lock(&mu_);
+    live_.clear();
+    for (size_t s = 0; s < segments.size(); ++s) {
+      absl::flat_hash_set<absl::string_view> removed;
+      absl::string_view gone = data[2 * s + 1].str;
+      while (GetRecord(&gone, &id, &bad)) removed.insert(id);
+      absl::string_view records = data[2 * s].str;
+      absl::string_view record;
+      uint32_t live = 0;
+      v1::Experience parsed;  // (for its id)
+      while (!bad && GetRecord(&records, &record, &bad)) {
+        if (!parsed.ParseFromArray(record.data(), static_cast<int>(record.size()))) {
+          bad = true;
+          break;
+        }
+        if (removed.contains(parsed.experience_id().value())) continue;
+        snapshot.experiences.push_back({segments[s], std::string(record)});
+        ++live;
+      }
+      if (bad) {
+        return absl::DataLossError(absl::StrCat("segment `", SegmentKey(segments[s]), "` is corrupt"));
+      }
+      if (live > 0) live_[segments[s]] = live;
     }
     return snapshot;
   }
 
  private:
   struct Writer {
-    std::vector<std::string> hset;  // id, bytes, id, bytes, ...
-    uint64_t bytes = 0;
+    std::string records;  // the experiences, length-prefixed
+    std::string ids;      // their ids, length-prefixed
+    uint32_t count = 0;
     bool done = false;
     absl::Status status;
+    uint64_t segment = 0;
   };
   static constexpr uint64_t kMaxGroupBytes = 64 << 20;
+  static constexpr uint64_t kSegmentBlock = 1024;
+
+  std::string SegmentKey(uint64_t n) const { return absl::StrCat(prefix_, "seg:", n); }
+  std::string GoneKey(uint64_t n) const { return absl::StrCat(prefix_, "gone:", n); }
+
+  // Writes one group's batches as a new segment. Called by the group-commit leader only
+  // (one at a time).
+  absl::StatusOr<uint64_t> Commit(const std::vector<Writer*>& group) {
+    uint64_t segment = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (next_segment_ == segment_limit_) {
+        // A block of numbers no other incarnation of this buffer has used.
+        ASSIGN_OR_RETURN(redis::Reply top,
+                         client_->Command({"INCRBY", prefix_ + "next_segment", absl::StrCat(kSegmentBlock)}));
+        segment_limit_ = static_cast<uint64_t>(top.integer) + 1;
+        next_segment_ = segment_limit_ - kSegmentBlock;
+      }
+      segment = next_segment_++;
+    }
+    const std::string key = SegmentKey(segment), number = absl::StrCat(segment);
+    uint32_t count = 0;
+    std::vector<std::vector<absl::string_view>> commands = {{"MULTI"}};
+    for (Writer* x : group) {
+      commands.push_back({"APPEND", key, x->records});
+      commands.push_back({"APPEND", seen_key_, x->ids});
+      count += x->count;
+    }
+    const std::string total = absl::StrCat(count);
+    commands.push_back({"SADD", segs_key_, number});
+    commands.push_back({"HINCRBY", counters_key_, "accepted_total", total});
+    commands.push_back({"EXEC"});
+    RETURN_IF_ERROR(client_->PipelineViews(commands).status());
+    absl::MutexLock lock(&mu_);
+    live_[segment] = count;
+    return segment;
+  }
 
   const std::unique_ptr<redis::Client> client_;
   const std::string prefix_;
+  const std::string segs_key_ = prefix_ + "segs";
+  const std::string seen_key_ = prefix_ + "seen_log";
+  const std::string counters_key_ = prefix_ + "counters";
   absl::Mutex queue_mu_;
   std::deque<Writer*> writers_ ABSL_GUARDED_BY(queue_mu_);
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, uint32_t> live_ ABSL_GUARDED_BY(mu_);  // segment -> experiences not removed
+  uint64_t next_segment_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t segment_limit_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
@@ -139,8 +298,7 @@ absl::StatusOr<std::unique_ptr<BufferStore>> OpenBufferStore(absl::string_view c
   }
   ASSIGN_OR_RETURN(redis::Url url, redis::ParseUrl(connection, "rlfleet:buffer:"));
   ASSIGN_OR_RETURN(auto client, redis::Client::Connect(url.host, url.port));
-  const std::string prefix = url.prefix;
-  return std::unique_ptr<BufferStore>(new RedisBufferStore(std::move(client), prefix));
+  return std::unique_ptr<BufferStore>(new RedisBufferStore(std::move(client), url.prefix));
 }
 
 }  // namespace rlfleet::buffer

@@ -9,6 +9,7 @@
 #ifndef RLFLEET_SERVICES_BUFFER_BUFFER_STORE_H_
 #define RLFLEET_SERVICES_BUFFER_BUFFER_STORE_H_
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,24 +21,48 @@
 
 namespace rlfleet::buffer {
 
+// An experience to record: its id and its serialized v1::Experience (both valid for
+// the call).
+struct ExperienceBytes {
+  absl::string_view id;
+  absl::string_view bytes;
+};
+
+// An experience as the store holds it: the segment it was written in (what Removed
+// needs to find it again) and its serialized v1::Experience.
+struct StoredExperience {
+  uint64_t segment = 0;
+  std::string bytes;
+};
+
+// One experience to forget: its segment (from Added or Load) and its id.
+struct StoredRef {
+  uint64_t segment = 0;
+  absl::string_view id;  // valid for the call
+};
+
 struct BufferSnapshot {
-  std::vector<v1::Experience> experiences;  // accepted and not yet consumed or dropped
-  std::vector<std::string> seen_ids;        // every id ever accepted
-  std::map<std::string, uint64_t> counters; // accepted_total, consumed_total, dropped_*
+  std::vector<StoredExperience> experiences;  // accepted and not yet consumed or dropped
+  std::vector<std::string> seen_ids;          // every id ever accepted
+  std::map<std::string, uint64_t> counters;   // accepted_total, consumed_total, dropped_*
 };
 
 // Thread-safe in every implementation.
 class BufferStore {
  public:
   virtual ~BufferStore() = default;
-  // Records accepted experiences atomically (all or none). UNAVAILABLE if the store
-  // cannot be reached: the caller must then not accept them.
-  virtual absl::Status Added(const std::vector<const v1::Experience*>& experiences) = 0;
-  // Forgets experiences and adds `count` (their number) to counter `counter`
-  // ("consumed_total", "dropped_stale", "dropped_zero_variance").
-  virtual absl::Status Removed(const std::vector<std::string>& ids, const std::string& counter) = 0;
+  // Records accepted experiences atomically (all or none) and returns the segment they
+  // went into (one number for the whole call). UNAVAILABLE if the store cannot be
+  // reached: the caller must then not accept them.
+  virtual absl::StatusOr<uint64_t> Added(const std::vector<ExperienceBytes>& experiences) = 0;
+  // Forgets experiences and adds their number to counter `counter` ("consumed_total",
+  // "dropped_stale", "dropped_zero_variance"). All or none; each experience is
+  // forgotten at most once.
+  virtual absl::Status Removed(const std::vector<StoredRef>& refs, const std::string& counter) = 0;
   // Adds to a counter without removing anything (e.g. "dropped_duplicate").
   virtual absl::Status Count(const std::string& counter, uint64_t n) = 0;
+  // What the store holds (the bytes as they were added; removed ones left out).
+  // DATA_LOSS names a segment whose records are malformed.
   virtual absl::StatusOr<BufferSnapshot> Load() = 0;
 };
 

@@ -252,12 +252,12 @@ class FailingStore : public BufferStore {
  public:
   bool fail = false;
   int added = 0;
-  absl::Status Added(const std::vector<const v1::Experience*>& e) override {
+  absl::StatusOr<uint64_t> Added(const std::vector<ExperienceBytes>& e) override {
     if (fail) return absl::UnavailableError("store down");
     added += e.size();
-    return absl::OkStatus();
+    return 1;
   }
-  absl::Status Removed(const std::vector<std::string>&, const std::string&) override {
+  absl::Status Removed(const std::vector<StoredRef>&, const std::string&) override {
     return fail ? absl::UnavailableError("store down") : absl::OkStatus();
   }
   absl::Status Count(const std::string&, uint64_t) override { return absl::OkStatus(); }
@@ -300,7 +300,7 @@ class GatedStore : public FailingStore {
  public:
   absl::Notification entered, release;
   bool gate = true;
-  absl::Status Added(const std::vector<const v1::Experience*>& e) override {
+  absl::StatusOr<uint64_t> Added(const std::vector<ExperienceBytes>& e) override {
     if (gate) {
       gate = false;
       entered.Notify();
