@@ -17,29 +17,6 @@ constexpr uint64_t kDefaultCapacity = 1ull << 30;
 constexpr int64_t kDefaultLeaseTtlMs = 60000;
 constexpr uint64_t kHistogramBuckets = 8;
 
-uint64_t OldestVersion(const v1::Experience& e) {
-  if (e.token_policy_versions().empty()) return 0;
-  return *std::min_element(e.token_policy_versions().begin(), e.token_policy_versions().end());
-}
-
-// Empty if valid, else the reason naming the field (the group_id rule, which depends on
-// the configuration, is checked when deciding).
-std::string Invalid(const v1::Experience& e) {
-  if (absl::Status s = common::ValidateId("experience_id", e.experience_id().value()); !s.ok()) {
-    return std::string(s.message());
-  }
-  if (e.response_token_ids().empty()) return "response_token_ids: empty";
-  const int n = e.response_token_ids_size();
-  if (!e.response_logprobs().empty() && e.response_logprobs_size() != n) {
-    return absl::StrCat("response_logprobs: ", e.response_logprobs_size(), " entries, want ", n);
-  }
-  if (!e.token_policy_versions().empty() && e.token_policy_versions_size() != n) {
-    return absl::StrCat("token_policy_versions: ", e.token_policy_versions_size(), " entries, want ", n);
-  }
-  if (e.has_reward() && !std::isfinite(e.reward())) return "reward: not finite";
-  return "";
-}
-
 void Reject(v1::PutExperiencesResponse* response, uint32_t index, const std::string& id,
             v1::RejectReason reason, std::string message) {
   v1::Rejection* r = response->add_rejections();
@@ -59,47 +36,34 @@ BufferCore::BufferCore(common::Clock* clock, BufferStore* store) : clock_(clock)
   config_.set_default_lease_ttl_ms(kDefaultLeaseTtlMs);
 }
 
-std::string BufferCore::FetchPayload(const v1::Experience& sent, absl::Time deadline, std::string* out) {
+std::string BufferCore::FetchPayload(const ExperienceFacts& sent, absl::Time deadline, std::string* out) {
   if (fetcher_ == nullptr) return "this buffer fetches no payloads (no fetcher)";
-  absl::StatusOr<std::string> bytes = fetcher_->Fetch(sent.remote_payload(), deadline);
+  absl::StatusOr<std::string> bytes = fetcher_->Fetch(sent.remote_payload, deadline);
   if (!bytes.ok()) return std::string(bytes.status().ToString());
   v1::Experience fetched;
   if (!fetched.ParseFromString(*bytes)) return "the fetched bytes are not a serialized Experience";
-  if (fetched.experience_id().value() != sent.experience_id().value()) {
-    return absl::StrCat("the fetched experience is `", fetched.experience_id().value(), "`, not `",
-                        sent.experience_id().value(), "`");
+  if (fetched.experience_id().value() != sent.id) {
+    return absl::StrCat("the fetched experience is `", fetched.experience_id().value(), "`, not `", sent.id, "`");
   }
   if (fetched.has_remote_payload()) return "the fetched experience has a remote_payload of its own";
   *out = std::move(*bytes);
   return "";
 }
 
-void BufferCore::Read(absl::string_view bytes, v1::Experience* e, Member* m, Parsed* p) {
-  if (!e->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    p->invalid = "not a serialized Experience";
+void BufferCore::AddLocked(Member m, const std::string& group, const ExperienceFacts& facts) {
+  bytes_ += m.bytes.size();
+  current_version_ = std::max(current_version_, facts.newest_version);
+  if (config_.group_size() == 1) {  // (its own group, complete at once)
+    Group g;
+    g.prompt_id = facts.prompt_id;
+    g.bytes = m.bytes.size();
+    g.members.push_back(std::move(m));
+    ready_.emplace_back(group, std::move(g));
     return;
   }
-  m->id = e->experience_id().value();
-  m->reward = e->reward();
-  m->oldest_version = OldestVersion(*e);
-  for (uint64_t v : e->token_policy_versions()) p->newest_version = std::max(p->newest_version, v);
-  p->group_id = e->group_id();
-  p->prompt_id = e->prompt_id();
-  p->has_reward = e->has_reward();
-  if (!e->has_remote_payload()) {
-    p->invalid = Invalid(*e);
-  } else if (absl::Status s = common::ValidateId("experience_id", m->id); !s.ok()) {
-    p->invalid = std::string(s.message());  // (the rest is checked on the fetched bytes)
-  }
-}
-
-void BufferCore::AddLocked(Member m, const std::string& group, const Parsed& p) {
   Group& g = filling_[group];
-  g.prompt_id = p.prompt_id;
+  g.prompt_id = facts.prompt_id;
   g.bytes += m.bytes.size();
-  bytes_ += m.bytes.size();
-  seen_.insert(m.id);
-  current_version_ = std::max(current_version_, p.newest_version);
   g.members.push_back(std::move(m));
   if (g.members.size() == config_.group_size()) {
     ready_.emplace_back(group, std::move(g));
@@ -107,24 +71,34 @@ void BufferCore::AddLocked(Member m, const std::string& group, const Parsed& p) 
   }
 }
 
+BufferCore::Member BufferCore::MemberOf(const ExperienceFacts& facts) {
+  Member m;
+  m.id = facts.id;
+  m.reward = facts.reward;
+  m.oldest_version = facts.oldest_version;
+  return m;
+}
+
 absl::Status BufferCore::Recover() {
   if (store_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(BufferSnapshot snapshot, store_->Load());
   absl::MutexLock lock(&mu_);
+  if (snapshot.config) config_ = *snapshot.config;  // (groups come back at the size they were taken at)
+  current_version_ = std::max(current_version_, snapshot.policy_version);
   for (std::string& id : snapshot.seen_ids) seen_.insert(std::move(id));
-  v1::Experience scratch;
+  ExperienceReader reader;
+  ExperienceFacts facts;
   for (StoredExperience& stored : snapshot.experiences) {
-    Member m;
-    Parsed p;
-    Read(stored.bytes, &scratch, &m, &p);
-    if (!p.invalid.empty()) {
-      return absl::DataLossError(absl::StrCat("a stored experience (segment ", stored.segment, ", id `", m.id,
-                                              "`) does not load: ", p.invalid));
+    reader.Read(stored.bytes, &facts);
+    if (std::string why = InvalidExperience(facts); !why.empty()) {
+      return absl::DataLossError(absl::StrCat("a stored experience (segment ", stored.segment, ", id `", facts.id,
+                                              "`) does not load: ", why));
     }
+    Member m = MemberOf(facts);
     m.bytes = std::move(stored.bytes);
     m.segment = stored.segment;
-    const std::string group = config_.group_size() > 1 ? p.group_id : m.id;
-    AddLocked(std::move(m), group, p);
+    const std::string group = config_.group_size() > 1 ? facts.group_id : m.id;
+    AddLocked(std::move(m), group, facts);
   }
   auto counter = [&](const char* name) { return snapshot.counters[name]; };
   accepted_total_ = counter("accepted_total");
@@ -150,7 +124,7 @@ absl::Status BufferCore::Configure(const v1::ConfigureRequest& request,
   }
   absl::MutexLock lock(&mu_);
   if (request.group_size() != config_.group_size() &&
-      (!filling_.empty() || !ready_.empty() || !leases_.empty() || !reserved_ids_.empty())) {
+      (!filling_.empty() || !ready_.empty() || !leases_.empty() || reserving_puts_ > 0)) {
     return absl::FailedPreconditionError("group_size cannot change while experiences are held");
   }
   v1::ConfigureRequest next = request;
@@ -158,6 +132,12 @@ absl::Status BufferCore::Configure(const v1::ConfigureRequest& request,
   if (!next.has_filter_zero_variance()) next.set_filter_zero_variance(true);
   if (next.zero_variance_epsilon() <= 0) next.set_zero_variance_epsilon(1e-6f);
   if (next.default_lease_ttl_ms() == 0) next.set_default_lease_ttl_ms(kDefaultLeaseTtlMs);
+  if (store_ != nullptr) {
+    if (absl::Status s = store_->SaveConfig(next); !s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot record the configuration durably (it is unchanged): ", s.message()));
+    }
+  }
   config_ = next;
   *response->mutable_config() = config_;
   return absl::OkStatus();
@@ -196,26 +176,27 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   // sent). Experiences sent by descriptor are fetched first, under one deadline for the
   // request; ids already taken are not fetched (they are duplicates); one that cannot
   // be fetched is rejected and the others go on.
-  std::vector<Member> members(n);
-  std::vector<Parsed> parsed(n);
-  v1::Experience scratch;
+  std::vector<ExperienceFacts> facts(n);
+  std::vector<std::string> invalid(n);  // why not, or empty
+  thread_local ExperienceReader reader;
   const absl::Time deadline = absl::Now() + (fetcher_ ? fetcher_->options().timeout : absl::ZeroDuration());
   for (int i = 0; i < n; ++i) {
     std::string* bytes = request->mutable_experiences(i);
-    Read(*bytes, &scratch, &members[i], &parsed[i]);
-    if (!parsed[i].invalid.empty() || !scratch.has_remote_payload()) continue;
+    reader.Read(*bytes, &facts[i]);
+    invalid[i] = InvalidExperience(facts[i]);
+    if (!invalid[i].empty() || !facts[i].has_remote_payload) continue;
     {
       absl::MutexLock lock(&mu_);
-      if (seen_.contains(members[i].id)) continue;
+      if (seen_.contains(facts[i].id)) continue;
     }
     std::string fetched;
-    if (std::string why = FetchPayload(scratch, deadline, &fetched); !why.empty()) {
-      parsed[i].invalid = absl::StrCat("remote_payload: ", why);
+    if (std::string why = FetchPayload(facts[i], deadline, &fetched); !why.empty()) {
+      invalid[i] = absl::StrCat("remote_payload: ", why);
       continue;
     }
     bytes->swap(fetched);
-    parsed[i] = Parsed();
-    Read(*bytes, &scratch, &members[i], &parsed[i]);
+    reader.Read(*bytes, &facts[i]);
+    invalid[i] = InvalidExperience(facts[i]);
   }
   // Three phases, so that concurrent producers overlap their durable writes (and the
   // store can commit them together): decide and reserve under the lock; write to the
@@ -232,33 +213,32 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   // First pass: decide; nothing changes unless the accepted ones fit.
   std::vector<int> accept;
   std::vector<std::string> groups(n);
-  absl::flat_hash_set<absl::string_view> ids_in_request;
   absl::flat_hash_map<absl::string_view, int> adding_to_group;
   uint64_t adding_bytes = 0;
   for (int i = 0; i < n; ++i) {
-    const Member& m = members[i];
-    const Parsed& p = parsed[i];
-    const std::string& id = m.id;
-    if (!id.empty() && (seen_.contains(id) || reserved_ids_.contains(id) || ids_in_request.contains(id))) {
+    const ExperienceFacts& f = facts[i];
+    const std::string& id = f.id;
+    // (an id being taken by a concurrent Put, or earlier in this one, is in seen_ too)
+    if (!id.empty() && seen_.contains(id)) {
       response->set_duplicates(response->duplicates() + 1);
       response->add_duplicate_ids()->set_value(id);
       continue;
     }
-    if (!p.invalid.empty()) {
-      Reject(response, i, id, v1::REJECT_REASON_INVALID, p.invalid);
+    if (!invalid[i].empty()) {
+      Reject(response, i, id, v1::REJECT_REASON_INVALID, invalid[i]);
       continue;
     }
-    if (group_size > 1 && p.group_id.empty()) {
+    if (group_size > 1 && f.group_id.empty()) {
       Reject(response, i, id, v1::REJECT_REASON_INVALID, "group_id: required when group_size > 1");
       continue;
     }
-    if (!p.has_reward) {
+    if (!f.has_reward) {
       Reject(response, i, id, v1::REJECT_REASON_NO_REWARD, "reward: not set (score it first)");
       continue;
     }
-    if (TooStaleLocked(m.oldest_version, current_version_)) {
+    if (TooStaleLocked(f.oldest_version, current_version_)) {
       Reject(response, i, id, v1::REJECT_REASON_STALE,
-             absl::StrCat("token_policy_versions: oldest ", m.oldest_version, " is more than ",
+             absl::StrCat("token_policy_versions: oldest ", f.oldest_version, " is more than ",
                           config_.max_staleness(), " behind ", current_version_));
       continue;
     }
@@ -268,19 +248,23 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
              absl::StrCat(bytes, " bytes; the limit is capacity_bytes / 16 = ", config_.capacity_bytes() / 16));
       continue;
     }
-    groups[i] = group_size > 1 ? p.group_id : id;
-    const std::string& group = groups[i];
-    auto it = filling_.find(group);
-    auto reserved = reserved_groups_.find(group);
-    const int have = (it == filling_.end() ? 0 : static_cast<int>(it->second.members.size())) +
-                     (reserved == reserved_groups_.end() ? 0 : reserved->second) + adding_to_group[group];
-    if (have >= static_cast<int>(group_size)) {
-      Reject(response, i, id, v1::REJECT_REASON_GROUP_FULL,
-             absl::StrCat("group_id `", group, "` already has ", group_size, " experiences"));
-      continue;
+    if (group_size > 1) {  // (with group_size 1 every experience is a group of its own: a new id, a new group)
+      groups[i] = f.group_id;
+      const std::string& group = groups[i];
+      auto it = filling_.find(group);
+      auto reserved = reserved_groups_.find(group);
+      const int have = (it == filling_.end() ? 0 : static_cast<int>(it->second.members.size())) +
+                       (reserved == reserved_groups_.end() ? 0 : reserved->second) + adding_to_group[group];
+      if (have >= static_cast<int>(group_size)) {
+        Reject(response, i, id, v1::REJECT_REASON_GROUP_FULL,
+               absl::StrCat("group_id `", group, "` already has ", group_size, " experiences"));
+        continue;
+      }
+      ++adding_to_group[group];
+    } else {
+      groups[i] = id;
     }
-    ++adding_to_group[group];
-    ids_in_request.insert(id);
+    seen_.insert(id);  // (reserved: taken back if the store write fails)
     adding_bytes += bytes;
     accept.push_back(i);
   }
@@ -291,6 +275,7 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
         "buffer full: ", bytes_ + reserved_bytes_, " of ", config_.capacity_bytes(),
         " bytes held or being written, this batch needs ", adding_bytes,
         " more; retry after the trainer consumes a batch (nothing was taken)");
+    for (int i : accept) seen_.erase(facts[i].id);
     mu_.Unlock();
     return absl::ResourceExhaustedError(message);
   }
@@ -299,7 +284,7 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   // Reserve: concurrent Puts see these ids as duplicates and these bytes as held.
   reserved_bytes_ += adding_bytes;
   for (const auto& [group, k] : adding_to_group) reserved_groups_[group] += k;
-  for (absl::string_view id : ids_in_request) reserved_ids_.emplace(id);
+  ++reserving_puts_;
   mu_.Unlock();
 
   // Second pass: store them (all or none) without the lock.
@@ -308,7 +293,7 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   if (store_ != nullptr) {
     std::vector<ExperienceBytes> taking;
     taking.reserve(accept.size());
-    for (int i : accept) taking.push_back({members[i].id, request->experiences(i)});
+    for (int i : accept) taking.push_back({facts[i].id, request->experiences(i), facts[i].newest_version});
     absl::StatusOr<uint64_t> added = store_->Added(taking);
     stored = added.status();
     if (added.ok()) {
@@ -325,16 +310,17 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
     auto it = reserved_groups_.find(group);
     if ((it->second -= k) == 0) reserved_groups_.erase(it);
   }
-  for (absl::string_view id : ids_in_request) reserved_ids_.erase(id);
+  --reserving_puts_;
   if (!stored.ok()) {
+    for (int i : accept) seen_.erase(facts[i].id);
     return absl::UnavailableError(absl::StrCat("cannot record experiences durably (nothing was taken): ",
                                                stored.message()));
   }
   for (int i : accept) {
-    Member& m = members[i];
+    Member m = MemberOf(facts[i]);
     m.bytes = std::move(*request->mutable_experiences(i));
     m.segment = segment;
-    AddLocked(std::move(m), groups[i], parsed[i]);
+    AddLocked(std::move(m), groups[i], facts[i]);
   }
   accepted_total_ += accept.size();
   response->set_accepted(static_cast<uint32_t>(accept.size()));
@@ -379,9 +365,15 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
   mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Milliseconds(request.wait_ms()));
   ExpireLeasesLocked();
   const uint64_t current = std::max(current_version_, request.current_policy_version());
+  if (current > current_version_ && store_ != nullptr) {
+    // (if it cannot be recorded the bound still holds here; a restart would measure
+    // from the newest version among what it recovers)
+    (void)store_->SavePolicyVersion(current);
+  }
   current_version_ = current;
   const bool staleness_override = request.has_max_staleness();
   LeaseState lease;
+  std::vector<std::pair<std::string, Group>> unrecorded;  // drops the store did not take
   while (!ready_.empty() && lease.groups.size() < request.num_groups()) {
     auto [id, group] = std::move(ready_.front());
     ready_.pop_front();
@@ -398,22 +390,29 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     const bool stale = staleness_override
                            ? (current > oldest && current - oldest > request.max_staleness())
                            : TooStaleLocked(oldest, current);
-    auto forget = [&](const char* counter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      (void)ForgetLocked({&group}, counter);  // if it fails they return after a restart, and drop again
+    // A drop the store cannot record is not made: the group stays (it is looked at
+    // again next time), so what the buffer counts is what a restart would find.
+    auto drop = [&](const char* counter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (!ForgetLocked({&group}, counter).ok()) {
+        unrecorded.emplace_back(std::move(id), std::move(group));
+        return false;
+      }
+      bytes_ -= group.bytes;
+      return true;
     };
     if (stale) {
-      forget("dropped_stale");
-      response->set_dropped_stale_groups(response->dropped_stale_groups() + 1);
-      dropped_.set_stale(dropped_.stale() + group.members.size());
-      bytes_ -= group.bytes;
+      if (drop("dropped_stale")) {
+        response->set_dropped_stale_groups(response->dropped_stale_groups() + 1);
+        dropped_.set_stale(dropped_.stale() + group.members.size());
+      }
       continue;
     }
     if (config_.filter_zero_variance() && group.members.size() > 1 &&
         stddev <= config_.zero_variance_epsilon()) {
-      forget("dropped_zero_variance");
-      response->set_dropped_zero_variance_groups(response->dropped_zero_variance_groups() + 1);
-      dropped_.set_zero_variance(dropped_.zero_variance() + group.members.size());
-      bytes_ -= group.bytes;
+      if (drop("dropped_zero_variance")) {
+        response->set_dropped_zero_variance_groups(response->dropped_zero_variance_groups() + 1);
+        dropped_.set_zero_variance(dropped_.zero_variance() + group.members.size());
+      }
       continue;
     }
     staleness_[std::min<uint64_t>(current - std::min(current, oldest), kHistogramBuckets - 1)] +=
@@ -429,6 +428,7 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     out->set_min_policy_version(oldest);
     lease.groups.emplace_back(std::move(id), std::move(group));
   }
+  for (auto it = unrecorded.rbegin(); it != unrecorded.rend(); ++it) ready_.push_front(std::move(*it));
   if (lease.groups.empty()) return absl::OkStatus();
   const int64_t ttl_ms = request.lease_ttl_ms() ? request.lease_ttl_ms() : config_.default_lease_ttl_ms();
   lease.expires_at = clock_->Now() + absl::Milliseconds(ttl_ms);

@@ -28,6 +28,7 @@
 #include "libs/common/clock.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "services/buffer/buffer_store.h"
+#include "services/buffer/experience_reader.h"
 #include "libs/transport/descriptor_fetcher.h"
 
 namespace rlfleet::buffer {
@@ -43,12 +44,14 @@ class BufferCore {
   // Waits in SampleBatch use real time bounded by wait_ms.
   explicit BufferCore(common::Clock* clock = common::Clock::Real(), BufferStore* store = nullptr);
 
-  // Reloads what the store holds (call once, before serving). Experiences come back
-  // into their groups; ids seen before stay duplicates. No-op without a store.
+  // Reloads what the store holds (call once, before serving): the last configuration,
+  // then the experiences into their groups; ids seen before stay duplicates. No-op
+  // without a store.
   absl::Status Recover();
 
   // INVALID_ARGUMENT naming the field for group_size outside 1..1024 or capacity
   // below 1 MiB. Changing group_size while experiences are held is FAILED_PRECONDITION.
+  // With a store the configuration is recorded first (UNAVAILABLE if it cannot be).
   absl::Status Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response);
 
   // INVALID_ARGUMENT for an empty or oversized batch or a run_id mismatch;
@@ -90,17 +93,8 @@ class BufferCore {
     uint64_t oldest_version = 0;  // min(token_policy_versions)
     uint64_t segment = 0;         // where the store holds it
   };
-  // What Put and Recover read of an experience besides its Member fields.
-  struct Parsed {
-    std::string group_id;
-    std::string prompt_id;
-    uint64_t newest_version = 0;  // max(token_policy_versions)
-    bool has_reward = false;
-    std::string invalid;  // why it cannot be taken, or empty
-  };
-  // Reads `bytes` (one serialized Experience) into `m` (not its bytes) and `p`;
-  // `scratch` is reused between calls.
-  static void Read(absl::string_view bytes, v1::Experience* scratch, Member* m, Parsed* p);
+  // A Member of `facts` (its bytes and segment are the caller's to set).
+  static Member MemberOf(const ExperienceFacts& facts);
   struct Group {
     std::string prompt_id;
     std::vector<Member> members;
@@ -115,22 +109,26 @@ class BufferCore {
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TooStaleLocked(uint64_t oldest_version, uint64_t current) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Adds an accepted experience to its group (no store writes).
-  void AddLocked(Member m, const std::string& group, const Parsed& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds an accepted experience to its group (no store writes; its id is in seen_
+  // already).
+  void AddLocked(Member m, const std::string& group, const ExperienceFacts& facts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets a group's members in the store, counting them under `counter`.
   absl::Status ForgetLocked(const std::vector<const Group*>& groups, const std::string& counter)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A remote payload's bytes into `out` (checked: the experience `sent` claims to be);
   // empty on success, else why not.
-  std::string FetchPayload(const v1::Experience& sent, absl::Time deadline, std::string* out);
+  std::string FetchPayload(const ExperienceFacts& sent, absl::Time deadline, std::string* out);
 
   common::Clock* const clock_;
   BufferStore* const store_;
   transport::DescriptorFetcher* fetcher_ = nullptr;  // set before serving
   absl::Mutex mu_;
   v1::ConfigureRequest config_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // every id ever accepted
+  // Every id ever accepted, and those of Puts between their decision and their store
+  // write (removed again if the write fails).
+  absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Group> filling_ ABSL_GUARDED_BY(mu_);  // groups below group_size
   std::deque<std::pair<std::string, Group>> ready_ ABSL_GUARDED_BY(mu_);  // complete groups
   std::map<std::string, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
@@ -138,7 +136,7 @@ class BufferCore {
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // What Puts between their decision and their store write hold back.
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_set<std::string> reserved_ids_ ABSL_GUARDED_BY(mu_);
+  int reserving_puts_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int> reserved_groups_ ABSL_GUARDED_BY(mu_);  // group -> members being added
   uint64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t accepted_total_ ABSL_GUARDED_BY(mu_) = 0;

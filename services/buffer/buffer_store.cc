@@ -55,15 +55,21 @@ bool GetRecord(absl::string_view* in, absl::string_view* record, bool* bad) {
 }
 
 // Layout under the prefix (README "Buffer durability"):
-//   seg:<n>     string: the records (serialized Experiences) of one group commit
-//   gone:<n>    string: the records (ids) of segment n's experiences since removed
-//   segs        set: the live segment numbers
-//   seen_log    string: the records (ids) of every experience ever accepted
-//   counters    hash: accepted_total, consumed_total, dropped_*
+//   seg:<n>       string: the records (serialized Experiences) of one group commit
+//   gone:<n>      string: records (reason byte + id) of segment n's experiences since
+//                 removed; kept after the segment is retired, as the record of its ids
+//   segs          set: the live segment numbers
+//   done          set: retired segment numbers (every experience removed; seg:<n> deleted)
+//   counters      hash: dropped_duplicate, dropped_rejected (informational)
+//   config        string: the last ConfigureRequest applied
+//   policy_version  sorted set: member "policy" scored with the highest policy version
 //   next_segment  integer: segment numbers are reserved from it in blocks
 // A commit is a handful of commands whatever its size (Redis appends bytes, no
 // per-experience hash entry), in one MULTI/EXEC so a crash never leaves half a batch.
-// A segment whose every experience is gone is deleted.
+// The accounting is derived, not counted: accepted = distinct ids in the segments and
+// gone logs, consumed / dropped = distinct ids in the gone logs by reason. So a write
+// whose reply was lost (Redis died after committing it) and was then retried leaves a
+// repeated record, which Load reads once, and never a count that is off.
 class RedisBufferStore : public BufferStore {
  public:
   RedisBufferStore(std::unique_ptr<redis::Client> client, std::string prefix)
@@ -81,7 +87,7 @@ class RedisBufferStore : public BufferStore {
     w.records.reserve(total);
     for (const ExperienceBytes& e : experiences) {  // framed outside every lock
       PutRecord(&w.records, e.bytes);
-      PutRecord(&w.ids, e.id);
+      w.newest_version = std::max(w.newest_version, e.newest_version);
     }
     queue_mu_.Lock();
     writers_.push_back(&w);
@@ -116,36 +122,34 @@ class RedisBufferStore : public BufferStore {
 
   absl::Status Removed(const std::vector<StoredRef>& refs, const std::string& counter) override {
     if (refs.empty()) return absl::OkStatus();
+    const char reason = ReasonCode(counter);
+    if (reason == 0) return absl::InvalidArgumentError(absl::StrCat("unknown removal counter `", counter, "`"));
     absl::MutexLock lock(&mu_);  // (removals are rare: one round trip under the lock)
-    std::map<uint64_t, std::string> gone;  // segment -> id records
+    std::map<uint64_t, std::string> gone;  // segment -> records
     std::map<uint64_t, uint32_t> removing;
     for (const StoredRef& r : refs) {
-      PutRecord(&gone[r.segment], r.id);
+      PutRecord(&gone[r.segment], absl::StrCat(absl::string_view(&reason, 1), r.id));
       ++removing[r.segment];
     }
     std::vector<std::string> keys;  // (the views below point into these)
-    keys.reserve(2 * gone.size() + 3);
+    keys.reserve(3 * gone.size());
     std::vector<std::vector<absl::string_view>> commands = {{"MULTI"}};
     std::vector<std::pair<uint64_t, uint32_t>> next_live;
-    std::vector<std::string> numbers;
-    numbers.reserve(gone.size() + 1);
     for (const auto& [segment, records] : gone) {
       auto it = live_.find(segment);
       const uint32_t live = it == live_.end() ? 0 : it->second;
       const uint32_t left = live > removing[segment] ? live - removing[segment] : 0;
       next_live.emplace_back(segment, left);
-      keys.push_back(SegmentKey(segment));
       keys.push_back(GoneKey(segment));
-      if (left == 0) {
-        numbers.push_back(absl::StrCat(segment));
-        commands.push_back({"DEL", keys[keys.size() - 2], keys.back()});
-        commands.push_back({"SREM", segs_key_, numbers.back()});
-      } else {
-        commands.push_back({"APPEND", keys.back(), records});
+      commands.push_back({"APPEND", keys.back(), records});
+      if (left == 0) {  // retired: its bytes go, its gone log stays
+        keys.push_back(SegmentKey(segment));
+        keys.push_back(absl::StrCat(segment));
+        commands.push_back({"DEL", keys[keys.size() - 2]});
+        commands.push_back({"SREM", segs_key_, keys.back()});
+        commands.push_back({"SADD", done_key_, keys.back()});
       }
     }
-    numbers.push_back(absl::StrCat(refs.size()));
-    commands.push_back({"HINCRBY", counters_key_, counter, numbers.back()});
     commands.push_back({"EXEC"});
     RETURN_IF_ERROR(client_->PipelineViews(commands).status());
     for (const auto& [segment, left] : next_live) {
@@ -158,6 +162,15 @@ class RedisBufferStore : public BufferStore {
     return absl::OkStatus();
   }
 
+  absl::Status SavePolicyVersion(uint64_t version) override {
+    // (ZADD GT: only ever raised, whichever write lands last)
+    return client_->Command({"ZADD", version_key_, "GT", absl::StrCat(version), "policy"}).status();
+  }
+
+  absl::Status SaveConfig(const v1::ConfigureRequest& config) override {
+    return client_->Command({"SET", prefix_ + "config", config.SerializeAsString()}).status();
+  }
+
   absl::Status Count(const std::string& counter, uint64_t n) override {
     if (n == 0) return absl::OkStatus();
     return client_->Command({"HINCRBY", counters_key_, counter, absl::StrCat(n)}).status();
@@ -167,62 +180,92 @@ class RedisBufferStore : public BufferStore {
     ASSIGN_OR_RETURN(std::vector<redis::Reply> r,
                      client_->Pipeline({{"EXISTS", prefix_ + "exp"},
                                         {"SMEMBERS", segs_key_},
-                                        {"GET", seen_key_},
-                                        {"HGETALL", counters_key_}}));
+                                        {"SMEMBERS", done_key_},
+                                        {"HGETALL", counters_key_},
+                                        {"GET", prefix_ + "config"},
+                                        {"ZSCORE", version_key_, "policy"}}));
     if (r[0].integer != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the store under `", prefix_, "` holds experiences in the layout before segments (hash `", prefix_,
           "exp`): drain them with the rlfleet-buffer that wrote them, or use a new prefix"));
     }
     BufferSnapshot snapshot;
-    std::vector<uint64_t> segments;
-    for (const redis::Reply& m : r[1].elements) {
-      uint64_t n = 0;
-      if (!absl::SimpleAtoi(m.str, &n)) {
-        return absl::DataLossError(absl::StrCat("`", segs_key_, "` holds `", m.str, "`, not a segment number"));
+    if (!r[4].is_nil()) {
+      v1::ConfigureRequest config;
+      if (!config.ParseFromString(r[4].str)) {
+        return absl::DataLossError(absl::StrCat("`", prefix_, "config` is not a ConfigureRequest"));
       }
-      segments.push_back(n);
+      snapshot.config = std::move(config);
     }
-    std::sort(segments.begin(), segments.end());  // (recovered in the order they came)
-    absl::string_view seen = r[2].str;
-    absl::string_view id;
-    bool bad = false;
-    while (GetRecord(&seen, &id, &bad)) snapshot.seen_ids.emplace_back(id);
-    if (bad) return absl::DataLossError(absl::StrCat("`", seen_key_, "` is corrupt"));
+    if (!r[5].is_nil()) {
+      double version = 0;
+      (void)absl::SimpleAtod(r[5].str, &version);
+      snapshot.policy_version = static_cast<uint64_t>(version);
+    }
     for (size_t i = 0; i + 1 < r[3].elements.size(); i += 2) {
       uint64_t v = 0;
       (void)absl::SimpleAtoi(r[3].elements[i + 1].str, &v);
       snapshot.counters[r[3].elements[i].str] = v;
     }
+    ASSIGN_OR_RETURN(std::vector<uint64_t> live, Numbers(r[1], segs_key_));
+    ASSIGN_OR_RETURN(std::vector<uint64_t> done, Numbers(r[2], done_key_));
     std::vector<std::vector<std::string>> gets;
-    for (uint64_t n : segments) {
+    for (uint64_t n : live) {
       gets.push_back({"GET", SegmentKey(n)});
       gets.push_back({"GET", GoneKey(n)});
     }
+    for (uint64_t n : done) gets.push_back({"GET", GoneKey(n)});
     ASSIGN_OR_RETURN(std::vector<redis::Reply> data, client_->Pipeline(gets));
+    // Every removal, by id (the first record of an id counts).
+    absl::flat_hash_map<std::string, char> removed;
+    auto read_gone = [&](absl::string_view log, uint64_t n) -> absl::Status {
+      absl::string_view record;
+      bool bad = false;
+      while (GetRecord(&log, &record, &bad)) {
+        if (record.empty() || ReasonCounter(record[0]) == nullptr) bad = true;
+        if (bad) break;
+        removed.emplace(record.substr(1), record[0]);
+      }
+      if (bad) return absl::DataLossError(absl::StrCat("`", GoneKey(n), "` is corrupt"));
+      return absl::OkStatus();
+    };
+    for (size_t s = 0; s < live.size(); ++s) RETURN_IF_ERROR(read_gone(data[2 * s + 1].str, live[s]));
+    for (size_t d = 0; d < done.size(); ++d) RETURN_IF_ERROR(read_gone(data[2 * live.size() + d].str, done[d]));
+    absl::flat_hash_set<std::string> seen;
+    for (const auto& [id, reason] : removed) seen.insert(id);
+    for (const auto& [id, reason] : removed) ++snapshot.counters[ReasonCounter(reason)];
     absl::MutexLock lock(&mu_);
     live_.clear();
-    for (size_t s = 0; s < segments.size(); ++s) {
-      absl::flat_hash_set<absl::string_view> removed;
-      absl::string_view gone = data[2 * s + 1].str;
-      while (GetRecord(&gone, &id, &bad)) removed.insert(id);
+    std::vector<uint64_t> empty;  // live segments with nothing left in them
+    v1::Experience parsed;        // (for the ids)
+    for (size_t s = 0; s < live.size(); ++s) {
       absl::string_view records = data[2 * s].str;
       absl::string_view record;
-      uint32_t live = 0;
-      v1::Experience parsed;  // (for its id)
-      while (!bad && GetRecord(&records, &record, &bad)) {
+      bool bad = false;
+      uint32_t count = 0;
+      while (GetRecord(&records, &record, &bad)) {
         if (!parsed.ParseFromArray(record.data(), static_cast<int>(record.size()))) {
           bad = true;
           break;
         }
-        if (removed.contains(parsed.experience_id().value())) continue;
-        snapshot.experiences.push_back({segments[s], std::string(record)});
-        ++live;
+        // Taken once: not removed, and not a second copy of an id (a commit whose reply
+        // was lost, retried into a later segment).
+        if (!seen.insert(parsed.experience_id().value()).second) continue;
+        snapshot.experiences.push_back({live[s], std::string(record)});
+        ++count;
       }
-      if (bad) {
-        return absl::DataLossError(absl::StrCat("segment `", SegmentKey(segments[s]), "` is corrupt"));
+      if (bad) return absl::DataLossError(absl::StrCat("segment `", SegmentKey(live[s]), "` is corrupt"));
+      if (count > 0) {
+        live_[live[s]] = count;
+      } else {
+        empty.push_back(live[s]);
       }
-      if (live > 0) live_[segments[s]] = live;
+    }
+    snapshot.counters["accepted_total"] = seen.size();
+    snapshot.seen_ids.assign(seen.begin(), seen.end());
+    for (uint64_t n : empty) {  // retire them (best effort: they are empty either way)
+      (void)client_->Pipeline({{"MULTI"}, {"DEL", SegmentKey(n)}, {"SREM", segs_key_, absl::StrCat(n)},
+                               {"SADD", done_key_, absl::StrCat(n)}, {"EXEC"}});
     }
     return snapshot;
   }
@@ -230,8 +273,8 @@ class RedisBufferStore : public BufferStore {
  private:
   struct Writer {
     std::string records;  // the experiences, length-prefixed
-    std::string ids;      // their ids, length-prefixed
     uint32_t count = 0;
+    uint64_t newest_version = 0;
     bool done = false;
     absl::Status status;
     uint64_t segment = 0;
@@ -240,6 +283,38 @@ class RedisBufferStore : public BufferStore {
   static constexpr uint64_t kSegmentBlock = 1024;
 
   std::string SegmentKey(uint64_t n) const { return absl::StrCat(prefix_, "seg:", n); }
+
+  // Removal reasons as one byte in the gone logs, and back (0 / nullptr: unknown).
+  static char ReasonCode(absl::string_view counter) {
+    if (counter == "consumed_total") return 'c';
+    if (counter == "dropped_stale") return 's';
+    if (counter == "dropped_zero_variance") return 'z';
+    return 0;
+  }
+  static const char* ReasonCounter(char code) {
+    switch (code) {
+      case 'c':
+        return "consumed_total";
+      case 's':
+        return "dropped_stale";
+      case 'z':
+        return "dropped_zero_variance";
+      default:
+        return nullptr;
+    }
+  }
+  absl::StatusOr<std::vector<uint64_t>> Numbers(const redis::Reply& members, const std::string& key) const {
+    std::vector<uint64_t> numbers;
+    for (const redis::Reply& m : members.elements) {
+      uint64_t n = 0;
+      if (!absl::SimpleAtoi(m.str, &n)) {
+        return absl::DataLossError(absl::StrCat("`", key, "` holds `", m.str, "`, not a segment number"));
+      }
+      numbers.push_back(n);
+    }
+    std::sort(numbers.begin(), numbers.end());  // (recovered in the order they came)
+    return numbers;
+  }
   std::string GoneKey(uint64_t n) const { return absl::StrCat(prefix_, "gone:", n); }
 
   // Writes one group's batches as a new segment. Called by the group-commit leader only
@@ -259,15 +334,16 @@ class RedisBufferStore : public BufferStore {
     }
     const std::string key = SegmentKey(segment), number = absl::StrCat(segment);
     uint32_t count = 0;
+    uint64_t newest = 0;
     std::vector<std::vector<absl::string_view>> commands = {{"MULTI"}};
     for (Writer* x : group) {
       commands.push_back({"APPEND", key, x->records});
-      commands.push_back({"APPEND", seen_key_, x->ids});
       count += x->count;
+      newest = std::max(newest, x->newest_version);
     }
-    const std::string total = absl::StrCat(count);
     commands.push_back({"SADD", segs_key_, number});
-    commands.push_back({"HINCRBY", counters_key_, "accepted_total", total});
+    const std::string version = absl::StrCat(newest);
+    if (newest > 0) commands.push_back({"ZADD", version_key_, "GT", version, "policy"});
     commands.push_back({"EXEC"});
     RETURN_IF_ERROR(client_->PipelineViews(commands).status());
     absl::MutexLock lock(&mu_);
@@ -278,7 +354,8 @@ class RedisBufferStore : public BufferStore {
   const std::unique_ptr<redis::Client> client_;
   const std::string prefix_;
   const std::string segs_key_ = prefix_ + "segs";
-  const std::string seen_key_ = prefix_ + "seen_log";
+  const std::string done_key_ = prefix_ + "done";
+  const std::string version_key_ = prefix_ + "policy_version";
   const std::string counters_key_ = prefix_ + "counters";
   absl::Mutex queue_mu_;
   std::deque<Writer*> writers_ ABSL_GUARDED_BY(queue_mu_);

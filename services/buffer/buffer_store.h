@@ -12,12 +12,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "rlfleet/v1/common.pb.h"
+#include "rlfleet/v1/buffer.pb.h"
 
 namespace rlfleet::buffer {
 
@@ -26,6 +27,7 @@ namespace rlfleet::buffer {
 struct ExperienceBytes {
   absl::string_view id;
   absl::string_view bytes;
+  uint64_t newest_version = 0;  // max(token_policy_versions): the store keeps the highest seen
 };
 
 // An experience as the store holds it: the segment it was written in (what Removed
@@ -42,6 +44,8 @@ struct StoredRef {
 };
 
 struct BufferSnapshot {
+  std::optional<v1::ConfigureRequest> config;  // the last configuration saved, if any
+  uint64_t policy_version = 0;                 // the highest policy version recorded
   std::vector<StoredExperience> experiences;  // accepted and not yet consumed or dropped
   std::vector<std::string> seen_ids;          // every id ever accepted
   std::map<std::string, uint64_t> counters;   // accepted_total, consumed_total, dropped_*
@@ -55,10 +59,17 @@ class BufferStore {
   // went into (one number for the whole call). UNAVAILABLE if the store cannot be
   // reached: the caller must then not accept them.
   virtual absl::StatusOr<uint64_t> Added(const std::vector<ExperienceBytes>& experiences) = 0;
-  // Forgets experiences and adds their number to counter `counter` ("consumed_total",
-  // "dropped_stale", "dropped_zero_variance"). All or none; each experience is
-  // forgotten at most once.
+  // Forgets experiences, recording why: `counter` is "consumed_total", "dropped_stale"
+  // or "dropped_zero_variance" (INVALID_ARGUMENT otherwise); Load counts them there.
+  // All or none. Forgetting an experience again (a retry after an error whose write
+  // did land) changes nothing.
   virtual absl::Status Removed(const std::vector<StoredRef>& refs, const std::string& counter) = 0;
+  // Records the buffer's configuration (group size, staleness bound, ...), so that a
+  // restarted buffer groups what it recovers the same way. UNAVAILABLE as for Added.
+  virtual absl::Status SaveConfig(const v1::ConfigureRequest& config) = 0;
+  // Records that the trainer's policy is at `version` (the store keeps the highest),
+  // which the staleness bound is measured against after a restart.
+  virtual absl::Status SavePolicyVersion(uint64_t version) = 0;
   // Adds to a counter without removing anything (e.g. "dropped_duplicate").
   virtual absl::Status Count(const std::string& counter, uint64_t n) = 0;
   // What the store holds (the bytes as they were added; removed ones left out).

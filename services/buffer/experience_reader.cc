@@ -1,0 +1,121 @@
+#include "services/buffer/experience_reader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "libs/common/ids.h"
+
+namespace rlfleet::buffer {
+namespace {
+
+template <typename Container>
+void Versions(const Container& versions, ExperienceFacts* facts) {
+  facts->token_policy_versions = versions.size();
+  if (versions.empty()) return;
+  const auto [lo, hi] = std::minmax_element(versions.begin(), versions.end());
+  facts->oldest_version = *lo;
+  facts->newest_version = *hi;
+}
+
+template <typename Message>
+void Common(const Message& m, ExperienceFacts* facts) {
+  facts->parsed = true;
+  facts->id = m.experience_id().value();
+  facts->group_id = m.group_id();
+  facts->prompt_id = m.prompt_id();
+  facts->has_reward = m.has_reward();
+  facts->reward = m.reward();
+  Versions(m.token_policy_versions(), facts);
+  facts->has_remote_payload = m.has_remote_payload();
+  if (facts->has_remote_payload) facts->remote_payload = m.remote_payload();
+}
+
+}  // namespace
+
+bool CountPackedVarints(absl::string_view packed, uint64_t* count) {
+  // A varint is up to 9 bytes with the high bit set, then one without. Eight bytes at a
+  // time: the bytes that end a varint are those whose high bit is clear.
+  const char* p = packed.data();
+  const size_t n = packed.size();
+  uint64_t total = 0;
+  int run = 0;  // high-bit bytes since the last end
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    const uint64_t ends = ~w & 0x8080808080808080ull;
+    if (ends == 0) {
+      run += 8;
+      if (run > 9) return false;
+      continue;
+    }
+    if (run + __builtin_ctzll(ends) / 8 > 9) return false;  // (bytes before the first end)
+    total += ((ends >> 7) * 0x0101010101010101ull) >> 56;  // (popcount of one bit per byte, without POPCNT)
+    run = 7 - (63 - __builtin_clzll(ends)) / 8;  // bytes after the last end (runs inside are < 8)
+  }
+  for (; i < n; ++i) {
+    if (static_cast<uint8_t>(p[i]) & 0x80) {
+      if (++run > 9) return false;
+    } else {
+      run = 0;
+      ++total;
+    }
+  }
+  if (run != 0) return false;
+  *count += total;
+  return true;
+}
+
+void ExperienceReader::Read(absl::string_view bytes, ExperienceFacts* facts) {
+  *facts = ExperienceFacts();
+  if (ReadView(bytes, facts)) return;
+  *facts = ExperienceFacts();
+  ReadFull(bytes, facts);
+}
+
+bool ExperienceReader::ReadView(absl::string_view bytes, ExperienceFacts* facts) {
+  // Anything unusual (a parse failure, unpacked or unknown fields, malformed packed
+  // bytes) goes to the full parse, which decides.
+  if (!view_.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return false;
+  if (!view_.GetReflection()->GetUnknownFields(view_).empty()) return false;
+  uint64_t prompt_tokens = 0;
+  for (const std::string& packed : view_.prompt_token_ids()) {
+    if (!CountPackedVarints(packed, &prompt_tokens)) return false;
+  }
+  for (const std::string& packed : view_.response_token_ids()) {
+    if (!CountPackedVarints(packed, &facts->response_tokens)) return false;
+  }
+  for (const std::string& packed : view_.response_logprobs()) {
+    if (packed.size() % 4 != 0) return false;
+    facts->response_logprobs += packed.size() / 4;
+  }
+  Common(view_, facts);
+  return true;
+}
+
+void ExperienceReader::ReadFull(absl::string_view bytes, ExperienceFacts* facts) {
+  if (!full_.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return;
+  Common(full_, facts);
+  facts->response_tokens = full_.response_token_ids_size();
+  facts->response_logprobs = full_.response_logprobs_size();
+}
+
+std::string InvalidExperience(const ExperienceFacts& f) {
+  if (!f.parsed) return "not a serialized Experience";
+  if (absl::Status s = common::ValidateId("experience_id", f.id); !s.ok()) return std::string(s.message());
+  if (f.has_remote_payload) return "";  // (the rest is checked on the fetched bytes)
+  if (f.response_tokens == 0) return "response_token_ids: empty";
+  const uint64_t n = f.response_tokens;
+  if (f.response_logprobs != 0 && f.response_logprobs != n) {
+    return absl::StrCat("response_logprobs: ", f.response_logprobs, " entries, want ", n);
+  }
+  if (f.token_policy_versions != 0 && f.token_policy_versions != n) {
+    return absl::StrCat("token_policy_versions: ", f.token_policy_versions, " entries, want ", n);
+  }
+  if (f.has_reward && !std::isfinite(f.reward)) return "reward: not finite";
+  return "";
+}
+
+}  // namespace rlfleet::buffer

@@ -1,0 +1,58 @@
+// ExperienceReader: what the buffer needs to know of one serialized v1::Experience to
+// check it and place it (id, group, reward, versions, per-token counts), read without
+// decoding the packed token ids where it can (v1::ExperienceView: the packed fields
+// stay bytes whose varints are counted and checked for well-formedness), and by a
+// full parse otherwise. Either way it accepts exactly the bytes v1::Experience parses.
+//
+// Not thread-safe: one per thread (it reuses its messages between calls).
+#ifndef RLFLEET_SERVICES_BUFFER_EXPERIENCE_READER_H_
+#define RLFLEET_SERVICES_BUFFER_EXPERIENCE_READER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "rlfleet/v1/buffer.pb.h"
+
+namespace rlfleet::buffer {
+
+struct ExperienceFacts {
+  bool parsed = false;  // false: the bytes are not a serialized Experience
+  std::string id;
+  std::string group_id;
+  std::string prompt_id;
+  bool has_reward = false;
+  float reward = 0;
+  uint64_t oldest_version = 0;  // min(token_policy_versions), 0 if none
+  uint64_t newest_version = 0;  // max(token_policy_versions), 0 if none
+  uint64_t response_tokens = 0;
+  uint64_t response_logprobs = 0;
+  uint64_t token_policy_versions = 0;
+  bool has_remote_payload = false;
+  v1::TransferDescriptor remote_payload;  // when has_remote_payload
+};
+
+class ExperienceReader {
+ public:
+  // Overwrites every field of `*facts`.
+  void Read(absl::string_view bytes, ExperienceFacts* facts);
+
+ private:
+  bool ReadView(absl::string_view bytes, ExperienceFacts* facts);
+  void ReadFull(absl::string_view bytes, ExperienceFacts* facts);
+
+  v1::ExperienceView view_;
+  v1::Experience full_;
+};
+
+// Empty if `facts` describe a valid experience, else the reason naming the field.
+// (Rules that depend on the buffer's configuration are the caller's.)
+std::string InvalidExperience(const ExperienceFacts& facts);
+
+// The number of varints in `packed` (a packed repeated varint field's bytes); false if
+// they are not well-formed (a varint longer than 10 bytes or cut off at the end).
+bool CountPackedVarints(absl::string_view packed, uint64_t* count);
+
+}  // namespace rlfleet::buffer
+
+#endif  // RLFLEET_SERVICES_BUFFER_EXPERIENCE_READER_H_

@@ -1,0 +1,136 @@
+// The Redis buffer store against the redis-server that tools/test.sh starts
+// (RLFLEET_REDIS_PORT): segments written and retired, and an accounting that a
+// retried write (the reply lost after Redis committed it) cannot skew.
+#include "services/buffer/buffer_store.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "libs/common/ids.h"
+#include "libs/redis/redis_client.h"
+
+namespace rlfleet::buffer {
+namespace {
+
+std::string Bytes(const std::string& id) {
+  v1::Experience e;
+  e.mutable_experience_id()->set_value(id);
+  e.add_response_token_ids(7);
+  e.set_reward(1);
+  return e.SerializeAsString();
+}
+
+class BufferStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* port = std::getenv("RLFLEET_REDIS_PORT");
+    ASSERT_NE(port, nullptr) << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
+    prefix_ = common::NewId("store-test") + ":";
+    auto store = OpenBufferStore(absl::StrCat("redis://127.0.0.1:", port, "/", prefix_));
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    auto redis = redis::Client::Connect("127.0.0.1", std::atoi(port));
+    ASSERT_TRUE(redis.ok());
+    redis_ = std::move(*redis);
+  }
+  uint64_t Add(std::vector<std::string> ids) {
+    std::vector<std::string> bytes;
+    for (const auto& id : ids) bytes.push_back(Bytes(id));
+    std::vector<ExperienceBytes> in;
+    for (size_t i = 0; i < ids.size(); ++i) in.push_back({ids[i], bytes[i]});
+    auto segment = store_->Added(in);
+    EXPECT_TRUE(segment.ok()) << segment.status();
+    return segment.value_or(0);
+  }
+  std::vector<std::string> Ids(const BufferSnapshot& s) {
+    std::vector<std::string> ids;
+    for (const auto& e : s.experiences) {
+      v1::Experience x;
+      EXPECT_TRUE(x.ParseFromString(e.bytes));
+      ids.push_back(x.experience_id().value());
+    }
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  }
+  std::string prefix_;
+  std::unique_ptr<BufferStore> store_;
+  std::unique_ptr<redis::Client> redis_;
+};
+
+TEST_F(BufferStoreTest, SegmentsComeBackAndRetireWhenEverythingInThemIsGone) {
+  const uint64_t a = Add({"p", "q"});
+  const uint64_t b = Add({"r"});
+  ASSERT_NE(a, b);
+  ASSERT_TRUE(store_->Removed({{a, "p"}}, "consumed_total").ok());
+  auto s = store_->Load();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Ids(*s), (std::vector<std::string>{"q", "r"}));
+  EXPECT_EQ(s->counters["accepted_total"], 3u);
+  EXPECT_EQ(s->counters["consumed_total"], 1u);
+  EXPECT_EQ(s->seen_ids.size(), 3u);
+  ASSERT_TRUE(store_->Removed({{a, "q"}}, "dropped_zero_variance").ok());
+  // Segment a is retired: its bytes are gone from Redis, its ids still count as seen.
+  auto exists = redis_->Command({"EXISTS", absl::StrCat(prefix_, "seg:", a)});
+  ASSERT_TRUE(exists.ok());
+  EXPECT_EQ(exists->integer, 0);
+  s = store_->Load();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(Ids(*s), (std::vector<std::string>{"r"}));
+  EXPECT_EQ(s->counters["accepted_total"], 3u);
+  EXPECT_EQ(s->counters["dropped_zero_variance"], 1u);
+  EXPECT_EQ(s->seen_ids.size(), 3u);
+}
+
+// What a commit whose reply was lost leaves behind (the buffer said UNAVAILABLE, the
+// producer resent, the experience went into a second segment) and a removal recorded
+// twice (an ack retried after an error whose write did land): each id counts once.
+TEST_F(BufferStoreTest, RepeatedWritesOfAnIdCountOnce) {
+  const uint64_t orphan = Add({"x", "y"});
+  const uint64_t again = Add({"x"});
+  auto s = store_->Load();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(Ids(*s), (std::vector<std::string>{"x", "y"}));  // x once
+  EXPECT_EQ(s->counters["accepted_total"], 2u);
+  // x is consumed through the segment the buffer knew it by; recorded twice.
+  ASSERT_TRUE(store_->Removed({{again, "x"}}, "consumed_total").ok());
+  ASSERT_TRUE(store_->Removed({{again, "x"}}, "consumed_total").ok());
+  s = store_->Load();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(Ids(*s), (std::vector<std::string>{"y"}));  // the orphan's copy of x does not return
+  EXPECT_EQ(s->counters["accepted_total"], 2u);
+  EXPECT_EQ(s->counters["consumed_total"], 1u);
+  (void)orphan;
+}
+
+TEST_F(BufferStoreTest, ConfigurationSurvivesAndBadRemovalsAreNamed) {
+  v1::ConfigureRequest config;
+  config.set_group_size(8);
+  config.set_max_staleness(3);
+  ASSERT_TRUE(store_->SaveConfig(config).ok());
+  auto s = store_->Load();
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(s->config.has_value());
+  EXPECT_EQ(s->config->group_size(), 8u);
+  EXPECT_EQ(s->config->max_staleness(), 3u);
+  // The policy version only rises, whichever write comes last.
+  ASSERT_TRUE(store_->SavePolicyVersion(7).ok());
+  ASSERT_TRUE(store_->SavePolicyVersion(5).ok());
+  EXPECT_EQ(store_->Load()->policy_version, 7u);
+  const std::string newer = Bytes("v");
+  ASSERT_TRUE(store_->Added({{"v", newer, 9}}).ok());
+  EXPECT_EQ(store_->Load()->policy_version, 9u);
+  const uint64_t a = Add({"k"});
+  absl::Status bad = store_->Removed({{a, "k"}}, "dropped_for_fun");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("dropped_for_fun"), absl::string_view::npos);
+  // A segment that does not parse is DATA_LOSS naming it.
+  ASSERT_TRUE(redis_->Command({"APPEND", absl::StrCat(prefix_, "seg:", a), "\x05zz"}).ok());
+  s = store_->Load();
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.status().message().find(absl::StrCat("seg:", a)), absl::string_view::npos) << s.status();
+}
+
+}  // namespace
+}  // namespace rlfleet::buffer
