@@ -38,40 +38,82 @@ uint64_t DigestScalar(const uint8_t* p, uint64_t n, uint64_t first) {
   return sum0 + sum1;
 }
 
-// The same with AVX2: 8 units per step, Fmix32 computed in lanes, the 32 x 64-bit
-// product mod 2^64 from two 32 x 32 -> 64 multiplies.
+// The vector versions compute the same sum without a 64-bit multiply per unit. With
+// f the mixed units and unit i = first + L k + j (lane j of L, step k of K):
+//   sum f_i (2 i + 1) = sum_j [ (2 (first + j) + 1) F_j + 2 L (K F_j - P_j) ]  (mod 2^64)
+// where F_j = sum_k f_kj (lane sums) and P_j = sum_k sum_{m<=k} f_mj (the lanes' running
+// sums summed), since sum_k k f_kj = K F_j - P_j. The loop is Fmix32 in 32-bit lanes and
+// two adds per lane; the weights are applied once at the end.
+uint64_t Combine(const uint64_t* f, const uint64_t* prefix, int lanes, uint64_t steps, uint64_t first) {
+  uint64_t sum = 0;
+  for (int j = 0; j < lanes; ++j) {
+    sum += (2 * (first + j) + 1) * f[j] + 2 * static_cast<uint64_t>(lanes) * (steps * f[j] - prefix[j]);
+  }
+  return sum;
+}
+
+// AVX2: 8 units per step.
 __attribute__((target("avx2"))) uint64_t DigestAvx2(const uint8_t* p, uint64_t n, uint64_t first) {
   const __m256i salt = _mm256_set1_epi32(static_cast<int>(kDigestSalt));
   const __m256i c1 = _mm256_set1_epi32(static_cast<int>(0x85ebca6bu));
   const __m256i c2 = _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u));
-  // Weights 2i + 1 of lanes 0-3 and 4-7; each step adds 16.
-  __m256i w_lo = _mm256_set_epi64x(2 * (first + 3) + 1, 2 * (first + 2) + 1, 2 * (first + 1) + 1,
-                                   2 * first + 1);
-  __m256i w_hi = _mm256_add_epi64(w_lo, _mm256_set1_epi64x(8));
-  const __m256i step = _mm256_set1_epi64x(16);
-  __m256i acc = _mm256_setzero_si256();
-  uint64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+  __m256i f_lo = _mm256_setzero_si256(), f_hi = _mm256_setzero_si256();  // lanes 0-3, 4-7
+  __m256i p_lo = _mm256_setzero_si256(), p_hi = _mm256_setzero_si256();
+  const uint64_t steps = n / 8;
+  for (uint64_t k = 0; k < steps; ++k) {
+    __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
     __m256i x = _mm256_add_epi32(_mm256_cvtepu16_epi32(raw), salt);
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
     x = _mm256_mullo_epi32(x, c1);
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 13));
     x = _mm256_mullo_epi32(x, c2);
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
-    const __m256i x_lo = _mm256_cvtepu32_epi64(_mm256_castsi256_si128(x));
-    const __m256i x_hi = _mm256_cvtepu32_epi64(_mm256_extracti128_si256(x, 1));
-    // x * w mod 2^64 = x * w.low32 + (x * w.high32) << 32
-    acc = _mm256_add_epi64(acc, _mm256_mul_epu32(x_lo, w_lo));
-    acc = _mm256_add_epi64(acc, _mm256_slli_epi64(_mm256_mul_epu32(x_lo, _mm256_srli_epi64(w_lo, 32)), 32));
-    acc = _mm256_add_epi64(acc, _mm256_mul_epu32(x_hi, w_hi));
-    acc = _mm256_add_epi64(acc, _mm256_slli_epi64(_mm256_mul_epu32(x_hi, _mm256_srli_epi64(w_hi, 32)), 32));
-    w_lo = _mm256_add_epi64(w_lo, step);
-    w_hi = _mm256_add_epi64(w_hi, step);
+    f_lo = _mm256_add_epi64(f_lo, _mm256_cvtepu32_epi64(_mm256_castsi256_si128(x)));
+    f_hi = _mm256_add_epi64(f_hi, _mm256_cvtepu32_epi64(_mm256_extracti128_si256(x, 1)));
+    p_lo = _mm256_add_epi64(p_lo, f_lo);
+    p_hi = _mm256_add_epi64(p_hi, f_hi);
   }
-  uint64_t lanes[4];
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), acc);
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + DigestScalar(p + 2 * i, n - i, first + i);
+  uint64_t f[8], prefix[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(f), f_lo);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(f + 4), f_hi);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(prefix), p_lo);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(prefix + 4), p_hi);
+  return Combine(f, prefix, 8, steps, first) + DigestScalar(p + 16 * steps, n - 8 * steps, first + 8 * steps);
+}
+
+// AVX-512: 16 units per step.
+__attribute__((target("avx512f,avx512bw"))) uint64_t DigestAvx512(const uint8_t* p, uint64_t n, uint64_t first) {
+  const __m512i salt = _mm512_set1_epi32(static_cast<int>(kDigestSalt));
+  const __m512i c1 = _mm512_set1_epi32(static_cast<int>(0x85ebca6bu));
+  const __m512i c2 = _mm512_set1_epi32(static_cast<int>(0xc2b2ae35u));
+  __m512i f_lo = _mm512_setzero_si512(), f_hi = _mm512_setzero_si512();  // lanes 0-7, 8-15
+  __m512i p_lo = _mm512_setzero_si512(), p_hi = _mm512_setzero_si512();
+  const uint64_t steps = n / 16;
+  for (uint64_t k = 0; k < steps; ++k) {
+    __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k));
+    __m512i x = _mm512_add_epi32(_mm512_cvtepu16_epi32(raw), salt);
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, c1);
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
+    x = _mm512_mullo_epi32(x, c2);
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    f_lo = _mm512_add_epi64(f_lo, _mm512_cvtepu32_epi64(_mm512_castsi512_si256(x)));
+    f_hi = _mm512_add_epi64(f_hi, _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(x, 1)));
+    p_lo = _mm512_add_epi64(p_lo, f_lo);
+    p_hi = _mm512_add_epi64(p_hi, f_hi);
+  }
+  uint64_t f[16], prefix[16];
+  _mm512_storeu_si512(f, f_lo);
+  _mm512_storeu_si512(f + 8, f_hi);
+  _mm512_storeu_si512(prefix, p_lo);
+  _mm512_storeu_si512(prefix + 8, p_hi);
+  return Combine(f, prefix, 16, steps, first) +
+         DigestScalar(p + 32 * steps, n - 16 * steps, first + 16 * steps);
+}
+
+bool HaveAvx512() {
+  static const bool have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return have;
 }
 
 bool HaveAvx2() {
@@ -83,8 +125,16 @@ bool HaveAvx2() {
 
 uint64_t DigestBytes(const void* data, uint64_t bytes, uint64_t shard_offset) {
   const auto* p = static_cast<const uint8_t*>(data);
-  return HaveAvx2() ? DigestAvx2(p, bytes / 2, shard_offset / 2)
-                    : DigestScalar(p, bytes / 2, shard_offset / 2);
+  if (HaveAvx512()) return DigestAvx512(p, bytes / 2, shard_offset / 2);
+  if (HaveAvx2()) return DigestAvx2(p, bytes / 2, shard_offset / 2);
+  return DigestScalar(p, bytes / 2, shard_offset / 2);
+}
+
+uint64_t DigestBytesUsing(DigestImpl impl, const void* data, uint64_t bytes, uint64_t shard_offset) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (impl == DigestImpl::kAvx512 && HaveAvx512()) return DigestAvx512(p, bytes / 2, shard_offset / 2);
+  if (impl == DigestImpl::kAvx2 && HaveAvx2()) return DigestAvx2(p, bytes / 2, shard_offset / 2);
+  return DigestScalar(p, bytes / 2, shard_offset / 2);
 }
 
 uint64_t DigestBytesPortable(const void* data, uint64_t bytes, uint64_t shard_offset) {

@@ -38,8 +38,12 @@ constexpr uint32_t kDigestSalt = 0x5bd1e995u;
 
 // The digest share of `bytes` (even) bytes at `data`, which sit at byte offset
 // `shard_offset` (even) of their shard.
-// Uses AVX2 where the CPU has it.
+// Uses AVX-512 or AVX2 where the CPU has them.
 uint64_t DigestBytes(const void* data, uint64_t bytes, uint64_t shard_offset);
+// One implementation by name, for tests and benchmarks: the portable one where the CPU
+// lacks the instructions.
+enum class DigestImpl { kPortable, kAvx2, kAvx512 };
+uint64_t DigestBytesUsing(DigestImpl impl, const void* data, uint64_t bytes, uint64_t shard_offset);
 // The portable scalar version (tests compare the two).
 uint64_t DigestBytesPortable(const void* data, uint64_t bytes, uint64_t shard_offset);
 

@@ -136,12 +136,19 @@ absl::StatusOr<MemoryHandle> StagingPool::Get(uint64_t bytes, transport::MemoryK
 std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes,
                                  uint64_t direct_min_bytes) {
   std::vector<Message> out;
-  Message current;
-  auto flush = [&] {
-    if (current.pieces.empty()) return;
-    current.direct = current.pieces.size() == 1 && !current.pieces[0].cast();
-    out.push_back(std::move(current));
-    current = Message();
+  auto adjacent = [](const Range& a, const Range& b) { return a.dst_offset + a.dst_bytes() == b.dst_offset; };
+  auto emit = [&](Message& m) {
+    if (m.pieces.empty()) return;
+    m.direct = m.pieces.size() == 1 && !m.pieces[0].cast();
+    m.dst_contiguous = true;
+    for (size_t i = 1; i < m.pieces.size(); ++i) m.dst_contiguous &= adjacent(m.pieces[i - 1], m.pieces[i]);
+    out.push_back(std::move(m));
+    m = Message();
+  };
+  auto add = [&](Message& m, const Range& r) {
+    if (!m.pieces.empty() && m.wire_bytes + r.dst_bytes() > chunk_bytes) emit(m);
+    m.pieces.push_back(r);
+    m.wire_bytes += r.dst_bytes();
   };
   // Splits `r` into chunk-sized messages of one piece each.
   auto split = [&](const Range& r) {
@@ -152,25 +159,32 @@ std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chun
       piece.src_offset = r.src_offset + e * r.src_elem;
       piece.dst_offset = r.dst_offset + e * r.dst_elem;
       Message m;
-      m.pieces.push_back(piece);
-      m.wire_bytes = piece.dst_bytes();
-      m.direct = !piece.cast();
-      out.push_back(std::move(m));
+      add(m, piece);
+      emit(m);
     }
   };
-  for (const Range& r : ranges) {
-    if ((!r.cast() && r.dst_bytes() >= direct_min_bytes) || r.dst_bytes() > chunk_bytes) {
-      // Worth a message of its own (no copy when uncast), in chunks.
-      flush();
-      split(r);
+  auto big = [&](const Range& r) {
+    return (!r.cast() && r.dst_bytes() >= direct_min_bytes) || r.dst_bytes() > chunk_bytes;
+  };
+  Message small;  // small pieces travelling together through staging
+  for (size_t i = 0; i < ranges.size();) {
+    if (big(ranges[i])) {  // worth a message of its own (no copy when uncast), in chunks
+      split(ranges[i++]);
       continue;
     }
-    // Small (or cast) pieces travel together through staging.
-    if (current.wire_bytes + r.dst_bytes() > chunk_bytes) flush();
-    current.pieces.push_back(r);
-    current.wire_bytes += r.dst_bytes();
+    size_t j = i + 1;  // the run [i, j) of small ranges end to end at the destination
+    uint64_t run = ranges[i].dst_bytes();
+    while (j < ranges.size() && !big(ranges[j]) && adjacent(ranges[j - 1], ranges[j])) run += ranges[j++].dst_bytes();
+    if (run >= direct_min_bytes) {
+      Message m;
+      for (size_t k = i; k < j; ++k) add(m, ranges[k]);
+      emit(m);
+    } else {
+      for (size_t k = i; k < j; ++k) add(small, ranges[k]);
+    }
+    i = j;
   }
-  flush();
+  emit(small);
   return out;
 }
 
@@ -240,7 +254,9 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
     for (const Pair& p : pairs) {
       if (k >= p.rounds()) continue;
       for (size_t m = p.round_start[k]; m < p.round_start[k + 1]; ++m) {
-        if (!p.messages[m].direct) need += p.messages[m].wire_bytes;
+        const Message& message = p.messages[m];
+        const bool staged = p.send ? !message.direct : !(message.direct || message.dst_contiguous);
+        if (staged) need += message.wire_bytes;
       }
     }
     slot_bytes = std::max(slot_bytes, need);
@@ -364,7 +380,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
           }
         } else {
           stats.bytes_received += m.wire_bytes;
-          if (m.direct) {
+          if (m.direct || m.dst_contiguous) {
             op.memory = destination->shard;
             op.offset = m.pieces[0].dst_offset;
           } else {

@@ -141,10 +141,16 @@ absl::Status VerifyDigest(const Plan& plan, int rank, const void* shard, MemoryO
 struct Message {
   std::vector<Range> pieces;
   uint64_t wire_bytes = 0;
-  bool direct = false;  // one uncast piece: no staging
+  bool direct = false;  // one uncast piece: no staging on either side
+  // The pieces lie end to end in the destination shard, in order: the sender packs
+  // them (and casts), the receiver takes the message straight into its shard.
+  bool dst_contiguous = false;
 };
-// Uncast ranges of at least direct_min_bytes go straight (zero copy), in chunks;
-// smaller or cast ones are packed together into staged messages of <= chunk_bytes.
+// Uncast ranges of at least direct_min_bytes go straight (zero copy), in chunks. Runs
+// of smaller (or cast) ranges that lie end to end at the destination and add up to
+// direct_min_bytes (a column split's rows, from an FSDP source) become messages of
+// their own that the receiver takes without unpacking. The rest is packed together
+// into staged messages of <= chunk_bytes.
 std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes,
                                  uint64_t direct_min_bytes);
 

@@ -116,6 +116,28 @@ TEST(CutMessagesTest, BigRangesAreDirectSmallOnesBatched) {
   EXPECT_EQ(messages[7].wire_bytes, 44u);
 }
 
+TEST(CutMessagesTest, RunsEndToEndAtTheDestinationNeedNoUnpacking) {
+  // A column split's rows: 16-byte pieces strided at the source, end to end at the
+  // destination (128 bytes), then one piece elsewhere and a short run.
+  std::vector<Range> ranges;
+  for (uint64_t r = 0; r < 8; ++r) ranges.push_back({r * 64, 1000 + r * 16, 4, 4, 4});
+  ranges.push_back({5000, 3000, 2, 4, 4});
+  ranges.push_back({6000, 4000, 2, 4, 4});
+  ranges.push_back({6008, 4008, 2, 4, 4});
+  auto messages = CutMessages(ranges, 64, 32);
+  // The 128-byte run -> two contiguous messages of 64 bytes; the rest (8 + 16 bytes,
+  // below 32) packed together.
+  ASSERT_EQ(messages.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_FALSE(messages[i].direct);
+    EXPECT_TRUE(messages[i].dst_contiguous);
+    EXPECT_EQ(messages[i].wire_bytes, 64u);
+    EXPECT_EQ(messages[i].pieces.front().dst_offset, 1000u + i * 64);
+  }
+  EXPECT_FALSE(messages[2].dst_contiguous);
+  EXPECT_EQ(messages[2].pieces.size(), 3u);
+}
+
 TEST(ExecutorTest, RandomPlansArriveExactAndDigestsVerify) {
   std::mt19937_64 rng(3);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };

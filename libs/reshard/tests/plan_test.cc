@@ -155,11 +155,13 @@ TEST(DigestTest, VectorAndPortableAgreeAndAreAdditive) {
   std::mt19937_64 rng(9);
   std::vector<uint8_t> data(4096 + 6);
   for (auto& b : data) b = static_cast<uint8_t>(rng());
-  for (uint64_t bytes : {0u, 2u, 14u, 16u, 18u, 1000u, 4096u}) {
-    for (uint64_t offset : {0u, 2u, 1000002u}) {
-      EXPECT_EQ(DigestBytes(data.data() + 2, bytes, offset),
-                DigestBytesPortable(data.data() + 2, bytes, offset))
-          << bytes << " bytes at " << offset;
+  for (uint64_t bytes : {0u, 2u, 14u, 16u, 18u, 30u, 32u, 34u, 62u, 64u, 66u, 1000u, 4096u}) {
+    // (the last offset puts unit indices past 2^32)
+    for (uint64_t offset : {uint64_t{0}, uint64_t{2}, uint64_t{1000002}, uint64_t{10000000006}}) {
+      const uint64_t want = DigestBytesPortable(data.data() + 2, bytes, offset);
+      EXPECT_EQ(DigestBytes(data.data() + 2, bytes, offset), want) << bytes << " bytes at " << offset;
+      EXPECT_EQ(DigestBytesUsing(DigestImpl::kAvx2, data.data() + 2, bytes, offset), want) << "AVX2";
+      EXPECT_EQ(DigestBytesUsing(DigestImpl::kAvx512, data.data() + 2, bytes, offset), want) << "AVX-512";
     }
   }
   // Additive: the digest of a buffer is the sum of its parts' shares.
