@@ -133,7 +133,10 @@ start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" --publish_dir="$
   --registry_address="$CONTROLLER" || fail "trainer"
 CORE_PIDS+=("$PID")
 registered trainer || fail "trainer"
-start weights "$BIN/weights/rlfleet-weights" --registry_address="$CONTROLLER" || fail "weights"
+# Replicas relay each version to each other (a tree of fan-out 2), so rlfleet-weights
+# sends it at most twice however many replicas there are.
+start weights "$BIN/weights/rlfleet-weights" --registry_address="$CONTROLLER" \
+  --relay_fanout="${RLFLEET_RELAY_FANOUT:-2}" || fail "weights"
 CORE_PIDS+=("$PID")
 registered weights || fail "weights"
 

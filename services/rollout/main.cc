@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
   fetch.timeout = absl::Minutes(5);
   rlfleet::transport::DescriptorFetcher fetcher(data_plane->get(), fetch);
   rlfleet::rollout::RolloutServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token},
-                                               [&runner](bool serving) { runner.SetServing(serving); }, &fetcher);
+                                               [&runner](bool serving) { runner.SetServing(serving); }, &fetcher,
+                                               data_plane->get());
   runner.AddService(&service);
   if (absl::Status s = runner.Start(); !s.ok()) {
     std::cerr << "rlfleet-rollout: " << s << "\n";

@@ -9,12 +9,15 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "libs/common/status_macros.h"
 #include "libs/rpc/server_call.h"
 #include "libs/transport/descriptor_fetcher.h"
+#include "libs/transport/transport.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "services/rollout/rollout_core.h"
 
@@ -149,13 +152,61 @@ class GenerateStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   v1::GenerateResponse current_;
 };
 
+// This replica's copy of the last version it pulled, registered on its data plane so
+// that other replicas can pull it from here (the weights service's relay tree): one
+// copy of the model in memory. A newer copy replaces it (a replica still pulling the
+// old one then fails with a stale key, and the weights service sends it elsewhere).
+// Thread-safe.
+class RelayCopy {
+ public:
+  explicit RelayCopy(transport::Transport* data_plane) : data_plane_(data_plane) {}
+  ~RelayCopy() {
+    absl::MutexLock lock(&mu_);
+    ReleaseLocked();
+  }
+  // Serves a copy of `bytes`, the version `pulled` describes; returns where to pull it
+  // (same length, digest and version). Errors from registering it.
+  absl::StatusOr<v1::TransferDescriptor> Serve(const std::string& bytes, const v1::TransferDescriptor& pulled) {
+    absl::MutexLock lock(&mu_);
+    ReleaseLocked();
+    bytes_ = bytes;
+    absl::StatusOr<transport::MemoryHandle> handle =
+        data_plane_->RegisterMemory(bytes_.data(), bytes_.size(), transport::MemoryKind::kHost, 0);
+    if (!handle.ok()) return handle.status();
+    handle_ = *handle;
+    absl::StatusOr<v1::RemoteMemoryDescriptor> segment = data_plane_->Describe(*handle_);
+    if (!segment.ok()) return segment.status();
+    v1::TransferDescriptor out = pulled;
+    *out.mutable_segment() = *segment;
+    out.set_offset_bytes(0);
+    out.set_length_bytes(bytes_.size());
+    return out;
+  }
+
+ private:
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (handle_) (void)data_plane_->DeregisterMemory(*handle_);
+    handle_.reset();
+    bytes_.clear();
+  }
+  transport::Transport* const data_plane_;
+  absl::Mutex mu_;
+  std::string bytes_ ABSL_GUARDED_BY(mu_);
+  std::optional<transport::MemoryHandle> handle_ ABSL_GUARDED_BY(mu_);
+};
+
 class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
  public:
   // `on_state_change` is told whether the replica serves (the health status follows it).
-  // `fetcher` (not owned; may be null) pulls versions sent by memory descriptor.
+  // `fetcher` (not owned; may be null) pulls versions sent by memory descriptor;
+  // `data_plane` (not owned; may be null) serves relay copies of them.
   RolloutServiceImpl(RolloutCore* core, rpc::CallAuth auth, std::function<void(bool)> on_state_change = {},
-                     transport::DescriptorFetcher* fetcher = nullptr)
-      : core_(core), auth_(std::move(auth)), on_state_change_(std::move(on_state_change)), fetcher_(fetcher) {}
+                     transport::DescriptorFetcher* fetcher = nullptr, transport::Transport* data_plane = nullptr)
+      : core_(core),
+        auth_(std::move(auth)),
+        on_state_change_(std::move(on_state_change)),
+        fetcher_(fetcher),
+        relay_(data_plane != nullptr ? std::make_unique<RelayCopy>(data_plane) : nullptr) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* c,
                                                            const v1::GenerateRequest* req) override {
@@ -178,9 +229,10 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
     return rpc::HandleUnary(c, auth_, [&] { return core_->GetInfo(resp); });
   }
   // One chunk holding the whole version as a safetensors image: a FILE source (the
-  // trainer's file, read here), or the weights service's memory (UCX; pulled over this
-  // replica's data plane, digest checked). Installed at the next decode-step boundary;
-  // in-flight sequences continue on it.
+  // trainer's file, read here), or the weights service's or another replica's memory
+  // (UCX; pulled over this replica's data plane, digest checked). Installed at the next
+  // decode-step boundary; in-flight sequences continue on it. With serve_relay, a
+  // pulled version is also served from here (relay_source in the reply).
   grpc::ServerUnaryReactor* UpdateWeights(grpc::CallbackServerContext* c, const v1::PrepareWeightsRequest* req,
                                           v1::CommitWeightsResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&]() -> absl::Status {
@@ -191,6 +243,7 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
       const uint64_t version = req->manifest().version().version();
       const absl::Time deadline = CallDeadline(*c, absl::Minutes(1));
       absl::StatusOr<InstallReport> report;
+      std::optional<v1::TransferDescriptor> relay;
       if (source.segment().backend() == v1::TRANSFER_BACKEND_FILE) {
         report = core_->InstallFromFile(source.segment().worker_address(), version, deadline);
       } else {
@@ -199,6 +252,11 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
         }
         absl::StatusOr<std::string> bytes = fetcher_->Fetch(source, deadline);
         if (!bytes.ok()) return common::Annotate(bytes.status(), "pulling the version");
+        if (req->serve_relay() && relay_ != nullptr) {
+          // (no relay copy is not an error: the weights service then serves the others)
+          absl::StatusOr<v1::TransferDescriptor> served = relay_->Serve(*bytes, source);
+          if (served.ok()) relay = *served;
+        }
         report = core_->InstallFromBytes(std::move(*bytes), absl::StrCat("version ", version, " (pulled)"), version,
                                          deadline);
       }
@@ -208,6 +266,7 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
       resp->set_inflight_sequences(report->inflight_sequences);
       resp->set_pause_us(report->pause_us);
       resp->set_install_us(report->install_us);
+      if (relay) *resp->mutable_relay_source() = *relay;
       if (on_state_change_) on_state_change_(core_->serving());
       return absl::OkStatus();
     });
@@ -235,6 +294,7 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   const rpc::CallAuth auth_;
   std::function<void(bool)> on_state_change_;
   transport::DescriptorFetcher* const fetcher_;
+  const std::unique_ptr<RelayCopy> relay_;
 };
 
 }  // namespace rlfleet::rollout

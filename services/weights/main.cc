@@ -1,5 +1,6 @@
 // rlfleet-weights: the weight-broadcast service (first slice: verified versions served
 // to the replicas from memory over UCX, or as the trainer's file). Flags + wiring only.
+#include <algorithm>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -9,6 +10,10 @@
 #include "libs/transport/data_plane.h"
 #include "services/weights/weights_core.h"
 #include "services/weights/weights_service.h"
+
+ABSL_FLAG(int, relay_fanout, 0,
+          "Relay tree: this service sends each version to at most this many replicas, and every replica "
+          "that has it serves at most this many more (1: a chain). 0: every replica pulls from this service.");
 
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-weights: weight-broadcast service.");
@@ -28,7 +33,7 @@ int main(int argc, char** argv) {
   }
   rlfleet::weights::WeightsCore core(
       [client](const std::string& address) { return rlfleet::weights::NewGrpcDestination(client, address); },
-      data_plane->get());
+      data_plane->get(), std::max(0, absl::GetFlag(FLAGS_relay_fanout)));
   rlfleet::weights::WeightsServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token});
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);

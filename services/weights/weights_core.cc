@@ -10,8 +10,8 @@
 
 namespace rlfleet::weights {
 
-WeightsCore::WeightsCore(DestinationFactory factory, transport::Transport* data_plane)
-    : factory_(std::move(factory)), data_plane_(data_plane) {}
+WeightsCore::WeightsCore(DestinationFactory factory, transport::Transport* data_plane, int relay_fanout)
+    : factory_(std::move(factory)), data_plane_(data_plane), relay_fanout_(relay_fanout) {}
 
 WeightsCore::~WeightsCore() {
   absl::MutexLock lock(&mu_);
@@ -45,6 +45,9 @@ absl::Status WeightsCore::UnregisterDestination(const v1::UnregisterDestinationR
   if (request.replica_id().empty()) return absl::InvalidArgumentError("replica_id: empty");
   absl::MutexLock lock(&mu_);
   response->set_was_registered(destinations_.erase(request.replica_id()) > 0);
+  for (auto& [number, v] : versions_) {
+    for (Holder& h : v.holders) h.failed |= h.replica_id == request.replica_id();
+  }
   return absl::OkStatus();
 }
 
@@ -127,48 +130,103 @@ uint64_t WeightsCore::Resolve(uint64_t version) {
   return version;
 }
 
+int WeightsCore::PickSourceLocked(uint64_t version, absl::Time deadline) {
+  auto pick = [&](bool wait) -> std::optional<int> {
+    auto v = versions_.find(version);
+    if (v == versions_.end()) return -1;  // (retired: the caller finds out)
+    if (v->second.root_children < relay_fanout_) return -1;
+    for (size_t i = 0; i < v->second.holders.size(); ++i) {
+      const Holder& h = v->second.holders[i];
+      if (!h.failed && h.children < relay_fanout_) return static_cast<int>(i);
+    }
+    // Nobody has room: wait for a sync under way to finish (it may add a holder), or
+    // fall back to this service when none is.
+    if (wait && v->second.in_flight > 0) return std::nullopt;
+    return -1;
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pick(true).has_value(); };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  const int chosen = pick(false).value_or(-1);
+  auto v = versions_.find(version);
+  if (v != versions_.end()) {
+    if (chosen < 0) {
+      ++v->second.root_children;
+    } else {
+      ++v->second.holders[chosen].children;
+    }
+  }
+  return chosen;
+}
+
 absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& replica_id, uint64_t version,
                                                             absl::Duration timeout) {
-  v1::PrepareWeightsRequest request;
-  std::shared_ptr<Destination> destination;
-  {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int attempt = 0;; ++attempt) {
+    v1::PrepareWeightsRequest request;
+    std::shared_ptr<Destination> destination;
+    std::string from;  // the relaying replica, or empty for this service
+    int holder = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      version = Resolve(version);
+      if (!versions_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+      auto d = destinations_.find(replica_id);
+      if (d == destinations_.end())
+        return absl::NotFoundError(absl::StrCat("destination ", replica_id, " is not registered"));
+      destination = d->second.destination;
+      const bool relaying = relay_fanout_ > 0 && versions_[version].registered.has_value();
+      // (a retry after a failed relay comes from here)
+      if (relaying && attempt == 0) holder = PickSourceLocked(version, deadline);
+      auto v = versions_.find(version);
+      if (v == versions_.end()) return absl::AbortedError(absl::StrCat("version ", version, " was retired meanwhile"));
+      *request.mutable_manifest() = v->second.manifest;
+      if (holder >= 0) {
+        from = v->second.holders[holder].replica_id;
+        *request.add_chunks()->mutable_source() = v->second.holders[holder].source;
+      } else {
+        *request.add_chunks()->mutable_source() = v->second.registered ? v->second.staging : v->second.location;
+      }
+      request.set_serve_relay(relaying);
+      request.set_transfer_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
+      ++v->second.in_flight;
+      v1::DestinationSyncStatus& s = v->second.status[replica_id];
+      s.set_replica_id(replica_id);
+      s.set_version(version);
+      s.set_bytes_needed(v->second.location.length_bytes());
+      s.set_phase(v1::SYNC_PHASE_TRANSFERRING);
+      s.set_relayed_from(from);
+      s.clear_error();
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<v1::CommitWeightsResponse> installed = destination->Install(request, deadline);
+    const absl::Duration took = absl::Now() - start;
     absl::MutexLock lock(&mu_);
-    version = Resolve(version);
     auto v = versions_.find(version);
-    if (v == versions_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
-    auto d = destinations_.find(replica_id);
-    if (d == destinations_.end())
-      return absl::NotFoundError(absl::StrCat("destination ", replica_id, " is not registered"));
-    destination = d->second.destination;
-    *request.mutable_manifest() = v->second.manifest;
-    *request.add_chunks()->mutable_source() = v->second.registered ? v->second.staging : v->second.location;
-    request.set_transfer_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    if (v == versions_.end()) return absl::AbortedError(absl::StrCat("version ", version, " was retired meanwhile"));
+    --v->second.in_flight;
     v1::DestinationSyncStatus& s = v->second.status[replica_id];
-    s.set_replica_id(replica_id);
-    s.set_version(version);
-    s.set_bytes_needed(v->second.location.length_bytes());
-    s.set_phase(v1::SYNC_PHASE_TRANSFERRING);
-    s.clear_error();
+    if (!installed.ok()) {
+      if (holder >= 0 && absl::Now() < deadline) {
+        // The relay may be what failed (its replica died or moved to a newer version):
+        // that holder serves no one else, and this replica gets it from here.
+        v->second.holders[holder].failed = true;
+        continue;
+      }
+      s.set_phase(v1::SYNC_PHASE_FAILED);
+      s.set_error(installed.status().ToString());
+      return installed.status();
+    }
+    if (installed->has_relay_source() && installed->relay_source().has_segment()) {
+      v->second.holders.push_back({replica_id, installed->relay_source()});
+    }
+    s.set_phase(v1::SYNC_PHASE_INSTALLED);
+    s.set_bytes_moved(s.bytes_needed());
+    s.set_transfer_us(installed->install_us());
+    s.set_pause_us(installed->pause_us());
+    s.set_install_us(absl::ToInt64Microseconds(took));
+    if (installed->install_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (installed->install_us() * 1e3));
+    return s;
   }
-  const absl::Time start = absl::Now();
-  absl::StatusOr<v1::CommitWeightsResponse> installed = destination->Install(request, start + timeout);
-  const absl::Duration took = absl::Now() - start;
-  absl::MutexLock lock(&mu_);
-  auto v = versions_.find(version);
-  if (v == versions_.end()) return absl::AbortedError(absl::StrCat("version ", version, " was retired meanwhile"));
-  v1::DestinationSyncStatus& s = v->second.status[replica_id];
-  if (!installed.ok()) {
-    s.set_phase(v1::SYNC_PHASE_FAILED);
-    s.set_error(installed.status().ToString());
-    return installed.status();
-  }
-  s.set_phase(v1::SYNC_PHASE_INSTALLED);
-  s.set_bytes_moved(s.bytes_needed());
-  s.set_transfer_us(installed->install_us());
-  s.set_pause_us(installed->pause_us());
-  s.set_install_us(absl::ToInt64Microseconds(took));
-  if (installed->install_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (installed->install_us() * 1e3));
-  return s;
 }
 
 absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1::SyncVersionResponse* response) {

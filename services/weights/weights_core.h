@@ -1,13 +1,15 @@
-// WeightsCore: the weight-broadcast service's logic without gRPC. This first slice
-// runs rounds over the trainer's file hand-off: PublishVersion takes a version the
-// trainer wrote (one source rank, one FILE shard with its digest), reads it and checks
-// the digest before anything sees it; SyncVersion / SyncAll have registered rollout
-// replicas stage and install it (RolloutService.UpdateWeights through a Destination),
-// each under its own deadline, so a replica that dies or stalls is dropped from the
-// round (FAILED, with the reason) while the others finish; GetSyncStatus reports each
-// destination's phase, bytes and timings (transfer = the replica's load, pause = its
-// decode pause). Next slices: descriptors of memory shards, the reshard plan per
-// destination layout, the UCX/NCCL executor with relays (libs/reshard). Thread-safe.
+// WeightsCore: the weight-broadcast service's logic without gRPC. PublishVersion takes
+// a version the trainer wrote (one source rank, one FILE shard with its digest), reads
+// it and checks the digest before anything sees it, and keeps it in memory on the data
+// plane; SyncVersion / SyncAll have registered rollout replicas pull and install it
+// (RolloutService.UpdateWeights through a Destination), each under its own deadline, so
+// a replica that dies or stalls is dropped from the round (FAILED, with the reason)
+// while the others finish. With a relay fan-out, replicas that have a version serve it
+// to the next ones (a chain or tree), so this service's link carries each version at
+// most fan-out times. GetSyncStatus reports each destination's phase, bytes, timings
+// and whom it got the version from. Next slices: memory shards of several trainer ranks
+// by descriptor, the reshard plan per destination layout and the libs/reshard executor
+// (pipelined relays). Thread-safe.
 #ifndef RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 #define RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 
@@ -45,7 +47,15 @@ class WeightsCore {
   // registered with it and replicas pull it from there (a UCX descriptor: no shared
   // filesystem between this service and the replicas); without one they get the
   // trainer's FILE descriptor. The latest 8 versions are kept.
-  explicit WeightsCore(DestinationFactory factory, transport::Transport* data_plane = nullptr);
+  //
+  // Relay tree (`relay_fanout` > 0, with a data plane): this service sends a version to
+  // at most `relay_fanout` replicas itself; every replica that has it serves it to at
+  // most `relay_fanout` more (chain for 1), so no link carries a version more than
+  // `relay_fanout` times however many replicas sync. A sync that finds no sender with
+  // room waits for one (bounded by its timeout) while others are in flight; one whose
+  // relay fails (the relaying replica died or moved on) is sent again from here.
+  explicit WeightsCore(DestinationFactory factory, transport::Transport* data_plane = nullptr,
+                       int relay_fanout = 0);
   ~WeightsCore();
 
   // INVALID_ARGUMENT naming the field (replica_id, grpc_address).
@@ -69,7 +79,17 @@ class WeightsCore {
   absl::Status GetSyncStatus(const v1::GetSyncStatusRequest& request, v1::GetSyncStatusResponse* response);
 
  private:
+  // A replica that holds a version and serves it to others.
+  struct Holder {
+    std::string replica_id;
+    v1::TransferDescriptor source;  // its relay copy
+    int children = 0;
+    bool failed = false;
+  };
   struct Version {
+    std::vector<Holder> holders;
+    int root_children = 0;  // replicas this service sent it to itself
+    int in_flight = 0;      // syncs of it under way
     v1::WeightManifest manifest;
     v1::TransferDescriptor location;  // the trainer's file
     std::string bytes;                // the version, when served from memory
@@ -87,8 +107,13 @@ class WeightsCore {
 
   void RetireLocked(std::map<uint64_t, Version>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Picks where `replica_id` pulls `version` from (waiting up to `deadline` for a sender
+  // with room): the index of a holder, or -1 for this service. Takes the slot.
+  int PickSourceLocked(uint64_t version, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const DestinationFactory factory_;
   transport::Transport* const data_plane_;
+  const int relay_fanout_;
   absl::Mutex mu_;
   std::map<std::string, Registered> destinations_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Version> versions_ ABSL_GUARDED_BY(mu_);

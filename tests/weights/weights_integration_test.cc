@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
@@ -95,6 +96,69 @@ TEST(WeightsService, TheTrainersVersionReachesAReplicaAndADeadOneFailsAtItsDeadl
     EXPECT_EQ(d.phase(), d.replica_id() == "live" ? v1::SYNC_PHASE_INSTALLED : v1::SYNC_PHASE_FAILED) << d.replica_id();
   }
   for (Subprocess* p : {&trainer, &rollout, &weights}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
+}
+
+// The relay tree between real processes (--relay_fanout=1: a chain): the first replica
+// pulls the version from rlfleet-weights, the next from the replica before it; a relay
+// killed with -9 is replaced by rlfleet-weights for the replica it would have fed.
+TEST(WeightsService, ReplicasRelayTheVersionAndADeadRelayIsReplaced) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/relayed";
+  Subprocess trainer, weights;
+  Subprocess rollouts[3];
+  auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer", {"--publish_dir=" + dir, "--threads=1"});
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--relay_fanout=1"});
+  ASSERT_TRUE(t.ok() && w.ok()) << trainer.output() << weights.output();
+  auto service = Stub<v1::WeightsService>(*w);
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 3; ++i) {
+    auto r = testing::StartService(rollouts[i], "services/rollout/rlfleet-rollout", {"--threads=1"});
+    ASSERT_TRUE(r.ok()) << rollouts[i].output();
+    addresses.push_back(*r);
+    v1::RegisterDestinationRequest reg;
+    reg.set_replica_id(absl::StrCat("r", i));
+    reg.set_grpc_address(*r);
+    v1::RegisterDestinationResponse out;
+    ASSERT_TRUE(service->RegisterDestination(Context().get(), reg, &out).ok());
+  }
+  v1::PublishWeightsResponse published;
+  ASSERT_TRUE(Stub<v1::TrainerService>(*t)->PublishWeights(Context().get(), {}, &published).ok());
+  v1::PublishVersionRequest publish;
+  *publish.mutable_manifest() = published.manifest();
+  *publish.add_sources()->add_shards()->mutable_location() = published.location();
+  v1::PublishVersionResponse accepted;
+  ASSERT_TRUE(service->PublishVersion(Context().get(), publish, &accepted).ok());
+  auto sync = [&](const std::string& id) {
+    v1::SyncVersionRequest request;
+    request.set_replica_id(id);
+    request.set_commit(true);
+    request.set_timeout_ms(30000);
+    v1::SyncVersionResponse synced;
+    grpc::Status s = service->SyncVersion(Context().get(), request, &synced);
+    EXPECT_TRUE(s.ok()) << id << ": " << s.error_message();
+    return synced.status();
+  };
+  EXPECT_EQ(sync("r0").relayed_from(), "");
+  // r0 dies holding the only relay copy: r1 gets the version from rlfleet-weights.
+  ASSERT_TRUE(rollouts[0].Signal(SIGKILL).ok());
+  ASSERT_TRUE(rollouts[0].Wait(absl::Seconds(10)).ok());
+  const absl::Time start = absl::Now();
+  const v1::DestinationSyncStatus second = sync("r1");
+  EXPECT_EQ(second.phase(), v1::SYNC_PHASE_INSTALLED);
+  EXPECT_EQ(second.relayed_from(), "");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  // r2 gets it from r1, replica to replica.
+  const v1::DestinationSyncStatus third = sync("r2");
+  EXPECT_EQ(third.phase(), v1::SYNC_PHASE_INSTALLED);
+  EXPECT_EQ(third.relayed_from(), "r1");
+  for (int i = 1; i < 3; ++i) {
+    v1::GetInfoResponse info;
+    ASSERT_TRUE(Stub<v1::RolloutService>(addresses[i])->GetInfo(Context().get(), {}, &info).ok());
+    EXPECT_EQ(info.installed_version().version(), published.manifest().version().version()) << "r" << i;
+  }
+  for (Subprocess* p : {&trainer, &weights, &rollouts[1], &rollouts[2]}) {
     ASSERT_TRUE(p->Signal(SIGTERM).ok());
     EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
   }

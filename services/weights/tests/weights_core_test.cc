@@ -4,9 +4,12 @@
 #include "services/weights/weights_core.h"
 
 #include <fstream>
+#include <optional>
+#include <thread>
 #include <iterator>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/common/checksum.h"
@@ -196,6 +199,121 @@ TEST(WeightsCore, VersionsAreServedFromMemoryOverTheDataPlane) {
   v1::SyncVersionResponse synced;
   ASSERT_TRUE(core.SyncVersion(sync, &synced).ok());
   EXPECT_EQ(pulled, file);
+}
+
+// A replica that pulls over its own loopback transport and, when asked, serves its copy.
+struct RelayingReplica : Destination {
+  std::unique_ptr<transport::Transport> transport = transport::LoopbackTransport::Create();
+  std::string copy;
+  std::optional<transport::MemoryHandle> served;
+  std::string source_address;  // where it pulled from (the descriptor's worker address)
+  absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
+                                                    absl::Time deadline) override {
+    transport::DescriptorFetcher fetcher(transport.get());
+    absl::StatusOr<std::string> bytes = fetcher.Fetch(request.chunks(0).source(), deadline);
+    if (!bytes.ok()) return bytes.status();
+    if (served) (void)transport->DeregisterMemory(*served);
+    copy = *bytes;
+    v1::CommitWeightsResponse r;
+    *r.mutable_installed_version() = request.manifest().version();
+    if (request.serve_relay()) {
+      served = *transport->RegisterMemory(copy.data(), copy.size(), transport::MemoryKind::kHost, 0);
+      v1::TransferDescriptor* out = r.mutable_relay_source();
+      *out = request.chunks(0).source();
+      *out->mutable_segment() = *transport->Describe(*served);
+    }
+    return r;
+  }
+  void MoveOn() {  // (as a replica that died or installed a newer version: its copy is gone)
+    if (served) (void)transport->DeregisterMemory(*served);
+    served.reset();
+  }
+};
+
+struct RelayFixture {
+  explicit RelayFixture(int fanout, int replicas)
+      : core([this](const std::string& address) -> std::unique_ptr<Destination> {
+                auto d = std::make_unique<RelayingReplica>();
+                made[address] = d.get();
+                return d;
+              },
+              service_side.get(), fanout) {
+    for (int i = 0; i < replicas; ++i) {
+      v1::RegisterDestinationRequest reg;
+      reg.set_replica_id(absl::StrCat("r", i));
+      reg.set_grpc_address(absl::StrCat("r", i, ":1"));
+      v1::RegisterDestinationResponse registered;
+      EXPECT_TRUE(core.RegisterDestination(reg, &registered).ok());
+    }
+    path = std::string(std::getenv("TEST_TMPDIR")) + "/relay-v5";
+    v1::PublishVersionResponse published;
+    EXPECT_TRUE(core.PublishVersion(Publish(5, path), &published).ok());
+    std::ifstream in(path, std::ios::binary);
+    file.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  v1::DestinationSyncStatus Sync(const std::string& id) {
+    v1::SyncVersionRequest sync;
+    sync.set_replica_id(id);
+    sync.set_timeout_ms(20000);
+    v1::SyncVersionResponse synced;
+    absl::Status s = core.SyncVersion(sync, &synced);
+    EXPECT_TRUE(s.ok()) << id << ": " << s;
+    return synced.status();
+  }
+  std::unique_ptr<transport::Transport> service_side = transport::LoopbackTransport::Create();
+  std::map<std::string, RelayingReplica*> made;
+  WeightsCore core;
+  std::string path, file;
+};
+
+// Eight replicas syncing at once with fan-out 1: this service sends the version once,
+// every replica passes it to at most one other (a chain), and all get every byte.
+TEST(WeightsRelay, ParallelSyncsFormAChainAndEveryReplicaGetsEveryByte) {
+  RelayFixture f(/*fanout=*/1, /*replicas=*/8);
+  std::vector<v1::DestinationSyncStatus> statuses(8);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) threads.emplace_back([&, i] { statuses[i] = f.Sync(absl::StrCat("r", i)); });
+  for (auto& t : threads) t.join();
+  std::map<std::string, int> served;  // sender -> replicas it fed
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(statuses[i].phase(), v1::SYNC_PHASE_INSTALLED) << statuses[i].ShortDebugString();
+    EXPECT_EQ(f.made[absl::StrCat("r", i, ":1")]->copy, f.file) << "replica " << i;
+    ++served[statuses[i].relayed_from()];
+  }
+  EXPECT_EQ(served[""], 1) << "this service sent the version more than once";
+  for (const auto& [sender, n] : served) EXPECT_LE(n, 1) << sender;
+}
+
+// Fan-out 2: the service feeds two, each replica at most two more.
+TEST(WeightsRelay, FanoutBoundsWhatEverySenderSends) {
+  RelayFixture f(/*fanout=*/2, /*replicas=*/7);
+  std::vector<std::thread> threads;
+  std::vector<v1::DestinationSyncStatus> statuses(7);
+  for (int i = 0; i < 7; ++i) threads.emplace_back([&, i] { statuses[i] = f.Sync(absl::StrCat("r", i)); });
+  for (auto& t : threads) t.join();
+  std::map<std::string, int> served;
+  for (const auto& s : statuses) {
+    EXPECT_EQ(s.phase(), v1::SYNC_PHASE_INSTALLED);
+    ++served[s.relayed_from()];
+  }
+  EXPECT_LE(served[""], 2);
+  for (const auto& [sender, n] : served) EXPECT_LE(n, 2) << sender;
+  EXPECT_GT(served.size(), 1u) << "nothing was relayed";
+}
+
+// A relaying replica that is gone (its copy deregistered): the replica it would have fed
+// gets the version from this service instead, and the gone one feeds nobody else.
+TEST(WeightsRelay, ARelayThatIsGoneIsReplacedByThisService) {
+  RelayFixture f(/*fanout=*/1, /*replicas=*/3);
+  EXPECT_EQ(f.Sync("r0").relayed_from(), "");
+  f.made["r0:1"]->MoveOn();
+  const v1::DestinationSyncStatus second = f.Sync("r1");
+  EXPECT_EQ(second.phase(), v1::SYNC_PHASE_INSTALLED);
+  EXPECT_EQ(second.relayed_from(), "");  // r0's relay failed: sent again from here
+  EXPECT_EQ(f.made["r1:1"]->copy, f.file);
+  const v1::DestinationSyncStatus third = f.Sync("r2");
+  EXPECT_EQ(third.relayed_from(), "r1");
+  EXPECT_EQ(f.made["r2:1"]->copy, f.file);
 }
 
 }  // namespace
