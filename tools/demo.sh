@@ -72,8 +72,8 @@ start reward reward/rlfleet-reward --registry_address="$ADDR_controller"
 registered reward
 start buffer buffer/rlfleet-buffer --store=memory:// --registry_address="$ADDR_controller"
 registered buffer
-start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --publish_dir="$RUN_DIR/weights" \
-  --registry_address="$ADDR_controller"
+# (no --publish_dir: the trainer keeps each version in memory on its UCX data plane)
+start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --registry_address="$ADDR_controller"
 registered trainer
 # Every version the trainer publishes goes through the weights service, which checks
 # its digest and has each rollout replica install it.

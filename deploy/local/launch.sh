@@ -129,7 +129,7 @@ start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" --registr
   fail "buffer"
 CORE_PIDS+=("$PID"); BUFFER=$ADDR
 registered buffer || fail "buffer"
-start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" --publish_dir="$DIR/weights" "${MODEL[@]}" \
+start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" "${MODEL[@]}" \
   --registry_address="$CONTROLLER" || fail "trainer"
 CORE_PIDS+=("$PID")
 registered trainer || fail "trainer"

@@ -319,7 +319,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
   return stats;
 }
 
-absl::Status Policy::SaveSafetensors(const std::string& path) const {
+std::string Policy::SafetensorsBytes() const {
   std::map<std::string, TensorBlob> tensors;
   for (const auto& item : impl_->named_parameters()) {
     torch::Tensor t = item.value().detach().to(torch::kCPU).contiguous().to(torch::kFloat32);
@@ -328,7 +328,11 @@ absl::Status Policy::SaveSafetensors(const std::string& path) const {
     blob.bytes.assign(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * sizeof(float));
     tensors[item.key()] = std::move(blob);
   }
-  return WriteSafetensors(path, tensors);
+  return SerializeSafetensors(tensors);
+}
+
+absl::Status Policy::SaveSafetensors(const std::string& path) const {
+  return WriteFileAtomically(path, SafetensorsBytes());
 }
 
 namespace {

@@ -103,7 +103,7 @@ class Json {
 
 }  // namespace
 
-absl::Status WriteSafetensors(const std::string& path, const std::map<std::string, TensorBlob>& tensors) {
+std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors) {
   std::string header = "{";
   uint64_t offset = 0;
   bool first = true;
@@ -116,13 +116,20 @@ absl::Status WriteSafetensors(const std::string& path, const std::map<std::strin
   }
   header += "}";
   while (header.size() % 8 != 0) header += ' ';  // keeps the data 8-byte aligned
+  std::string out;
+  out.reserve(8 + header.size() + offset);
+  const uint64_t n = header.size();
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out += header;
+  for (const auto& [name, t] : tensors) out += t.bytes;
+  return out;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    const uint64_t n = header.size();
-    out.write(reinterpret_cast<const char*>(&n), 8);
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& [name, t] : tensors) out.write(t.bytes.data(), static_cast<std::streamsize>(t.bytes.size()));
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     out.flush();
     if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
   }
@@ -130,6 +137,10 @@ absl::Status WriteSafetensors(const std::string& path, const std::map<std::strin
     return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::map<std::string, TensorBlob>& tensors) {
+  return WriteFileAtomically(path, SerializeSafetensors(tensors));
 }
 
 absl::StatusOr<std::map<std::string, TensorBlob>> ReadSafetensors(const std::string& path) {

@@ -19,6 +19,11 @@ struct TensorBlob {
   std::string bytes;
 };
 
+// The safetensors image of `tensors` (header, then the data 8-byte aligned).
+std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors);
+// Writes bytes to `path` atomically (temporary file + rename): a crash never leaves a
+// half file.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
 // Writes atomically (temporary file + rename): a crash never leaves a half file.
 absl::Status WriteSafetensors(const std::string& path, const std::map<std::string, TensorBlob>& tensors);
 

@@ -39,7 +39,9 @@ ABSL_FLAG(std::string, dp_wire, "fp32",
           "Gradient precision on the wire (ring: every link; hierarchical: between nodes): fp32, bf16, fp16.");
 ABSL_FLAG(absl::Duration, dp_timeout, absl::Seconds(60),
           "Rendezvous and collective deadline: a dead rank is an error after this long.");
-ABSL_FLAG(std::string, publish_dir, "", "PublishWeights writes policy-v<N>.safetensors here (single machine).");
+ABSL_FLAG(std::string, publish_dir, "",
+          "PublishWeights writes policy-v<N>.safetensors here (one machine); empty: versions are kept in memory "
+          "on this trainer's data plane (--data_plane) and pulled from there by the weights service or the replicas.");
 
 int main(int argc, char** argv) {
   rlfleet::model::ConfigureBlas(argv);
@@ -136,6 +138,19 @@ int main(int argc, char** argv) {
     }
     std::cout << "rlfleet-trainer rank " << rank << " of " << world << " joined" << std::endl;
   }
+  // (opened before the core, which keeps versions registered with it, and closed after)
+  rlfleet::trainer::TrainerCore::PublishTarget publish{absl::GetFlag(FLAGS_publish_dir)};
+  std::unique_ptr<rlfleet::transport::Transport> publish_plane;
+  if (publish.dir.empty() && (world <= 1 || rank == 0)) {
+    auto plane = rlfleet::transport::OpenDataPlaneFromFlags(options->host, "rlfleet-trainer",
+                                                            "PublishWeights needs --publish_dir");
+    if (!plane.ok()) {
+      std::cerr << "rlfleet-trainer: " << plane.status() << "\n";
+      return 2;
+    }
+    publish_plane = std::move(*plane);
+    publish.data_plane = publish_plane.get();
+  }
   auto core = rlfleet::trainer::TrainerCore::Create(config, absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_seed),
                                                     buffer.get(), group.get());
   if (!core.ok()) {
@@ -147,8 +162,7 @@ int main(int argc, char** argv) {
     std::cout << "rlfleet-trainer rank " << rank << " stopped: " << s << std::endl;
     return s.ok() ? 0 : 1;
   }
-  rlfleet::trainer::TrainerServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token},
-                                               absl::GetFlag(FLAGS_publish_dir));
+  rlfleet::trainer::TrainerServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token}, publish);
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
   if (absl::Status s = runner.Start(); !s.ok()) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/common/checksum.h"
+#include "libs/model/safetensors.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::trainer {
@@ -207,6 +208,8 @@ TrainerCore::~TrainerCore() {
     if (keepalive_.joinable() && group_error_.ok()) (void)BroadcastLocked(std::string(1, kStop));
   }
   if (keepalive_.joinable()) keepalive_.join();
+  absl::MutexLock lock(&mu_);
+  for (const Published& p : published_) (void)p.data_plane->DeregisterMemory(p.handle);
 }
 
 void TrainerCore::Keepalive() {
@@ -569,33 +572,50 @@ absl::Status TrainerCore::LoadLocked(const std::string& path, v1::LoadCheckpoint
   return absl::OkStatus();
 }
 
-absl::Status TrainerCore::PublishToFile(const std::string& publish_dir, const v1::PublishWeightsRequest&,
-                                        v1::PublishWeightsResponse* response) {
+absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::PublishWeightsRequest&,
+                                  v1::PublishWeightsResponse* response) {
   const absl::Time start = absl::Now();
-  if (publish_dir.empty()) {
-    return absl::FailedPreconditionError("no --publish_dir: weights can only be published through a file for now");
+  if (target.dir.empty() && target.data_plane == nullptr) {
+    return absl::FailedPreconditionError(
+        "this trainer has neither --publish_dir nor a data plane (--data_plane=ucx) to publish weights through");
   }
   absl::MutexLock lock(&mu_);
-  std::error_code ec;
-  fs::create_directories(publish_dir, ec);
-  const std::string path = (fs::path(publish_dir) / absl::StrCat("policy-v", version_, ".safetensors")).string();
-  RETURN_IF_ERROR(policy_->SaveSafetensors(path));
+  std::string bytes = policy_->SafetensorsBytes();
+  const uint64_t digest = common::Xxh64(bytes);  // (of the bytes in hand: nothing is read back)
+  const uint64_t length = bytes.size();
+  v1::TransferDescriptor* where = response->mutable_location();
+  if (!target.dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(target.dir, ec);
+    const std::string path = (fs::path(target.dir) / absl::StrCat("policy-v", version_, ".safetensors")).string();
+    RETURN_IF_ERROR(model::WriteFileAtomically(path, bytes));
+    where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
+    where->mutable_segment()->set_worker_address(path);
+  } else if (published_.empty() || published_.back().version != version_) {
+    Published p;
+    p.version = version_;
+    p.bytes = std::move(bytes);
+    p.data_plane = target.data_plane;
+    ASSIGN_OR_RETURN(p.handle, target.data_plane->RegisterMemory(p.bytes.data(), p.bytes.size(),
+                                                                 transport::MemoryKind::kHost, 0));
+    published_.push_back(std::move(p));
+    while (published_.size() > 2) {
+      (void)published_.front().data_plane->DeregisterMemory(published_.front().handle);
+      published_.pop_front();
+    }
+  }
+  if (target.dir.empty()) {
+    ASSIGN_OR_RETURN(*where->mutable_segment(), target.data_plane->Describe(published_.back().handle));
+  }
   response->mutable_version()->set_version(version_);
   response->mutable_manifest()->mutable_version()->set_version(version_);
-  response->mutable_manifest()->set_total_bytes(fs::file_size(path, ec));
+  response->mutable_manifest()->set_total_bytes(length);
   response->mutable_manifest()->set_created_at_unix_ms(absl::ToUnixMillis(absl::Now()));
-  v1::TransferDescriptor* where = response->mutable_location();
-  where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
-  where->mutable_segment()->set_worker_address(path);
-  where->set_length_bytes(fs::file_size(path, ec));
+  where->set_length_bytes(length);
   where->set_version(version_);
-  {
-    // Its digest, so that whoever reads the file (the weights service) can check it.
-    std::ifstream in(path, std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
-    where->mutable_digest()->set_value(common::Xxh64(bytes));
-  }
+  // Its digest, so that whoever pulls or reads it (the weights service, a replica) can check it.
+  where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+  where->mutable_digest()->set_value(digest);
   response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   // Weight sync, phase 1: the trainer's pause to write the version out.
   static metrics::Histogram* publish_seconds = metrics::Global().AddHistogram(

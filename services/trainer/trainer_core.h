@@ -15,6 +15,7 @@
 #ifndef RLFLEET_SERVICES_TRAINER_TRAINER_CORE_H_
 #define RLFLEET_SERVICES_TRAINER_TRAINER_CORE_H_
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -27,6 +28,7 @@
 #include "absl/time/time.h"
 #include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
+#include "libs/transport/transport.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "rlfleet/v1/trainer.pb.h"
 
@@ -69,11 +71,19 @@ class TrainerCore {
   // NOT_FOUND for a missing checkpoint; INVALID_ARGUMENT for one of another shape.
   absl::Status LoadCheckpoint(const v1::LoadCheckpointRequest& request, v1::LoadCheckpointResponse* response);
 
-  // Writes the current weights to <publish_dir>/policy-v<version>.safetensors
-  // (atomically) and describes the file (TRANSFER_BACKEND_FILE), until the weights
-  // service takes over. FAILED_PRECONDITION without a publish_dir.
-  absl::Status PublishToFile(const std::string& publish_dir, const v1::PublishWeightsRequest& request,
-                             v1::PublishWeightsResponse* response);
+  // Where published versions go: a directory (a safetensors file per version, written
+  // atomically: TRANSFER_BACKEND_FILE, for one machine), or else this trainer's data
+  // plane (the image kept in memory and registered, the latest two versions: the
+  // weights service or the replicas pull it, from any host).
+  struct PublishTarget {
+    std::string dir;
+    transport::Transport* data_plane = nullptr;  // not owned
+  };
+  // Publishes the current weights (a safetensors image with its XXH64 digest) and
+  // describes where they are. FAILED_PRECONDITION with neither a directory nor a data
+  // plane; the data plane's error if the image cannot be registered.
+  absl::Status Publish(const PublishTarget& target, const v1::PublishWeightsRequest& request,
+                       v1::PublishWeightsResponse* response);
 
   model::Policy* policy() { return policy_.get(); }
 
@@ -89,8 +99,17 @@ class TrainerCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Keepalive();  // rank 0 of a group
 
+  // A version published in memory.
+  struct Published {
+    uint64_t version = 0;
+    std::string bytes;
+    transport::MemoryHandle handle;
+    transport::Transport* data_plane = nullptr;
+  };
+
   absl::Mutex mu_;
   std::unique_ptr<model::Policy> policy_ ABSL_GUARDED_BY(mu_);
+  std::deque<Published> published_ ABSL_GUARDED_BY(mu_);  // the latest two, in memory
   BufferSource* const buffer_;
   const std::string device_;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,5 +1,5 @@
-// gRPC adapter for TrainerCore. PublishWeights writes a file (publish_dir) until the
-// weights service lands. Thread-safe.
+// gRPC adapter for TrainerCore. PublishWeights publishes to the publish target (a
+// directory, or the trainer's data plane). Thread-safe.
 #ifndef RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
 #define RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
 
@@ -11,8 +11,8 @@ namespace rlfleet::trainer {
 
 class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
  public:
-  TrainerServiceImpl(TrainerCore* core, rpc::CallAuth auth, std::string publish_dir = "")
-      : core_(core), auth_(std::move(auth)), publish_dir_(std::move(publish_dir)) {}
+  TrainerServiceImpl(TrainerCore* core, rpc::CallAuth auth, TrainerCore::PublishTarget publish = {})
+      : core_(core), auth_(std::move(auth)), publish_(std::move(publish)) {}
 
   grpc::ServerUnaryReactor* TrainStep(grpc::CallbackServerContext* c, const v1::TrainStepRequest* req,
                                       v1::TrainStepResponse* resp) override {
@@ -32,13 +32,13 @@ class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
   }
   grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* c, const v1::PublishWeightsRequest* req,
                                            v1::PublishWeightsResponse* resp) override {
-    return rpc::HandleUnary(c, auth_, [&] { return core_->PublishToFile(publish_dir_, *req, resp); });
+    return rpc::HandleUnary(c, auth_, [&] { return core_->Publish(publish_, *req, resp); });
   }
 
  private:
   TrainerCore* const core_;
   const rpc::CallAuth auth_;
-  const std::string publish_dir_;
+  const TrainerCore::PublishTarget publish_;
 };
 
 }  // namespace rlfleet::trainer

@@ -60,11 +60,14 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
         "sources: this weights service takes one source rank with one shard (the trainer's file) for now");
   }
   const v1::TransferDescriptor& where = request.sources(0).shards(0).location();
-  if (where.segment().backend() != v1::TRANSFER_BACKEND_FILE) {
-    return absl::InvalidArgumentError("sources[0].shards[0].location.segment.backend: FILE only for now");
-  }
-  if (where.segment().worker_address().empty()) {
+  const bool file = where.segment().backend() == v1::TRANSFER_BACKEND_FILE;
+  if (file && where.segment().worker_address().empty()) {
     return absl::InvalidArgumentError("sources[0].shards[0].location.segment.worker_address: empty (the file)");
+  }
+  if (!file && data_plane_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "sources[0].shards[0].location: the version is in the trainer's memory and this weights service has no "
+        "data plane to pull it over (start it with --data_plane=ucx, or the trainer with --publish_dir)");
   }
   {
     absl::MutexLock lock(&mu_);
@@ -73,13 +76,16 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
           absl::StrCat("version ", version, " is not newer than the latest, ", versions_.rbegin()->first));
     }
   }
-  // Read and verify before anyone sees the version (the trainer's file may be anywhere
-  // on this host: PublishVersion is the trainer's call, not a producer's).
+  // Read or pull, and verify, before anyone sees the version (the trainer's file may be
+  // anywhere on this host: PublishVersion is the trainer's call, not a producer's).
   const absl::Time start = absl::Now();
-  transport::DescriptorFetcher::Options file;
-  file.max_bytes = std::numeric_limits<uint64_t>::max();
-  file.file_root = "/";
-  absl::StatusOr<std::string> fetched = transport::DescriptorFetcher(nullptr, file).Fetch(where);
+  // A file anywhere on this host, or the trainer's memory over the data plane; either
+  // way the digest is checked.
+  transport::DescriptorFetcher::Options fetch;
+  fetch.max_bytes = std::numeric_limits<uint64_t>::max();
+  fetch.file_root = "/";
+  fetch.timeout = absl::Minutes(5);
+  absl::StatusOr<std::string> fetched = transport::DescriptorFetcher(file ? nullptr : data_plane_, fetch).Fetch(where);
   if (!fetched.ok()) {
     return common::Annotate(fetched.status(), absl::StrCat("version ", version, ": sources[0].shards[0].location"));
   }

@@ -63,10 +63,12 @@ class WeightsCore {
                                    v1::RegisterDestinationResponse* response);
   absl::Status UnregisterDestination(const v1::UnregisterDestinationRequest& request,
                                      v1::UnregisterDestinationResponse* response);
-  // INVALID_ARGUMENT naming the field (this slice: exactly one source rank with one FILE
-  // shard, its length and digest); FAILED_PRECONDITION for a version not newer than
-  // the latest; NOT_FOUND for a file that cannot be read; DATA_LOSS when the bytes do
-  // not match the digest (the version is not published).
+  // INVALID_ARGUMENT naming the field (this slice: exactly one source rank with one
+  // shard, its length and digest: the trainer's file, or its memory, pulled over the data
+  // plane); FAILED_PRECONDITION for a version not newer than the latest; NOT_FOUND for a
+  // file that cannot be read; the data plane's error for memory that cannot be pulled
+  // (UNAVAILABLE: the trainer is gone); DATA_LOSS when the bytes do not match the digest
+  // (the version is not published).
   absl::Status PublishVersion(const v1::PublishVersionRequest& request, v1::PublishVersionResponse* response);
   // One destination (version 0 = the latest). NOT_FOUND for an unknown destination or
   // version; the destination's error (DEADLINE_EXCEEDED past timeout_ms, UNAVAILABLE

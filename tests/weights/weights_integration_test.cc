@@ -101,6 +101,56 @@ TEST(WeightsService, TheTrainersVersionReachesAReplicaAndADeadOneFailsAtItsDeadl
   }
 }
 
+// A trainer with no publish directory keeps its versions in memory on its data plane:
+// rlfleet-weights pulls the version from there (digest checked) and the replica from
+// rlfleet-weights; no file is written anywhere.
+TEST(WeightsService, TheTrainersVersionTravelsFromItsMemoryWithNoFile) {
+  Subprocess trainer, rollout, weights;
+  auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer", {"--threads=1"});
+  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout", {"--threads=1"});
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {});
+  ASSERT_TRUE(t.ok() && r.ok() && w.ok()) << trainer.output() << rollout.output() << weights.output();
+  v1::PublishWeightsResponse published;
+  grpc::Status s = Stub<v1::TrainerService>(*t)->PublishWeights(Context().get(), {}, &published);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(published.location().segment().backend(), v1::TRANSFER_BACKEND_UCX);
+  EXPECT_EQ(published.location().digest().algorithm(), v1::DIGEST_ALGORITHM_XXHASH64);
+  auto service = Stub<v1::WeightsService>(*w);
+  v1::PublishVersionRequest publish;
+  *publish.mutable_manifest() = published.manifest();
+  *publish.add_sources()->add_shards()->mutable_location() = published.location();
+  // A wrong digest is refused after the pull.
+  v1::PublishVersionRequest tampered = publish;
+  tampered.mutable_sources(0)->mutable_shards(0)->mutable_location()->mutable_digest()->set_value(1);
+  v1::PublishVersionResponse accepted;
+  EXPECT_EQ(service->PublishVersion(Context().get(), tampered, &accepted).error_code(), grpc::StatusCode::DATA_LOSS);
+  s = service->PublishVersion(Context().get(), publish, &accepted);
+  ASSERT_TRUE(s.ok()) << s.error_message() << weights.output();
+  EXPECT_EQ(accepted.bytes_read(), published.location().length_bytes());
+  v1::RegisterDestinationRequest reg;
+  reg.set_replica_id("r");
+  reg.set_grpc_address(*r);
+  v1::RegisterDestinationResponse out;
+  ASSERT_TRUE(service->RegisterDestination(Context().get(), reg, &out).ok());
+  // The trainer can go: the version is the weights service's now.
+  ASSERT_TRUE(trainer.Signal(SIGKILL).ok());
+  ASSERT_TRUE(trainer.Wait(absl::Seconds(10)).ok());
+  v1::SyncVersionRequest sync;
+  sync.set_replica_id("r");
+  sync.set_commit(true);
+  v1::SyncVersionResponse synced;
+  s = service->SyncVersion(Context().get(), sync, &synced);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(synced.status().phase(), v1::SYNC_PHASE_INSTALLED);
+  v1::GetInfoResponse info;
+  ASSERT_TRUE(Stub<v1::RolloutService>(*r)->GetInfo(Context().get(), {}, &info).ok());
+  EXPECT_EQ(info.installed_version().version(), published.manifest().version().version());
+  for (Subprocess* p : {&rollout, &weights}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
+}
+
 // The relay tree between real processes (--relay_fanout=1: a chain): the first replica
 // pulls the version from rlfleet-weights, the next from the replica before it; a relay
 // killed with -9 is replaced by rlfleet-weights for the replica it would have fed.
