@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   rlfleet::weights::WeightsCore core(
       [client](const std::string& address) { return rlfleet::weights::NewGrpcDestination(client, address); },
       data_plane->get(), std::max(0, absl::GetFlag(FLAGS_relay_fanout)));
+  core.SetLogger([](const std::string& line) { std::cout << "rlfleet-weights: " << line << std::endl; });
   rlfleet::weights::WeightsServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token});
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "libs/common/status_macros.h"
 #include "libs/transport/descriptor_fetcher.h"
@@ -121,6 +122,9 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
     s.set_phase(v1::SYNC_PHASE_PENDING);
     s.set_bytes_needed(where.length_bytes());
   }
+  Log(absl::StrFormat("version %d published: %.1f MB %s in %.1f ms, digest verified", version,
+                      where.length_bytes() / 1e6, file ? "read from the trainer's file" : "pulled from the trainer",
+                      absl::ToDoubleMilliseconds(absl::Now() - start)));
   // Keep the latest few versions' records.
   const uint64_t read = where.length_bytes();
   while (versions_.size() > 8) RetireLocked(versions_.begin());
@@ -216,10 +220,14 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
         // The relay may be what failed (its replica died or moved to a newer version):
         // that holder serves no one else, and this replica gets it from here.
         v->second.holders[holder].failed = true;
+        Log(absl::StrCat("version ", version, " -> ", replica_id, ": the relay from ", from, " failed (",
+                         installed.status().ToString(), "); sending it from here"));
         continue;
       }
       s.set_phase(v1::SYNC_PHASE_FAILED);
       s.set_error(installed.status().ToString());
+      Log(absl::StrFormat("version %d -> %s: FAILED after %.1f ms: %s", version, replica_id,
+                          absl::ToDoubleMilliseconds(took), installed.status().ToString()));
       return installed.status();
     }
     if (installed->has_relay_source() && installed->relay_source().has_segment()) {
@@ -231,6 +239,10 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
     s.set_pause_us(installed->pause_us());
     s.set_install_us(absl::ToInt64Microseconds(took));
     if (installed->install_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (installed->install_us() * 1e3));
+    Log(absl::StrFormat("version %d -> %s (from %s): installed, %.1f MB, transfer %.1f ms, decode pause %.2f ms, "
+                        "round trip %.1f ms, %.2f GB/s",
+                        version, replica_id, from.empty() ? "here" : from, s.bytes_moved() / 1e6,
+                        s.transfer_us() / 1e3, s.pause_us() / 1e3, s.install_us() / 1e3, s.throughput_gb_per_s()));
     return s;
   }
 }

@@ -58,6 +58,12 @@ class WeightsCore {
                        int relay_fanout = 0);
   ~WeightsCore();
 
+  // One line per published version and per sync (who, from where, bytes, phase times,
+  // GB/s, or why it failed). Called with the core's lock held: it must not call into
+  // the core. Set before serving.
+  using Logger = std::function<void(const std::string& line)>;
+  void SetLogger(Logger logger) { logger_ = std::move(logger); }
+
   // INVALID_ARGUMENT naming the field (replica_id, grpc_address).
   absl::Status RegisterDestination(const v1::RegisterDestinationRequest& request,
                                    v1::RegisterDestinationResponse* response);
@@ -113,9 +119,14 @@ class WeightsCore {
   // with room): the index of a holder, or -1 for this service. Takes the slot.
   int PickSourceLocked(uint64_t version, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  void Log(const std::string& line) const {
+    if (logger_) logger_(line);
+  }
+
   const DestinationFactory factory_;
   transport::Transport* const data_plane_;
   const int relay_fanout_;
+  Logger logger_;
   absl::Mutex mu_;
   std::map<std::string, Registered> destinations_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Version> versions_ ABSL_GUARDED_BY(mu_);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/common/checksum.h"
@@ -305,6 +306,8 @@ TEST(WeightsRelay, FanoutBoundsWhatEverySenderSends) {
 // gets the version from this service instead, and the gone one feeds nobody else.
 TEST(WeightsRelay, ARelayThatIsGoneIsReplacedByThisService) {
   RelayFixture f(/*fanout=*/1, /*replicas=*/3);
+  std::vector<std::string> log;
+  f.core.SetLogger([&](const std::string& line) { log.push_back(line); });
   EXPECT_EQ(f.Sync("r0").relayed_from(), "");
   f.made["r0:1"]->MoveOn();
   const v1::DestinationSyncStatus second = f.Sync("r1");
@@ -314,6 +317,12 @@ TEST(WeightsRelay, ARelayThatIsGoneIsReplacedByThisService) {
   const v1::DestinationSyncStatus third = f.Sync("r2");
   EXPECT_EQ(third.relayed_from(), "r1");
   EXPECT_EQ(f.made["r2:1"]->copy, f.file);
+  // The log tells the story: who got it from where, and the failed relay.
+  ASSERT_EQ(log.size(), 4u) << absl::StrJoin(log, "\n");
+  EXPECT_TRUE(absl::StrContains(log[0], "version 5 -> r0 (from here): installed")) << log[0];
+  EXPECT_TRUE(absl::StrContains(log[1], "the relay from r0 failed")) << log[1];
+  EXPECT_TRUE(absl::StrContains(log[2], "version 5 -> r1 (from here): installed")) << log[2];
+  EXPECT_TRUE(absl::StrContains(log[3], "version 5 -> r2 (from r1): installed")) << log[3];
 }
 
 }  // namespace
