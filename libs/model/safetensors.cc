@@ -103,6 +103,9 @@ class Json {
 
 }  // namespace
 
+absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsImpl(const std::string& data, const std::string& path,
+                                                                       bool with_bytes);
+
 std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors) {
   std::string header = "{";
   uint64_t offset = 0;
@@ -152,6 +155,16 @@ absl::StatusOr<std::map<std::string, TensorBlob>> ReadSafetensors(const std::str
 }
 
 absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensors(const std::string& data, const std::string& path) {
+  return ParseSafetensorsImpl(data, path, /*with_bytes=*/true);
+}
+
+absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsHeader(const std::string& data,
+                                                                         const std::string& path) {
+  return ParseSafetensorsImpl(data, path, /*with_bytes=*/false);
+}
+
+absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsImpl(const std::string& data, const std::string& path,
+                                                                       bool with_bytes) {
   if (data.size() < 8) return absl::DataLossError(absl::StrCat(path, ": shorter than 8 bytes"));
   uint64_t header_len = 0;
   std::memcpy(&header_len, data.data(), 8);
@@ -204,7 +217,7 @@ absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensors(const std::st
         offsets[1] - offsets[0] != numel * elem) {
       return absl::DataLossError(absl::StrCat(path, ": tensor `", *name, "` has bad offsets, dtype or shape"));
     }
-    t.bytes = data.substr(base + offsets[0], offsets[1] - offsets[0]);
+    if (with_bytes) t.bytes = data.substr(base + offsets[0], offsets[1] - offsets[0]);
     out[*name] = std::move(t);
   } while (json.Eat(','));
   if (!json.Eat('}')) return json.Error("expected }");

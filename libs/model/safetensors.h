@@ -32,6 +32,9 @@ absl::Status WriteSafetensors(const std::string& path, const std::map<std::strin
 absl::StatusOr<std::map<std::string, TensorBlob>> ReadSafetensors(const std::string& path);
 // The same over bytes already in memory (`name` names them in errors).
 absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensors(const std::string& bytes, const std::string& name);
+// The same checks, the tensors' dtypes and shapes only (their bytes left empty).
+absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsHeader(const std::string& bytes,
+                                                                         const std::string& name);
 
 }  // namespace rlfleet::model
 

@@ -1,15 +1,73 @@
 #include "services/weights/weights_core.h"
 
+#include <algorithm>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "libs/common/status_macros.h"
+#include "libs/model/safetensors.h"
 #include "libs/transport/descriptor_fetcher.h"
 
 namespace rlfleet::weights {
+namespace {
+
+absl::StatusOr<reshard::DType> FromProto(v1::DType d, const std::string& tensor) {
+  switch (d) {
+    case v1::DTYPE_FLOAT32:
+      return reshard::DType::kF32;
+    case v1::DTYPE_BFLOAT16:
+      return reshard::DType::kBF16;
+    case v1::DTYPE_FLOAT16:
+      return reshard::DType::kF16;
+    case v1::DTYPE_INT32:
+      return reshard::DType::kI32;
+    case v1::DTYPE_INT64:
+      return reshard::DType::kI64;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("tensor `", tensor, "`: dtype ", v1::DType_Name(d),
+                                                     " is not one the planner moves"));
+  }
+}
+
+absl::StatusOr<reshard::Split> FromProto(v1::LayoutKind kind, const std::string& tensor) {
+  switch (kind) {
+    case v1::LAYOUT_KIND_REPLICATED:
+      return reshard::Split::kReplicated;
+    case v1::LAYOUT_KIND_FSDP_FLAT:
+      return reshard::Split::kFlat;
+    case v1::LAYOUT_KIND_TP_ROW:
+      return reshard::Split::kRows;
+    case v1::LAYOUT_KIND_TP_COLUMN:
+      return reshard::Split::kColumns;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("tensor `", tensor, "`: layout kind ", v1::LayoutKind_Name(kind),
+                                                     " is not one the planner knows"));
+  }
+}
+
+// The tensors of a safetensors image, in name order (what replicas install).
+std::vector<reshard::TensorSpec> TensorsOf(const std::string& bytes) {
+  std::vector<reshard::TensorSpec> out;
+  auto header = model::ParseSafetensorsHeader(bytes, "the version");
+  if (!header.ok()) return out;
+  for (const auto& [name, blob] : *header) {
+    reshard::TensorSpec spec{name, blob.shape, reshard::DType::kF32};
+    if (blob.dtype == "BF16") spec.dtype = reshard::DType::kBF16;
+    else if (blob.dtype == "F16") spec.dtype = reshard::DType::kF16;
+    else if (blob.dtype == "I32") spec.dtype = reshard::DType::kI32;
+    else if (blob.dtype == "I64") spec.dtype = reshard::DType::kI64;
+    else if (blob.dtype != "F32") return {};
+    if (spec.shape.empty()) spec.shape = {1};
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+}  // namespace
 
 WeightsCore::WeightsCore(DestinationFactory factory, transport::Transport* data_plane, int relay_fanout)
     : factory_(std::move(factory)), data_plane_(data_plane), relay_fanout_(relay_fanout) {}
@@ -32,7 +90,7 @@ absl::Status WeightsCore::RegisterDestination(const v1::RegisterDestinationReque
   if (request.grpc_address().empty()) return absl::InvalidArgumentError("grpc_address: empty");
   std::shared_ptr<Destination> d = factory_(request.grpc_address());
   absl::MutexLock lock(&mu_);
-  destinations_[request.replica_id()] = {request.grpc_address(), std::move(d)};
+  destinations_[request.replica_id()] = {request.grpc_address(), std::move(d), request.layout()};
   if (!versions_.empty()) {
     const Version& latest = versions_.rbegin()->second;
     *response->mutable_latest_version() = latest.manifest.version();
@@ -98,6 +156,23 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   Version& v = versions_[version];
   v.manifest = request.manifest();
   v.location = where;
+  const v1::ShardLayout& published_layout = request.manifest().layout();
+  if (published_layout.tensors_size() > 0) {
+    v.layout.ranks = static_cast<int>(std::max<uint32_t>(1, published_layout.world_size()));
+    for (const v1::TensorLayout& t : published_layout.tensors()) {
+      auto dtype = FromProto(t.spec().dtype(), t.spec().name());
+      auto split = FromProto(t.kind(), t.spec().name());
+      if (!dtype.ok() || !split.ok()) {
+        versions_.erase(version);
+        return !dtype.ok() ? dtype.status() : split.status();
+      }
+      v.tensors.push_back({t.spec().name(), {t.spec().shape().begin(), t.spec().shape().end()}, *dtype});
+      v.layout.splits.push_back(*split);
+    }
+  } else {
+    v.tensors = TensorsOf(bytes);  // (the trainer's one rank holds all of it)
+    v.layout = reshard::Layout::Tp(1, std::vector<reshard::Split>(v.tensors.size(), reshard::Split::kReplicated));
+  }
   if (data_plane_ != nullptr) {
     // Served from memory: the replicas pull it over the data plane.
     v.bytes = std::move(bytes);
@@ -274,6 +349,79 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncAll(uint
   if (v == versions_.end()) return absl::AbortedError(absl::StrCat("version ", version, " was retired meanwhile"));
   for (const std::string& id : ids) out.push_back(v->second.status[id]);
   return out;
+}
+
+absl::Status WeightsCore::GetPlan(const v1::GetPlanRequest& request, v1::GetPlanResponse* response) {
+  if (request.max_ranges() > 100000) {
+    return absl::InvalidArgumentError(absl::StrCat("max_ranges ", request.max_ranges(), " is over 100000"));
+  }
+  const uint64_t max_ranges = request.max_ranges() == 0 ? 10000 : request.max_ranges();
+  absl::MutexLock lock(&mu_);
+  const uint64_t version = Resolve(request.version());
+  auto v = versions_.find(version);
+  if (v == versions_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+  auto d = destinations_.find(request.replica_id());
+  if (d == destinations_.end()) {
+    return absl::NotFoundError(absl::StrCat("destination ", request.replica_id(), " is not registered"));
+  }
+  const Version& ver = v->second;
+  if (ver.tensors.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", version, " has no tensor list (no layout in its manifest, and not a safetensors image)"));
+  }
+  // The destination's layout, by tensor name; none registered: one rank holds everything.
+  reshard::Layout dst;
+  const v1::ShardLayout& wanted = d->second.layout;
+  if (wanted.tensors_size() == 0) {
+    dst = reshard::Layout::Tp(1, std::vector<reshard::Split>(ver.tensors.size(), reshard::Split::kReplicated));
+  } else {
+    std::map<std::string, v1::LayoutKind> kinds;
+    for (const v1::TensorLayout& t : wanted.tensors()) kinds[t.spec().name()] = t.kind();
+    dst.ranks = static_cast<int>(std::max<uint32_t>(1, wanted.world_size()));
+    for (const reshard::TensorSpec& t : ver.tensors) {
+      auto kind = kinds.find(t.name);
+      if (kind == kinds.end()) {
+        return absl::FailedPreconditionError(absl::StrCat("destination ", request.replica_id(),
+                                                          "'s layout has no tensor `", t.name, "`"));
+      }
+      ASSIGN_OR_RETURN(reshard::Split split, FromProto(kind->second, t.name));
+      dst.splits.push_back(split);
+    }
+  }
+  ASSIGN_OR_RETURN(reshard::Plan plan, reshard::MakePlan(ver.tensors, ver.layout, dst));
+  response->set_version(version);
+  uint64_t returned = 0;
+  for (int s = 0; s < plan.src.ranks; ++s) {
+    for (int r = 0; r < plan.dst.ranks; ++r) {
+      const std::vector<reshard::Range>& ranges = plan.Between(s, r);
+      if (ranges.empty()) continue;
+      v1::RankPairPlan* pair = response->add_pairs();
+      pair->set_src_rank(s);
+      pair->set_dst_rank(r);
+      pair->set_range_count(ranges.size());
+      uint64_t bytes = 0;
+      for (const reshard::Range& range : ranges) {
+        bytes += range.dst_bytes();
+        if (!request.include_ranges()) continue;
+        if (returned == max_ranges) {
+          response->set_truncated(true);
+          continue;
+        }
+        v1::PlannedRange* out = pair->add_ranges();
+        out->mutable_src()->set_offset_bytes(range.src_offset);
+        out->mutable_src()->set_length_bytes(range.src_bytes());
+        out->set_dst_offset_bytes(range.dst_offset);
+        ++returned;
+      }
+      pair->set_bytes(bytes);
+    }
+  }
+  response->set_bytes_needed(plan.BytesNeeded());
+  response->set_bytes_planned(plan.BytesMoved());
+  if (auto s = ver.status.find(request.replica_id()); s != ver.status.end()) {
+    response->set_relay_parent(s->second.relayed_from());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WeightsCore::GetSyncStatus(const v1::GetSyncStatusRequest& request, v1::GetSyncStatusResponse* response) {

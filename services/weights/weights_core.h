@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/reshard/plan.h"
 #include "libs/transport/transport.h"
 #include "rlfleet/v1/rollout.pb.h"
 #include "rlfleet/v1/weights.pb.h"
@@ -83,6 +84,16 @@ class WeightsCore {
   // Every registered destination in parallel, each under `timeout`; returns each one's
   // final status. NOT_FOUND for an unknown version.
   absl::StatusOr<std::vector<v1::DestinationSyncStatus>> SyncAll(uint64_t version, absl::Duration timeout);
+  // The reshard plan of a version for one destination (libs/reshard): the version's
+  // tensors (from its manifest's layout, else its safetensors header) in the trainer's
+  // layout (the manifest's, else one rank holding everything) to the destination's
+  // registered layout (else one rank holding everything); per (source rank,
+  // destination rank) the ranges and bytes, bytes needed and planned, and the replica
+  // it got the version from. NOT_FOUND for an unknown version or destination;
+  // INVALID_ARGUMENT for max_ranges over 100000 or a layout the planner refuses (named);
+  // FAILED_PRECONDITION when the version's tensors are unknown or the destination's
+  // layout lacks one of them.
+  absl::Status GetPlan(const v1::GetPlanRequest& request, v1::GetPlanResponse* response);
   // NOT_FOUND for an unknown version or destination.
   absl::Status GetSyncStatus(const v1::GetSyncStatusRequest& request, v1::GetSyncStatusResponse* response);
 
@@ -99,6 +110,8 @@ class WeightsCore {
     int root_children = 0;  // replicas this service sent it to itself
     int in_flight = 0;      // syncs of it under way
     v1::WeightManifest manifest;
+    std::vector<reshard::TensorSpec> tensors;  // from the manifest or the safetensors header
+    reshard::Layout layout;                    // the trainer's
     v1::TransferDescriptor location;  // the trainer's file
     std::string bytes;                // the version, when served from memory
     std::optional<transport::MemoryHandle> registered;
@@ -108,6 +121,7 @@ class WeightsCore {
   struct Registered {
     std::string grpc_address;
     std::shared_ptr<Destination> destination;
+    v1::ShardLayout layout;  // world_size 0: one rank holding everything
   };
   absl::StatusOr<v1::DestinationSyncStatus> Sync(const std::string& replica_id, uint64_t version,
                                                  absl::Duration timeout);

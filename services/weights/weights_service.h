@@ -1,6 +1,6 @@
 // gRPC adapter for WeightsCore (WeightsService), and the Destination that reaches a
-// rollout replica over gRPC (RolloutService.UpdateWeights). GetPlan and WatchVersions
-// answer UNIMPLEMENTED in this slice. Thread-safe.
+// rollout replica over gRPC (RolloutService.UpdateWeights). WatchVersions answers
+// UNIMPLEMENTED in this slice. Thread-safe.
 #ifndef RLFLEET_SERVICES_WEIGHTS_WEIGHTS_SERVICE_H_
 #define RLFLEET_SERVICES_WEIGHTS_WEIGHTS_SERVICE_H_
 
@@ -38,6 +38,10 @@ class WeightsServiceImpl final : public v1::WeightsService::CallbackService {
   grpc::ServerUnaryReactor* SyncVersion(grpc::CallbackServerContext* c, const v1::SyncVersionRequest* req,
                                         v1::SyncVersionResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->SyncVersion(*req, resp); });
+  }
+  grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* c, const v1::GetPlanRequest* req,
+                                    v1::GetPlanResponse* resp) override {
+    return rpc::HandleUnary(c, auth_, [&] { return core_->GetPlan(*req, resp); });
   }
   grpc::ServerUnaryReactor* GetSyncStatus(grpc::CallbackServerContext* c, const v1::GetSyncStatusRequest* req,
                                           v1::GetSyncStatusResponse* resp) override {

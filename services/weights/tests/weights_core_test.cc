@@ -14,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/common/checksum.h"
+#include "libs/model/safetensors.h"
 #include "libs/transport/descriptor_fetcher.h"
 #include "libs/transport/loopback/loopback_transport.h"
 
@@ -323,6 +324,85 @@ TEST(WeightsRelay, ARelayThatIsGoneIsReplacedByThisService) {
   EXPECT_TRUE(absl::StrContains(log[1], "the relay from r0 failed")) << log[1];
   EXPECT_TRUE(absl::StrContains(log[2], "version 5 -> r1 (from here): installed")) << log[2];
   EXPECT_TRUE(absl::StrContains(log[3], "version 5 -> r2 (from r1): installed")) << log[3];
+}
+
+// GetPlan: the version's tensors (from its safetensors header) from the trainer's one
+// rank to a replica of TP 2 (the matrix by rows, the norm replicated): each TP rank
+// gets half the matrix and all of the norm, and the plan moves exactly what is needed.
+TEST(WeightsPlan, TheVersionIsPlannedInTheDestinationsLayout) {
+  std::map<std::string, model::TensorBlob> tensors;
+  tensors["layer.weight"] = {"F32", {64, 32}, std::string(64 * 32 * 4, '\x01')};
+  tensors["norm"] = {"F32", {32}, std::string(32 * 4, '\x02')};
+  const std::string image = model::SerializeSafetensors(tensors);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/plan-v7.safetensors";
+  std::ofstream(path, std::ios::binary) << image;
+  v1::PublishVersionRequest publish;
+  publish.mutable_manifest()->mutable_version()->set_version(7);
+  v1::TransferDescriptor* where = publish.add_sources()->add_shards()->mutable_location();
+  where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
+  where->mutable_segment()->set_worker_address(path);
+  where->set_length_bytes(image.size());
+  where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+  where->mutable_digest()->set_value(common::Xxh64(image));
+  Fixture f;
+  v1::PublishVersionResponse published;
+  ASSERT_TRUE(f.core.PublishVersion(publish, &published).ok());
+
+  v1::RegisterDestinationRequest tp2;
+  tp2.set_replica_id("tp2");
+  tp2.set_grpc_address("tp2:1");
+  tp2.mutable_layout()->set_world_size(2);
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, v1::LayoutKind>>{
+           {"layer.weight", v1::LAYOUT_KIND_TP_ROW}, {"norm", v1::LAYOUT_KIND_REPLICATED}}) {
+    v1::TensorLayout* t = tp2.mutable_layout()->add_tensors();
+    t->mutable_spec()->set_name(name);
+    t->set_kind(kind);
+  }
+  v1::RegisterDestinationResponse registered;
+  ASSERT_TRUE(f.core.RegisterDestination(tp2, &registered).ok());
+  v1::GetPlanRequest ask;
+  ask.set_replica_id("tp2");
+  ask.set_include_ranges(true);
+  v1::GetPlanResponse plan;
+  ASSERT_TRUE(f.core.GetPlan(ask, &plan).ok());
+  EXPECT_EQ(plan.version(), 7u);
+  ASSERT_EQ(plan.pairs_size(), 2);
+  for (const auto& pair : plan.pairs()) {
+    EXPECT_EQ(pair.src_rank(), 0u);
+    EXPECT_EQ(pair.bytes(), 32u * 32 * 4 + 32 * 4) << "TP rank " << pair.dst_rank();
+    EXPECT_EQ(static_cast<int>(pair.range_count()), pair.ranges_size());
+  }
+  EXPECT_EQ(plan.bytes_needed(), 2 * (32u * 32 * 4 + 32 * 4));
+  EXPECT_EQ(plan.bytes_planned(), plan.bytes_needed());
+
+  // With no layout registered the replica holds everything: one pair, the whole model.
+  v1::RegisterDestinationRequest whole;
+  whole.set_replica_id("whole");
+  whole.set_grpc_address("whole:1");
+  ASSERT_TRUE(f.core.RegisterDestination(whole, &registered).ok());
+  ask.set_replica_id("whole");
+  ask.set_include_ranges(false);
+  v1::GetPlanResponse all;
+  ASSERT_TRUE(f.core.GetPlan(ask, &all).ok());
+  ASSERT_EQ(all.pairs_size(), 1);
+  EXPECT_EQ(all.pairs(0).bytes(), 64u * 32 * 4 + 32 * 4);
+  EXPECT_EQ(all.pairs(0).ranges_size(), 0);
+
+  // Bad asks name the problem.
+  ask.set_replica_id("nobody");
+  EXPECT_EQ(f.core.GetPlan(ask, &all).code(), absl::StatusCode::kNotFound);
+  ask.set_replica_id("tp2");
+  ask.set_max_ranges(100001);
+  EXPECT_EQ(f.core.GetPlan(ask, &all).code(), absl::StatusCode::kInvalidArgument);
+  v1::RegisterDestinationRequest partial = tp2;
+  partial.set_replica_id("partial");
+  partial.mutable_layout()->mutable_tensors()->RemoveLast();
+  ASSERT_TRUE(f.core.RegisterDestination(partial, &registered).ok());
+  ask.set_replica_id("partial");
+  ask.set_max_ranges(0);
+  absl::Status lacking = f.core.GetPlan(ask, &all);
+  EXPECT_EQ(lacking.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(lacking.message(), "norm")) << lacking;
 }
 
 }  // namespace
