@@ -70,27 +70,85 @@ bool CountPackedVarints(absl::string_view packed, uint64_t* count) {
 
 void ExperienceReader::Read(absl::string_view bytes, ExperienceFacts* facts) {
   *facts = ExperienceFacts();
-  if (ReadView(bytes, facts)) return;
+  if (ReadView(bytes, facts)) {
+    ++fast_reads_;
+    return;
+  }
   *facts = ExperienceFacts();
   ReadFull(bytes, facts);
 }
 
+namespace {
+
+// A varint at *p (at most 10 bytes, before `end`); false if malformed.
+bool ReadVarint(const uint8_t** p, const uint8_t* end, uint64_t* value) {
+  uint64_t v = 0;
+  for (int i = 0; i < 10 && *p < end; ++i) {
+    const uint8_t b = *(*p)++;
+    v |= static_cast<uint64_t>(b & 0x7f) << (7 * i);
+    if ((b & 0x80) == 0) {
+      *value = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 bool ExperienceReader::ReadView(absl::string_view bytes, ExperienceFacts* facts) {
-  // Anything unusual (a parse failure, unpacked or unknown fields, malformed packed
-  // bytes) goes to the full parse, which decides.
-  if (!view_.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return false;
-  if (!view_.GetReflection()->GetUnknownFields(view_).empty()) return false;
+  // Walks the top-level fields: the packed per-token fields (5, 6, 7) are counted and
+  // checked where they lie; every other field is copied (a few dozen bytes) for
+  // v1::ExperienceView to parse, so protobuf checks them as it would in an Experience.
+  // Anything unusual (malformed framing, groups, per-token fields not packed, unknown
+  // fields) goes to the full parse, which decides.
+  rest_.clear();
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  const uint8_t* const end = p + bytes.size();
   uint64_t prompt_tokens = 0;
-  for (const std::string& packed : view_.prompt_token_ids()) {
-    if (!CountPackedVarints(packed, &prompt_tokens)) return false;
+  while (p < end) {
+    const uint8_t* const field = p;
+    uint64_t tag = 0;
+    if (!ReadVarint(&p, end, &tag) || tag > 0xffffffffu || (tag >> 3) == 0) return false;
+    const uint64_t number = tag >> 3;
+    switch (tag & 7) {
+      case 0: {
+        uint64_t ignored;
+        if (!ReadVarint(&p, end, &ignored)) return false;
+        break;
+      }
+      case 1:
+        if (end - p < 8) return false;
+        p += 8;
+        break;
+      case 5:
+        if (end - p < 4) return false;
+        p += 4;
+        break;
+      case 2: {
+        uint64_t length = 0;
+        if (!ReadVarint(&p, end, &length) || length > static_cast<uint64_t>(end - p)) return false;
+        const absl::string_view value(reinterpret_cast<const char*>(p), length);
+        p += length;
+        if (number == 5 || number == 6) {
+          if (!CountPackedVarints(value, number == 6 ? &facts->response_tokens : &prompt_tokens)) return false;
+          continue;
+        }
+        if (number == 7) {
+          if (length % 4 != 0) return false;
+          facts->response_logprobs += length / 4;
+          continue;
+        }
+        break;
+      }
+      default:
+        return false;
+    }
+    if (number >= 5 && number <= 7) return false;  // (sent unpacked)
+    rest_.append(reinterpret_cast<const char*>(field), p - field);
   }
-  for (const std::string& packed : view_.response_token_ids()) {
-    if (!CountPackedVarints(packed, &facts->response_tokens)) return false;
-  }
-  for (const std::string& packed : view_.response_logprobs()) {
-    if (packed.size() % 4 != 0) return false;
-    facts->response_logprobs += packed.size() / 4;
-  }
+  if (!view_.ParseFromString(rest_)) return false;
+  if (!view_.GetReflection()->GetUnknownFields(view_).empty()) return false;
   Common(view_, facts);
   return true;
 }

@@ -1,8 +1,9 @@
 // ExperienceReader: what the buffer needs to know of one serialized v1::Experience to
 // check it and place it (id, group, reward, versions, per-token counts), read without
-// decoding the packed token ids where it can (v1::ExperienceView: the packed fields
-// stay bytes whose varints are counted and checked for well-formedness), and by a
-// full parse otherwise. Either way it accepts exactly the bytes v1::Experience parses.
+// decoding or copying the packed token ids where it can (their varints are counted and
+// checked for well-formedness where they lie; the other fields are parsed as a
+// v1::ExperienceView), and by a full parse otherwise. Either way it accepts exactly the
+// bytes v1::Experience parses.
 //
 // Not thread-safe: one per thread (it reuses its messages between calls).
 #ifndef RLFLEET_SERVICES_BUFFER_EXPERIENCE_READER_H_
@@ -36,6 +37,8 @@ class ExperienceReader {
  public:
   // Overwrites every field of `*facts`.
   void Read(absl::string_view bytes, ExperienceFacts* facts);
+  // How many reads took the fast path (for tests).
+  uint64_t fast_reads() const { return fast_reads_; }
 
  private:
   bool ReadView(absl::string_view bytes, ExperienceFacts* facts);
@@ -43,6 +46,8 @@ class ExperienceReader {
 
   v1::ExperienceView view_;
   v1::Experience full_;
+  std::string rest_;  // the fields other than the packed per-token ones
+  uint64_t fast_reads_ = 0;
 };
 
 // Empty if `facts` describe a valid experience, else the reason naming the field.

@@ -128,7 +128,9 @@ TEST(ExperienceReader, ReadsWhatTheFullParseReadsOnRandomAndCorruptedBytes) {
   int rejected = 0;
   for (int trial = 0; trial < 4000; ++trial) {
     const std::string bytes = RandomExperience(rng).SerializeAsString();
+    const uint64_t fast_before = reader.fast_reads();
     ExpectSameAsFullParse(bytes, reader, "valid #" + std::to_string(trial));
+    ASSERT_EQ(reader.fast_reads(), fast_before + 1) << "a valid experience did not take the fast path";
     // Corruptions: a flipped byte, a truncation, a random insertion.
     std::string flipped = bytes;
     if (!flipped.empty()) flipped[rng() % flipped.size()] ^= static_cast<char>(1 + rng() % 255);
