@@ -93,6 +93,7 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     v1::PublishVersionRequest request;
     *request.mutable_manifest() = published.manifest();
     *request.add_sources()->add_shards()->mutable_location() = published.location();
+    request.set_trainer_pause_us(static_cast<int64_t>(published.elapsed_ms() * 1000));
     v1::PublishVersionResponse response;
     return rpc::ToAbslStatus(stub_->PublishVersion(Context().get(), request, &response));
   }

@@ -197,6 +197,8 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
     s.set_phase(v1::SYNC_PHASE_PENDING);
     s.set_bytes_needed(where.length_bytes());
   }
+  v.trainer_pause_us = request.trainer_pause_us();
+  v.read_us = absl::ToInt64Microseconds(absl::Now() - start);
   Log(absl::StrFormat("version %d published: %.1f MB %s in %.1f ms, digest verified", version,
                       where.length_bytes() / 1e6, file ? "read from the trainer's file" : "pulled from the trainer",
                       absl::ToDoubleMilliseconds(absl::Now() - start)));
@@ -429,6 +431,9 @@ absl::Status WeightsCore::GetSyncStatus(const v1::GetSyncStatusRequest& request,
   const uint64_t version = Resolve(request.version());
   auto v = versions_.find(version);
   if (v == versions_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+  response->set_version(version);
+  response->set_trainer_pause_us(v->second.trainer_pause_us);
+  response->set_publish_read_us(v->second.read_us);
   if (!request.replica_id().empty()) {
     auto s = v->second.status.find(request.replica_id());
     if (s == v->second.status.end()) {

@@ -110,6 +110,8 @@ class WeightsCore {
     int root_children = 0;  // replicas this service sent it to itself
     int in_flight = 0;      // syncs of it under way
     v1::WeightManifest manifest;
+    int64_t trainer_pause_us = 0;
+    int64_t read_us = 0;
     std::vector<reshard::TensorSpec> tensors;  // from the manifest or the safetensors header
     reshard::Layout layout;                    // the trainer's
     v1::TransferDescriptor location;  // the trainer's file

@@ -119,6 +119,7 @@ TEST(WeightsService, TheTrainersVersionTravelsFromItsMemoryWithNoFile) {
   v1::PublishVersionRequest publish;
   *publish.mutable_manifest() = published.manifest();
   *publish.add_sources()->add_shards()->mutable_location() = published.location();
+  publish.set_trainer_pause_us(static_cast<int64_t>(published.elapsed_ms() * 1000));
   // A wrong digest is refused after the pull.
   v1::PublishVersionRequest tampered = publish;
   tampered.mutable_sources(0)->mutable_shards(0)->mutable_location()->mutable_digest()->set_value(1);
@@ -145,6 +146,14 @@ TEST(WeightsService, TheTrainersVersionTravelsFromItsMemoryWithNoFile) {
   v1::GetInfoResponse info;
   ASSERT_TRUE(Stub<v1::RolloutService>(*r)->GetInfo(Context().get(), {}, &info).ok());
   EXPECT_EQ(info.installed_version().version(), published.manifest().version().version());
+  // The round's phases: the trainer's pause, this service's pull, the replica's transfer.
+  v1::GetSyncStatusResponse round;
+  ASSERT_TRUE(service->GetSyncStatus(Context().get(), {}, &round).ok());
+  EXPECT_EQ(round.version(), published.manifest().version().version());
+  EXPECT_GT(round.trainer_pause_us(), 0);
+  EXPECT_GT(round.publish_read_us(), 0);
+  ASSERT_EQ(round.destinations_size(), 1);
+  EXPECT_GT(round.destinations(0).transfer_us(), 0);
   for (Subprocess* p : {&rollout, &weights}) {
     ASSERT_TRUE(p->Signal(SIGTERM).ok());
     EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
