@@ -336,7 +336,7 @@ TEST_F(BufferRecovery, KillNineMidIngestLosesNothingAndCountsExactly) {
   StartRedis("everysec");
   StartBuffer();
   Configure();
-  Producer producer(&endpoint_, 400);
+  Producer producer(&endpoint_, 1200);  // (enough that the kill lands mid-ingest under any load)
   producer.Start();
   Consumer consumer(&endpoint_);
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
@@ -370,7 +370,7 @@ TEST_F(BufferRecovery, RedisKilledMidRunLosesNothingAcknowledged) {
   StartRedis("always");  // an acknowledged write is on disk before Redis replies
   StartBuffer();
   Configure();
-  Producer producer(&endpoint_, 400);
+  Producer producer(&endpoint_, 1200);  // (enough that the kill lands mid-ingest under any load)
   producer.Start();
   Consumer consumer(&endpoint_);
   std::atomic<bool> producing{true};
