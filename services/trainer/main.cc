@@ -26,6 +26,9 @@ ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(uint64_t, seed, 1, "Initial weights' seed.");
 ABSL_FLAG(bool, value_head, false, "Give the model a value head (the critic PPO's GAE needs).");
 ABSL_FLAG(std::string, buffer, "", "Buffer address (host:port) for TrainStep's BufferSource.");
+ABSL_FLAG(std::string, weights, "",
+          "Weights service address (host:port): PublishWeights hands every version to it (PublishVersion) before "
+          "it answers. Empty: whoever calls PublishWeights hands it on.");
 ABSL_FLAG(int, dp_world, 1, "Data-parallel ranks (processes); gradients are all-reduced over Gloo (TCP).");
 ABSL_FLAG(int, dp_rank, 0, "This process's rank: 0 serves the API and the rendezvous, the others follow it.");
 ABSL_FLAG(std::string, dp_host, "127.0.0.1", "Where rank 0's rendezvous listens (and this rank's address).");
@@ -162,7 +165,18 @@ int main(int argc, char** argv) {
     std::cout << "rlfleet-trainer rank " << rank << " stopped: " << s << std::endl;
     return s.ok() ? 0 : 1;
   }
-  rlfleet::trainer::TrainerServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token}, publish);
+  std::unique_ptr<rlfleet::trainer::GrpcWeightsSink> weights;
+  if (!absl::GetFlag(FLAGS_weights).empty()) {
+    auto client_options = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_weights));
+    auto channel = client_options.ok() ? rlfleet::rpc::MakeChannel(*client_options) : client_options.status();
+    if (!channel.ok()) {
+      std::cerr << "rlfleet-trainer: --weights: " << channel.status() << "\n";
+      return 2;
+    }
+    weights = std::make_unique<rlfleet::trainer::GrpcWeightsSink>(*channel, *client_options, "rlfleet-trainer");
+  }
+  rlfleet::trainer::TrainerServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token}, publish,
+                                               weights.get());
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
   if (absl::Status s = runner.Start(); !s.ok()) {

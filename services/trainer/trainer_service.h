@@ -1,18 +1,24 @@
 // gRPC adapter for TrainerCore. PublishWeights publishes to the publish target (a
-// directory, or the trainer's data plane). Thread-safe.
+// directory, or the trainer's data plane) and, with a weights sink, hands the version
+// to the weights service before it answers. Thread-safe.
 #ifndef RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
 #define RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
 
 #include "libs/rpc/server_call.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
+#include "absl/strings/str_cat.h"
+#include "libs/common/status_macros.h"
 #include "services/trainer/trainer_core.h"
+#include "services/trainer/weights_client.h"
 
 namespace rlfleet::trainer {
 
 class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
  public:
-  TrainerServiceImpl(TrainerCore* core, rpc::CallAuth auth, TrainerCore::PublishTarget publish = {})
-      : core_(core), auth_(std::move(auth)), publish_(std::move(publish)) {}
+  // `weights` (not owned; may be null: the caller hands versions on itself).
+  TrainerServiceImpl(TrainerCore* core, rpc::CallAuth auth, TrainerCore::PublishTarget publish = {},
+                     WeightsSink* weights = nullptr)
+      : core_(core), auth_(std::move(auth)), publish_(std::move(publish)), weights_(weights) {}
 
   grpc::ServerUnaryReactor* TrainStep(grpc::CallbackServerContext* c, const v1::TrainStepRequest* req,
                                       v1::TrainStepResponse* resp) override {
@@ -32,13 +38,19 @@ class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
   }
   grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* c, const v1::PublishWeightsRequest* req,
                                            v1::PublishWeightsResponse* resp) override {
-    return rpc::HandleUnary(c, auth_, [&] { return core_->Publish(publish_, *req, resp); });
+    return rpc::HandleUnary(c, auth_, [&]() -> absl::Status {
+      RETURN_IF_ERROR(core_->Publish(publish_, *req, resp));
+      if (weights_ == nullptr) return absl::OkStatus();
+      return common::Annotate(weights_->HandOff(*resp),
+                              absl::StrCat("handing version ", resp->version().version(), " to the weights service"));
+    });
   }
 
  private:
   TrainerCore* const core_;
   const rpc::CallAuth auth_;
   const TrainerCore::PublishTarget publish_;
+  WeightsSink* const weights_;
 };
 
 }  // namespace rlfleet::trainer

@@ -130,6 +130,15 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   }
   {
     absl::MutexLock lock(&mu_);
+    // The same version again with the same digest (the trainer handed it on and the
+    // controller does too, or a retry): already published.
+    if (auto it = versions_.find(version); it != versions_.end() &&
+                                           it->second.location.digest().algorithm() == where.digest().algorithm() &&
+                                           it->second.location.digest().value() == where.digest().value()) {
+      *response->mutable_version() = request.manifest().version();
+      response->set_destinations(destinations_.size());
+      return absl::OkStatus();
+    }
     if (!versions_.empty() && version <= versions_.rbegin()->first) {
       return absl::FailedPreconditionError(
           absl::StrCat("version ", version, " is not newer than the latest, ", versions_.rbegin()->first));

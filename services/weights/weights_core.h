@@ -72,7 +72,8 @@ class WeightsCore {
                                      v1::UnregisterDestinationResponse* response);
   // INVALID_ARGUMENT naming the field (this slice: exactly one source rank with one
   // shard, its length and digest: the trainer's file, or its memory, pulled over the data
-  // plane); FAILED_PRECONDITION for a version not newer than the latest; NOT_FOUND for a
+  // plane); the same version again with the same digest is already published (OK,
+  // nothing read); FAILED_PRECONDITION for another version not newer than the latest; NOT_FOUND for a
   // file that cannot be read; the data plane's error for memory that cannot be pulled
   // (UNAVAILABLE: the trainer is gone); DATA_LOSS when the bytes do not match the digest
   // (the version is not published).

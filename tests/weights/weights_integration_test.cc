@@ -160,6 +160,58 @@ TEST(WeightsService, TheTrainersVersionTravelsFromItsMemoryWithNoFile) {
   }
 }
 
+// A trainer started with --weights hands every version to rlfleet-weights itself: an
+// orchestrator calls PublishWeights and the version is there (and the same version
+// handed on again, as the controller does, is already published).
+TEST(WeightsService, ATrainerWithWeightsHandsItsVersionsOnItself) {
+  Subprocess trainer, rollout, weights;
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {});
+  ASSERT_TRUE(w.ok()) << weights.output();
+  auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer", {"--threads=1", "--weights=" + *w});
+  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout", {"--threads=1"});
+  ASSERT_TRUE(t.ok() && r.ok()) << trainer.output() << rollout.output();
+  v1::PublishWeightsResponse published;
+  grpc::Status s = Stub<v1::TrainerService>(*t)->PublishWeights(Context().get(), {}, &published);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  auto service = Stub<v1::WeightsService>(*w);
+  v1::GetSyncStatusRequest ask;
+  ask.set_version(published.manifest().version().version());
+  v1::GetSyncStatusResponse round;
+  s = service->GetSyncStatus(Context().get(), ask, &round);
+  ASSERT_TRUE(s.ok()) << s.error_message();  // (NOT_FOUND if it had not been handed on)
+  EXPECT_GT(round.trainer_pause_us(), 0);
+  v1::PublishVersionRequest again;
+  *again.mutable_manifest() = published.manifest();
+  *again.add_sources()->add_shards()->mutable_location() = published.location();
+  v1::PublishVersionResponse accepted;
+  s = service->PublishVersion(Context().get(), again, &accepted);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(accepted.bytes_read(), 0u);
+  v1::RegisterDestinationRequest reg;
+  reg.set_replica_id("r");
+  reg.set_grpc_address(*r);
+  v1::RegisterDestinationResponse out;
+  ASSERT_TRUE(service->RegisterDestination(Context().get(), reg, &out).ok());
+  v1::SyncVersionRequest sync;
+  sync.set_replica_id("r");
+  sync.set_commit(true);
+  v1::SyncVersionResponse synced;
+  s = service->SyncVersion(Context().get(), sync, &synced);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(synced.status().phase(), v1::SYNC_PHASE_INSTALLED);
+  // With the weights service gone PublishWeights says so (UNAVAILABLE), never hangs.
+  ASSERT_TRUE(weights.Signal(SIGKILL).ok());
+  ASSERT_TRUE(weights.Wait(absl::Seconds(10)).ok());
+  const absl::Time start = absl::Now();
+  s = Stub<v1::TrainerService>(*t)->PublishWeights(Context().get(), {}, &published);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  for (Subprocess* p : {&trainer, &rollout}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
+}
+
 // The relay tree between real processes (--relay_fanout=1: a chain): the first replica
 // pulls the version from rlfleet-weights, the next from the replica before it; a relay
 // killed with -9 is replaced by rlfleet-weights for the replica it would have fed.

@@ -90,7 +90,15 @@ TEST(WeightsCore, AVersionIsVerifiedBeforeItIsPublished) {
   EXPECT_TRUE(absl::StrContains(f.core.PublishVersion(no_digest, &out).message(), "digest: required"));
   ASSERT_TRUE(f.core.PublishVersion(Publish(2, dir + "/v2"), &out).ok());
   EXPECT_EQ(out.bytes_read(), 4098u);
-  EXPECT_EQ(f.core.PublishVersion(Publish(2, dir + "/v2"), &out).code(), absl::StatusCode::kFailedPrecondition);
+  // The same version again: already published (nothing read) if the digest is the
+  // same, refused if it is not; an older one is refused.
+  v1::PublishVersionResponse again;
+  ASSERT_TRUE(f.core.PublishVersion(Publish(2, dir + "/v2"), &again).ok());
+  EXPECT_EQ(again.bytes_read(), 0u);
+  v1::PublishVersionRequest changed = Publish(2, dir + "/v2");
+  changed.mutable_sources(0)->mutable_shards(0)->mutable_location()->mutable_digest()->set_value(12345);
+  EXPECT_EQ(f.core.PublishVersion(changed, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f.core.PublishVersion(Publish(1, dir + "/v1"), &out).code(), absl::StatusCode::kFailedPrecondition);
   // A rejected version left nothing to sync.
   v1::RegisterDestinationRequest reg;
   reg.set_replica_id("r");
