@@ -1,6 +1,9 @@
 // The policy (policy.h) in libtorch; the module itself is in policy_impl.h.
 #include "libs/model/policy.h"
 
+#include <fstream>
+#include <iterator>
+
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -320,13 +323,17 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
 }
 
 std::string Policy::SafetensorsBytes() const {
-  std::map<std::string, TensorBlob> tensors;
+  // Views of the parameters where they are (a CPU f32 parameter is not copied; others
+  // are converted into `kept` first): the image is written with one copy per byte.
+  std::vector<torch::Tensor> kept;
+  std::map<std::string, TensorView> tensors;
   for (const auto& item : impl_->named_parameters()) {
     torch::Tensor t = item.value().detach().to(torch::kCPU).contiguous().to(torch::kFloat32);
-    TensorBlob blob;
-    blob.shape = t.sizes().vec();
-    blob.bytes.assign(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * sizeof(float));
-    tensors[item.key()] = std::move(blob);
+    kept.push_back(t);
+    TensorView view;
+    view.shape = t.sizes().vec();
+    view.bytes = absl::string_view(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * sizeof(float));
+    tensors[item.key()] = std::move(view);
   }
   return SerializeSafetensors(tensors);
 }
@@ -427,25 +434,27 @@ absl::Status Policy::LoadOptimizerState(const std::string& path) {
 }
 
 absl::Status Policy::LoadSafetensors(const std::string& path) {
-  ASSIGN_OR_RETURN(auto tensors, ReadSafetensors(path));
-  return LoadTensors(tensors, path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return LoadSafetensorsBytes(bytes, path);
 }
 
 absl::Status Policy::LoadSafetensorsBytes(const std::string& bytes, const std::string& name) {
-  ASSIGN_OR_RETURN(auto tensors, ParseSafetensors(bytes, name));
+  ASSIGN_OR_RETURN(auto tensors, ParseSafetensorsViews(bytes, name));  // (views: nothing copied yet)
   return LoadTensors(tensors, name);
 }
 
-absl::Status Policy::LoadTensors(const std::map<std::string, TensorBlob>& tensors, const std::string& path) {
+absl::Status Policy::LoadTensors(const std::map<std::string, TensorView>& tensors, const std::string& path) {
   torch::NoGradGuard no_grad;
   // Every tensor is checked before any is copied: a bad file changes nothing.
-  std::vector<std::pair<torch::Tensor, const TensorBlob*>> copies;
+  std::vector<std::pair<torch::Tensor, const TensorView*>> copies;
   for (auto& item : impl_->named_parameters()) {
     auto it = tensors.find(item.key());
     if (it == tensors.end()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor `", item.key(), "` is missing"));
     }
-    const TensorBlob& blob = it->second;
+    const TensorView& blob = it->second;
     if (blob.dtype != "F32" || blob.shape != item.value().sizes().vec()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor `", item.key(), "` is ", blob.dtype,
                                                      " of the wrong shape; want F32 [",

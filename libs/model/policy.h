@@ -23,6 +23,7 @@
 namespace rlfleet::model {
 
 struct TensorBlob;  // safetensors.h
+struct TensorView;  // safetensors.h
 
 struct PolicyConfig {
   int vocab_size = 32;
@@ -199,7 +200,7 @@ class Policy {
 
  private:
   // Loads checked tensors into the model (every one checked first: a bad set changes nothing).
-  absl::Status LoadTensors(const std::map<std::string, TensorBlob>& tensors, const std::string& path);
+  absl::Status LoadTensors(const std::map<std::string, TensorView>& tensors, const std::string& path);
   friend class DecodeBatch;
   explicit Policy(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -1,6 +1,7 @@
 #include "libs/model/safetensors.h"
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "libs/common/huge_string.h"
 
 namespace rlfleet::model {
 namespace {
@@ -103,10 +105,13 @@ class Json {
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsImpl(const std::string& data, const std::string& path,
-                                                                       bool with_bytes);
+absl::StatusOr<std::map<std::string, TensorView>> ParseSafetensorsViews(const std::string& data,
+                                                                        const std::string& path);
 
-std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors) {
+namespace {
+
+template <typename Tensor>
+std::string Serialize(const std::map<std::string, Tensor>& tensors) {
   std::string header = "{";
   uint64_t offset = 0;
   bool first = true;
@@ -119,14 +124,24 @@ std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensor
   }
   header += "}";
   while (header.size() % 8 != 0) header += ' ';  // keeps the data 8-byte aligned
-  std::string out;
-  out.reserve(8 + header.size() + offset);
+  std::string out = common::NewHugeString(8 + header.size() + offset);
   const uint64_t n = header.size();
-  out.append(reinterpret_cast<const char*>(&n), 8);
-  out += header;
-  for (const auto& [name, t] : tensors) out += t.bytes;
+  char* at = out.data();
+  std::memcpy(at, &n, 8);
+  std::memcpy(at + 8, header.data(), header.size());
+  at += 8 + header.size();
+  for (const auto& [name, t] : tensors) {
+    std::memcpy(at, t.bytes.data(), t.bytes.size());
+    at += t.bytes.size();
+  }
   return out;
 }
+
+}  // namespace
+
+std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors) { return Serialize(tensors); }
+
+std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors) { return Serialize(tensors); }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp";
@@ -154,17 +169,35 @@ absl::StatusOr<std::map<std::string, TensorBlob>> ReadSafetensors(const std::str
   return ParseSafetensors(buffer.str(), path);
 }
 
+namespace {
+
+// Blobs of `views`, their bytes copied or not.
+absl::StatusOr<std::map<std::string, TensorBlob>> Blobs(absl::StatusOr<std::map<std::string, TensorView>> views,
+                                                       bool with_bytes) {
+  if (!views.ok()) return views.status();
+  std::map<std::string, TensorBlob> out;
+  for (auto& [name, v] : *views) {
+    TensorBlob& b = out[name];
+    b.dtype = v.dtype;
+    b.shape = v.shape;
+    if (with_bytes) b.bytes.assign(v.bytes.data(), v.bytes.size());
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensors(const std::string& data, const std::string& path) {
-  return ParseSafetensorsImpl(data, path, /*with_bytes=*/true);
+  return Blobs(ParseSafetensorsViews(data, path), /*with_bytes=*/true);
 }
 
 absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsHeader(const std::string& data,
                                                                          const std::string& path) {
-  return ParseSafetensorsImpl(data, path, /*with_bytes=*/false);
+  return Blobs(ParseSafetensorsViews(data, path), /*with_bytes=*/false);
 }
 
-absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsImpl(const std::string& data, const std::string& path,
-                                                                       bool with_bytes) {
+absl::StatusOr<std::map<std::string, TensorView>> ParseSafetensorsViews(const std::string& data,
+                                                                        const std::string& path) {
   if (data.size() < 8) return absl::DataLossError(absl::StrCat(path, ": shorter than 8 bytes"));
   uint64_t header_len = 0;
   std::memcpy(&header_len, data.data(), 8);
@@ -174,7 +207,7 @@ absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsImpl(const std
   const std::string header = data.substr(8, header_len);
   const size_t base = 8 + header_len;
   Json json(header);
-  std::map<std::string, TensorBlob> out;
+  std::map<std::string, TensorView> out;
   if (!json.Eat('{')) return json.Error("expected {");
   if (json.Eat('}')) return out;
   do {
@@ -185,7 +218,7 @@ absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsImpl(const std
       if (auto s = json.Skip(); !s.ok()) return s;
       continue;
     }
-    TensorBlob t;
+    TensorView t;
     std::vector<int64_t> offsets;
     if (!json.Eat('{')) return json.Error("expected {");
     do {
@@ -217,7 +250,7 @@ absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsImpl(const std
         offsets[1] - offsets[0] != numel * elem) {
       return absl::DataLossError(absl::StrCat(path, ": tensor `", *name, "` has bad offsets, dtype or shape"));
     }
-    if (with_bytes) t.bytes = data.substr(base + offsets[0], offsets[1] - offsets[0]);
+    t.bytes = absl::string_view(data).substr(base + offsets[0], offsets[1] - offsets[0]);
     out[*name] = std::move(t);
   } while (json.Eat(','));
   if (!json.Eat('}')) return json.Error("expected }");

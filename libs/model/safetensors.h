@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace rlfleet::model {
 
@@ -19,8 +20,17 @@ struct TensorBlob {
   std::string bytes;
 };
 
-// The safetensors image of `tensors` (header, then the data 8-byte aligned).
+// A tensor's bytes where they already are (valid while serialising).
+struct TensorView {
+  std::string dtype = "F32";
+  std::vector<int64_t> shape;
+  absl::string_view bytes;
+};
+
+// The safetensors image of `tensors` (header, then the data 8-byte aligned), in one
+// huge-page backed string (each tensor's bytes copied once, into place).
 std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors);
+std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors);
 // Writes bytes to `path` atomically (temporary file + rename): a crash never leaves a
 // half file.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
@@ -32,6 +42,9 @@ absl::Status WriteSafetensors(const std::string& path, const std::map<std::strin
 absl::StatusOr<std::map<std::string, TensorBlob>> ReadSafetensors(const std::string& path);
 // The same over bytes already in memory (`name` names them in errors).
 absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensors(const std::string& bytes, const std::string& name);
+// The same, each tensor's bytes a view into `bytes` (nothing copied).
+absl::StatusOr<std::map<std::string, TensorView>> ParseSafetensorsViews(const std::string& bytes,
+                                                                        const std::string& name);
 // The same checks, the tensors' dtypes and shapes only (their bytes left empty).
 absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensorsHeader(const std::string& bytes,
                                                                          const std::string& name);

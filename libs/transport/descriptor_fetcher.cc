@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <limits.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/common/checksum.h"
+#include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::transport {
@@ -115,7 +115,7 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   // buffer copied out afterwards; a big one is faulted in as huge pages first, since
   // faulting 4 KiB pages capped a 400 MiB pull at ~1.4 GB/s where ucx_perftest's warm
   // buffers reach ~12 (bench/fetch_bw).
-  std::string bytes = NewHugeString(d.length_bytes());
+  std::string bytes = common::NewHugeString(d.length_bytes());
   ASSIGN_OR_RETURN(MemoryHandle local,
                    transport_->RegisterMemory(bytes.data(), bytes.size(), MemoryKind::kHost, 0));
   std::unique_ptr<Completion> get = transport_->Get(peer, local, 0, d.segment(), d.offset_bytes(), d.length_bytes());
@@ -129,21 +129,6 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   (void)transport_->DeregisterMemory(local);
   if (!s.ok()) return s;
   return bytes;
-}
-
-std::string NewHugeString(uint64_t length) {
-  std::string out;
-  out.reserve(length);
-  constexpr uint64_t kHuge = 2 << 20;
-  if (length >= 4 * kHuge) {
-    // The allocation is fresh (untouched): ask for huge pages on its aligned interior.
-    const auto begin = reinterpret_cast<uintptr_t>(out.data());
-    const uintptr_t first = (begin + kHuge - 1) / kHuge * kHuge;
-    const uintptr_t last = (begin + length) / kHuge * kHuge;
-    if (last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-  }
-  out.resize(length);
-  return out;
 }
 
 }  // namespace rlfleet::transport

@@ -51,10 +51,6 @@ class DescriptorFetcher {
   const Options options_;
 };
 
-// A string of `length` zero bytes whose memory is backed by huge pages where the
-// kernel allows it (madvise), for large buffers that are filled at once.
-std::string NewHugeString(uint64_t length);
-
 }  // namespace rlfleet::transport
 
 #endif  // RLFLEET_LIBS_TRANSPORT_DESCRIPTOR_FETCHER_H_

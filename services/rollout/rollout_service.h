@@ -6,6 +6,7 @@
 #define RLFLEET_SERVICES_ROLLOUT_ROLLOUT_SERVICE_H_
 
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -14,6 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
 #include "libs/rpc/server_call.h"
 #include "libs/transport/descriptor_fetcher.h"
@@ -169,7 +171,8 @@ class RelayCopy {
   absl::StatusOr<v1::TransferDescriptor> Serve(const std::string& bytes, const v1::TransferDescriptor& pulled) {
     absl::MutexLock lock(&mu_);
     ReleaseLocked();
-    bytes_ = bytes;
+    bytes_ = common::NewHugeString(bytes.size());
+    std::memcpy(bytes_.data(), bytes.data(), bytes.size());
     absl::StatusOr<transport::MemoryHandle> handle =
         data_plane_->RegisterMemory(bytes_.data(), bytes_.size(), transport::MemoryKind::kHost, 0);
     if (!handle.ok()) return handle.status();
@@ -250,8 +253,10 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
         if (fetcher_ == nullptr) {
           return absl::FailedPreconditionError("this replica has no data plane to pull weights over (FILE only)");
         }
+        const absl::Time pull_start = absl::Now();
         absl::StatusOr<std::string> bytes = fetcher_->Fetch(source, deadline);
         if (!bytes.ok()) return common::Annotate(bytes.status(), "pulling the version");
+        resp->set_pull_us(absl::ToInt64Microseconds(absl::Now() - pull_start));
         if (req->serve_relay() && relay_ != nullptr) {
           // (no relay copy is not an error: the weights service then serves the others)
           absl::StatusOr<v1::TransferDescriptor> served = relay_->Serve(*bytes, source);

@@ -321,14 +321,17 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
     }
     s.set_phase(v1::SYNC_PHASE_INSTALLED);
     s.set_bytes_moved(s.bytes_needed());
-    s.set_transfer_us(installed->install_us());
+    // (a replica reading the trainer's file reports no pull: its install is the transfer)
+    s.set_transfer_us(installed->pull_us() > 0 ? installed->pull_us() : installed->install_us());
     s.set_pause_us(installed->pause_us());
-    s.set_install_us(absl::ToInt64Microseconds(took));
-    if (installed->install_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (installed->install_us() * 1e3));
-    Log(absl::StrFormat("version %d -> %s (from %s): installed, %.1f MB, transfer %.1f ms, decode pause %.2f ms, "
-                        "round trip %.1f ms, %.2f GB/s",
+    s.set_install_us(installed->install_us());
+    s.set_round_trip_us(absl::ToInt64Microseconds(took));
+    if (s.transfer_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (s.transfer_us() * 1e3));
+    Log(absl::StrFormat("version %d -> %s (from %s): installed, %.1f MB, pull %.1f ms (%.2f GB/s), install %.1f ms, "
+                        "decode pause %.2f ms, round trip %.1f ms",
                         version, replica_id, from.empty() ? "here" : from, s.bytes_moved() / 1e6,
-                        s.transfer_us() / 1e3, s.pause_us() / 1e3, s.install_us() / 1e3, s.throughput_gb_per_s()));
+                        s.transfer_us() / 1e3, s.throughput_gb_per_s(), s.install_us() / 1e3, s.pause_us() / 1e3,
+                        s.round_trip_us() / 1e3));
     return s;
   }
 }

@@ -36,6 +36,7 @@ class FakeDestination : public Destination {
     v1::CommitWeightsResponse r;
     *r.mutable_installed_version() = request.manifest().version();
     r.set_install_us(2000);
+    r.set_pull_us(1500);
     r.set_pause_us(3000);
     return r;
   }
@@ -143,7 +144,9 @@ TEST(WeightsCore, ARoundDropsADeadAndAStalledReplicaAtTheirDeadlineAndTheOthersI
     EXPECT_EQ(by_id[id].phase(), v1::SYNC_PHASE_INSTALLED) << id;
     EXPECT_EQ(by_id[id].version(), 7u);
     EXPECT_EQ(by_id[id].bytes_moved(), 4103u);
-    EXPECT_EQ(by_id[id].transfer_us(), 2000);
+    EXPECT_EQ(by_id[id].transfer_us(), 1500);  // the replica's pull
+    EXPECT_EQ(by_id[id].install_us(), 2000);
+    EXPECT_GT(by_id[id].round_trip_us(), 0);
     EXPECT_EQ(by_id[id].pause_us(), 3000);
     EXPECT_GT(by_id[id].throughput_gb_per_s(), 0);
   }

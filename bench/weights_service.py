@@ -1,0 +1,52 @@
+#!/usr/bin/python3
+"""The weight path through the services: a trainer (--weights, publishing from memory),
+rlfleet-weights (--relay_fanout) and R rollout replicas of a D_MODEL x N_LAYERS policy,
+each its own process on loopback. One PublishWeights, then every replica synced at once;
+prints the round's phases from GetSyncStatus (trainer pause, the weights service's pull
+and digest check, each replica's pull / install / round trip and whom it pulled from).
+
+  bazel build -c opt //services/...
+  mkdir -p /tmp/rlfleet_py && protoc -I proto --python_out=/tmp/rlfleet_py proto/rlfleet/v1/*.proto
+  PYTHONPATH=/tmp/rlfleet_py /usr/bin/python3 bench/weights_service.py 1024 8 3 1   # D_MODEL N_LAYERS R FANOUT
+"""
+import os, re, subprocess, sys, threading, time
+import grpc
+from rlfleet.v1 import trainer_pb2, weights_pb2
+B = os.environ.get("RLFLEET_BIN", "bazel-bin/services")
+MODEL = ["--d_model=%s" % sys.argv[1], "--n_layers=%s" % sys.argv[2], "--n_heads=8", "--threads=1"]
+R = int(sys.argv[3]); FAN = sys.argv[4]
+procs = []
+def start(binary, flags):
+    p = subprocess.Popen([binary, "--host=127.0.0.1", "--port=0"] + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs.append(p)
+    while True:
+        line = p.stdout.readline()
+        if not line: raise SystemExit("died: " + binary)
+        m = re.search(r"listening on (\S+)", line)
+        if m: return m.group(1)
+def call(addr, method, req, resp_cls, timeout=300):
+    ch = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64<<20)])
+    rpc = ch.unary_unary(method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=resp_cls.FromString)
+    return rpc(req, timeout=timeout)
+try:
+    w = start(B + "/weights/rlfleet-weights", ["--relay_fanout=" + FAN])
+    t = start(B + "/trainer/rlfleet-trainer", MODEL + ["--weights=" + w])
+    rs = [start(B + "/rollout/rlfleet-rollout", MODEL) for _ in range(R)]
+    t0 = time.time()
+    pub = call(t, "/rlfleet.v1.TrainerService/PublishWeights", trainer_pb2.PublishWeightsRequest(), trainer_pb2.PublishWeightsResponse)
+    t_pub = time.time() - t0
+    mb = pub.location.length_bytes / 1e6
+    for i, r in enumerate(rs):
+        call(w, "/rlfleet.v1.WeightsService/RegisterDestination", weights_pb2.RegisterDestinationRequest(replica_id="r%d" % i, grpc_address=r), weights_pb2.RegisterDestinationResponse)
+    t1 = time.time()
+    ths = [threading.Thread(target=call, args=(w, "/rlfleet.v1.WeightsService/SyncVersion", weights_pb2.SyncVersionRequest(replica_id="r%d" % i, commit=True, timeout_ms=300000), weights_pb2.SyncVersionResponse)) for i in range(R)]
+    [x.start() for x in ths]; [x.join() for x in ths]
+    t_sync = time.time() - t1
+    st = call(w, "/rlfleet.v1.WeightsService/GetSyncStatus", weights_pb2.GetSyncStatusRequest(), weights_pb2.GetSyncStatusResponse)
+    print("model %.1f MB; trainer publish (pause %.1f ms, call incl. weights pull %.2f s, weights pull+verify %.1f ms)" % (mb, st.trainer_pause_us/1e3, t_pub, st.publish_read_us/1e3))
+    for d in st.destinations:
+        print("  %s from %-4s %s pull %.1f ms (%.2f GB/s)  install %.1f ms  round trip %.1f ms" % (d.replica_id, d.relayed_from or "here", weights_pb2.SyncPhase.Name(d.phase), d.transfer_us/1e3, d.throughput_gb_per_s, d.install_us/1e3, d.round_trip_us/1e3))
+    print("all %d replicas synced in %.2f s (%.2f GB/s of replica bytes)" % (R, t_sync, R * mb / 1e3 / t_sync))
+finally:
+    for p in procs: p.terminate()
+    for p in procs: p.wait()

@@ -1,0 +1,17 @@
+// Large byte buffers that are filled at once (a weight version, a pulled payload):
+// strings whose memory the kernel backs with huge pages where it allows (madvise), so
+// that filling 400 MiB costs ~200 page faults instead of ~100000.
+#ifndef RLFLEET_LIBS_COMMON_HUGE_STRING_H_
+#define RLFLEET_LIBS_COMMON_HUGE_STRING_H_
+
+#include <cstdint>
+#include <string>
+
+namespace rlfleet::common {
+
+// A string of `length` zero bytes, huge-page backed when it is large (>= 8 MiB).
+std::string NewHugeString(uint64_t length);
+
+}  // namespace rlfleet::common
+
+#endif  // RLFLEET_LIBS_COMMON_HUGE_STRING_H_
