@@ -33,6 +33,27 @@ std::unique_ptr<grpc::ClientContext> Context(int seconds = 60) {
   return c;
 }
 
+// Registers the replica at `address` as destination `id`.
+void Register(v1::WeightsService::Stub& service, const std::string& id, const std::string& address) {
+  v1::RegisterDestinationRequest reg;
+  reg.set_replica_id(id);
+  reg.set_grpc_address(address);
+  v1::RegisterDestinationResponse out;
+  grpc::Status s = service.RegisterDestination(Context().get(), reg, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+}
+
+// Syncs destination `id` to the latest version and installs it; its status.
+v1::DestinationSyncStatus SyncAndInstall(v1::WeightsService::Stub& service, const std::string& id) {
+  v1::SyncVersionRequest sync;
+  sync.set_replica_id(id);
+  sync.set_commit(true);
+  v1::SyncVersionResponse synced;
+  grpc::Status s = service.SyncVersion(Context().get(), sync, &synced);
+  EXPECT_TRUE(s.ok()) << id << ": " << s.error_message();
+  return synced.status();
+}
+
 TEST(WeightsService, TheTrainersVersionReachesAReplicaAndADeadOneFailsAtItsDeadline) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/published";
   Subprocess trainer, rollout, weights;
@@ -128,21 +149,11 @@ TEST(WeightsService, TheTrainersVersionTravelsFromItsMemoryWithNoFile) {
   s = service->PublishVersion(Context().get(), publish, &accepted);
   ASSERT_TRUE(s.ok()) << s.error_message() << weights.output();
   EXPECT_EQ(accepted.bytes_read(), published.location().length_bytes());
-  v1::RegisterDestinationRequest reg;
-  reg.set_replica_id("r");
-  reg.set_grpc_address(*r);
-  v1::RegisterDestinationResponse out;
-  ASSERT_TRUE(service->RegisterDestination(Context().get(), reg, &out).ok());
+  Register(*service, "r", *r);
   // The trainer can go: the version is the weights service's now.
   ASSERT_TRUE(trainer.Signal(SIGKILL).ok());
   ASSERT_TRUE(trainer.Wait(absl::Seconds(10)).ok());
-  v1::SyncVersionRequest sync;
-  sync.set_replica_id("r");
-  sync.set_commit(true);
-  v1::SyncVersionResponse synced;
-  s = service->SyncVersion(Context().get(), sync, &synced);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_EQ(synced.status().phase(), v1::SYNC_PHASE_INSTALLED);
+  EXPECT_EQ(SyncAndInstall(*service, "r").phase(), v1::SYNC_PHASE_INSTALLED);
   v1::GetInfoResponse info;
   ASSERT_TRUE(Stub<v1::RolloutService>(*r)->GetInfo(Context().get(), {}, &info).ok());
   EXPECT_EQ(info.installed_version().version(), published.manifest().version().version());
@@ -187,18 +198,8 @@ TEST(WeightsService, ATrainerWithWeightsHandsItsVersionsOnItself) {
   s = service->PublishVersion(Context().get(), again, &accepted);
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(accepted.bytes_read(), 0u);
-  v1::RegisterDestinationRequest reg;
-  reg.set_replica_id("r");
-  reg.set_grpc_address(*r);
-  v1::RegisterDestinationResponse out;
-  ASSERT_TRUE(service->RegisterDestination(Context().get(), reg, &out).ok());
-  v1::SyncVersionRequest sync;
-  sync.set_replica_id("r");
-  sync.set_commit(true);
-  v1::SyncVersionResponse synced;
-  s = service->SyncVersion(Context().get(), sync, &synced);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_EQ(synced.status().phase(), v1::SYNC_PHASE_INSTALLED);
+  Register(*service, "r", *r);
+  EXPECT_EQ(SyncAndInstall(*service, "r").phase(), v1::SYNC_PHASE_INSTALLED);
   // With the weights service gone PublishWeights says so (UNAVAILABLE), never hangs.
   ASSERT_TRUE(weights.Signal(SIGKILL).ok());
   ASSERT_TRUE(weights.Wait(absl::Seconds(10)).ok());
@@ -228,11 +229,7 @@ TEST(WeightsService, ReplicasRelayTheVersionAndADeadRelayIsReplaced) {
     auto r = testing::StartService(rollouts[i], "services/rollout/rlfleet-rollout", {"--threads=1"});
     ASSERT_TRUE(r.ok()) << rollouts[i].output();
     addresses.push_back(*r);
-    v1::RegisterDestinationRequest reg;
-    reg.set_replica_id(absl::StrCat("r", i));
-    reg.set_grpc_address(*r);
-    v1::RegisterDestinationResponse out;
-    ASSERT_TRUE(service->RegisterDestination(Context().get(), reg, &out).ok());
+    Register(*service, absl::StrCat("r", i), *r);
   }
   v1::PublishWeightsResponse published;
   ASSERT_TRUE(Stub<v1::TrainerService>(*t)->PublishWeights(Context().get(), {}, &published).ok());
@@ -241,16 +238,7 @@ TEST(WeightsService, ReplicasRelayTheVersionAndADeadRelayIsReplaced) {
   *publish.add_sources()->add_shards()->mutable_location() = published.location();
   v1::PublishVersionResponse accepted;
   ASSERT_TRUE(service->PublishVersion(Context().get(), publish, &accepted).ok());
-  auto sync = [&](const std::string& id) {
-    v1::SyncVersionRequest request;
-    request.set_replica_id(id);
-    request.set_commit(true);
-    request.set_timeout_ms(30000);
-    v1::SyncVersionResponse synced;
-    grpc::Status s = service->SyncVersion(Context().get(), request, &synced);
-    EXPECT_TRUE(s.ok()) << id << ": " << s.error_message();
-    return synced.status();
-  };
+  auto sync = [&](const std::string& id) { return SyncAndInstall(*service, id); };
   EXPECT_EQ(sync("r0").relayed_from(), "");
   // r0 dies holding the only relay copy: r1 gets the version from rlfleet-weights.
   ASSERT_TRUE(rollouts[0].Signal(SIGKILL).ok());
