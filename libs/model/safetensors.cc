@@ -105,9 +105,6 @@ class Json {
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, TensorView>> ParseSafetensorsViews(const std::string& data,
-                                                                        const std::string& path);
-
 namespace {
 
 template <typename Tensor>

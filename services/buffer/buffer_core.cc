@@ -293,7 +293,7 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   if (store_ != nullptr) {
     std::vector<ExperienceBytes> taking;
     taking.reserve(accept.size());
-    for (int i : accept) taking.push_back({facts[i].id, request->experiences(i), facts[i].newest_version});
+    for (int i : accept) taking.push_back({request->experiences(i), facts[i].newest_version});
     absl::StatusOr<uint64_t> added = store_->Added(taking);
     stored = added.status();
     if (added.ok()) {

@@ -11,19 +11,13 @@
 #include "absl/synchronization/mutex.h"
 #include "libs/common/status_macros.h"
 #include "libs/redis/redis_client.h"
+#include "services/buffer/experience_reader.h"
+#include "services/buffer/varint.h"
 
 namespace rlfleet::buffer {
 namespace {
 
-// Records are length-prefixed (LevelDB's varint32 + bytes).
-void PutVarint32(std::string* out, uint32_t n) {
-  while (n >= 0x80) {
-    out->push_back(static_cast<char>(n | 0x80));
-    n >>= 7;
-  }
-  out->push_back(static_cast<char>(n));
-}
-
+// Records are length-prefixed (a varint32, then the bytes).
 void PutRecord(std::string* out, absl::string_view bytes) {
   PutVarint32(out, static_cast<uint32_t>(bytes.size()));
   out->append(bytes.data(), bytes.size());
@@ -33,24 +27,16 @@ void PutRecord(std::string* out, absl::string_view bytes) {
 // (`*bad` then true).
 bool GetRecord(absl::string_view* in, absl::string_view* record, bool* bad) {
   if (in->empty()) return false;
-  uint32_t n = 0;
-  size_t i = 0;
-  for (int shift = 0; shift <= 28; shift += 7, ++i) {
-    if (i >= in->size()) {
-      *bad = true;
-      return false;
-    }
-    const uint8_t b = static_cast<uint8_t>((*in)[i]);
-    n |= static_cast<uint32_t>(b & 0x7f) << shift;
-    if ((b & 0x80) == 0) break;
-  }
-  ++i;
-  if (i > in->size() || in->size() - i < n) {
+  const auto* p = reinterpret_cast<const uint8_t*>(in->data());
+  const uint8_t* const end = p + in->size();
+  uint64_t n = 0;
+  if (!ReadVarint(&p, end, &n) || n > static_cast<uint64_t>(end - p)) {
     *bad = true;
     return false;
   }
-  *record = in->substr(i, n);
-  in->remove_prefix(i + n);
+  const size_t header = p - reinterpret_cast<const uint8_t*>(in->data());
+  *record = in->substr(header, n);
+  in->remove_prefix(header + n);
   return true;
 }
 
@@ -237,20 +223,22 @@ class RedisBufferStore : public BufferStore {
     absl::MutexLock lock(&mu_);
     live_.clear();
     std::vector<uint64_t> empty;  // live segments with nothing left in them
-    v1::Experience parsed;        // (for the ids)
+    ExperienceReader reader;  // (for the ids)
+    ExperienceFacts facts;
     for (size_t s = 0; s < live.size(); ++s) {
       absl::string_view records = data[2 * s].str;
       absl::string_view record;
       bool bad = false;
       uint32_t count = 0;
       while (GetRecord(&records, &record, &bad)) {
-        if (!parsed.ParseFromArray(record.data(), static_cast<int>(record.size()))) {
+        reader.Read(record, &facts);
+        if (!facts.parsed) {
           bad = true;
           break;
         }
         // Taken once: not removed, and not a second copy of an id (a commit whose reply
         // was lost, retried into a later segment).
-        if (!seen.insert(parsed.experience_id().value()).second) continue;
+        if (!seen.insert(facts.id).second) continue;
         snapshot.experiences.push_back({live[s], std::string(record)});
         ++count;
       }

@@ -22,10 +22,8 @@
 
 namespace rlfleet::buffer {
 
-// An experience to record: its id and its serialized v1::Experience (both valid for
-// the call).
+// An experience to record: its serialized v1::Experience (valid for the call).
 struct ExperienceBytes {
-  absl::string_view id;
   absl::string_view bytes;
   uint64_t newest_version = 0;  // max(token_policy_versions): the store keeps the highest seen
 };

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "libs/common/ids.h"
+#include "services/buffer/varint.h"
 
 namespace rlfleet::buffer {
 namespace {
@@ -77,24 +78,6 @@ void ExperienceReader::Read(absl::string_view bytes, ExperienceFacts* facts) {
   *facts = ExperienceFacts();
   ReadFull(bytes, facts);
 }
-
-namespace {
-
-// A varint at *p (at most 10 bytes, before `end`); false if malformed.
-bool ReadVarint(const uint8_t** p, const uint8_t* end, uint64_t* value) {
-  uint64_t v = 0;
-  for (int i = 0; i < 10 && *p < end; ++i) {
-    const uint8_t b = *(*p)++;
-    v |= static_cast<uint64_t>(b & 0x7f) << (7 * i);
-    if ((b & 0x80) == 0) {
-      *value = v;
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
 
 bool ExperienceReader::ReadView(absl::string_view bytes, ExperienceFacts* facts) {
   // Walks the top-level fields: the packed per-token fields (5, 6, 7) are counted and

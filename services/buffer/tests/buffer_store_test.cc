@@ -39,7 +39,7 @@ class BufferStoreTest : public ::testing::Test {
     std::vector<std::string> bytes;
     for (const auto& id : ids) bytes.push_back(Bytes(id));
     std::vector<ExperienceBytes> in;
-    for (size_t i = 0; i < ids.size(); ++i) in.push_back({ids[i], bytes[i]});
+    for (size_t i = 0; i < ids.size(); ++i) in.push_back({bytes[i]});
     auto segment = store_->Added(in);
     EXPECT_TRUE(segment.ok()) << segment.status();
     return segment.value_or(0);
@@ -119,7 +119,7 @@ TEST_F(BufferStoreTest, ConfigurationSurvivesAndBadRemovalsAreNamed) {
   ASSERT_TRUE(store_->SavePolicyVersion(5).ok());
   EXPECT_EQ(store_->Load()->policy_version, 7u);
   const std::string newer = Bytes("v");
-  ASSERT_TRUE(store_->Added({{"v", newer, 9}}).ok());
+  ASSERT_TRUE(store_->Added({{newer, 9}}).ok());
   EXPECT_EQ(store_->Load()->policy_version, 9u);
   const uint64_t a = Add({"k"});
   absl::Status bad = store_->Removed({{a, "k"}}, "dropped_for_fun");
