@@ -580,32 +580,37 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
         "this trainer has neither --publish_dir nor a data plane (--data_plane=ucx) to publish weights through");
   }
   absl::MutexLock lock(&mu_);
-  std::string bytes = policy_->SafetensorsBytes();
-  const uint64_t digest = common::Xxh64(bytes);  // (of the bytes in hand: nothing is read back)
-  const uint64_t length = bytes.size();
   v1::TransferDescriptor* where = response->mutable_location();
+  uint64_t digest = 0, length = 0;
   if (!target.dir.empty()) {
+    const std::string bytes = policy_->SafetensorsBytes();
+    digest = common::Xxh64(bytes);  // (of the bytes in hand: nothing is read back)
+    length = bytes.size();
     std::error_code ec;
     fs::create_directories(target.dir, ec);
     const std::string path = (fs::path(target.dir) / absl::StrCat("policy-v", version_, ".safetensors")).string();
     RETURN_IF_ERROR(model::WriteFileAtomically(path, bytes));
     where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
     where->mutable_segment()->set_worker_address(path);
-  } else if (published_.empty() || published_.back().version != version_) {
-    Published p;
-    p.version = version_;
-    p.bytes = std::move(bytes);
-    p.data_plane = target.data_plane;
-    ASSIGN_OR_RETURN(p.handle, target.data_plane->RegisterMemory(p.bytes.data(), p.bytes.size(),
-                                                                 transport::MemoryKind::kHost, 0));
-    published_.push_back(std::move(p));
-    while (published_.size() > 2) {
-      (void)published_.front().data_plane->DeregisterMemory(published_.front().handle);
-      published_.pop_front();
+  } else {
+    if (published_.empty() || published_.back().version != version_) {  // (else: already in memory)
+      Published p;
+      p.version = version_;
+      p.bytes = policy_->SafetensorsBytes();
+      p.digest = common::Xxh64(p.bytes);
+      p.data_plane = target.data_plane;
+      ASSIGN_OR_RETURN(p.handle, target.data_plane->RegisterMemory(p.bytes.data(), p.bytes.size(),
+                                                                   transport::MemoryKind::kHost, 0));
+      published_.push_back(std::move(p));
+      while (published_.size() > 2) {
+        (void)published_.front().data_plane->DeregisterMemory(published_.front().handle);
+        published_.pop_front();
+      }
     }
-  }
-  if (target.dir.empty()) {
-    ASSIGN_OR_RETURN(*where->mutable_segment(), target.data_plane->Describe(published_.back().handle));
+    const Published& latest = published_.back();
+    digest = latest.digest;
+    length = latest.bytes.size();
+    ASSIGN_OR_RETURN(*where->mutable_segment(), target.data_plane->Describe(latest.handle));
   }
   response->mutable_version()->set_version(version_);
   response->mutable_manifest()->mutable_version()->set_version(version_);

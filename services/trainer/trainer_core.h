@@ -103,6 +103,7 @@ class TrainerCore {
   struct Published {
     uint64_t version = 0;
     std::string bytes;
+    uint64_t digest = 0;  // XXH64 of bytes
     transport::MemoryHandle handle;
     transport::Transport* data_plane = nullptr;
   };

@@ -265,16 +265,20 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
     {
       absl::MutexLock lock(&mu_);
       version = Resolve(version);
-      if (!versions_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+      auto v = versions_.find(version);
+      if (v == versions_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
       auto d = destinations_.find(replica_id);
       if (d == destinations_.end())
         return absl::NotFoundError(absl::StrCat("destination ", replica_id, " is not registered"));
       destination = d->second.destination;
-      const bool relaying = relay_fanout_ > 0 && versions_[version].registered.has_value();
-      // (a retry after a failed relay comes from here)
-      if (relaying && attempt == 0) holder = PickSourceLocked(version, deadline);
-      auto v = versions_.find(version);
-      if (v == versions_.end()) return absl::AbortedError(absl::StrCat("version ", version, " was retired meanwhile"));
+      const bool relaying = relay_fanout_ > 0 && v->second.registered.has_value();
+      if (relaying && attempt == 0) {  // (a retry after a failed relay comes from here)
+        holder = PickSourceLocked(version, deadline);  // (may wait: look the version up again)
+        v = versions_.find(version);
+        if (v == versions_.end()) {
+          return absl::AbortedError(absl::StrCat("version ", version, " was retired meanwhile"));
+        }
+      }
       *request.mutable_manifest() = v->second.manifest;
       if (holder >= 0) {
         from = v->second.holders[holder].replica_id;
