@@ -3,6 +3,7 @@
 #ifndef RLFLEET_BENCH_UCX_PERFTEST_H_
 #define RLFLEET_BENCH_UCX_PERFTEST_H_
 
+#include <atomic>
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,8 +24,8 @@ namespace rlfleet::bench {
 // and returns its overall bandwidth in GB/s (1e9 bytes/s). INTERNAL if it cannot start.
 inline absl::StatusOr<double> UcxPerftestGbps(const std::string& tls, const std::string& test, uint64_t size,
                                               uint64_t iterations) {
-  static int port = 20000 + (getpid() % 20000);
-  ++port;
+  static std::atomic<int> next_port{20000 + (getpid() % 20000)};
+  const int port = ++next_port;  // (callers may run several at once)
   const std::string env = absl::StrCat("UCX_TLS=", tls, " UCX_NET_DEVICES=lo ");
   const std::string server = absl::StrCat(env, "ucx_perftest -p ", port, " >/dev/null 2>&1 &");
   if (std::system(server.c_str()) != 0) return absl::InternalError("cannot start the ucx_perftest server");

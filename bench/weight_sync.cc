@@ -12,6 +12,10 @@
 //
 // By default the replicas relay in a chain (trainer egress 1.0 x shard for every R);
 // --relay=false feeds every replica from the trainers (egress R x) for comparison.
+// Every pair here shares the host, so the executor takes its mapped path: each sender
+// stores its bytes straight into the destination's UCX shared-memory shard (the digest
+// share in the same pass, column splits gathered on the way); --mapped=false measures
+// the tagged-message path (UCX rendezvous, what crosses hosts) instead.
 //
 //   bazel run -c opt //bench:weight_sync -- --out=$PWD/bench/results/weight_sync.md
 #include <signal.h>
@@ -52,6 +56,9 @@ ABSL_FLAG(bool, relay, true,
           "Replicas form a chain: trainers feed replica 0, each replica forwards to the next "
           "(trainer egress 1x). false: trainers feed every replica (egress R x).");
 ABSL_FLAG(bool, digests, true, "Sources compute digest shares (destinations always check).");
+ABSL_FLAG(bool, mapped, true,
+          "Same-host pairs store straight into the destination's shared-memory shard (UCX "
+          "rkey_ptr); false: tagged messages (UCX rendezvous) for every pair.");
 // rank role
 ABSL_FLAG(int, src_rank, -1, "rank role: trainer rank (0 or 1), or -1.");
 ABSL_FLAG(int, replica, -1, "rank role: replica index.");
@@ -123,6 +130,7 @@ int Rank() {
   exec.chunk_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_mib)) << 20;
   exec.timeout = kTimeout;
   exec.digests = absl::GetFlag(FLAGS_digests);
+  exec.map_peer_memory = absl::GetFlag(FLAGS_mapped);
   // Staging kept across runs (one pool per concurrent executor), as a weights service would.
   std::vector<std::unique_ptr<StagingPool>> pools;
   for (int r = 0; r < std::max(R, 1); ++r) pools.push_back(std::make_unique<StagingPool>(**t));
@@ -184,8 +192,9 @@ int Rank() {
         auto digest = ShardDigest(plan, tp, shard->base, *ops);
         static const std::vector<uint8_t> expected = testing::ExpectedShard(plan, false, tp);  // (the same each run)
         const bool exact = std::memcmp(shard->base, expected.data(), bytes) == 0;
-        std::cout << "DONE " << seconds << " " << *digest << " " << (exact ? 1 : 0) << std::endl;
         std::memset(shard->base, 0, bytes);  // the next run must deliver everything again
+        // (before DONE: every rank is idle when the driver starts the next run)
+        std::cout << "DONE " << seconds << " " << *digest << " " << (exact ? 1 : 0) << std::endl;
       }
     }
   }
@@ -217,6 +226,7 @@ Row Measure(const std::string& self, const Plan& plan, int R) {
       absl::StrCat("--chunk_mib=", absl::GetFlag(FLAGS_chunk_mib)), absl::StrCat("--num_replicas=", R),
       absl::StrCat("--columns=", absl::GetFlag(FLAGS_columns)),
       absl::StrCat("--digests=", absl::GetFlag(FLAGS_digests)),
+      absl::StrCat("--mapped=", absl::GetFlag(FLAGS_mapped)),
       absl::StrCat("--relay=", absl::GetFlag(FLAGS_relay))};
   auto start = [&](std::vector<std::string> extra) {
     std::vector<std::string> argv = {self};
@@ -312,6 +322,16 @@ int Driver(const std::string& self) {
   const uint64_t sync_bytes = plan.BytesNeeded();
   const double ref = PerftestPutGbps(tls, sync_bytes);
   const double ref_chunk = PerftestPutGbps(tls, chunk);
+  // Our R=1 sync has two senders (the trainer ranks) copying at once, one per core here;
+  // ucx_perftest is one pair. The same with two pairs at once, each half the bytes:
+  double ref_pairs = 0;
+  {
+    std::vector<double> each(2, 0);
+    std::vector<std::thread> pair_threads;
+    for (int i = 0; i < 2; ++i) pair_threads.emplace_back([&, i] { each[i] = PerftestPutGbps(tls, sync_bytes / 2); });
+    for (auto& th : pair_threads) th.join();
+    ref_pairs = each[0] + each[1];
+  }
   const double ratio = rows.empty() || ref <= 0 ? 0 : rows.front().gbps / ref;
   std::ofstream out(absl::GetFlag(FLAGS_out));
   out << "# weight_sync: 2 trainer ranks (FSDP) -> R replicas (TP 2) over UCX\n\n"
@@ -319,6 +339,12 @@ int Driver(const std::string& self) {
       << "and columns alternately, replicated norms), UCX_TLS=" << tls << ", chunk "
       << absl::GetFlag(FLAGS_chunk_mib) << " MiB, median of " << absl::GetFlag(FLAGS_repeats)
       << " after a warm-up; every destination verified by digest and byte for byte. "
+      << (absl::GetFlag(FLAGS_mapped)
+             ? "Mapped path: every sender stores into the destination's shared-memory shard "
+               "(UCX posix segment, ucp_rkey_ptr), digest share in the same pass, one small "
+               "tagged notice per round. "
+             : "Tagged-message path (UCX rendezvous) for every pair. ")
+      << "Sources' digest shares: " << (absl::GetFlag(FLAGS_digests) ? "on" : "off") << ". "
       << (absl::GetFlag(FLAGS_relay)
              ? "Replicas relay in a chain: the trainers feed replica 0, each replica forwards "
                "every message to the next as soon as it arrived.\n\n"
@@ -333,7 +359,10 @@ int Driver(const std::string& self) {
   out << absl::StrFormat("\nucx_perftest -t ucp_put_bw -s %d (one sync's bytes, same UCX_TLS): %.3f GB/s "
                          "(the reference)\n", sync_bytes, ref)
       << absl::StrFormat("ucx_perftest -t ucp_put_bw -s %d (the chunk size: cache-resident): %.3f GB/s\n", chunk,
-                         ref_chunk);
+                         ref_chunk)
+      << absl::StrFormat("two ucx_perftest pairs at once, -s %d each (as many senders as our R=1): %.3f GB/s "
+                         "together; R=1 / that = %.3f\n",
+                         sync_bytes / 2, ref_pairs, rows.empty() || ref_pairs <= 0 ? 0 : rows.front().gbps / ref_pairs);
   if (rows.size() > 1) {
     out << absl::StrFormat("time(R=%d) / time(R=%d) = %.2f (one 2-core machine: every copy shares "
                            "the same memory bandwidth)\n",

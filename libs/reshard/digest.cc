@@ -52,8 +52,10 @@ uint64_t Combine(const uint64_t* f, const uint64_t* prefix, int lanes, uint64_t 
   return sum;
 }
 
-// AVX2: 8 units per step.
-__attribute__((target("avx2"))) uint64_t DigestAvx2(const uint8_t* p, uint64_t n, uint64_t first) {
+// AVX2: 8 units per step. With `copy_to`, the bytes are also stored there as they are
+// read (one pass over memory: the mixing hides under the copy's memory stalls).
+__attribute__((target("avx2"))) uint64_t DigestAvx2(const uint8_t* p, uint64_t n, uint64_t first,
+                                                    uint8_t* copy_to = nullptr) {
   const __m256i salt = _mm256_set1_epi32(static_cast<int>(kDigestSalt));
   const __m256i c1 = _mm256_set1_epi32(static_cast<int>(0x85ebca6bu));
   const __m256i c2 = _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u));
@@ -62,6 +64,7 @@ __attribute__((target("avx2"))) uint64_t DigestAvx2(const uint8_t* p, uint64_t n
   const uint64_t steps = n / 8;
   for (uint64_t k = 0; k < steps; ++k) {
     __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+    if (copy_to != nullptr) _mm_storeu_si128(reinterpret_cast<__m128i*>(copy_to + 16 * k), raw);
     __m256i x = _mm256_add_epi32(_mm256_cvtepu16_epi32(raw), salt);
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
     x = _mm256_mullo_epi32(x, c1);
@@ -78,11 +81,13 @@ __attribute__((target("avx2"))) uint64_t DigestAvx2(const uint8_t* p, uint64_t n
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(f + 4), f_hi);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(prefix), p_lo);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(prefix + 4), p_hi);
+  if (copy_to != nullptr) std::memcpy(copy_to + 16 * steps, p + 16 * steps, 2 * (n - 8 * steps));
   return Combine(f, prefix, 8, steps, first) + DigestScalar(p + 16 * steps, n - 8 * steps, first + 8 * steps);
 }
 
 // AVX-512: 16 units per step.
-__attribute__((target("avx512f,avx512bw"))) uint64_t DigestAvx512(const uint8_t* p, uint64_t n, uint64_t first) {
+__attribute__((target("avx512f,avx512bw"))) uint64_t DigestAvx512(const uint8_t* p, uint64_t n, uint64_t first,
+                                                                   uint8_t* copy_to = nullptr) {
   const __m512i salt = _mm512_set1_epi32(static_cast<int>(kDigestSalt));
   const __m512i c1 = _mm512_set1_epi32(static_cast<int>(0x85ebca6bu));
   const __m512i c2 = _mm512_set1_epi32(static_cast<int>(0xc2b2ae35u));
@@ -91,6 +96,7 @@ __attribute__((target("avx512f,avx512bw"))) uint64_t DigestAvx512(const uint8_t*
   const uint64_t steps = n / 16;
   for (uint64_t k = 0; k < steps; ++k) {
     __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k));
+    if (copy_to != nullptr) _mm256_storeu_si256(reinterpret_cast<__m256i*>(copy_to + 32 * k), raw);
     __m512i x = _mm512_add_epi32(_mm512_cvtepu16_epi32(raw), salt);
     x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
     x = _mm512_mullo_epi32(x, c1);
@@ -107,6 +113,7 @@ __attribute__((target("avx512f,avx512bw"))) uint64_t DigestAvx512(const uint8_t*
   _mm512_storeu_si512(f + 8, f_hi);
   _mm512_storeu_si512(prefix, p_lo);
   _mm512_storeu_si512(prefix + 8, p_hi);
+  if (copy_to != nullptr) std::memcpy(copy_to + 32 * steps, p + 32 * steps, 2 * (n - 16 * steps));
   return Combine(f, prefix, 16, steps, first) +
          DigestScalar(p + 32 * steps, n - 16 * steps, first + 16 * steps);
 }
@@ -127,6 +134,25 @@ uint64_t DigestBytes(const void* data, uint64_t bytes, uint64_t shard_offset) {
   const auto* p = static_cast<const uint8_t*>(data);
   if (HaveAvx512()) return DigestAvx512(p, bytes / 2, shard_offset / 2);
   if (HaveAvx2()) return DigestAvx2(p, bytes / 2, shard_offset / 2);
+  return DigestScalar(p, bytes / 2, shard_offset / 2);
+}
+
+uint64_t CopyAndDigest(void* dst, const void* src, uint64_t bytes, uint64_t shard_offset) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  if (HaveAvx512()) return DigestAvx512(p, bytes / 2, shard_offset / 2, d);
+  if (HaveAvx2()) return DigestAvx2(p, bytes / 2, shard_offset / 2, d);
+  std::memcpy(d, p, bytes);
+  return DigestScalar(p, bytes / 2, shard_offset / 2);
+}
+
+uint64_t CopyAndDigestUsing(DigestImpl impl, void* dst, const void* src, uint64_t bytes,
+                            uint64_t shard_offset) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  if (impl == DigestImpl::kAvx512 && HaveAvx512()) return DigestAvx512(p, bytes / 2, shard_offset / 2, d);
+  if (impl == DigestImpl::kAvx2 && HaveAvx2()) return DigestAvx2(p, bytes / 2, shard_offset / 2, d);
+  std::memcpy(d, p, bytes);
   return DigestScalar(p, bytes / 2, shard_offset / 2);
 }
 

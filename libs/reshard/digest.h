@@ -44,6 +44,11 @@ uint64_t DigestBytes(const void* data, uint64_t bytes, uint64_t shard_offset);
 // lacks the instructions.
 enum class DigestImpl { kPortable, kAvx2, kAvx512 };
 uint64_t DigestBytesUsing(DigestImpl impl, const void* data, uint64_t bytes, uint64_t shard_offset);
+// Copies `bytes` (even) bytes from `src` to `dst` (not overlapping) and returns their
+// digest share, as DigestBytes(src, ...), in one pass over memory.
+uint64_t CopyAndDigest(void* dst, const void* src, uint64_t bytes, uint64_t shard_offset);
+uint64_t CopyAndDigestUsing(DigestImpl impl, void* dst, const void* src, uint64_t bytes,
+                            uint64_t shard_offset);
 // The portable scalar version (tests compare the two).
 uint64_t DigestBytesPortable(const void* data, uint64_t bytes, uint64_t shard_offset);
 

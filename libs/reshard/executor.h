@@ -8,6 +8,14 @@
 // unpacked by the receiver. Both sides derive the same messages from the plan, so
 // nothing but bytes travels.
 //
+// Same host. Where both ends of a pair can (MapRemote), the pair is mapped: the
+// destination sends its shard's descriptor up (a relay once it knows its own forward
+// maps), the sender maps it and answers, and then stores every message straight into
+// the destination's shard, computing its digest share in the same pass (column splits
+// are gathered there: no staging, no second copy) and sending a small notice per round.
+// A relay forwards each round to the next replica's mapping as its notice arrives.
+// Mapped pairs run first, then the tagged ones (neither waits on the other).
+//
 // Pipeline. Messages go in rounds: round k holds, for every pair this process takes
 // part in, its next messages up to chunk_bytes, all submitted as one SendRecvBatch (one
 // NCCL group); a message's tag is (source rank << 24) | its index in its pair. Up to
@@ -27,6 +35,7 @@
 #define RLFLEET_LIBS_RESHARD_EXECUTOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -49,6 +58,12 @@ class MemoryOps {
   // accumulator `slot` (0 <= slot < slots given to ResetDigests).
   virtual void ResetDigests(int slots) = 0;
   virtual void AddDigest(int slot, const void* data, uint64_t bytes, uint64_t shard_offset) = 0;
+  // Copy, and AddDigest of the bytes copied; the host does both in one pass.
+  virtual void CopyAndDigest(int slot, void* dst, const void* src, uint64_t bytes,
+                             uint64_t shard_offset) {
+    Copy(dst, src, bytes);
+    AddDigest(slot, dst, bytes, shard_offset);
+  }
   // Waits for queued work; then the accumulators.
   virtual absl::StatusOr<std::vector<uint64_t>> Digests() = 0;
   virtual absl::Status Sync() = 0;
@@ -68,10 +83,27 @@ class StagingPool {
   StagingPool& operator=(const StagingPool&) = delete;
   // A registration of at least `bytes` bytes of `kind` memory on `device`.
   absl::StatusOr<transport::MemoryHandle> Get(uint64_t bytes, transport::MemoryKind kind, int device);
+  // Host memory for the executor's control messages (mapped path), likewise kept.
+  absl::StatusOr<transport::MemoryHandle> GetControl(uint64_t bytes);
+  // The mapping of a peer's registration, kept too: mapping afresh each sync would
+  // page-fault every page of the destination's shard again. The pool keeps the last
+  // kMaxMappings.
+  absl::StatusOr<transport::RemoteMapping*> Map(transport::PeerId peer,
+                                                const v1::RemoteMemoryDescriptor& remote);
+  static constexpr size_t kMaxMappings = 16;
 
  private:
+  absl::StatusOr<transport::MemoryHandle> Reuse(transport::MemoryHandle& handle, uint64_t bytes,
+                                                transport::MemoryKind kind, int device);
   transport::Transport& transport_;
   transport::MemoryHandle handle_;
+  transport::MemoryHandle control_;
+  struct Mapped {
+    transport::PeerId peer;
+    uint64_t registration, base, length, epoch;
+    std::unique_ptr<transport::RemoteMapping> mapping;
+  };
+  std::deque<Mapped> mappings_;  // most recently made last
 };
 
 struct ExecutorOptions {
@@ -82,6 +114,11 @@ struct ExecutorOptions {
   int depth = 4;
   absl::Duration timeout = absl::Seconds(60);  // per round
   bool digests = true;                          // compute the sources' digest shares
+  // Where a pair's two ends share a host (Transport::MapRemote), the sender stores the
+  // bytes straight into the destination's shard (the digest in the same pass; column
+  // splits gathered on the way, no staging) and signals each round with a small
+  // message; other pairs use tagged messages. Every rank of one Execute must agree.
+  bool map_peer_memory = true;
   StagingPool* staging_pool = nullptr;          // null: allocate and free per call
 };
 
@@ -116,6 +153,7 @@ struct ExecutionStats {
   uint64_t staged_messages = 0;  // that needed packing or unpacking
   uint64_t rounds = 0;
   uint64_t staging_bytes = 0;    // staging memory this process allocated
+  uint64_t mapped_pairs = 0;     // pairs (and forwards) that moved through a mapping
   absl::Duration elapsed;
   // As a source: digest_shares[d] = this rank's share of destination d's digest.
   std::vector<uint64_t> digest_shares;

@@ -103,6 +103,12 @@ std::unique_ptr<Completion> Transport::PutBatch(PeerId peer, const std::vector<P
   return AllOf(std::move(parts));
 }
 
+absl::StatusOr<std::unique_ptr<RemoteMapping>> Transport::MapRemote(
+    PeerId, const v1::RemoteMemoryDescriptor&) {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", GetCapabilities().backend, " backend cannot map a peer's memory"));
+}
+
 std::unique_ptr<Completion> Transport::SendRecvBatch(const std::vector<TwoSidedOp>& ops) {
   if (ops.empty()) return CompletedWith(absl::InvalidArgumentError("SendRecvBatch: no operations"));
   std::vector<std::unique_ptr<Completion>> parts;

@@ -56,6 +56,8 @@ struct Capabilities {
   // False when one-sided operations are emulated slowly (UCX 1.13 over tcp): bulk
   // transfers should then go through Send / Recv.
   bool one_sided_fast = false;
+  // MapRemote can map a same-host peer's memory (UCX with a shared-memory transport).
+  bool maps_peer_memory = false;
   uint64_t max_message_bytes = 0;  // largest single transfer
   uint64_t max_tag = ~uint64_t{0};  // largest Send / Recv tag (UCX: 2^32 - 1)
   std::string detail;          // backend specifics, e.g. the UCX transports in use
@@ -84,6 +86,15 @@ class Completion {
   virtual bool Done() = 0;
   // Bytes moved; for Recv, the size of the message received. Valid once Done().
   virtual uint64_t bytes() = 0;
+};
+
+// A peer's registration mapped into this process (Transport::MapRemote): plain loads
+// and stores reach the peer's memory. Destroy it before its transport.
+class RemoteMapping {
+ public:
+  virtual ~RemoteMapping() = default;
+  virtual uint8_t* data() const = 0;  // the registration's first byte
+  virtual uint64_t length() const = 0;
 };
 
 // Thread-safe: every method may be called from any thread.
@@ -158,6 +169,17 @@ class Transport {
   // DATA_LOSS if the message was larger than capacity.
   virtual std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
                                            uint64_t offset, uint64_t capacity) = 0;
+
+  // Maps the peer's registration `remote` into this process, where the backend can: UCX
+  // for a peer on this host whose memory came from its AllocateMemory, over a
+  // shared-memory transport (ucp_rkey_ptr); loopback (one process). Stores through the
+  // mapping are ordered with a later Send only by the CPU's memory model: fence
+  // (std::atomic_thread_fence) before telling the peer. The memory stays mapped until
+  // the mapping is destroyed; stores after the owner deregistered it reach memory that
+  // nobody reads. UNIMPLEMENTED where it cannot map (another host, device memory, no
+  // shared-memory transport); the caller then moves bytes with Send / Recv or Put / Get.
+  virtual absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(
+      PeerId peer, const v1::RemoteMemoryDescriptor& remote);
 
   // One Send (send = true) or Recv of a batch.
   struct TwoSidedOp {

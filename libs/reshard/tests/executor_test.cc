@@ -1,9 +1,12 @@
-// The executor over the loopback transport, one thread per rank: random plans arrive
-// byte-exact with digests that verify; corruption is DATA_LOSS; a dead or missing
-// peer is an error within the deadline; staging stays bounded.
+// The executor over the loopback transport, one thread per rank, on both of its paths
+// (pairs through mappings of the destination's shard, and tagged messages) and with the
+// two mixed: random plans arrive byte-exact with digests that verify; corruption is
+// DATA_LOSS; a dead or missing peer is an error within the deadline; staging stays
+// bounded.
 #include "libs/reshard/executor.h"
 
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -19,13 +22,64 @@ using transport::LoopbackTransport;
 using transport::MemoryHandle;
 using transport::PeerId;
 
-// D source ranks and T destination ranks, each its own loopback transport.
+// A loopback transport that takes part in the mapped path's negotiation but cannot map
+// a peer's memory (as a UCX rank whose peer is on another host): its pairs as a sender
+// fall back to tagged messages.
+class CannotMap : public transport::Transport {
+ public:
+  CannotMap() : inner_(LoopbackTransport::Create()) {}
+  LoopbackTransport& inner() { return *inner_; }
+  transport::Capabilities GetCapabilities() const override { return inner_->GetCapabilities(); }
+  std::string LocalAddress() const override { return inner_->LocalAddress(); }
+  absl::StatusOr<PeerId> Connect(absl::string_view a) override { return inner_->Connect(a); }
+  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, transport::MemoryKind kind,
+                                              int device) override {
+    return inner_->RegisterMemory(base, length, kind, device);
+  }
+  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, transport::MemoryKind kind, int device) override {
+    return inner_->AllocateMemory(length, kind, device);
+  }
+  absl::Status DeregisterMemory(const MemoryHandle& h) override { return inner_->DeregisterMemory(h); }
+  absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& h) override { return inner_->Describe(h); }
+  std::unique_ptr<transport::Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                             const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                             uint64_t length) override {
+    return inner_->Put(peer, local, local_offset, remote, remote_offset, length);
+  }
+  std::unique_ptr<transport::Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                             const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                             uint64_t length) override {
+    return inner_->Get(peer, local, local_offset, remote, remote_offset, length);
+  }
+  std::unique_ptr<transport::Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
+                                              uint64_t offset, uint64_t length) override {
+    return inner_->Send(peer, tag, local, offset, length);
+  }
+  std::unique_ptr<transport::Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
+                                              uint64_t offset, uint64_t capacity) override {
+    return inner_->Recv(peer, tag, local, offset, capacity);
+  }
+  // MapRemote: the base class's UNIMPLEMENTED.
+
+ private:
+  std::unique_ptr<LoopbackTransport> inner_;
+};
+
+// D source ranks and T destination ranks, each its own loopback transport; the source
+// ranks in `cannot_map` cannot map their destinations' memory.
 struct Fleet {
-  std::vector<std::unique_ptr<LoopbackTransport>> src, dst;
+  std::vector<std::unique_ptr<transport::Transport>> src;
+  std::vector<std::unique_ptr<LoopbackTransport>> dst;
   std::vector<std::vector<PeerId>> src_to_dst, dst_to_src;  // [rank][peer rank]
 
-  Fleet(int d, int t) {
-    for (int i = 0; i < d; ++i) src.push_back(LoopbackTransport::Create());
+  Fleet(int d, int t, std::set<int> cannot_map = {}) {
+    for (int i = 0; i < d; ++i) {
+      if (cannot_map.count(i)) {
+        src.push_back(std::make_unique<CannotMap>());
+      } else {
+        src.push_back(LoopbackTransport::Create());
+      }
+    }
     for (int i = 0; i < t; ++i) dst.push_back(LoopbackTransport::Create());
     src_to_dst.assign(d, {});
     dst_to_src.assign(t, {});
@@ -51,9 +105,9 @@ struct Outcome {
 
 // Runs the whole plan; `skip_src` leaves one source rank out (a peer that never came).
 Outcome RunPlan(const Plan& plan, const ExecutorOptions& options, int skip_src = -1,
-                std::function<void(Fleet&)> during = nullptr) {
+                std::function<void(Fleet&)> during = nullptr, std::set<int> cannot_map = {}) {
   const int d = plan.src.ranks, t = plan.dst.ranks;
-  Fleet fleet(d, t);
+  Fleet fleet(d, t, cannot_map);
   Outcome out;
   out.src_status.resize(d);
   out.dst_status.resize(t);
@@ -162,10 +216,21 @@ TEST(ExecutorTest, RandomPlansArriveExactAndDigestsVerify) {
     options.direct_min_bytes = 32u << pick(0, 6);
     options.depth = pick(1, 4);
     options.timeout = absl::Seconds(20);
-    Outcome out = RunPlan(*plan, options);
+    // Mapped, tagged, or mixed (source rank 0 cannot map: its pairs go tagged).
+    const int mode = iter % 3;
+    options.map_peer_memory = mode != 1;
+    std::set<int> cannot_map;
+    if (mode == 2) cannot_map.insert(0);
+    SCOPED_TRACE(mode == 0 ? "mapped" : mode == 1 ? "tagged" : "mixed");
+    Outcome out = RunPlan(*plan, options, -1, nullptr, cannot_map);
     for (const auto& s : out.src_status) ASSERT_TRUE(s.ok()) << s;
     for (const auto& s : out.dst_status) ASSERT_TRUE(s.ok()) << s;
     auto ops = NewHostMemoryOps();
+    uint64_t mapped_pairs = 0;
+    for (const ExecutionStats& st : out.src_stats) mapped_pairs += st.mapped_pairs;
+    if (mode == 1) EXPECT_EQ(mapped_pairs, 0u);
+    if (mode == 0) EXPECT_GT(mapped_pairs, 0u);
+    if (mode == 2) EXPECT_EQ(out.src_stats[0].mapped_pairs, 0u);
     for (int r = 0; r < plan->dst.ranks; ++r) {
       ASSERT_EQ(out.dst_bufs[r], ExpectedShard(*plan, false, r)) << "destination " << r;
       EXPECT_TRUE(VerifyDigest(*plan, r, out.dst_bufs[r].data(), *ops, SharesFor(out, r)).ok());
@@ -186,69 +251,76 @@ TEST(ExecutorTest, RelayChainDeliversEveryReplicaWhileTrainersSendOnce) {
   auto plan = MakePlan(tensors, Layout::Fsdp(2, 3),
                        Layout::Tp(2, {Split::kColumns, Split::kReplicated, Split::kRows}));
   ASSERT_TRUE(plan.ok());
-  constexpr int kReplicas = 3;
-  const int D = 2, T = 2;
-  std::vector<std::unique_ptr<LoopbackTransport>> trainers, ranks;  // ranks[r * T + j]
-  for (int s = 0; s < D; ++s) trainers.push_back(LoopbackTransport::Create());
-  for (int i = 0; i < kReplicas * T; ++i) ranks.push_back(LoopbackTransport::Create());
-  ExecutorOptions options;
-  options.chunk_bytes = 256;  // many rounds, staged and direct messages
-  options.direct_min_bytes = 128;
-  options.depth = 2;
-  options.timeout = absl::Seconds(20);
+  for (bool mapped : {true, false}) {
+    SCOPED_TRACE(mapped ? "mapped" : "tagged");
+    constexpr int kReplicas = 3;
+    const int D = 2, T = 2;
+    std::vector<std::unique_ptr<LoopbackTransport>> trainers, ranks;  // ranks[r * T + j]
+    for (int s = 0; s < D; ++s) trainers.push_back(LoopbackTransport::Create());
+    for (int i = 0; i < kReplicas * T; ++i) ranks.push_back(LoopbackTransport::Create());
+    ExecutorOptions options;
+    options.chunk_bytes = 256;  // many rounds, staged and direct messages
+    options.direct_min_bytes = 128;
+    options.depth = 2;
+    options.timeout = absl::Seconds(20);
+    options.map_peer_memory = mapped;
 
-  std::vector<std::vector<uint8_t>> src_bufs, dst_bufs;
-  for (int s = 0; s < D; ++s) src_bufs.push_back(ExpectedShard(*plan, true, s));
-  for (int i = 0; i < kReplicas * T; ++i) dst_bufs.emplace_back(plan->dst_shard_bytes[i % T], 0);
-  std::vector<ExecutionStats> src_stats(D), dst_stats(kReplicas * T);
-  std::vector<absl::Status> status(D + kReplicas * T);
-  std::vector<std::thread> threads;
-  for (int s = 0; s < D; ++s) {
-    std::vector<PeerId> peers;
-    for (int j = 0; j < T; ++j) peers.push_back(*trainers[s]->Connect(ranks[j]->LocalAddress()));
-    threads.emplace_back([&, s, peers] {
-      auto ops = NewHostMemoryOps();
-      SourceRole role{s, Register(*trainers[s], src_bufs[s].data(), src_bufs[s].size()), peers};
-      auto stats = Execute(*trainers[s], *plan, &role, nullptr, *ops, options);
-      status[s] = stats.status();
-      if (stats.ok()) src_stats[s] = *stats;
-    });
-  }
-  for (int r = 0; r < kReplicas; ++r) {
-    for (int j = 0; j < T; ++j) {
-      const int i = r * T + j;
-      DestinationRole role;
-      role.rank = j;
-      role.shard = Register(*ranks[i], dst_bufs[i].data(), dst_bufs[i].size());
-      if (r == 0) {
-        for (int s = 0; s < D; ++s) role.src_peers.push_back(*ranks[i]->Connect(trainers[s]->LocalAddress()));
-      } else {
-        role.relay_from = *ranks[i]->Connect(ranks[i - T]->LocalAddress());
-      }
-      if (r + 1 < kReplicas) role.forward_to = *ranks[i]->Connect(ranks[i + T]->LocalAddress());
-      threads.emplace_back([&, i, role] {
+    std::vector<std::vector<uint8_t>> src_bufs, dst_bufs;
+    for (int s = 0; s < D; ++s) src_bufs.push_back(ExpectedShard(*plan, true, s));
+    for (int i = 0; i < kReplicas * T; ++i) dst_bufs.emplace_back(plan->dst_shard_bytes[i % T], 0);
+    std::vector<ExecutionStats> src_stats(D), dst_stats(kReplicas * T);
+    std::vector<absl::Status> status(D + kReplicas * T);
+    std::vector<std::thread> threads;
+    for (int s = 0; s < D; ++s) {
+      std::vector<PeerId> peers;
+      for (int j = 0; j < T; ++j) peers.push_back(*trainers[s]->Connect(ranks[j]->LocalAddress()));
+      threads.emplace_back([&, s, peers] {
         auto ops = NewHostMemoryOps();
-        auto stats = Execute(*ranks[i], *plan, nullptr, &role, *ops, options);
-        status[D + i] = stats.status();
-        if (stats.ok()) dst_stats[i] = *stats;
+        SourceRole role{s, Register(*trainers[s], src_bufs[s].data(), src_bufs[s].size()), peers};
+        auto stats = Execute(*trainers[s], *plan, &role, nullptr, *ops, options);
+        status[s] = stats.status();
+        if (stats.ok()) src_stats[s] = *stats;
       });
     }
+    for (int r = 0; r < kReplicas; ++r) {
+      for (int j = 0; j < T; ++j) {
+        const int i = r * T + j;
+        DestinationRole role;
+        role.rank = j;
+        role.shard = Register(*ranks[i], dst_bufs[i].data(), dst_bufs[i].size());
+        if (r == 0) {
+          for (int s = 0; s < D; ++s) role.src_peers.push_back(*ranks[i]->Connect(trainers[s]->LocalAddress()));
+        } else {
+          role.relay_from = *ranks[i]->Connect(ranks[i - T]->LocalAddress());
+        }
+        if (r + 1 < kReplicas) role.forward_to = *ranks[i]->Connect(ranks[i + T]->LocalAddress());
+        threads.emplace_back([&, i, role] {
+          auto ops = NewHostMemoryOps();
+          auto stats = Execute(*ranks[i], *plan, nullptr, &role, *ops, options);
+          status[D + i] = stats.status();
+          if (stats.ok()) dst_stats[i] = *stats;
+        });
+      }
+    }
+    for (auto& th : threads) th.join();
+    for (const auto& st : status) ASSERT_TRUE(st.ok()) << st;
+    auto ops = NewHostMemoryOps();
+    for (int i = 0; i < kReplicas * T; ++i) {
+      const int j = i % T;
+      EXPECT_EQ(dst_bufs[i], ExpectedShard(*plan, false, j)) << "replica " << i / T << " rank " << j;
+      std::vector<uint64_t> shares;
+      for (int s = 0; s < D; ++s) shares.push_back(src_stats[s].digest_shares[j]);
+      EXPECT_TRUE(VerifyDigest(*plan, j, dst_bufs[i].data(), *ops, shares).ok());
+      if (i / T + 1 < kReplicas) EXPECT_EQ(dst_stats[i].bytes_forwarded, dst_stats[i].bytes_received);
+    }
+    // Egress: each trainer rank sent exactly what one replica needs from it.
+    uint64_t sent = 0;
+    for (int s = 0; s < D; ++s) sent += src_stats[s].bytes_sent;
+    EXPECT_EQ(sent, plan->BytesNeeded());
+    if (mapped) {
+      for (int i = 0; i < kReplicas * T; ++i) EXPECT_GT(dst_stats[i].mapped_pairs, 0u) << i;
+    }
   }
-  for (auto& th : threads) th.join();
-  for (const auto& st : status) ASSERT_TRUE(st.ok()) << st;
-  auto ops = NewHostMemoryOps();
-  for (int i = 0; i < kReplicas * T; ++i) {
-    const int j = i % T;
-    EXPECT_EQ(dst_bufs[i], ExpectedShard(*plan, false, j)) << "replica " << i / T << " rank " << j;
-    std::vector<uint64_t> shares;
-    for (int s = 0; s < D; ++s) shares.push_back(src_stats[s].digest_shares[j]);
-    EXPECT_TRUE(VerifyDigest(*plan, j, dst_bufs[i].data(), *ops, shares).ok());
-    if (i / T + 1 < kReplicas) EXPECT_EQ(dst_stats[i].bytes_forwarded, dst_stats[i].bytes_received);
-  }
-  // Egress: each trainer rank sent exactly what one replica needs from it.
-  uint64_t sent = 0;
-  for (int s = 0; s < D; ++s) sent += src_stats[s].bytes_sent;
-  EXPECT_EQ(sent, plan->BytesNeeded());
 }
 
 TEST(ExecutorTest, StagingPoolIsReusedAcrossRuns) {
@@ -289,30 +361,39 @@ TEST(ExecutorTest, MissingSourceIsDeadlineExceededWithinTheTimeout) {
   std::vector<TensorSpec> tensors = {{"w", {32, 32}, DType::kF32}};
   auto plan = MakePlan(tensors, Layout::Fsdp(2, 1), Layout::Tp(1, {Split::kRows}));
   ASSERT_TRUE(plan.ok());
-  ExecutorOptions options;
-  options.timeout = absl::Milliseconds(300);
-  const absl::Time start = absl::Now();
-  Outcome out = RunPlan(*plan, options, /*skip_src=*/1);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_EQ(out.dst_status[0].code(), absl::StatusCode::kDeadlineExceeded) << out.dst_status[0];
-  EXPECT_NE(out.dst_status[0].message().find("resharding round"), std::string::npos);
+  for (bool mapped : {true, false}) {
+    ExecutorOptions options;
+    options.timeout = absl::Milliseconds(300);
+    options.map_peer_memory = mapped;
+    const absl::Time start = absl::Now();
+    Outcome out = RunPlan(*plan, options, /*skip_src=*/1);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    EXPECT_EQ(out.dst_status[0].code(), absl::StatusCode::kDeadlineExceeded) << out.dst_status[0];
+    // Mapped: it never answered the hello; tagged: its round never came.
+    EXPECT_NE(out.dst_status[0].message().find(mapped ? "answer of source rank 1" : "resharding round"),
+              std::string::npos)
+        << out.dst_status[0];
+  }
 }
 
 TEST(ExecutorTest, DeadDestinationIsUnavailableNotAHang) {
   std::vector<TensorSpec> tensors = {{"w", {256, 256}, DType::kF32}};
   auto plan = MakePlan(tensors, Layout::Fsdp(1, 1), Layout::Tp(2, {Split::kRows}));
   ASSERT_TRUE(plan.ok());
-  ExecutorOptions options;
-  options.chunk_bytes = 1024;
-  options.timeout = absl::Seconds(3);
-  // Destination 1 dies at once: the source fails with UNAVAILABLE well before its
-  // 3 s deadline; destination 0, whose source stopped, times out at its deadline
-  // instead of hanging (the weights service then drops or retries the round).
-  Outcome out = RunPlan(*plan, options, -1, [](Fleet& fleet) { fleet.dst[1]->Close(); });
-  EXPECT_EQ(out.src_status[0].code(), absl::StatusCode::kUnavailable) << out.src_status[0];
-  EXPECT_LT(out.src_took[0], absl::Seconds(2));
-  EXPECT_TRUE(out.dst_status[0].ok() || absl::IsDeadlineExceeded(out.dst_status[0]))
-      << out.dst_status[0];
+  for (bool mapped : {true, false}) {
+    ExecutorOptions options;
+    options.chunk_bytes = 1024;
+    options.timeout = absl::Seconds(3);
+    options.map_peer_memory = mapped;
+    // Destination 1 dies at once: the source fails with UNAVAILABLE well before its
+    // 3 s deadline; destination 0, whose source stopped, times out at its deadline
+    // instead of hanging (the weights service then drops or retries the round).
+    Outcome out = RunPlan(*plan, options, -1, [](Fleet& fleet) { fleet.dst[1]->Close(); });
+    EXPECT_EQ(out.src_status[0].code(), absl::StatusCode::kUnavailable) << out.src_status[0];
+    EXPECT_LT(out.src_took[0], absl::Seconds(2));
+    EXPECT_TRUE(out.dst_status[0].ok() || absl::IsDeadlineExceeded(out.dst_status[0]))
+        << out.dst_status[0];
+  }
 }
 
 TEST(ExecutorTest, RejectsRolesThatDoNotFitThePlan) {

@@ -1,5 +1,6 @@
 #include "libs/reshard/plan.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -170,6 +171,27 @@ TEST(DigestTest, VectorAndPortableAgreeAndAreAdditive) {
   // Any single changed unit changes it.
   data[100] ^= 1;
   EXPECT_NE(whole, DigestBytes(data.data(), 4096, 0));
+}
+
+TEST(DigestTest, CopyAndDigestCopiesExactlyAndDigestsTheSame) {
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> data(4096 + 6);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (uint64_t bytes : {0u, 2u, 14u, 30u, 32u, 34u, 66u, 1000u, 4096u}) {
+    for (uint64_t offset : {uint64_t{0}, uint64_t{2}, uint64_t{10000000006}}) {
+      const uint64_t want = DigestBytesPortable(data.data() + 2, bytes, offset);
+      for (DigestImpl impl : {DigestImpl::kPortable, DigestImpl::kAvx2, DigestImpl::kAvx512}) {
+        std::vector<uint8_t> out(bytes + 4, 0xee);
+        EXPECT_EQ(CopyAndDigestUsing(impl, out.data() + 1, data.data() + 2, bytes, offset), want)
+            << bytes << " bytes at " << offset << ", impl " << static_cast<int>(impl);
+        EXPECT_TRUE(std::equal(data.begin() + 2, data.begin() + 2 + bytes, out.begin() + 1));
+        EXPECT_EQ(out[0], 0xee);  // nothing written outside
+        EXPECT_EQ(out[bytes + 1], 0xee);
+      }
+      std::vector<uint8_t> out(bytes + 1);
+      EXPECT_EQ(CopyAndDigest(out.data(), data.data() + 2, bytes, offset), want);
+    }
+  }
 }
 
 TEST(PlanTest, LargeModelPlanIsSmall) {

@@ -108,6 +108,7 @@ FaultCounters FaultTransport::counters() {
 Capabilities FaultTransport::GetCapabilities() const {
   Capabilities caps = inner_->GetCapabilities();
   caps.backend = absl::StrCat("fault(", caps.backend, ")");
+  caps.maps_peer_memory = false;  // stores through a mapping cannot be faulted: none
   return caps;
 }
 

@@ -165,6 +165,7 @@ Capabilities LoopbackTransport::GetCapabilities() const {
   caps.one_sided = true;
   caps.two_sided = true;
   caps.one_sided_fast = true;
+  caps.maps_peer_memory = true;
   caps.max_message_bytes = kMaxMessageBytes;
   caps.detail = "in-process memcpy";
   return caps;
@@ -236,6 +237,53 @@ absl::StatusOr<v1::RemoteMemoryDescriptor> LoopbackTransport::Describe(const Mem
   d.set_registration_id(h.id);
   d.set_registration_epoch(node_->epoch);
   return d;
+}
+
+namespace {
+class LoopbackMapping : public RemoteMapping {
+ public:
+  LoopbackMapping(uint8_t* data, uint64_t length) : data_(data), length_(length) {}
+  uint8_t* data() const override { return data_; }
+  uint64_t length() const override { return length_; }
+
+ private:
+  uint8_t* const data_;
+  const uint64_t length_;
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RemoteMapping>> LoopbackTransport::MapRemote(
+    PeerId peer_id, const v1::RemoteMemoryDescriptor& remote) {
+  if (remote.backend() != v1::TRANSFER_BACKEND_LOOPBACK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MapRemote: remote descriptor is for backend ", remote.backend(), ", not loopback"));
+  }
+  std::shared_ptr<Node> peer;
+  {
+    absl::MutexLock lock(&node_->mu);
+    if (!node_->alive) return absl::FailedPreconditionError("transport is closed");
+    auto it = node_->peers.find(peer_id);
+    if (it == node_->peers.end()) return absl::NotFoundError(absl::StrCat("MapRemote: unknown peer id ", peer_id));
+    peer = it->second;
+  }
+  if (remote.worker_address() != peer->address) {
+    return absl::InvalidArgumentError(absl::StrCat("MapRemote: remote descriptor belongs to ",
+                                                   remote.worker_address(), ", not peer ", peer_id));
+  }
+  absl::MutexLock lock(&peer->mu);
+  if (!peer->alive) return absl::UnavailableError(absl::StrCat("peer ", peer->address, " died"));
+  auto it = peer->registrations.find(remote.registration_id());
+  if (remote.registration_epoch() != peer->epoch || it == peer->registrations.end() ||
+      reinterpret_cast<uint64_t>(it->second.base) != remote.base_address() ||
+      it->second.length != remote.length_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MapRemote: stale or unknown remote key: registration ", remote.registration_id(),
+        " is not registered at the peer"));
+  }
+  if (it->second.kind != MemoryKind::kHost) {
+    return absl::UnimplementedError("MapRemote: only host memory maps");
+  }
+  return std::make_unique<LoopbackMapping>(static_cast<uint8_t*>(it->second.base), it->second.length);
 }
 
 std::unique_ptr<Completion> LoopbackTransport::OneSided(bool put, PeerId peer_id,

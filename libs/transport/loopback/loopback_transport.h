@@ -44,6 +44,8 @@ class LoopbackTransport : public Transport {
   std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                   const v1::RemoteMemoryDescriptor& remote,
                                   uint64_t remote_offset, uint64_t length) override;
+  absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(
+      PeerId peer, const v1::RemoteMemoryDescriptor& remote) override;
   std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
                                    uint64_t offset, uint64_t length) override;
   std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,

@@ -1,5 +1,8 @@
 // The conformance suite over UCX: tcp and shared memory, with the peer in this process
 // (a second worker) and in another process (transport_peer).
+#include <cstring>
+
+#include "gtest/gtest.h"
 #include "libs/transport/tests/conformance.h"
 #include "libs/transport/ucx/ucx_transport.h"
 #include "tests/util/subprocess.h"
@@ -49,6 +52,50 @@ INSTANTIATE_TEST_SUITE_P(
                       InProcess("tcp_one_process", "tcp"),
                       InProcess("posix_cma_one_process", "posix,cma,self")),
     BackendName);
+
+// MapRemote: a peer's AllocateMemory region over shared memory maps, and stores through
+// the mapping are in the owner's memory; memory UCX did not allocate, and tcp, do not.
+TEST(UcxMapRemoteTest, SharedMemoryRegionsMapAndOthersAreUnimplemented) {
+  auto owner = MakeUcx("posix,cma,self");
+  auto mapper = MakeUcx("posix,cma,self");
+  ASSERT_NE(owner, nullptr);
+  ASSERT_NE(mapper, nullptr);
+  EXPECT_TRUE(mapper->GetCapabilities().maps_peer_memory);
+  auto peer = mapper->Connect(owner->LocalAddress());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto region = owner->AllocateMemory(1 << 20, MemoryKind::kHost, 0);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::memset(region->base, 0, region->length);
+  auto descriptor = owner->Describe(*region);
+  ASSERT_TRUE(descriptor.ok());
+  {
+    auto mapping = mapper->MapRemote(*peer, *descriptor);
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+    ASSERT_EQ((*mapping)->length(), region->length);
+    std::memset((*mapping)->data() + 4096, 0x5a, 100);
+    EXPECT_EQ(static_cast<uint8_t*>(region->base)[4096], 0x5a);
+    EXPECT_EQ(static_cast<uint8_t*>(region->base)[4195], 0x5a);
+    EXPECT_EQ(static_cast<uint8_t*>(region->base)[4196], 0);
+  }
+  // Registered, not allocated by UCX: no shared segment to map.
+  std::vector<uint8_t> plain(1 << 16);
+  auto registered = owner->RegisterMemory(plain.data(), plain.size(), MemoryKind::kHost, 0);
+  ASSERT_TRUE(registered.ok());
+  auto plain_descriptor = owner->Describe(*registered);
+  ASSERT_TRUE(plain_descriptor.ok());
+  EXPECT_EQ(mapper->MapRemote(*peer, *plain_descriptor).status().code(), absl::StatusCode::kUnimplemented);
+  // A malformed descriptor is INVALID_ARGUMENT, not a crash.
+  v1::RemoteMemoryDescriptor bad = *descriptor;
+  bad.set_packed_rkey("garbage");
+  EXPECT_EQ(mapper->MapRemote(*peer, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(owner->DeregisterMemory(*registered).ok());
+  EXPECT_TRUE(owner->DeregisterMemory(*region).ok());
+
+  auto tcp = MakeUcx("tcp");
+  ASSERT_NE(tcp, nullptr);
+  EXPECT_FALSE(tcp->GetCapabilities().maps_peer_memory);
+  EXPECT_EQ(tcp->MapRemote(1, *descriptor).status().code(), absl::StatusCode::kUnimplemented);
+}
 
 }  // namespace
 }  // namespace rlfleet::transport::testing

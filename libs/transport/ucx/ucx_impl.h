@@ -174,6 +174,10 @@ class UcxTransport::Impl {
       absl::MutexLock lock(&mu_);
       tasks_.push_back(std::move(task));
     }
+    Wake();
+  }
+  // Wakes the progress loop from its sleep.
+  void Wake() {
     const uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
   }
@@ -194,8 +198,12 @@ class UcxTransport::Impl {
   absl::StatusOr<std::pair<Peer*, uint8_t*>> Resolve(PeerId peer, const MemoryHandle& local,
                                                       uint64_t offset, uint64_t length,
                                                       absl::string_view what);
+  // The peer's remote key for `remote` after checking it (owner, revocation, range):
+  // cached per peer and destroyed on revocation, or (cache = false) a fresh one the
+  // caller owns and destroys.
   absl::StatusOr<ucp_rkey_h> RemoteKey(Peer* peer, const v1::RemoteMemoryDescriptor& remote,
-                                       uint64_t offset, uint64_t length, absl::string_view what);
+                                       uint64_t offset, uint64_t length, absl::string_view what,
+                                       bool cache = true);
   std::unique_ptr<Completion> Submit(std::function<void(Op*)> start);
 
   static void OnSend(void* request, ucs_status_t status, void* user_data);

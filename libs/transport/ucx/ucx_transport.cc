@@ -264,6 +264,67 @@ std::unique_ptr<Completion> UcxTransport::PutBatch(PeerId peer_id, const std::ve
   });
 }
 
+namespace {
+
+// Holds its own remote key (not the peer's cached one, which a revocation destroys),
+// so the segment stays attached while the mapping lives.
+class UcxMapping : public RemoteMapping {
+ public:
+  UcxMapping(Impl* impl, ucp_rkey_h rkey, uint8_t* data, uint64_t length)
+      : impl_(impl), rkey_(rkey), data_(data), length_(length) {}
+  ~UcxMapping() override {
+    Impl* impl = impl_;
+    ucp_rkey_h rkey = rkey_;
+    (void)impl->RunSync<bool>([rkey]() -> absl::StatusOr<bool> {
+      ucp_rkey_destroy(rkey);
+      return true;
+    });
+  }
+  uint8_t* data() const override { return data_; }
+  uint64_t length() const override { return length_; }
+
+ private:
+  Impl* const impl_;
+  const ucp_rkey_h rkey_;
+  uint8_t* const data_;
+  const uint64_t length_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RemoteMapping>> UcxTransport::MapRemote(
+    PeerId peer_id, const v1::RemoteMemoryDescriptor& remote) {
+  if (!impl_->caps_.maps_peer_memory) {
+    return absl::UnimplementedError(absl::StrCat("MapRemote: no shared-memory transport in ",
+                                                 impl_->caps_.detail));
+  }
+  if (remote.memory_kind() != v1::MEMORY_KIND_HOST) {
+    return absl::UnimplementedError("MapRemote: only host memory maps");
+  }
+  Impl* impl = impl_.get();
+  return impl->RunSync<std::unique_ptr<RemoteMapping>>(
+      [impl, peer_id, &remote]() -> absl::StatusOr<std::unique_ptr<RemoteMapping>> {
+        auto pit = impl->peers_.find(peer_id);
+        if (pit == impl->peers_.end()) {
+          return absl::NotFoundError(absl::StrCat("MapRemote: unknown peer id ", peer_id));
+        }
+        Impl::Peer* peer = pit->second.get();
+        if (peer->failed) return peer->error;
+        ASSIGN_OR_RETURN(ucp_rkey_h rkey,
+                         impl->RemoteKey(peer, remote, 0, remote.length_bytes(), "MapRemote", false));
+        void* data = nullptr;
+        const ucs_status_t st = ucp_rkey_ptr(rkey, remote.base_address(), &data);
+        if (st != UCS_OK) {
+          ucp_rkey_destroy(rkey);
+          return absl::UnimplementedError(absl::StrCat(
+              "MapRemote: the peer's memory does not map here (ucp_rkey_ptr: ", ucs_status_string(st),
+              "; another host, or not from its AllocateMemory)"));
+        }
+        return std::unique_ptr<RemoteMapping>(
+            new UcxMapping(impl, rkey, static_cast<uint8_t*>(data), remote.length_bytes()));
+      });
+}
+
 std::unique_ptr<Completion> UcxTransport::Get(PeerId peer_id, const MemoryHandle& local,
                                               uint64_t local_offset,
                                               const v1::RemoteMemoryDescriptor& remote,

@@ -7,6 +7,8 @@
 // between threads; a background progress thread drives it when nobody waits (for
 // incoming messages and control traffic), spinning with sched_yield while transfers
 // make progress and backing off to a 1 ms poll when idle.
+// MapRemote maps a same-host peer's AllocateMemory region (ucp_rkey_ptr over posix /
+// sysv / xpmem) for callers that move bytes with plain stores.
 //
 // Transports are UCX's own choice: UCX_TLS from the environment, or UcxOptions::tls.
 // For local runs UCX_NET_DEVICES is pinned to loopback (`lo`) unless the environment
@@ -74,6 +76,9 @@ class UcxTransport : public Transport {
   std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                   const v1::RemoteMemoryDescriptor& remote,
                                   uint64_t remote_offset, uint64_t length) override;
+  // Same-host peers' AllocateMemory regions, over posix / sysv / xpmem: ucp_rkey_ptr.
+  absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(
+      PeerId peer, const v1::RemoteMemoryDescriptor& remote) override;
   std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
                                    uint64_t offset, uint64_t length) override;
   std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,

@@ -87,6 +87,13 @@ absl::Status Impl::Init() {
   caps_.one_sided = true;
   caps_.two_sided = true;
   caps_.one_sided_fast = !tcp_only;
+  // A shared-memory transport maps same-host peers' UCX-allocated memory.
+  caps_.maps_peer_memory = tls.empty();
+  for (absl::string_view t : absl::StrSplit(tls, ',', absl::SkipEmpty())) {
+    if (t == "all" || t == "sm" || t == "shm" || t == "posix" || t == "sysv" || t == "xpmem") {
+      caps_.maps_peer_memory = true;
+    }
+  }
   caps_.max_message_bytes = uint64_t{1} << 38;
   caps_.max_tag = kMaxUserTag;
   caps_.detail = absl::StrCat("UCX ", major, ".", minor, ".", release,
@@ -445,7 +452,7 @@ absl::StatusOr<std::pair<Impl::Peer*, uint8_t*>> Impl::Resolve(PeerId peer_id,
 
 absl::StatusOr<ucp_rkey_h> Impl::RemoteKey(Peer* peer, const v1::RemoteMemoryDescriptor& remote,
                                            uint64_t offset, uint64_t length,
-                                           absl::string_view what) {
+                                           absl::string_view what, bool cache) {
   if (remote.backend() != v1::TRANSFER_BACKEND_UCX) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": remote descriptor is for backend ", remote.backend(), ", not UCX"));
@@ -473,11 +480,11 @@ absl::StatusOr<ucp_rkey_h> Impl::RemoteKey(Peer* peer, const v1::RemoteMemoryDes
   RETURN_IF_ERROR(CheckRange(absl::StrCat(what, " remote range"), offset, length,
                              remote.length_bytes()));
   auto it = peer->rkeys.find(registration);
-  if (it != peer->rkeys.end()) return it->second;
+  if (cache && it != peer->rkeys.end()) return it->second;
   ucp_rkey_h rkey = nullptr;
   RETURN_IF_ERROR(UCS_STATUS(ucp_ep_rkey_unpack(peer->ep, packed.data() + kRkeyHeader, &rkey),
                              absl::StrCat(what, ": ucp_ep_rkey_unpack")));
-  peer->rkeys[registration] = rkey;
+  if (cache) peer->rkeys[registration] = rkey;
   return rkey;
 }
 
