@@ -144,12 +144,16 @@ absl::StatusOr<InstallReport> RolloutCore::InstallFromFile(const std::string& pa
 }
 
 absl::StatusOr<InstallReport> RolloutCore::InstallFromBytes(std::string bytes, const std::string& name,
-                                                            uint64_t version, absl::Time deadline) {
+                                                            uint64_t version, absl::Time deadline,
+                                                            std::string* image_back) {
   auto install = std::make_shared<Install>();
   install->path = name;
   install->bytes = std::move(bytes);
   install->version = version;
-  return Queue(std::move(install), deadline);
+  absl::StatusOr<InstallReport> report = Queue(install, deadline);
+  // (Once Queue returned the scheduler is done with the install's bytes.)
+  if (report.ok() && image_back != nullptr) *image_back = std::move(install->bytes);
+  return report;
 }
 
 absl::StatusOr<InstallReport> RolloutCore::Queue(std::shared_ptr<Install> install, absl::Time deadline) {

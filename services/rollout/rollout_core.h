@@ -92,9 +92,12 @@ class RolloutCore {
   absl::StatusOr<InstallReport> InstallFromFile(const std::string& path, uint64_t version,
                                                 absl::Time deadline = absl::InfiniteFuture());
   // The same from a safetensors image in memory (a version pulled from the weights
-  // service); `name` names it in errors.
+  // service); `name` names it in errors. The model copies what it needs, so with
+  // `image_back` the image is handed back unchanged once installed (to serve it to
+  // other replicas without a copy of its own).
   absl::StatusOr<InstallReport> InstallFromBytes(std::string bytes, const std::string& name, uint64_t version,
-                                                 absl::Time deadline = absl::InfiniteFuture());
+                                                 absl::Time deadline = absl::InfiniteFuture(),
+                                                 std::string* image_back = nullptr);
   // Installs the model's current (e.g. freshly initialised) weights as `version`.
   absl::Status InstallInitial(uint64_t version);
 

@@ -15,7 +15,6 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
 #include "libs/rpc/server_call.h"
 #include "libs/transport/descriptor_fetcher.h"
@@ -166,13 +165,13 @@ class RelayCopy {
     absl::MutexLock lock(&mu_);
     ReleaseLocked();
   }
-  // Serves a copy of `bytes`, the version `pulled` describes; returns where to pull it
-  // (same length, digest and version). Errors from registering it.
-  absl::StatusOr<v1::TransferDescriptor> Serve(const std::string& bytes, const v1::TransferDescriptor& pulled) {
+  // Serves `bytes` (taken over: the installed image, not a copy of it), the version
+  // `pulled` describes; returns where to pull it (same length, digest and version).
+  // Errors from registering it.
+  absl::StatusOr<v1::TransferDescriptor> Serve(std::string bytes, const v1::TransferDescriptor& pulled) {
     absl::MutexLock lock(&mu_);
     ReleaseLocked();
-    bytes_ = common::NewHugeString(bytes.size());
-    std::memcpy(bytes_.data(), bytes.data(), bytes.size());
+    bytes_ = std::move(bytes);
     absl::StatusOr<transport::MemoryHandle> handle =
         data_plane_->RegisterMemory(bytes_.data(), bytes_.size(), transport::MemoryKind::kHost, 0);
     if (!handle.ok()) return handle.status();
@@ -257,13 +256,15 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
         absl::StatusOr<std::string> bytes = fetcher_->Fetch(source, deadline);
         if (!bytes.ok()) return common::Annotate(bytes.status(), "pulling the version");
         resp->set_pull_us(absl::ToInt64Microseconds(absl::Now() - pull_start));
-        if (req->serve_relay() && relay_ != nullptr) {
+        const bool serve = req->serve_relay() && relay_ != nullptr;
+        std::string image;  // handed back by the install, to serve without a copy
+        report = core_->InstallFromBytes(std::move(*bytes), absl::StrCat("version ", version, " (pulled)"), version,
+                                         deadline, serve ? &image : nullptr);
+        if (report.ok() && serve && image.size() == source.length_bytes()) {
           // (no relay copy is not an error: the weights service then serves the others)
-          absl::StatusOr<v1::TransferDescriptor> served = relay_->Serve(*bytes, source);
+          absl::StatusOr<v1::TransferDescriptor> served = relay_->Serve(std::move(image), source);
           if (served.ok()) relay = *served;
         }
-        report = core_->InstallFromBytes(std::move(*bytes), absl::StrCat("version ", version, " (pulled)"), version,
-                                         deadline);
       }
       if (!report.ok()) return report.status();
       resp->mutable_installed_version()->set_version(report->version);

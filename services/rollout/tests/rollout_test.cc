@@ -65,6 +65,26 @@ TEST(RolloutCore, WaitsForWeightsThenGeneratesTaggedExperiences) {
   EXPECT_EQ(std::vector<int32_t>(a.begin(), a.end()), std::vector<int32_t>(b.begin(), b.end()));
 }
 
+// A pulled image is installed and, when asked, handed back unchanged (a relay then
+// serves it without a copy); a version not newer hands nothing back.
+TEST(RolloutCore, InstallFromBytesHandsTheImageBack) {
+  auto core = RolloutCore::Create(Small(), "cpu");
+  ASSERT_TRUE(core.ok()) << core.status();
+  auto source = model::Policy::Create(Small(), "cpu");
+  ASSERT_TRUE(source.ok()) << source.status();
+  const std::string image = (*source)->SafetensorsBytes();
+  std::string back;
+  auto report = (*core)->InstallFromBytes(image, "test image", 4, absl::Now() + absl::Seconds(30), &back);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->version, 4u);
+  EXPECT_EQ((*core)->installed_version(), 4u);
+  EXPECT_EQ(back, image);
+  std::string none;
+  EXPECT_EQ((*core)->InstallFromBytes(image, "test image", 4, absl::Now() + absl::Seconds(30), &none).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(none.empty());
+}
+
 TEST(RolloutCore, LimitsAndStatesAreClearErrors) {
   auto core = RolloutCore::Create(Small(), "cpu", RolloutLimits{2, 4, 16});
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
