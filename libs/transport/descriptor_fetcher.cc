@@ -18,7 +18,8 @@ namespace rlfleet::transport {
 DescriptorFetcher::DescriptorFetcher(Transport* transport, Options options)
     : transport_(transport), options_(options) {}
 
-absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescriptor& d, absl::Time deadline) {
+absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescriptor& d, absl::Time deadline,
+                                                     std::string reuse) {
   if (absl::Now() >= deadline) return absl::DeadlineExceededError("no time left for this fetch");
   if (d.length_bytes() == 0) return absl::InvalidArgumentError("length_bytes: 0");
   if (d.length_bytes() > options_.max_bytes) {
@@ -36,7 +37,7 @@ absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescripto
       break;
     case v1::TRANSFER_BACKEND_UCX:
     case v1::TRANSFER_BACKEND_LOOPBACK:
-      bytes = FetchMemory(d, deadline);
+      bytes = FetchMemory(d, deadline, std::move(reuse));
       break;
     default:
       return absl::InvalidArgumentError(
@@ -94,7 +95,8 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescr
   return bytes;
 }
 
-absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline) {
+absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline,
+                                                           std::string reuse) {
   if (transport_ == nullptr) {
     return absl::InvalidArgumentError("segment.backend: this buffer has no data-plane transport (FILE only)");
   }
@@ -115,7 +117,14 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   // buffer copied out afterwards; a big one is faulted in as huge pages first, since
   // faulting 4 KiB pages capped a 400 MiB pull at ~1.4 GB/s where ucx_perftest's warm
   // buffers reach ~12 (bench/fetch_bw).
-  std::string bytes = common::NewHugeString(d.length_bytes());
+  std::string bytes;
+  if (reuse.capacity() >= d.length_bytes()) {
+    bytes = std::move(reuse);
+    bytes.resize(d.length_bytes());  // (within its capacity: no new memory)
+  } else {
+    reuse = std::string();  // (released before the new one is faulted in)
+    bytes = common::NewHugeString(d.length_bytes());
+  }
   ASSIGN_OR_RETURN(MemoryHandle local,
                    transport_->RegisterMemory(bytes.data(), bytes.size(), MemoryKind::kHost, 0));
   std::unique_ptr<Completion> get = transport_->Get(peer, local, 0, d.segment(), d.offset_bytes(), d.length_bytes());

@@ -40,12 +40,20 @@ class DescriptorFetcher {
     return Fetch(descriptor, absl::Now() + options_.timeout);
   }
   // With a deadline of its own (several fetches of one request share one).
-  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline);
+  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline) {
+    return Fetch(descriptor, deadline, std::string());
+  }
+  // Into `reuse`'s memory (taken over and returned filled) when its capacity holds the
+  // payload: a caller that fetches one version after another (a rollout
+  // replica) keeps two buffers instead of faulting in a fresh one per pull (a fresh
+  // 400 MB buffer: 46 ms here when memory is warm, 460-780 ms when it is not).
+  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline,
+                                    std::string reuse);
   const Options& options() const { return options_; }
 
  private:
   absl::StatusOr<std::string> FetchFile(const v1::TransferDescriptor& d);
-  absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline);
+  absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline, std::string reuse);
 
   Transport* const transport_;
   const Options options_;

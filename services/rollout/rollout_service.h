@@ -167,10 +167,13 @@ class RelayCopy {
   }
   // Serves `bytes` (taken over: the installed image, not a copy of it), the version
   // `pulled` describes; returns where to pull it (same length, digest and version).
-  // Errors from registering it.
-  absl::StatusOr<v1::TransferDescriptor> Serve(std::string bytes, const v1::TransferDescriptor& pulled) {
+  // The image it served before, no longer registered, goes to `previous` (memory for
+  // the next pull). Errors from registering it.
+  absl::StatusOr<v1::TransferDescriptor> Serve(std::string bytes, const v1::TransferDescriptor& pulled,
+                                               std::string* previous = nullptr) {
     absl::MutexLock lock(&mu_);
     ReleaseLocked();
+    if (previous != nullptr) *previous = std::move(bytes_);
     bytes_ = std::move(bytes);
     absl::StatusOr<transport::MemoryHandle> handle =
         data_plane_->RegisterMemory(bytes_.data(), bytes_.size(), transport::MemoryKind::kHost, 0);
@@ -253,17 +256,30 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
           return absl::FailedPreconditionError("this replica has no data plane to pull weights over (FILE only)");
         }
         const absl::Time pull_start = absl::Now();
-        absl::StatusOr<std::string> bytes = fetcher_->Fetch(source, deadline);
+        // Into the memory of the image before last (faulted in already), if there is one.
+        std::string reuse;
+        {
+          absl::MutexLock lock(&spare_mu_);
+          reuse.swap(spare_);
+        }
+        absl::StatusOr<std::string> bytes = fetcher_->Fetch(source, deadline, std::move(reuse));
         if (!bytes.ok()) return common::Annotate(bytes.status(), "pulling the version");
         resp->set_pull_us(absl::ToInt64Microseconds(absl::Now() - pull_start));
         const bool serve = req->serve_relay() && relay_ != nullptr;
         std::string image;  // handed back by the install, to serve without a copy
         report = core_->InstallFromBytes(std::move(*bytes), absl::StrCat("version ", version, " (pulled)"), version,
-                                         deadline, serve ? &image : nullptr);
+                                         deadline, &image);
+        std::string spare;
         if (report.ok() && serve && image.size() == source.length_bytes()) {
           // (no relay copy is not an error: the weights service then serves the others)
-          absl::StatusOr<v1::TransferDescriptor> served = relay_->Serve(std::move(image), source);
+          absl::StatusOr<v1::TransferDescriptor> served = relay_->Serve(std::move(image), source, &spare);
           if (served.ok()) relay = *served;
+        } else {
+          spare = std::move(image);
+        }
+        if (spare.capacity() > (1 << 20)) {  // (cleared, not freed: its memory is what counts)
+          absl::MutexLock lock(&spare_mu_);
+          spare_ = std::move(spare);
         }
       }
       if (!report.ok()) return report.status();
@@ -301,6 +317,10 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   std::function<void(bool)> on_state_change_;
   transport::DescriptorFetcher* const fetcher_;
   const std::unique_ptr<RelayCopy> relay_;
+  // A pulled image's memory, kept for the next pull (with a relay: the one it served
+  // before the current one).
+  absl::Mutex spare_mu_;
+  std::string spare_ ABSL_GUARDED_BY(spare_mu_);
 };
 
 }  // namespace rlfleet::rollout
