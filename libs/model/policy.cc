@@ -322,7 +322,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
   return stats;
 }
 
-std::string Policy::SafetensorsBytes() const {
+std::string Policy::SafetensorsBytes(std::string reuse) const {
   // Views of the parameters where they are (a CPU f32 parameter is not copied; others
   // are converted into `kept` first): the image is written with one copy per byte.
   std::vector<torch::Tensor> kept;
@@ -335,7 +335,7 @@ std::string Policy::SafetensorsBytes() const {
     view.bytes = absl::string_view(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * sizeof(float));
     tensors[item.key()] = std::move(view);
   }
-  return SerializeSafetensors(tensors);
+  return SerializeSafetensors(tensors, std::move(reuse));
 }
 
 absl::Status Policy::SaveSafetensors(const std::string& path) const {

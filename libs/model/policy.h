@@ -180,8 +180,8 @@ class Policy {
   // read it, and we read what it writes). Load: INVALID_ARGUMENT naming a missing or
   // mis-shaped tensor; NOT_FOUND for a missing file.
   absl::Status SaveSafetensors(const std::string& path) const;
-  // The image SaveSafetensors writes, in memory.
-  std::string SafetensorsBytes() const;
+  // The image SaveSafetensors writes, in memory (in `reuse`'s memory when it fits).
+  std::string SafetensorsBytes(std::string reuse = std::string()) const;
   absl::Status LoadSafetensors(const std::string& path);
   // The same from a safetensors image in memory (`name` names it in errors).
   absl::Status LoadSafetensorsBytes(const std::string& bytes, const std::string& name);

@@ -108,7 +108,7 @@ class Json {
 namespace {
 
 template <typename Tensor>
-std::string Serialize(const std::map<std::string, Tensor>& tensors) {
+std::string Serialize(const std::map<std::string, Tensor>& tensors, std::string reuse = std::string()) {
   std::string header = "{";
   uint64_t offset = 0;
   bool first = true;
@@ -121,7 +121,15 @@ std::string Serialize(const std::map<std::string, Tensor>& tensors) {
   }
   header += "}";
   while (header.size() % 8 != 0) header += ' ';  // keeps the data 8-byte aligned
-  std::string out = common::NewHugeString(8 + header.size() + offset);
+  const uint64_t total = 8 + header.size() + offset;
+  std::string out;
+  if (reuse.capacity() >= total) {
+    out = std::move(reuse);
+    out.resize(total);  // (within its capacity: no new memory)
+  } else {
+    reuse = std::string();
+    out = common::NewHugeString(total);
+  }
   const uint64_t n = header.size();
   char* at = out.data();
   std::memcpy(at, &n, 8);
@@ -139,6 +147,10 @@ std::string Serialize(const std::map<std::string, Tensor>& tensors) {
 std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors) { return Serialize(tensors); }
 
 std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors) { return Serialize(tensors); }
+
+std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors, std::string reuse) {
+  return Serialize(tensors, std::move(reuse));
+}
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp";

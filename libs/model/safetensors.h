@@ -31,6 +31,10 @@ struct TensorView {
 // huge-page backed string (each tensor's bytes copied once, into place).
 std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors);
 std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors);
+// The same into `reuse`'s memory (taken over) when its capacity holds the image: a
+// publisher writing version after version keeps its buffers instead of faulting in a
+// fresh one each time.
+std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors, std::string reuse);
 // Writes bytes to `path` atomically (temporary file + rename): a crash never leaves a
 // half file.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);

@@ -594,9 +594,16 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
     where->mutable_segment()->set_worker_address(path);
   } else {
     if (published_.empty() || published_.back().version != version_) {  // (else: already in memory)
+      // The oldest of the two kept goes first, and its memory takes the new image.
+      std::string reuse;
+      if (published_.size() >= 2) {
+        (void)published_.front().data_plane->DeregisterMemory(published_.front().handle);
+        reuse = std::move(published_.front().bytes);
+        published_.pop_front();
+      }
       Published p;
       p.version = version_;
-      p.bytes = policy_->SafetensorsBytes();
+      p.bytes = policy_->SafetensorsBytes(std::move(reuse));
       p.digest = common::Xxh64(p.bytes);
       p.data_plane = target.data_plane;
       ASSIGN_OR_RETURN(p.handle, target.data_plane->RegisterMemory(p.bytes.data(), p.bytes.size(),

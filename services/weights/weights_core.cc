@@ -5,9 +5,12 @@
 #include <map>
 #include <thread>
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "libs/common/checksum.h"
 #include "libs/common/status_macros.h"
 #include "libs/model/safetensors.h"
 #include "libs/transport/descriptor_fetcher.h"
@@ -67,6 +70,110 @@ std::vector<reshard::TensorSpec> TensorsOf(const std::string& bytes) {
   return out;
 }
 
+const char* SafetensorsDType(reshard::DType d) {
+  switch (d) {
+    case reshard::DType::kF32: return "F32";
+    case reshard::DType::kBF16: return "BF16";
+    case reshard::DType::kF16: return "F16";
+    case reshard::DType::kI32: return "I32";
+    case reshard::DType::kI64: return "I64";
+  }
+  return "F32";
+}
+
+// A version sharded over the trainer's ranks: the manifest's layout (world_size ranks,
+// each tensor's split) and, per source rank, one descriptor per tensor. Every shard
+// used is pulled and its digest checked (a replicated tensor is taken from rank 0), the
+// tensors are assembled whole (libs/reshard's PartIntervals: where each of a rank's
+// elements belongs) and written as the safetensors image replicas install.
+// INVALID_ARGUMENT naming the field for a request that does not fit the layout;
+// DATA_LOSS naming the rank and tensor whose bytes do not match their digest; the data
+// plane's error for a shard that cannot be pulled.
+absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& request, transport::Transport* data_plane,
+                                            absl::Time deadline) {
+  const v1::ShardLayout& layout = request.manifest().layout();
+  const int ranks = static_cast<int>(layout.world_size());
+  if (ranks < 1 || ranks > 1024) return absl::InvalidArgumentError("manifest.layout.world_size: want 1..1024");
+  if (request.sources_size() != ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("sources: ", request.sources_size(), " source ranks; the layout has ",
+                                                   ranks));
+  }
+  if (layout.tensors_size() == 0 || layout.tensors_size() > 4096) {
+    return absl::InvalidArgumentError("manifest.layout.tensors: want 1..4096 tensors for a sharded version");
+  }
+  std::vector<reshard::TensorSpec> specs;
+  std::vector<reshard::Split> splits;
+  std::map<std::string, int> index;
+  for (const v1::TensorLayout& t : layout.tensors()) {
+    ASSIGN_OR_RETURN(reshard::DType dtype, FromProto(t.spec().dtype(), t.spec().name()));
+    ASSIGN_OR_RETURN(reshard::Split split, FromProto(t.kind(), t.spec().name()));
+    reshard::TensorSpec spec{t.spec().name(), {t.spec().shape().begin(), t.spec().shape().end()}, dtype};
+    if (spec.shape.empty()) spec.shape = {1};
+    if (!index.emplace(spec.name, static_cast<int>(specs.size())).second) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest.layout.tensors: `", spec.name, "` twice"));
+    }
+    specs.push_back(std::move(spec));
+    splits.push_back(split);
+  }
+  // Whole tensors, filled from the shards.
+  std::vector<std::string> whole(specs.size());
+  for (size_t t = 0; t < specs.size(); ++t) whole[t].resize(specs[t].numel() * reshard::DTypeSize(specs[t].dtype));
+  std::vector<bool> seen_rank(ranks, false);
+  transport::DescriptorFetcher::Options fetch;
+  fetch.max_bytes = std::numeric_limits<uint64_t>::max();
+  fetch.file_root = "/";
+  transport::DescriptorFetcher fetcher(data_plane, fetch);
+  for (int i = 0; i < request.sources_size(); ++i) {
+    const v1::SourceRank& source = request.sources(i);
+    const int rank = static_cast<int>(source.rank());
+    if (rank >= ranks || seen_rank[rank]) {
+      return absl::InvalidArgumentError(absl::StrCat("sources[", i, "].rank: ", rank,
+                                                     rank >= ranks ? " is outside the layout" : " appears twice"));
+    }
+    seen_rank[rank] = true;
+    if (source.shards_size() != static_cast<int>(specs.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("sources[", i, "].shards: ", source.shards_size(),
+                                                     " shards; the layout has ", specs.size(), " tensors"));
+    }
+    std::vector<bool> seen_tensor(specs.size(), false);
+    for (int j = 0; j < source.shards_size(); ++j) {
+      const v1::SourceShard& shard = source.shards(j);
+      const std::string field = absl::StrCat("sources[", i, "].shards[", j, "]");
+      auto it = index.find(shard.tensor_name());
+      if (it == index.end() || seen_tensor[it->second]) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".tensor_name: `", shard.tensor_name(), "` ",
+                                                       it == index.end() ? "is not in the layout" : "appears twice"));
+      }
+      const int t = it->second;
+      seen_tensor[t] = true;
+      const uint32_t elem = reshard::DTypeSize(specs[t].dtype);
+      const std::vector<reshard::Interval> parts = reshard::PartIntervals(specs[t], splits[t], ranks, rank);
+      uint64_t held = 0;
+      for (const reshard::Interval& p : parts) held = std::max(held, (p.local + p.count) * elem);
+      // (An FSDP shard may carry the zero padding of the last ranks.)
+      if (shard.location().length_bytes() < held) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".location.length_bytes: ", shard.location().length_bytes(),
+                                                       "; rank ", rank, "'s shard of `", specs[t].name, "` is ", held,
+                                                       " bytes"));
+      }
+      if (splits[t] == reshard::Split::kReplicated && rank != 0) continue;  // taken from rank 0
+      if (held == 0) continue;
+      absl::StatusOr<std::string> bytes = fetcher.Fetch(shard.location(), deadline);
+      if (!bytes.ok()) {
+        return common::Annotate(bytes.status(), absl::StrCat(field, " (rank ", rank, ", tensor `", specs[t].name, "`)"));
+      }
+      for (const reshard::Interval& p : parts) {
+        std::memcpy(whole[t].data() + p.global * elem, bytes->data() + p.local * elem, p.count * elem);
+      }
+    }
+  }
+  std::map<std::string, model::TensorView> views;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    views[specs[t].name] = {SafetensorsDType(specs[t].dtype), specs[t].shape, whole[t]};
+  }
+  return model::SerializeSafetensors(views);
+}
+
 }  // namespace
 
 WeightsCore::WeightsCore(DestinationFactory factory, transport::Transport* data_plane, int relay_fanout)
@@ -79,6 +186,8 @@ WeightsCore::~WeightsCore() {
 
 void WeightsCore::RetireLocked(std::map<uint64_t, Version>::iterator it) {
   if (it->second.registered) (void)data_plane_->DeregisterMemory(*it->second.registered);
+  // Its memory (no longer registered) takes the next version pulled.
+  if (it->second.bytes.capacity() > spare_.capacity()) spare_ = std::move(it->second.bytes);
   versions_.erase(it);
 }
 
@@ -114,16 +223,30 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
                                          v1::PublishVersionResponse* response) {
   const uint64_t version = request.manifest().version().version();
   if (version == 0) return absl::InvalidArgumentError("manifest.version.version: 0");
-  if (request.sources_size() != 1 || request.sources(0).shards_size() != 1) {
-    return absl::InvalidArgumentError(
-        "sources: this weights service takes one source rank with one shard (the trainer's file) for now");
+  // Sharded: one descriptor per (trainer rank, tensor) of the manifest's layout. Else one
+  // source with one shard: the trainer's safetensors image (its file or its memory).
+  bool sharded = false;
+  for (const v1::SourceRank& s : request.sources()) {
+    for (const v1::SourceShard& shard : s.shards()) sharded |= !shard.tensor_name().empty();
   }
-  const v1::TransferDescriptor& where = request.sources(0).shards(0).location();
+  if (!sharded && (request.sources_size() != 1 || request.sources(0).shards_size() != 1)) {
+    return absl::InvalidArgumentError(
+        "sources: one source rank with one shard (the trainer's safetensors image), or one shard per tensor of "
+        "manifest.layout from each of its ranks (each with its tensor_name)");
+  }
+  if (sharded && data_plane_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "sources: a sharded version is assembled and served from memory; this weights service has no data plane "
+        "(start it with --data_plane=ucx)");
+  }
+  // `where`: the trainer's image; for a sharded version, the image assembled here.
+  v1::TransferDescriptor where;
+  if (!sharded) where = request.sources(0).shards(0).location();
   const bool file = where.segment().backend() == v1::TRANSFER_BACKEND_FILE;
   if (file && where.segment().worker_address().empty()) {
     return absl::InvalidArgumentError("sources[0].shards[0].location.segment.worker_address: empty (the file)");
   }
-  if (!file && data_plane_ == nullptr) {
+  if (!sharded && !file && data_plane_ == nullptr) {
     return absl::InvalidArgumentError(
         "sources[0].shards[0].location: the version is in the trainer's memory and this weights service has no "
         "data plane to pull it over (start it with --data_plane=ucx, or the trainer with --publish_dir)");
@@ -131,10 +254,12 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   {
     absl::MutexLock lock(&mu_);
     // The same version again with the same digest (the trainer handed it on and the
-    // controller does too, or a retry): already published.
-    if (auto it = versions_.find(version); it != versions_.end() &&
-                                           it->second.location.digest().algorithm() == where.digest().algorithm() &&
-                                           it->second.location.digest().value() == where.digest().value()) {
+    // controller does too, or a retry), or the same sharded manifest: already published.
+    if (auto it = versions_.find(version);
+        it != versions_.end() &&
+        (sharded ? it->second.manifest.SerializeAsString() == request.manifest().SerializeAsString()
+                 : it->second.location.digest().algorithm() == where.digest().algorithm() &&
+                       it->second.location.digest().value() == where.digest().value())) {
       *response->mutable_version() = request.manifest().version();
       response->set_destinations(destinations_.size());
       return absl::OkStatus();
@@ -153,11 +278,26 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   fetch.max_bytes = std::numeric_limits<uint64_t>::max();
   fetch.file_root = "/";
   fetch.timeout = absl::Minutes(5);
-  absl::StatusOr<std::string> fetched = transport::DescriptorFetcher(file ? nullptr : data_plane_, fetch).Fetch(where);
+  std::string reuse;  // a retired version's memory, if there is one
+  {
+    absl::MutexLock lock(&mu_);
+    reuse.swap(spare_);
+  }
+  absl::StatusOr<std::string> fetched =
+      sharded ? AssembleSharded(request, data_plane_, absl::Now() + fetch.timeout)
+              : transport::DescriptorFetcher(file ? nullptr : data_plane_, fetch)
+                    .Fetch(where, absl::Now() + fetch.timeout, std::move(reuse));
   if (!fetched.ok()) {
-    return common::Annotate(fetched.status(), absl::StrCat("version ", version, ": sources[0].shards[0].location"));
+    return common::Annotate(fetched.status(),
+                            absl::StrCat("version ", version, sharded ? "" : ": sources[0].shards[0].location"));
   }
   std::string bytes = std::move(*fetched);
+  if (sharded) {  // what replicas pull: the whole image, with its digest
+    where.set_length_bytes(bytes.size());
+    where.mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+    where.mutable_digest()->set_value(common::Xxh64(bytes));
+    where.set_version(version);
+  }
   absl::MutexLock lock(&mu_);
   if (!versions_.empty() && version <= versions_.rbegin()->first) {
     return absl::FailedPreconditionError(absl::StrCat("version ", version, " was overtaken while it was read"));

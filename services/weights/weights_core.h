@@ -1,15 +1,16 @@
 // WeightsCore: the weight-broadcast service's logic without gRPC. PublishVersion takes
-// a version the trainer wrote (one source rank, one FILE shard with its digest), reads
-// it and checks the digest before anything sees it, and keeps it in memory on the data
+// a version the trainer wrote (its safetensors image by FILE or memory descriptor, or
+// one descriptor per rank and tensor from a sharded trainer), reads it and checks the
+// digests before anything sees it, and keeps it in memory on the data
 // plane; SyncVersion / SyncAll have registered rollout replicas pull and install it
 // (RolloutService.UpdateWeights through a Destination), each under its own deadline, so
 // a replica that dies or stalls is dropped from the round (FAILED, with the reason)
 // while the others finish. With a relay fan-out, replicas that have a version serve it
 // to the next ones (a chain or tree), so this service's link carries each version at
 // most fan-out times. GetSyncStatus reports each destination's phase, bytes, timings
-// and whom it got the version from. Next slices: memory shards of several trainer ranks
-// by descriptor, the reshard plan per destination layout and the libs/reshard executor
-// (pipelined relays). Thread-safe.
+// and whom it got the version from. Next slices: the libs/reshard executor per
+// destination layout (each rank of a multi-rank replica only its bytes; pipelined
+// relays). Thread-safe.
 #ifndef RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 #define RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 
@@ -70,10 +71,14 @@ class WeightsCore {
                                    v1::RegisterDestinationResponse* response);
   absl::Status UnregisterDestination(const v1::UnregisterDestinationRequest& request,
                                      v1::UnregisterDestinationResponse* response);
-  // INVALID_ARGUMENT naming the field (this slice: exactly one source rank with one
-  // shard, its length and digest: the trainer's file, or its memory, pulled over the data
-  // plane); the same version again with the same digest is already published (OK,
-  // nothing read); FAILED_PRECONDITION for another version not newer than the latest; NOT_FOUND for a
+  // Either one source rank with one shard: the trainer's safetensors image (its file, or
+  // its memory pulled over the data plane) with its length and digest; or a version
+  // sharded over the trainer's ranks: the manifest's layout (world_size ranks, each
+  // tensor FSDP-flat, TP rows / columns or replicated) and from every rank one
+  // descriptor per tensor (SourceShard.tensor_name), each pulled and digest-checked and
+  // the tensors assembled whole here (needs the data plane). INVALID_ARGUMENT naming the
+  // field for what does not fit; the same version again with the same digest (or the
+  // same sharded manifest) is already published (OK, nothing read); FAILED_PRECONDITION for another version not newer than the latest; NOT_FOUND for a
   // file that cannot be read; the data plane's error for memory that cannot be pulled
   // (UNAVAILABLE: the trainer is gone); DATA_LOSS when the bytes do not match the digest
   // (the version is not published).
@@ -147,6 +152,7 @@ class WeightsCore {
   absl::Mutex mu_;
   std::map<std::string, Registered> destinations_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Version> versions_ ABSL_GUARDED_BY(mu_);
+  std::string spare_ ABSL_GUARDED_BY(mu_);  // a retired version's memory, for the next pull
 };
 
 }  // namespace rlfleet::weights

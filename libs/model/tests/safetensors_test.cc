@@ -48,6 +48,21 @@ TEST(Safetensors, ViewsAndBlobsWriteTheSameImageAndParseBackAlike) {
   }
 }
 
+// Written into an earlier image's memory when it fits: the same bytes, the same memory.
+TEST(Safetensors, AnImageIsWrittenIntoReusedMemoryWhenItFits) {
+  const auto blobs = Blobs();
+  std::map<std::string, TensorView> views;
+  for (const auto& [name, b] : blobs) views[name] = {b.dtype, b.shape, b.bytes};
+  const std::string want = SerializeSafetensors(views);
+  std::string old(want.size() + 100, 'z');
+  const char* memory = old.data();
+  std::string again = SerializeSafetensors(views, std::move(old));
+  EXPECT_EQ(again, want);
+  EXPECT_EQ(again.data(), memory);
+  std::string small(10, 'z');
+  EXPECT_EQ(SerializeSafetensors(views, std::move(small)), want);  // too small: new memory, same image
+}
+
 TEST(Safetensors, AMalformedImageIsDataLossInEveryParse) {
   std::string image = SerializeSafetensors(Blobs());
   image.resize(image.size() - 3);  // the last tensor's bytes cut short

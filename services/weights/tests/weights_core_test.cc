@@ -3,6 +3,7 @@
 // stalled one are dropped at their deadline, each with its reason.
 #include "services/weights/weights_core.h"
 
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <thread>
@@ -172,31 +173,36 @@ TEST(WeightsCore, ARoundDropsADeadAndAStalledReplicaAtTheirDeadlineAndTheOthersI
 
 // With a data plane, replicas are sent the version in the service's memory: a
 // destination that pulls it over its own transport gets the file's exact bytes.
+// A replica that pulls the version from its memory descriptor (over the loopback data
+// plane) into `out`.
+struct Pulling : Destination {
+  transport::DescriptorFetcher* fetcher;
+  std::string* out;
+  absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
+                                                    absl::Time deadline) override {
+    EXPECT_EQ(request.chunks(0).source().segment().backend(), v1::TRANSFER_BACKEND_LOOPBACK);
+    absl::StatusOr<std::string> bytes = fetcher->Fetch(request.chunks(0).source(), deadline);
+    if (!bytes.ok()) return bytes.status();
+    *out = *bytes;
+    return v1::CommitWeightsResponse();
+  }
+};
+
+DestinationFactory PullInto(transport::DescriptorFetcher* fetcher, std::string* out) {
+  return [fetcher, out](const std::string&) -> std::unique_ptr<Destination> {
+    auto d = std::make_unique<Pulling>();
+    d->fetcher = fetcher;
+    d->out = out;
+    return d;
+  };
+}
+
 TEST(WeightsCore, VersionsAreServedFromMemoryOverTheDataPlane) {
   auto service_side = transport::LoopbackTransport::Create();
   auto replica_side = transport::LoopbackTransport::Create();
   transport::DescriptorFetcher fetcher(replica_side.get());
   std::string pulled;
-  struct Pulling : Destination {
-    transport::DescriptorFetcher* fetcher;
-    std::string* out;
-    absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
-                                                      absl::Time deadline) override {
-      EXPECT_EQ(request.chunks(0).source().segment().backend(), v1::TRANSFER_BACKEND_LOOPBACK);
-      absl::StatusOr<std::string> bytes = fetcher->Fetch(request.chunks(0).source(), deadline);
-      if (!bytes.ok()) return bytes.status();
-      *out = *bytes;
-      return v1::CommitWeightsResponse();
-    }
-  };
-  WeightsCore core(
-      [&](const std::string&) -> std::unique_ptr<Destination> {
-        auto d = std::make_unique<Pulling>();
-        d->fetcher = &fetcher;
-        d->out = &pulled;
-        return d;
-      },
-      service_side.get());
+  WeightsCore core(PullInto(&fetcher, &pulled), service_side.get());
   v1::RegisterDestinationRequest reg;
   reg.set_replica_id("r");
   reg.set_grpc_address("r:1");
@@ -281,6 +287,139 @@ struct RelayFixture {
 
 // Eight replicas syncing at once with fan-out 1: this service sends the version once,
 // every replica passes it to at most one other (a chain), and all get every byte.
+// A version sharded over two trainer ranks (FSDP flat with an uneven split, TP rows
+// and columns, replicated), one descriptor per rank and tensor: pulled shard by shard,
+// assembled whole and served as the image a replica installs, byte for byte. What does
+// not fit the layout is INVALID_ARGUMENT naming the field; a bad shard digest DATA_LOSS
+// naming rank and tensor.
+TEST(WeightsCore, AShardedVersionFromTwoTrainerRanksIsAssembledWhole) {
+  auto service_side = transport::LoopbackTransport::Create();
+  std::vector<std::unique_ptr<transport::LoopbackTransport>> trainers;
+  for (int r = 0; r < 2; ++r) trainers.push_back(transport::LoopbackTransport::Create());
+  struct Spec {
+    std::string name;
+    std::vector<int64_t> shape;
+    v1::LayoutKind kind;
+  };
+  const std::vector<Spec> specs = {{"a", {5, 3}, v1::LAYOUT_KIND_FSDP_FLAT},   // 15 elements: 8 + 7 (+1 padding)
+                                   {"b", {4, 6}, v1::LAYOUT_KIND_TP_ROW},
+                                   {"c", {2, 4}, v1::LAYOUT_KIND_TP_COLUMN},
+                                   {"d", {3}, v1::LAYOUT_KIND_REPLICATED}};
+  std::map<std::string, std::vector<float>> full;
+  float next = 1;
+  for (const Spec& sp : specs) {
+    int64_t n = 1;
+    for (int64_t d : sp.shape) n *= d;
+    for (int64_t i = 0; i < n; ++i) full[sp.name].push_back(next++);
+  }
+  // Each rank's shard of each tensor, as a trainer would hold it.
+  std::vector<std::vector<std::string>> shards(2);
+  for (int r = 0; r < 2; ++r) {
+    for (const Spec& sp : specs) {
+      std::string bytes;
+      const std::vector<float>& f = full[sp.name];
+      const int64_t rows = sp.shape[0], cols = sp.shape.size() > 1 ? sp.shape[1] : 1;
+      auto put = [&](float v) { bytes.append(reinterpret_cast<const char*>(&v), 4); };
+      if (sp.kind == v1::LAYOUT_KIND_FSDP_FLAT) {
+        const size_t per = (f.size() + 1) / 2;
+        for (size_t i = r * per; i < (r + 1) * per; ++i) put(i < f.size() ? f[i] : 0.0f);
+      } else if (sp.kind == v1::LAYOUT_KIND_TP_ROW) {
+        for (int64_t i = r * rows / 2 * cols; i < (r + 1) * rows / 2 * cols; ++i) put(f[i]);
+      } else if (sp.kind == v1::LAYOUT_KIND_TP_COLUMN) {
+        for (int64_t row = 0; row < rows; ++row) {
+          for (int64_t c = r * cols / 2; c < (r + 1) * cols / 2; ++c) put(f[row * cols + c]);
+        }
+      } else {
+        for (float v : f) put(v);
+      }
+      shards[r].push_back(bytes);
+    }
+  }
+  v1::PublishVersionRequest request;
+  request.mutable_manifest()->mutable_version()->set_version(7);
+  v1::ShardLayout* layout = request.mutable_manifest()->mutable_layout();
+  layout->set_world_size(2);
+  for (const Spec& sp : specs) {
+    v1::TensorLayout* t = layout->add_tensors();
+    t->mutable_spec()->set_name(sp.name);
+    t->mutable_spec()->set_dtype(v1::DTYPE_FLOAT32);
+    for (int64_t d : sp.shape) t->mutable_spec()->add_shape(d);
+    t->set_kind(sp.kind);
+    t->set_axis(sp.kind == v1::LAYOUT_KIND_TP_COLUMN ? 1 : 0);
+  }
+  for (int r = 0; r < 2; ++r) {
+    v1::SourceRank* source = request.add_sources();
+    source->set_rank(r);
+    for (size_t t = 0; t < specs.size(); ++t) {
+      auto handle = trainers[r]->RegisterMemory(shards[r][t].data(), shards[r][t].size(), transport::MemoryKind::kHost, 0);
+      ASSERT_TRUE(handle.ok());
+      v1::SourceShard* shard = source->add_shards();
+      shard->set_tensor_name(specs[t].name);
+      *shard->mutable_location()->mutable_segment() = *trainers[r]->Describe(*handle);
+      shard->mutable_location()->set_length_bytes(shards[r][t].size());
+      shard->mutable_location()->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+      shard->mutable_location()->mutable_digest()->set_value(common::Xxh64(shards[r][t]));
+    }
+  }
+
+  WeightsCore no_plane([](const std::string&) { return std::unique_ptr<Destination>(); });
+  v1::PublishVersionResponse published;
+  absl::Status s = no_plane.PublishVersion(request, &published);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("data plane"), std::string::npos) << s;
+
+  WeightsCore core([](const std::string&) { return std::unique_ptr<Destination>(); }, service_side.get());
+  // What does not fit the layout, named.
+  v1::PublishVersionRequest one_rank = request;
+  one_rank.mutable_sources()->RemoveLast();
+  s = core.PublishVersion(one_rank, &published);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("sources: 1 source ranks; the layout has 2"), std::string::npos) << s;
+  v1::PublishVersionRequest unknown = request;
+  unknown.mutable_sources(1)->mutable_shards(2)->set_tensor_name("zz");
+  s = core.PublishVersion(unknown, &published);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("sources[1].shards[2].tensor_name: `zz`"), std::string::npos) << s;
+  v1::PublishVersionRequest short_shard = request;
+  short_shard.mutable_sources(0)->mutable_shards(1)->mutable_location()->set_length_bytes(8);
+  s = core.PublishVersion(short_shard, &published);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("sources[0].shards[1].location.length_bytes"), std::string::npos) << s;
+  v1::PublishVersionRequest bad_digest = request;
+  bad_digest.mutable_sources(1)->mutable_shards(0)->mutable_location()->mutable_digest()->set_value(1);
+  s = core.PublishVersion(bad_digest, &published);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("rank 1, tensor `a`"), std::string::npos) << s;
+
+  ASSERT_TRUE(core.PublishVersion(request, &published).ok());
+  EXPECT_EQ(published.version().version(), 7u);
+  // The image served for version 7, pulled as a replica would: every tensor whole.
+  auto replica_side = transport::LoopbackTransport::Create();
+  transport::DescriptorFetcher fetcher(replica_side.get());
+  std::string image;
+  WeightsCore serving(PullInto(&fetcher, &image), service_side.get());
+  ASSERT_TRUE(serving.PublishVersion(request, &published).ok());
+  v1::RegisterDestinationRequest reg;
+  reg.set_replica_id("r");
+  reg.set_grpc_address("r:1");
+  v1::RegisterDestinationResponse registered;
+  ASSERT_TRUE(serving.RegisterDestination(reg, &registered).ok());
+  v1::SyncVersionRequest sync;
+  sync.set_replica_id("r");
+  v1::SyncVersionResponse synced;
+  ASSERT_TRUE(serving.SyncVersion(sync, &synced).ok()) << synced.status().error();
+  auto tensors = model::ParseSafetensors(image, "image");
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  for (const Spec& sp : specs) {
+    const model::TensorBlob& blob = (*tensors)[sp.name];
+    EXPECT_EQ(blob.shape, sp.shape) << sp.name;
+    ASSERT_EQ(blob.bytes.size(), full[sp.name].size() * 4) << sp.name;
+    EXPECT_EQ(std::memcmp(blob.bytes.data(), full[sp.name].data(), blob.bytes.size()), 0) << sp.name;
+  }
+  // The same sharded manifest again is already published.
+  EXPECT_TRUE(serving.PublishVersion(request, &published).ok());
+}
+
 TEST(WeightsRelay, ParallelSyncsFormAChainAndEveryReplicaGetsEveryByte) {
   RelayFixture f(/*fanout=*/1, /*replicas=*/8);
   std::vector<v1::DestinationSyncStatus> statuses(8);
