@@ -45,7 +45,10 @@ def call(addr, method, req, resp_cls, timeout=300):
     rpc = ch.unary_unary(method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=resp_cls.FromString)
     return rpc(req, timeout=timeout)
 try:
-    w = start(B + "/weights/rlfleet-weights", ["--relay_fanout=" + FAN])
+    # rlfleet-weights cannot know the model's size before the first publish: tell it
+    # (WEIGHTS_PREFAULT_MIB, about the model's f32 size; 0 = off, the first pull then
+    # faults in fresh memory). The trainer and replicas size theirs from the model.
+    w = start(B + "/weights/rlfleet-weights", ["--relay_fanout=" + FAN, "--prefault_mib=" + os.environ.get("WEIGHTS_PREFAULT_MIB", "512")])
     t = start(B + "/trainer/rlfleet-trainer", MODEL + ["--weights=" + w])
     rs = [start(B + "/rollout/rlfleet-rollout", MODEL) for _ in range(R)]
     t0 = time.time()
@@ -61,7 +64,7 @@ try:
     st = call(w, "/rlfleet.v1.WeightsService/GetSyncStatus", weights_pb2.GetSyncStatusRequest(), weights_pb2.GetSyncStatusResponse)
     print("model %.1f MB; trainer publish (pause %.1f ms, call incl. weights pull %.2f s, weights pull+verify %.1f ms)" % (mb, st.trainer_pause_us/1e3, t_pub, st.publish_read_us/1e3))
     for d in st.destinations:
-        print("  %s from %-4s %s pull %.1f ms (%.2f GB/s)  install %.1f ms  round trip %.1f ms" % (d.replica_id, d.relayed_from or "here", weights_pb2.SyncPhase.Name(d.phase), d.transfer_us/1e3, d.throughput_gb_per_s, d.install_us/1e3, d.round_trip_us/1e3))
+        print("  %s from %-4s %s pull %.1f ms (%.2f GB/s; of it memory %.1f ms, digest %.1f ms)  install %.1f ms  round trip %.1f ms" % (d.replica_id, d.relayed_from or "here", weights_pb2.SyncPhase.Name(d.phase), d.transfer_us/1e3, d.throughput_gb_per_s, d.pull_allocate_us/1e3, d.pull_verify_us/1e3, d.install_us/1e3, d.round_trip_us/1e3))
     print("all %d replicas synced in %.2f s (%.2f GB/s of replica bytes)" % (R, t_sync, R * mb / 1e3 / t_sync))
 finally:
     for p in procs: p.terminate()

@@ -19,7 +19,10 @@ DescriptorFetcher::DescriptorFetcher(Transport* transport, Options options)
     : transport_(transport), options_(options) {}
 
 absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescriptor& d, absl::Time deadline,
-                                                     std::string reuse) {
+                                                     std::string reuse, FetchTimings* timings) {
+  FetchTimings local_timings;
+  if (timings == nullptr) timings = &local_timings;
+  *timings = FetchTimings();
   if (absl::Now() >= deadline) return absl::DeadlineExceededError("no time left for this fetch");
   if (d.length_bytes() == 0) return absl::InvalidArgumentError("length_bytes: 0");
   if (d.length_bytes() > options_.max_bytes) {
@@ -32,12 +35,15 @@ absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescripto
   }
   absl::StatusOr<std::string> bytes;
   switch (d.segment().backend()) {
-    case v1::TRANSFER_BACKEND_FILE:
+    case v1::TRANSFER_BACKEND_FILE: {
+      const absl::Time start = absl::Now();
       bytes = FetchFile(d);
+      timings->transfer = absl::Now() - start;
       break;
+    }
     case v1::TRANSFER_BACKEND_UCX:
     case v1::TRANSFER_BACKEND_LOOPBACK:
-      bytes = FetchMemory(d, deadline, std::move(reuse));
+      bytes = FetchMemory(d, deadline, std::move(reuse), timings);
       break;
     default:
       return absl::InvalidArgumentError(
@@ -45,8 +51,10 @@ absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescripto
                        " is not one the buffer fetches from (FILE, UCX, LOOPBACK)"));
   }
   if (!bytes.ok()) return bytes.status();
+  const absl::Time verify_start = absl::Now();
   const uint64_t got =
       d.digest().algorithm() == v1::DIGEST_ALGORITHM_XXHASH64 ? common::Xxh64(*bytes) : common::Crc32c(*bytes);
+  timings->verify = absl::Now() - verify_start;
   if (got != d.digest().value()) {
     // (The computed value is not echoed: it would tell a producer about bytes it
     // cannot read.)
@@ -96,7 +104,7 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescr
 }
 
 absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline,
-                                                           std::string reuse) {
+                                                           std::string reuse, FetchTimings* timings) {
   if (transport_ == nullptr) {
     return absl::InvalidArgumentError("segment.backend: this buffer has no data-plane transport (FILE only)");
   }
@@ -117,6 +125,7 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   // buffer copied out afterwards; a big one is faulted in as huge pages first, since
   // faulting 4 KiB pages capped a 400 MiB pull at ~1.4 GB/s where ucx_perftest's warm
   // buffers reach ~12 (bench/fetch_bw).
+  const absl::Time allocate_start = absl::Now();
   std::string bytes;
   if (reuse.capacity() >= d.length_bytes()) {
     bytes = std::move(reuse);
@@ -125,6 +134,8 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
     reuse = std::string();  // (released before the new one is faulted in)
     bytes = common::NewHugeString(d.length_bytes());
   }
+  const absl::Time transfer_start = absl::Now();
+  timings->allocate = transfer_start - allocate_start;
   ASSIGN_OR_RETURN(MemoryHandle local,
                    transport_->RegisterMemory(bytes.data(), bytes.size(), MemoryKind::kHost, 0));
   std::unique_ptr<Completion> get = transport_->Get(peer, local, 0, d.segment(), d.offset_bytes(), d.length_bytes());
@@ -136,6 +147,7 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
     return s;
   }
   (void)transport_->DeregisterMemory(local);
+  timings->transfer = absl::Now() - transfer_start;
   if (!s.ok()) return s;
   return bytes;
 }

@@ -15,6 +15,13 @@
 
 namespace rlfleet::transport {
 
+// Where a fetch's time went (memory payloads; a FILE read is all `transfer`).
+struct FetchTimings {
+  absl::Duration allocate;  // memory for the bytes (fresh memory is faulted in here)
+  absl::Duration transfer;  // the transport moving them (or the file read)
+  absl::Duration verify;    // the digest check
+};
+
 class DescriptorFetcher {
  public:
   struct Options {
@@ -48,12 +55,13 @@ class DescriptorFetcher {
   // replica) keeps two buffers instead of faulting in a fresh one per pull (a fresh
   // 400 MB buffer: 46 ms here when memory is warm, 460-780 ms when it is not).
   absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline,
-                                    std::string reuse);
+                                    std::string reuse, FetchTimings* timings = nullptr);
   const Options& options() const { return options_; }
 
  private:
   absl::StatusOr<std::string> FetchFile(const v1::TransferDescriptor& d);
-  absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline, std::string reuse);
+  absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline, std::string reuse,
+                                          FetchTimings* timings);
 
   Transport* const transport_;
   const Options options_;

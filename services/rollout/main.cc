@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, weights, "", "Safetensors file to serve at --weights_vers
 ABSL_FLAG(uint64_t, weights_version, 1, "Policy version of --weights / the initial weights.");
 ABSL_FLAG(int, max_batch, 256, "Sequences decoded together at most (continuous batching).");
 ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised model as --weights_version.");
+ABSL_FLAG(bool, prefault_staging, true,
+          "Fault in memory for one pulled weight version at start (the model's f32 size), so that the first "
+          "sync does not: a fresh buffer can cost more than the pull itself.");
 
 int main(int argc, char** argv) {
   rlfleet::model::ConfigureBlas(argv);
@@ -75,6 +78,13 @@ int main(int argc, char** argv) {
   rlfleet::rollout::RolloutServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token},
                                                [&runner](bool serving) { runner.SetServing(serving); }, &fetcher,
                                                data_plane->get());
+  if (absl::GetFlag(FLAGS_prefault_staging) && *data_plane != nullptr) {
+    rlfleet::v1::GetInfoResponse info;
+    if ((*core)->GetInfo(&info).ok()) {
+      // The f32 image: parameters, a header of at most ~1 MiB.
+      service.PrefaultStaging(static_cast<uint64_t>(info.model().num_parameters()) * 4 + (uint64_t{1} << 20));
+    }
+  }
   runner.AddService(&service);
   if (absl::Status s = runner.Start(); !s.ok()) {
     std::cerr << "rlfleet-rollout: " << s << "\n";

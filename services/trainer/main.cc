@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-trainer: " << core.status() << "\n";
     return 2;
   }
+  if (publish.data_plane != nullptr) (*core)->PrefaultPublishMemory();
   if (world > 1 && rank > 0) {
     const absl::Status s = (*core)->ServeWorker();
     std::cout << "rlfleet-trainer rank " << rank << " stopped: " << s << std::endl;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/common/checksum.h"
+#include "libs/common/huge_string.h"
 #include "libs/model/safetensors.h"
 #include "libs/common/status_macros.h"
 
@@ -572,6 +573,12 @@ absl::Status TrainerCore::LoadLocked(const std::string& path, v1::LoadCheckpoint
   return absl::OkStatus();
 }
 
+void TrainerCore::PrefaultPublishMemory() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t bytes = static_cast<uint64_t>(policy_->num_parameters()) * 4 + (uint64_t{1} << 20);  // f32 + header
+  spare_image_ = common::NewHugeString(bytes);
+}
+
 absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::PublishWeightsRequest&,
                                   v1::PublishWeightsResponse* response) {
   const absl::Time start = absl::Now();
@@ -594,8 +601,9 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
     where->mutable_segment()->set_worker_address(path);
   } else {
     if (published_.empty() || published_.back().version != version_) {  // (else: already in memory)
-      // The oldest of the two kept goes first, and its memory takes the new image.
-      std::string reuse;
+      // The oldest of the two kept goes first, and its memory takes the new image (or
+      // the memory faulted in at start).
+      std::string reuse = std::move(spare_image_);
       if (published_.size() >= 2) {
         (void)published_.front().data_plane->DeregisterMemory(published_.front().handle);
         reuse = std::move(published_.front().bytes);

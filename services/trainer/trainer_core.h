@@ -79,6 +79,10 @@ class TrainerCore {
     std::string dir;
     transport::Transport* data_plane = nullptr;  // not owned
   };
+  // Faults in memory for one in-memory version now (the model's image size), so that
+  // the first publish does not pay for fresh memory; later ones reuse retired versions'.
+  void PrefaultPublishMemory();
+
   // Publishes the current weights (a safetensors image with its XXH64 digest) and
   // describes where they are. FAILED_PRECONDITION with neither a directory nor a data
   // plane; the data plane's error if the image cannot be registered.
@@ -111,6 +115,7 @@ class TrainerCore {
   absl::Mutex mu_;
   std::unique_ptr<model::Policy> policy_ ABSL_GUARDED_BY(mu_);
   std::deque<Published> published_ ABSL_GUARDED_BY(mu_);  // the latest two, in memory
+  std::string spare_image_ ABSL_GUARDED_BY(mu_);           // memory for the next image
   BufferSource* const buffer_;
   const std::string device_;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;

@@ -15,6 +15,11 @@ ABSL_FLAG(int, relay_fanout, 0,
           "Relay tree: this service sends each version to at most this many replicas, and every replica "
           "that has it serves at most this many more (1: a chain). 0: every replica pulls from this service.");
 
+ABSL_FLAG(int64_t, prefault_mib, 0,
+          "Fault in this much memory at start for the first version pulled from the trainer (about the model's "
+          "f32 size), so that the first publish does not pay for fresh memory; later versions reuse retired "
+          "ones'. 0: none.");
+
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-weights: weight-broadcast service.");
   auto options = rlfleet::rpc::ServerOptionsFromFlags();
@@ -35,6 +40,9 @@ int main(int argc, char** argv) {
       [client](const std::string& address) { return rlfleet::weights::NewGrpcDestination(client, address); },
       data_plane->get(), std::max(0, absl::GetFlag(FLAGS_relay_fanout)));
   core.SetLogger([](const std::string& line) { std::cout << "rlfleet-weights: " << line << std::endl; });
+  if (absl::GetFlag(FLAGS_prefault_mib) > 0) {
+    core.PrefaultVersionMemory(static_cast<uint64_t>(absl::GetFlag(FLAGS_prefault_mib)) << 20);
+  }
   rlfleet::weights::WeightsServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token});
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "libs/common/checksum.h"
+#include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
 #include "libs/model/safetensors.h"
 #include "libs/transport/descriptor_fetcher.h"
@@ -182,6 +183,12 @@ WeightsCore::WeightsCore(DestinationFactory factory, transport::Transport* data_
 WeightsCore::~WeightsCore() {
   absl::MutexLock lock(&mu_);
   while (!versions_.empty()) RetireLocked(versions_.begin());
+}
+
+void WeightsCore::PrefaultVersionMemory(uint64_t bytes) {
+  std::string memory = common::NewHugeString(bytes);
+  absl::MutexLock lock(&mu_);
+  spare_ = std::move(memory);
 }
 
 void WeightsCore::RetireLocked(std::map<uint64_t, Version>::iterator it) {
@@ -467,15 +474,17 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
     s.set_bytes_moved(s.bytes_needed());
     // (a replica reading the trainer's file reports no pull: its install is the transfer)
     s.set_transfer_us(installed->pull_us() > 0 ? installed->pull_us() : installed->install_us());
+    s.set_pull_allocate_us(installed->pull_allocate_us());
+    s.set_pull_verify_us(installed->pull_verify_us());
     s.set_pause_us(installed->pause_us());
     s.set_install_us(installed->install_us());
     s.set_round_trip_us(absl::ToInt64Microseconds(took));
     if (s.transfer_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (s.transfer_us() * 1e3));
-    Log(absl::StrFormat("version %d -> %s (from %s): installed, %.1f MB, pull %.1f ms (%.2f GB/s), install %.1f ms, "
-                        "decode pause %.2f ms, round trip %.1f ms",
+    Log(absl::StrFormat("version %d -> %s (from %s): installed, %.1f MB, pull %.1f ms (%.2f GB/s; memory %.1f ms, "
+                        "digest %.1f ms), install %.1f ms, decode pause %.2f ms, round trip %.1f ms",
                         version, replica_id, from.empty() ? "here" : from, s.bytes_moved() / 1e6,
-                        s.transfer_us() / 1e3, s.throughput_gb_per_s(), s.install_us() / 1e3, s.pause_us() / 1e3,
-                        s.round_trip_us() / 1e3));
+                        s.transfer_us() / 1e3, s.throughput_gb_per_s(), s.pull_allocate_us() / 1e3,
+                        s.pull_verify_us() / 1e3, s.install_us() / 1e3, s.pause_us() / 1e3, s.round_trip_us() / 1e3));
     return s;
   }
 }

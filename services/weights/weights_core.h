@@ -66,6 +66,9 @@ class WeightsCore {
   using Logger = std::function<void(const std::string& line)>;
   void SetLogger(Logger logger) { logger_ = std::move(logger); }
 
+  // Faults in `bytes` of memory now for the next version pulled (see --prefault_mib).
+  void PrefaultVersionMemory(uint64_t bytes);
+
   // INVALID_ARGUMENT naming the field (replica_id, grpc_address).
   absl::Status RegisterDestination(const v1::RegisterDestinationRequest& request,
                                    v1::RegisterDestinationResponse* response);

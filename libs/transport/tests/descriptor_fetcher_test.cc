@@ -33,8 +33,14 @@ TEST(DescriptorFetcherTest, FetchesIntoTheMemoryOfAnEarlierFetchWhenItFits) {
   DescriptorFetcher fetcher(puller.get(), options);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
 
-  auto first = fetcher.Fetch(Describe(*owner, *h1, v1_bytes), deadline);
+  FetchTimings timings;
+  auto first = fetcher.Fetch(Describe(*owner, *h1, v1_bytes), deadline, std::string(), &timings);
   ASSERT_TRUE(first.ok()) << first.status();
+  // Where the time went: each phase measured (the transport's copy and the digest take
+  // some; the allocation may round to nothing).
+  EXPECT_GT(timings.transfer, absl::ZeroDuration());
+  EXPECT_GT(timings.verify, absl::ZeroDuration());
+  EXPECT_GE(timings.allocate, absl::ZeroDuration());
   EXPECT_EQ(*first, v1_bytes);
   const char* memory = first->data();
   // A smaller version lands in the same memory.
