@@ -65,6 +65,7 @@ struct Round {
   uint64_t index = 0;
   std::unique_ptr<Completion> done;
   std::vector<std::pair<const Message*, uint64_t>> unpack;  // message, staging offset
+  std::vector<const Message*> received;  // (verify_received: digested once it arrived)
   // What a relay passes on once the round arrived: same tags, same bytes.
   std::vector<transport::Transport::TwoSidedOp> forward;
 };
@@ -119,6 +120,18 @@ struct Cursor {
     }
   }
 };
+
+// Adds the digest of what `pieces` delivered into the destination shard at `dst_base`
+// to accumulator `slot`, runs of pieces end to end at the destination in one call.
+void AddReceivedDigest(MemoryOps& ops, int slot, const uint8_t* dst_base, const std::vector<Range>& pieces) {
+  for (size_t a = 0; a < pieces.size();) {
+    uint64_t bytes = pieces[a].dst_bytes();
+    size_t b = a + 1;
+    for (; b < pieces.size() && pieces[b].dst_offset == pieces[a].dst_offset + bytes; ++b) bytes += pieces[b].dst_bytes();
+    if (bytes > 0) ops.AddDigest(slot, dst_base + pieces[a].dst_offset, bytes, pieces[a].dst_offset);
+    a = b;
+  }
+}
 
 // The mapped path of one Execute: negotiation, then the copies and notices.
 class MappedRun {
@@ -314,6 +327,7 @@ class MappedRun {
         for (size_t m = p.round_start[k]; m < p.round_start[k + 1]; ++m) {
           stats_.bytes_received += p.messages[m].wire_bytes;
           ++stats_.messages;
+          if (options_.verify_received) AddReceivedDigest(ops_, plan_.dst.ranks, dst_base, p.messages[m].pieces);
           if (!forward_) continue;
           // Runs of pieces end to end at the destination go as one copy.
           const std::vector<Range>& pieces = p.messages[m].pieces;
@@ -585,6 +599,19 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
         " (too many source ranks)"));
   }
   stats.rounds = rounds;
+  // Digest accumulators: the sources' shares in slots [0, dst ranks), what this rank
+  // received in slot dst ranks.
+  const bool verify = options.verify_received && destination != nullptr;
+  if ((options.digests && source != nullptr) || verify) ops.ResetDigests(plan.dst.ranks + 1);
+  auto finish = [&]() -> absl::StatusOr<ExecutionStats> {
+    if ((options.digests && source != nullptr) || verify) {
+      ASSIGN_OR_RETURN(std::vector<uint64_t> sums, ops.Digests());
+      if (options.digests && source != nullptr) stats.digest_shares.assign(sums.begin(), sums.begin() + plan.dst.ranks);
+      if (verify) stats.received_digest = sums[plan.dst.ranks];
+    }
+    stats.elapsed = absl::Now() - start;
+    return stats;
+  };
 
   // Same-host pairs first, through mappings; what remains goes as tagged messages.
   if (options.map_peer_memory && transport.GetCapabilities().maps_peer_memory && !pairs.empty() &&
@@ -599,19 +626,12 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
     absl::Cleanup free_control = [&] {
       if (options.staging_pool == nullptr) transport.DeregisterMemory(control).IgnoreError();
     };
-    if (options.digests && source != nullptr) ops.ResetDigests(plan.dst.ranks);
     RETURN_IF_ERROR(mapped.Negotiate(control));
     RETURN_IF_ERROR(mapped.Run());
     pairs.erase(std::remove_if(pairs.begin(), pairs.end(), [](const Pair& p) { return p.mapped; }), pairs.end());
     rounds = 0;
     for (const Pair& p : pairs) rounds = std::max<uint64_t>(rounds, p.rounds());
-    if (pairs.empty()) {
-      if (options.digests && source != nullptr) {
-        ASSIGN_OR_RETURN(stats.digest_shares, ops.Digests());
-      }
-      stats.elapsed = absl::Now() - start;
-      return stats;
-    }
+    if (pairs.empty()) return finish();
   }
 
   // Staging: per round slot, room for the staged messages of that round.
@@ -649,8 +669,6 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
     if (owned) transport.DeregisterMemory(staging).IgnoreError();
   };
   const bool digests = options.digests && source != nullptr;
-  // (The mapped path, if it ran, has added its shares already.)
-  if (digests && stats.mapped_pairs == 0) ops.ResetDigests(plan.dst.ranks);
 
   auto* src_base = source != nullptr ? static_cast<uint8_t*>(source->shard.base) : nullptr;
   auto* dst_base = destination != nullptr ? static_cast<uint8_t*>(destination->shard.base) : nullptr;
@@ -672,6 +690,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
       }
     }
     if (!round.unpack.empty()) RETURN_IF_ERROR(ops.Sync());
+    for (const Message* m : round.received) AddReceivedDigest(ops, plan.dst.ranks, dst_base, m->pieces);
     if (!round.forward.empty()) {
       for (const auto& op : round.forward) stats.bytes_forwarded += op.length;
       forwards.push_back({round.index, transport.SendRecvBatch(round.forward)});
@@ -748,6 +767,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
           }
         } else {
           stats.bytes_received += m.wire_bytes;
+          if (verify) round.received.push_back(&m);
           if (m.direct || m.dst_contiguous) {
             op.memory = destination->shard;
             op.offset = m.pieces[0].dst_offset;
@@ -776,11 +796,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   }
   while (!in_flight.empty()) RETURN_IF_ERROR(finish_oldest());
   while (!forwards.empty()) RETURN_IF_ERROR(finish_forward());
-  if (digests) {
-    ASSIGN_OR_RETURN(stats.digest_shares, ops.Digests());
-  }
-  stats.elapsed = absl::Now() - start;
-  return stats;
+  return finish();
 }
 
 absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* shard,

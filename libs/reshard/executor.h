@@ -119,6 +119,10 @@ struct ExecutorOptions {
   // splits gathered on the way, no staging) and signals each round with a small
   // message; other pairs use tagged messages. Every rank of one Execute must agree.
   bool map_peer_memory = true;
+  // A destination digests what it received as each round arrives (while later rounds
+  // are in flight): ExecutionStats.received_digest, which must equal the sum of the
+  // sources' shares (what VerifyDigest checks, without a second pass afterwards).
+  bool verify_received = false;
   StagingPool* staging_pool = nullptr;          // null: allocate and free per call
 };
 
@@ -157,6 +161,8 @@ struct ExecutionStats {
   absl::Duration elapsed;
   // As a source: digest_shares[d] = this rank's share of destination d's digest.
   std::vector<uint64_t> digest_shares;
+  // As a destination with verify_received: the digest of its shard as received.
+  uint64_t received_digest = 0;
 };
 
 // Runs the part of `plan` that this process plays: as a source, a destination, or both

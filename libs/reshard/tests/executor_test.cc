@@ -219,6 +219,7 @@ TEST(ExecutorTest, RandomPlansArriveExactAndDigestsVerify) {
     // Mapped, tagged, or mixed (source rank 0 cannot map: its pairs go tagged).
     const int mode = iter % 3;
     options.map_peer_memory = mode != 1;
+    options.verify_received = iter % 2 == 0;
     std::set<int> cannot_map;
     if (mode == 2) cannot_map.insert(0);
     SCOPED_TRACE(mode == 0 ? "mapped" : mode == 1 ? "tagged" : "mixed");
@@ -234,6 +235,13 @@ TEST(ExecutorTest, RandomPlansArriveExactAndDigestsVerify) {
     for (int r = 0; r < plan->dst.ranks; ++r) {
       ASSERT_EQ(out.dst_bufs[r], ExpectedShard(*plan, false, r)) << "destination " << r;
       EXPECT_TRUE(VerifyDigest(*plan, r, out.dst_bufs[r].data(), *ops, SharesFor(out, r)).ok());
+      if (options.verify_received) {
+        // Digested on arrival: the same as the shard's digest afterwards, and the shares' sum.
+        uint64_t want = 0;
+        for (uint64_t share : SharesFor(out, r)) want += share;
+        EXPECT_EQ(out.dst_stats[r].received_digest, want) << "destination " << r;
+        EXPECT_EQ(out.dst_stats[r].received_digest, *ShardDigest(*plan, r, out.dst_bufs[r].data(), *ops));
+      }
       // Staging never exceeds depth x (messages per round) x chunk.
       EXPECT_LE(out.dst_stats[r].staging_bytes,
                 static_cast<uint64_t>(options.depth) * plan->src.ranks * options.chunk_bytes);
@@ -264,6 +272,7 @@ TEST(ExecutorTest, RelayChainDeliversEveryReplicaWhileTrainersSendOnce) {
     options.depth = 2;
     options.timeout = absl::Seconds(20);
     options.map_peer_memory = mapped;
+    options.verify_received = true;
 
     std::vector<std::vector<uint8_t>> src_bufs, dst_bufs;
     for (int s = 0; s < D; ++s) src_bufs.push_back(ExpectedShard(*plan, true, s));
@@ -311,6 +320,7 @@ TEST(ExecutorTest, RelayChainDeliversEveryReplicaWhileTrainersSendOnce) {
       std::vector<uint64_t> shares;
       for (int s = 0; s < D; ++s) shares.push_back(src_stats[s].digest_shares[j]);
       EXPECT_TRUE(VerifyDigest(*plan, j, dst_bufs[i].data(), *ops, shares).ok());
+    EXPECT_EQ(dst_stats[i].received_digest, shares[0] + shares[1]) << "replica " << i / T << " rank " << j;
       if (i / T + 1 < kReplicas) EXPECT_EQ(dst_stats[i].bytes_forwarded, dst_stats[i].bytes_received);
     }
     // Egress: each trainer rank sent exactly what one replica needs from it.
