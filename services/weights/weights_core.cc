@@ -91,7 +91,7 @@ const char* SafetensorsDType(reshard::DType d) {
 // DATA_LOSS naming the rank and tensor whose bytes do not match their digest; the data
 // plane's error for a shard that cannot be pulled.
 absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& request, transport::Transport* data_plane,
-                                            absl::Time deadline) {
+                                            absl::Time deadline, std::string reuse) {
   const v1::ShardLayout& layout = request.manifest().layout();
   const int ranks = static_cast<int>(layout.world_size());
   if (ranks < 1 || ranks > 1024) return absl::InvalidArgumentError("manifest.layout.world_size: want 1..1024");
@@ -172,7 +172,7 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
   for (size_t t = 0; t < specs.size(); ++t) {
     views[specs[t].name] = {SafetensorsDType(specs[t].dtype), specs[t].shape, whole[t]};
   }
-  return model::SerializeSafetensors(views);
+  return model::SerializeSafetensors(views, std::move(reuse));  // (into a retired version's memory if it fits)
 }
 
 }  // namespace
@@ -291,7 +291,7 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
     reuse.swap(spare_);
   }
   absl::StatusOr<std::string> fetched =
-      sharded ? AssembleSharded(request, data_plane_, absl::Now() + fetch.timeout)
+      sharded ? AssembleSharded(request, data_plane_, absl::Now() + fetch.timeout, std::move(reuse))
               : transport::DescriptorFetcher(file ? nullptr : data_plane_, fetch)
                     .Fetch(where, absl::Now() + fetch.timeout, std::move(reuse));
   if (!fetched.ok()) {
