@@ -76,11 +76,15 @@ struct Forward {
   std::unique_ptr<Completion> done;
 };
 
-// Tags fit the smallest tag space we know (UCX: 32 bits): 8 bits of source rank, 24 of
-// message index.
-constexpr int kTagIndexBits = 24;
-uint64_t Tag(int src_rank, size_t index) {
-  return (static_cast<uint64_t>(src_rank) << kTagIndexBits) | index;
+// Tags fit the smallest tag space we know (UCX: 32 bits): 4 bits of the call's epoch
+// (ExecutorOptions.tag_epoch: messages a failed call left behind never match the next
+// one's), 8 of source rank, 20 of message index.
+constexpr int kTagIndexBits = 20;
+constexpr int kTagRankBits = 8;
+constexpr int kTagEpochBits = 4;
+uint64_t TagOf(int epoch, int src_rank, size_t index) {
+  return (static_cast<uint64_t>(epoch) << (kTagIndexBits + kTagRankBits)) |
+         (static_cast<uint64_t>(src_rank) << kTagIndexBits) | index;
 }
 // The mapped path's control messages take indices from the top of the space: a hello
 // (the destination's shard descriptor, going up), the sender's answer, and one notice
@@ -159,14 +163,21 @@ class MappedRun {
     base_ = static_cast<uint8_t*>(control.base);
     const absl::Duration timeout = options_.timeout;
     const bool host = ops_.kind() == transport::MemoryKind::kHost;
-    std::vector<std::unique_ptr<Completion>> hellos_in, forward_hellos_in;
+    std::vector<std::unique_ptr<Completion>> hellos_in, forward_hellos_in, answers_in;
+    // Receives still posted when this returns (it failed) are withdrawn: a later Execute
+    // with the same peers must not have its messages taken by them.
+    absl::Cleanup withdraw = [&] {
+      for (auto* list : {&hellos_in, &forward_hellos_in, &answers_in}) {
+        for (auto& c : *list) c->Cancel();
+      }
+    };
     for (size_t k = 0; k < sends_.size(); ++k) {
       const Pair& p = pairs_[sends_[k]];
-      hellos_in.push_back(t_.Recv(p.peer, Tag(p.src_rank, kHelloIndex), control_, SendLink(k), kHelloBytes));
+      hellos_in.push_back(t_.Recv(p.peer, TagOf(options_.tag_epoch, p.src_rank, kHelloIndex), control_, SendLink(k), kHelloBytes));
     }
     if (forward_) {
       for (size_t j = 0; j < recvs_.size(); ++j) {
-        forward_hellos_in.push_back(t_.Recv(destination_->forward_to, Tag(pairs_[recvs_[j]].src_rank, kHelloIndex),
+        forward_hellos_in.push_back(t_.Recv(destination_->forward_to, TagOf(options_.tag_epoch, pairs_[recvs_[j]].src_rank, kHelloIndex),
                                             control_, ForwardLink(j), kHelloBytes));
       }
       // A relay first learns whether it can map the next replica's shard.
@@ -199,15 +210,15 @@ class MappedRun {
       if (accept) descriptor = d->SerializeAsString();
       accept &= descriptor.size() + 1 <= kHelloBytes;
     }
-    std::vector<std::unique_ptr<Completion>> hellos_out, answers_in;
+    std::vector<std::unique_ptr<Completion>> hellos_out;
     for (size_t j = 0; j < recvs_.size(); ++j) {
       const Pair& p = pairs_[recvs_[j]];
       uint8_t* hello = base_ + RecvLink(j);
       hello[0] = accept ? 1 : 0;
       if (accept) std::memcpy(hello + 1, descriptor.data(), descriptor.size());
-      hellos_out.push_back(t_.Send(p.peer, Tag(p.src_rank, kHelloIndex), control_, RecvLink(j),
+      hellos_out.push_back(t_.Send(p.peer, TagOf(options_.tag_epoch, p.src_rank, kHelloIndex), control_, RecvLink(j),
                                    1 + (accept ? descriptor.size() : 0)));
-      answers_in.push_back(t_.Recv(p.peer, Tag(p.src_rank, kAnswerIndex), control_, RecvLink(j) + kHelloBytes, 8));
+      answers_in.push_back(t_.Recv(p.peer, TagOf(options_.tag_epoch, p.src_rank, kAnswerIndex), control_, RecvLink(j) + kHelloBytes, 8));
     }
     for (size_t j = 0; j < recvs_.size(); ++j) {
       Pair& p = pairs_[recvs_[j]];
@@ -236,13 +247,13 @@ class MappedRun {
         }
       }
       base_[SendLink(k) + kHelloBytes] = p.mapped ? 1 : 0;
-      answers_out.push_back(t_.Send(p.peer, Tag(p.src_rank, kAnswerIndex), control_, SendLink(k) + kHelloBytes, 1));
+      answers_out.push_back(t_.Send(p.peer, TagOf(options_.tag_epoch, p.src_rank, kAnswerIndex), control_, SendLink(k) + kHelloBytes, 1));
     }
     if (forward_) {
       for (size_t j = 0; j < recvs_.size(); ++j) {
         const Pair& p = pairs_[recvs_[j]];
         base_[ForwardLink(j) + kHelloBytes] = p.mapped ? 1 : 0;  // forwards as it receives
-        answers_out.push_back(t_.Send(destination_->forward_to, Tag(p.src_rank, kAnswerIndex), control_,
+        answers_out.push_back(t_.Send(destination_->forward_to, TagOf(options_.tag_epoch, p.src_rank, kAnswerIndex), control_,
                                       ForwardLink(j) + kHelloBytes, 1));
       }
     }
@@ -262,11 +273,16 @@ class MappedRun {
     for (uint64_t k = 0; k < rounds_; ++k) round_index[k] = k;
     uint64_t notice_at = table + (rounds_ + 1) * 8;
     std::vector<std::vector<std::unique_ptr<Completion>>> notices(recvs_.size());
+    absl::Cleanup withdraw = [&] {  // (see Negotiate)
+      for (auto& list : notices) {
+        for (auto& c : list) c->Cancel();
+      }
+    };
     for (size_t j = 0; j < recvs_.size(); ++j) {
       const Pair& p = pairs_[recvs_[j]];
       if (!p.mapped) continue;
       for (uint64_t k = 0; k < p.rounds(); ++k, notice_at += 8) {
-        notices[j].push_back(t_.Recv(p.peer, Tag(p.src_rank, NoticeIndex(k)), control_, notice_at, 8));
+        notices[j].push_back(t_.Recv(p.peer, TagOf(options_.tag_epoch, p.src_rank, NoticeIndex(k)), control_, notice_at, 8));
       }
     }
     const bool digests = options_.digests && source_ != nullptr;
@@ -310,7 +326,7 @@ class MappedRun {
       if (next->index == 0 && next->message == p.round_start[round_of[c] + 1]) {
         RETURN_IF_ERROR(ops_.Sync());
         StoreFence();
-        sent.push_back(t_.Send(p.peer, Tag(p.src_rank, NoticeIndex(round_of[c])), control_, table + 8 * round_of[c], 8));
+        sent.push_back(t_.Send(p.peer, TagOf(options_.tag_epoch, p.src_rank, NoticeIndex(round_of[c])), control_, table + 8 * round_of[c], 8));
         ++round_of[c];
       }
     }
@@ -348,7 +364,7 @@ class MappedRun {
         RETURN_IF_ERROR(ops_.Sync());
         StoreFence();
         for (const Pair* p : told) {
-          sent.push_back(t_.Send(destination_->forward_to, Tag(p->src_rank, NoticeIndex(k)), control_, table + 8 * k, 8));
+          sent.push_back(t_.Send(destination_->forward_to, TagOf(options_.tag_epoch, p->src_rank, NoticeIndex(k)), control_, table + 8 * k, 8));
         }
       }
     }
@@ -549,6 +565,14 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   if (options.chunk_bytes < 8 || options.depth < 1) {
     return absl::InvalidArgumentError("Execute: chunk_bytes must be >= 8 and depth >= 1");
   }
+  if (options.tag_epoch < 0 || options.tag_epoch >= (1 << kTagEpochBits)) {
+    return absl::InvalidArgumentError(absl::StrCat("Execute: tag_epoch ", options.tag_epoch, " is not in [0, ",
+                                                   1 << kTagEpochBits, ")"));
+  }
+  if (plan.src.ranks > (1 << kTagRankBits)) {
+    return absl::InvalidArgumentError(absl::StrCat("Execute: ", plan.src.ranks, " source ranks; at most ",
+                                                   1 << kTagRankBits));
+  }
   const absl::Time start = absl::Now();
   ExecutionStats stats;
 
@@ -590,7 +614,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
           "Execute: ", p.messages.size(), " messages between source ", p.src_rank,
           " and its peer exceed 2^", kTagIndexBits, "; raise chunk_bytes or direct_min_bytes"));
     }
-    max_tag = std::max(max_tag, Tag(p.src_rank, p.messages.size()));
+    max_tag = std::max(max_tag, TagOf(options.tag_epoch, p.src_rank, p.messages.size()));
   }
   if (max_tag > transport.GetCapabilities().max_tag) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -615,7 +639,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
 
   // Same-host pairs first, through mappings; what remains goes as tagged messages.
   if (options.map_peer_memory && transport.GetCapabilities().maps_peer_memory && !pairs.empty() &&
-      Tag(plan.src.ranks - 1, kHelloIndex) <= transport.GetCapabilities().max_tag) {
+      TagOf(options.tag_epoch, plan.src.ranks - 1, kHelloIndex) <= transport.GetCapabilities().max_tag) {
     MappedRun mapped(transport, plan, source, destination, ops, options, stats, pairs);
     MemoryHandle control;
     if (options.staging_pool != nullptr) {
@@ -676,6 +700,12 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
 
   std::deque<Round> in_flight;
   std::deque<Forward> forwards;
+  // Rounds still in flight when this returns early (it failed) have their receives
+  // withdrawn: a later Execute with the same peers must not have its messages taken.
+  absl::Cleanup withdraw = [&] {
+    for (Round& r : in_flight) r.done->Cancel();
+    for (Forward& f : forwards) f.done->Cancel();
+  };
   auto finish_oldest = [&]() -> absl::Status {
     Round& round = in_flight.front();
     absl::Status s = round.done->Wait(options.timeout);
@@ -735,7 +765,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
         Transport::TwoSidedOp op;
         op.send = p.send;
         op.peer = p.peer;
-        op.tag = Tag(p.src_rank, index);
+        op.tag = TagOf(options.tag_epoch, p.src_rank, index);
         op.length = m.wire_bytes;
         if (p.send) {
           stats.bytes_sent += m.wire_bytes;

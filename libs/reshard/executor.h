@@ -123,6 +123,10 @@ struct ExecutorOptions {
   // are in flight): ExecutionStats.received_digest, which must equal the sum of the
   // sources' shares (what VerifyDigest checks, without a second pass afterwards).
   bool verify_received = false;
+  // 0..15, the same on every rank of one call, and different from the last call's
+  // between the same processes (e.g. the weight version mod 16): a message that a call
+  // which failed left behind (sent but never received) then never matches this one.
+  int tag_epoch = 0;
   StagingPool* staging_pool = nullptr;          // null: allocate and free per call
 };
 

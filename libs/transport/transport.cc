@@ -79,6 +79,9 @@ class All : public Completion {
     for (auto& part : parts_) n += part->bytes();
     return n;
   }
+  void Cancel() override {
+    for (auto& part : parts_) part->Cancel();
+  }
 
  private:
   std::vector<std::unique_ptr<Completion>> parts_;

@@ -86,6 +86,11 @@ class Completion {
   virtual bool Done() = 0;
   // Bytes moved; for Recv, the size of the message received. Valid once Done().
   virtual uint64_t bytes() = 0;
+  // Withdraws an unfinished Recv, so that a later Send under its tag is not taken by it
+  // (it finishes CANCELLED): for a caller that gives up on a transfer and will talk to
+  // the same peer again. Sends, Puts and Gets in flight cannot be withdrawn and run on;
+  // nor can NCCL operations. No effect on a finished operation.
+  virtual void Cancel() {}
 };
 
 // A peer's registration mapped into this process (Transport::MapRemote): plain loads

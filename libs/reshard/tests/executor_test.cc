@@ -386,6 +386,75 @@ TEST(ExecutorTest, MissingSourceIsDeadlineExceededWithinTheTimeout) {
   }
 }
 
+// A call that failed (a source never came) leaves messages and receives behind; the
+// next call between the same processes, under the next tag epoch, still delivers
+// everything exactly, on both paths.
+TEST(ExecutorTest, AFailedCallLeavesNothingThatDisturbsTheNext) {
+  std::vector<TensorSpec> tensors = {{"w", {32, 16}, DType::kF32}, {"v", {16, 32}, DType::kF32}};
+  auto plan = MakePlan(tensors, Layout::Fsdp(2, 2), Layout::Tp(2, {Split::kRows, Split::kColumns}));
+  ASSERT_TRUE(plan.ok());
+  for (bool mapped : {true, false}) {
+    SCOPED_TRACE(mapped ? "mapped" : "tagged");
+    Fleet fleet(2, 2);
+    std::vector<std::vector<uint8_t>> src_bufs, dst_bufs;
+    std::vector<MemoryHandle> src_h, dst_h;
+    for (int s = 0; s < 2; ++s) {
+      src_bufs.push_back(ExpectedShard(*plan, true, s));
+      src_h.push_back(Register(*fleet.src[s], src_bufs[s].data(), src_bufs[s].size()));
+    }
+    for (int r = 0; r < 2; ++r) {
+      dst_bufs.emplace_back(plan->dst_shard_bytes[r], 0);
+      dst_h.push_back(Register(*fleet.dst[r], dst_bufs[r].data(), dst_bufs[r].size()));
+    }
+    ExecutorOptions options;
+    options.chunk_bytes = 256;
+    options.direct_min_bytes = 128;
+    options.map_peer_memory = mapped;
+    options.verify_received = true;
+    auto run = [&](bool with_source_1, int epoch, absl::Duration timeout) {
+      ExecutorOptions o = options;
+      o.tag_epoch = epoch;
+      o.timeout = timeout;
+      std::vector<absl::StatusOr<ExecutionStats>> out(4, absl::UnknownError("not run"));
+      std::vector<std::thread> threads;
+      for (int s = 0; s < (with_source_1 ? 2 : 1); ++s) {
+        threads.emplace_back([&, s] {
+          auto ops = NewHostMemoryOps();
+          SourceRole role{s, src_h[s], fleet.src_to_dst[s]};
+          out[s] = Execute(*fleet.src[s], *plan, &role, nullptr, *ops, o);
+        });
+      }
+      for (int r = 0; r < 2; ++r) {
+        threads.emplace_back([&, r] {
+          auto ops = NewHostMemoryOps();
+          DestinationRole role{r, dst_h[r], fleet.dst_to_src[r]};
+          out[2 + r] = Execute(*fleet.dst[r], *plan, nullptr, &role, *ops, o);
+        });
+      }
+      for (auto& th : threads) th.join();
+      return out;
+    };
+    auto failed = run(false, 0, absl::Milliseconds(300));
+    EXPECT_FALSE(failed[2].ok());
+    EXPECT_FALSE(failed[3].ok());
+    for (auto& buf : dst_bufs) std::fill(buf.begin(), buf.end(), 0);
+    auto again = run(true, 1, absl::Seconds(20));
+    for (const auto& st : again) ASSERT_TRUE(st.ok()) << st.status();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(dst_bufs[r], ExpectedShard(*plan, false, r)) << "destination " << r;
+      EXPECT_EQ(again[2 + r]->received_digest, again[0]->digest_shares[r] + again[1]->digest_shares[r]);
+    }
+  }
+  // The epoch is checked.
+  auto t = LoopbackTransport::Create();
+  std::vector<uint8_t> buf(4096);
+  auto ops = NewHostMemoryOps();
+  SourceRole role{0, Register(*t, buf.data(), buf.size()), {1, 2}};
+  ExecutorOptions bad;
+  bad.tag_epoch = 16;
+  EXPECT_EQ(Execute(*t, *plan, &role, nullptr, *ops, bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ExecutorTest, DeadDestinationIsUnavailableNotAHang) {
   std::vector<TensorSpec> tensors = {{"w", {256, 256}, DType::kF32}};
   auto plan = MakePlan(tensors, Layout::Fsdp(1, 1), Layout::Tp(2, {Split::kRows}));

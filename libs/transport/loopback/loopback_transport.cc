@@ -424,6 +424,43 @@ std::unique_ptr<Completion> LoopbackTransport::Send(PeerId peer_id, uint64_t tag
   return Share(completion);
 }
 
+namespace {
+// A posted receive that Cancel takes back out of its node's queue.
+class LoopbackRecv : public Completion {
+ public:
+  LoopbackRecv(std::shared_ptr<LoopbackTransport::Node> node, std::pair<uint64_t, uint64_t> key,
+               std::shared_ptr<PendingCompletion> completion)
+      : node_(std::move(node)), key_(key), completion_(std::move(completion)) {}
+  absl::Status Wait(absl::Duration timeout) override { return completion_->Wait(timeout); }
+  bool Done() override { return completion_->Done(); }
+  uint64_t bytes() override { return completion_->bytes(); }
+  void Cancel() override;
+
+ private:
+  const std::shared_ptr<LoopbackTransport::Node> node_;
+  const std::pair<uint64_t, uint64_t> key_;
+  const std::shared_ptr<PendingCompletion> completion_;
+};
+}  // namespace
+
+void LoopbackRecv::Cancel() {
+  bool removed = false;
+  {
+    absl::MutexLock lock(&node_->mu);
+    auto it = node_->recvs.find(key_);
+    if (it != node_->recvs.end()) {
+      for (auto op = it->second.begin(); op != it->second.end(); ++op) {
+        if (op->completion == completion_) {
+          it->second.erase(op);
+          removed = true;
+          break;
+        }
+      }
+    }
+  }
+  if (removed) completion_->Finish(absl::CancelledError("receive withdrawn"), 0);
+}
+
 std::unique_ptr<Completion> LoopbackTransport::Recv(PeerId peer_id, uint64_t tag,
                                                     const MemoryHandle& local, uint64_t offset,
                                                     uint64_t capacity) {
@@ -458,13 +495,15 @@ std::unique_ptr<Completion> LoopbackTransport::Recv(PeerId peer_id, uint64_t tag
   }
   if (matched) {
     Deliver(*matched, op);
-  } else {
+    return Share(completion);
+  }
+  {
     absl::MutexLock lock(&peer->mu);
     if (!peer->alive) {
       completion->Finish(absl::UnavailableError(absl::StrCat("peer ", peer->address, " died")), 0);
     }
   }
-  return Share(completion);
+  return std::make_unique<LoopbackRecv>(node_, std::make_pair(peer->node_id, tag), completion);
 }
 
 }  // namespace rlfleet::transport

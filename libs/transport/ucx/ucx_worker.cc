@@ -529,6 +529,16 @@ class UcxCompletion : public Completion {
   }
   bool Done() override { return pending_->Done(); }
   uint64_t bytes() override { return pending_->bytes(); }
+  // A posted receive is cancelled (its callback finishes it CANCELLED); the rest runs on.
+  void Cancel() override {
+    if (pending_->Done()) return;
+    absl::MutexLock lock(&impl_->worker_mu_);
+    for (Impl::Op* op : impl_->ops_) {
+      if (op->completion == pending_ && op->is_recv && op->request != nullptr) {
+        ucp_request_cancel(impl_->worker_, op->request);
+      }
+    }
+  }
 
  private:
   static constexpr int kWaitSpins = 2000;
