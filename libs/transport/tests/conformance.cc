@@ -1,5 +1,6 @@
 #include "libs/transport/tests/conformance.h"
 
+#include <algorithm>
 #include <cstring>
 #include <list>
 #include <vector>
@@ -228,6 +229,28 @@ TEST_P(TransportConformanceTest, MessagesWithOneTagArriveInOrder) {
   for (int i = 0; i < kCount; ++i) {
     EXPECT_TRUE(peer_->WaitRecv(recvs[i], 1000 + i, 500 + i, kTimeout).ok()) << "message " << i;
   }
+}
+
+// A withdrawn receive finishes CANCELLED and takes nothing: the next message under its
+// tag goes to the receive posted after it.
+TEST_P(TransportConformanceTest, ACancelledRecvTakesNoMessage) {
+  std::vector<uint8_t> first_storage, second_storage;
+  MemoryHandle first = LocalBuffer(4096, 1, &first_storage);
+  MemoryHandle second = LocalBuffer(4096, 2, &second_storage);
+  std::fill(first_storage.begin(), first_storage.end(), 0);
+  std::fill(second_storage.begin(), second_storage.end(), 0);
+  auto withdrawn = local_->Recv(peer_id_, /*tag=*/11, first, 0, 4096);
+  withdrawn->Cancel();
+  EXPECT_EQ(withdrawn->Wait(kTimeout).code(), absl::StatusCode::kCancelled);
+  auto recv = local_->Recv(peer_id_, 11, second, 0, 4096);
+  auto send = peer_->PostSend(11, 4096, /*seed=*/77);
+  ASSERT_TRUE(send.ok()) << send.status();
+  ASSERT_TRUE(recv->Wait(kTimeout).ok());
+  EXPECT_TRUE(VerifyPattern(second_storage.data(), 4096, 77, 0).ok());
+  EXPECT_TRUE(std::all_of(first_storage.begin(), first_storage.end(), [](uint8_t b) { return b == 0; }));
+  ASSERT_TRUE(peer_->WaitSend(*send, kTimeout).ok());
+  recv->Cancel();  // (finished: no effect)
+  EXPECT_TRUE(recv->Wait(absl::ZeroDuration()).ok());
 }
 
 TEST_P(TransportConformanceTest, BadInputGetsAClearStatus) {

@@ -533,11 +533,12 @@ class UcxCompletion : public Completion {
   void Cancel() override {
     if (pending_->Done()) return;
     absl::MutexLock lock(&impl_->worker_mu_);
+    // (Collected first: a cancelled request's callback may run at once and delete its op.)
+    std::vector<void*> requests;
     for (Impl::Op* op : impl_->ops_) {
-      if (op->completion == pending_ && op->is_recv && op->request != nullptr) {
-        ucp_request_cancel(impl_->worker_, op->request);
-      }
+      if (op->completion == pending_ && op->is_recv && op->request != nullptr) requests.push_back(op->request);
     }
+    for (void* request : requests) ucp_request_cancel(impl_->worker_, request);
   }
 
  private:
