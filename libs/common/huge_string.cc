@@ -19,4 +19,13 @@ std::string NewHugeString(uint64_t length) {
   return out;
 }
 
+std::string ReuseOrNewHugeString(std::string reuse, uint64_t length) {
+  if (reuse.capacity() >= length) {
+    reuse.resize(length);
+    return reuse;
+  }
+  reuse = std::string();
+  return NewHugeString(length);
+}
+
 }  // namespace rlfleet::common

@@ -11,6 +11,10 @@ namespace rlfleet::common {
 
 // A string of `length` zero bytes, huge-page backed when it is large (>= 8 MiB).
 std::string NewHugeString(uint64_t length);
+// `reuse`'s memory holding `length` bytes when its capacity allows (the contents are
+// what was there; no new memory), else NewHugeString(length) (`reuse` released first).
+// For writing version after version into memory faulted in already.
+std::string ReuseOrNewHugeString(std::string reuse, uint64_t length);
 
 }  // namespace rlfleet::common
 

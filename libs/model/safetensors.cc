@@ -121,15 +121,7 @@ std::string Serialize(const std::map<std::string, Tensor>& tensors, std::string 
   }
   header += "}";
   while (header.size() % 8 != 0) header += ' ';  // keeps the data 8-byte aligned
-  const uint64_t total = 8 + header.size() + offset;
-  std::string out;
-  if (reuse.capacity() >= total) {
-    out = std::move(reuse);
-    out.resize(total);  // (within its capacity: no new memory)
-  } else {
-    reuse = std::string();
-    out = common::NewHugeString(total);
-  }
+  std::string out = common::ReuseOrNewHugeString(std::move(reuse), 8 + header.size() + offset);
   const uint64_t n = header.size();
   char* at = out.data();
   std::memcpy(at, &n, 8);

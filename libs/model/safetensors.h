@@ -35,6 +35,9 @@ std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensor
 // publisher writing version after version keeps its buffers instead of faulting in a
 // fresh one each time.
 std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors, std::string reuse);
+// At least the size of the f32 safetensors image of a model with `parameters`
+// parameters (their bytes and a header of at most 1 MiB): memory to fault in for one.
+inline uint64_t F32ImageBytesBound(uint64_t parameters) { return parameters * 4 + (uint64_t{1} << 20); }
 // Writes bytes to `path` atomically (temporary file + rename): a crash never leaves a
 // half file.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);

@@ -126,14 +126,7 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   // faulting 4 KiB pages capped a 400 MiB pull at ~1.4 GB/s where ucx_perftest's warm
   // buffers reach ~12 (bench/fetch_bw).
   const absl::Time allocate_start = absl::Now();
-  std::string bytes;
-  if (reuse.capacity() >= d.length_bytes()) {
-    bytes = std::move(reuse);
-    bytes.resize(d.length_bytes());  // (within its capacity: no new memory)
-  } else {
-    reuse = std::string();  // (released before the new one is faulted in)
-    bytes = common::NewHugeString(d.length_bytes());
-  }
+  std::string bytes = common::ReuseOrNewHugeString(std::move(reuse), d.length_bytes());
   const absl::Time transfer_start = absl::Now();
   timings->allocate = transfer_start - allocate_start;
   ASSIGN_OR_RETURN(MemoryHandle local,

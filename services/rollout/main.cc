@@ -5,6 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "libs/common/config.h"
+#include "libs/model/safetensors.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
@@ -81,8 +82,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_prefault_staging) && *data_plane != nullptr) {
     rlfleet::v1::GetInfoResponse info;
     if ((*core)->GetInfo(&info).ok()) {
-      // The f32 image: parameters, a header of at most ~1 MiB.
-      service.PrefaultStaging(static_cast<uint64_t>(info.model().num_parameters()) * 4 + (uint64_t{1} << 20));
+      service.PrefaultStaging(rlfleet::model::F32ImageBytesBound(static_cast<uint64_t>(info.model().num_parameters())));
     }
   }
   runner.AddService(&service);

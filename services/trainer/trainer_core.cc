@@ -575,8 +575,7 @@ absl::Status TrainerCore::LoadLocked(const std::string& path, v1::LoadCheckpoint
 
 void TrainerCore::PrefaultPublishMemory() {
   absl::MutexLock lock(&mu_);
-  const uint64_t bytes = static_cast<uint64_t>(policy_->num_parameters()) * 4 + (uint64_t{1} << 20);  // f32 + header
-  spare_image_ = common::NewHugeString(bytes);
+  spare_image_ = common::NewHugeString(model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters())));
 }
 
 absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::PublishWeightsRequest&,

@@ -1,11 +1,12 @@
 #include "services/weights/weights_core.h"
 
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <thread>
-
-#include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -53,33 +54,43 @@ absl::StatusOr<reshard::Split> FromProto(v1::LayoutKind kind, const std::string&
   }
 }
 
-// The tensors of a safetensors image, in name order (what replicas install).
+// Safetensors' names of the planner's dtypes (both directions).
+constexpr std::pair<reshard::DType, const char*> kSafetensorsDTypes[] = {
+    {reshard::DType::kF32, "F32"}, {reshard::DType::kBF16, "BF16"}, {reshard::DType::kF16, "F16"},
+    {reshard::DType::kI32, "I32"}, {reshard::DType::kI64, "I64"}};
+
+// How a version is read from the trainer: a file anywhere on this host (PublishVersion
+// is the trainer's call, not a producer's) or its memory over the data plane; any size.
+transport::DescriptorFetcher::Options TrainerFetch() {
+  transport::DescriptorFetcher::Options fetch;
+  fetch.max_bytes = std::numeric_limits<uint64_t>::max();
+  fetch.file_root = "/";
+  fetch.timeout = absl::Minutes(5);
+  return fetch;
+}
+
+const char* SafetensorsDType(reshard::DType d) {
+  for (const auto& [dtype, name] : kSafetensorsDTypes) {
+    if (dtype == d) return name;
+  }
+  return "F32";
+}
+
+// The tensors of a safetensors image, in name order (what replicas install); empty if a
+// dtype is not one the planner moves.
 std::vector<reshard::TensorSpec> TensorsOf(const std::string& bytes) {
   std::vector<reshard::TensorSpec> out;
   auto header = model::ParseSafetensorsHeader(bytes, "the version");
   if (!header.ok()) return out;
   for (const auto& [name, blob] : *header) {
-    reshard::TensorSpec spec{name, blob.shape, reshard::DType::kF32};
-    if (blob.dtype == "BF16") spec.dtype = reshard::DType::kBF16;
-    else if (blob.dtype == "F16") spec.dtype = reshard::DType::kF16;
-    else if (blob.dtype == "I32") spec.dtype = reshard::DType::kI32;
-    else if (blob.dtype == "I64") spec.dtype = reshard::DType::kI64;
-    else if (blob.dtype != "F32") return {};
+    const auto* known = std::find_if(std::begin(kSafetensorsDTypes), std::end(kSafetensorsDTypes),
+                                     [&](const auto& d) { return blob.dtype == d.second; });
+    if (known == std::end(kSafetensorsDTypes)) return {};
+    reshard::TensorSpec spec{name, blob.shape, known->first};
     if (spec.shape.empty()) spec.shape = {1};
     out.push_back(std::move(spec));
   }
   return out;
-}
-
-const char* SafetensorsDType(reshard::DType d) {
-  switch (d) {
-    case reshard::DType::kF32: return "F32";
-    case reshard::DType::kBF16: return "BF16";
-    case reshard::DType::kF16: return "F16";
-    case reshard::DType::kI32: return "I32";
-    case reshard::DType::kI64: return "I64";
-  }
-  return "F32";
 }
 
 // A version sharded over the trainer's ranks: the manifest's layout (world_size ranks,
@@ -91,7 +102,8 @@ const char* SafetensorsDType(reshard::DType d) {
 // DATA_LOSS naming the rank and tensor whose bytes do not match their digest; the data
 // plane's error for a shard that cannot be pulled.
 absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& request, transport::Transport* data_plane,
-                                            absl::Time deadline, std::string reuse) {
+                                            const transport::DescriptorFetcher::Options& fetch, absl::Time deadline,
+                                            std::string reuse) {
   const v1::ShardLayout& layout = request.manifest().layout();
   const int ranks = static_cast<int>(layout.world_size());
   if (ranks < 1 || ranks > 1024) return absl::InvalidArgumentError("manifest.layout.world_size: want 1..1024");
@@ -120,9 +132,6 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
   std::vector<std::string> whole(specs.size());
   for (size_t t = 0; t < specs.size(); ++t) whole[t].resize(specs[t].numel() * reshard::DTypeSize(specs[t].dtype));
   std::vector<bool> seen_rank(ranks, false);
-  transport::DescriptorFetcher::Options fetch;
-  fetch.max_bytes = std::numeric_limits<uint64_t>::max();
-  fetch.file_root = "/";
   transport::DescriptorFetcher fetcher(data_plane, fetch);
   for (int i = 0; i < request.sources_size(); ++i) {
     const v1::SourceRank& source = request.sources(i);
@@ -279,19 +288,15 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   // Read or pull, and verify, before anyone sees the version (the trainer's file may be
   // anywhere on this host: PublishVersion is the trainer's call, not a producer's).
   const absl::Time start = absl::Now();
-  // A file anywhere on this host, or the trainer's memory over the data plane; either
-  // way the digest is checked.
-  transport::DescriptorFetcher::Options fetch;
-  fetch.max_bytes = std::numeric_limits<uint64_t>::max();
-  fetch.file_root = "/";
-  fetch.timeout = absl::Minutes(5);
+  // Either way the digest is checked.
+  const transport::DescriptorFetcher::Options fetch = TrainerFetch();
   std::string reuse;  // a retired version's memory, if there is one
   {
     absl::MutexLock lock(&mu_);
     reuse.swap(spare_);
   }
   absl::StatusOr<std::string> fetched =
-      sharded ? AssembleSharded(request, data_plane_, absl::Now() + fetch.timeout, std::move(reuse))
+      sharded ? AssembleSharded(request, data_plane_, fetch, absl::Now() + fetch.timeout, std::move(reuse))
               : transport::DescriptorFetcher(file ? nullptr : data_plane_, fetch)
                     .Fetch(where, absl::Now() + fetch.timeout, std::move(reuse));
   if (!fetched.ok()) {
