@@ -1,7 +1,11 @@
 #!/usr/bin/python3
 """The weight path through the services: a trainer (--weights, publishing from memory),
 rlfleet-weights (--relay_fanout) and R rollout replicas of a D_MODEL x N_LAYERS policy,
-each its own process on loopback. One PublishWeights, then every replica synced at once;
+each its own process on loopback. One PublishWeights, then every replica synced at once
+VERSIONS times (default 3: the same bytes republished as new versions; the last one is
+reported, as a running fleet sees it), (SYNC=all, default: one SyncVersion for all of them, pushed through the resharding
+executor in --relay_fanout chains; SYNC=each: one SyncVersion per replica; PUSH=false:
+every replica pulls);
 prints the round's phases from GetSyncStatus (trainer pause, the weights service's pull
 and digest check, each replica's pull / install / round trip and whom it pulled from).
 
@@ -21,6 +25,8 @@ from rlfleet.v1 import trainer_pb2, weights_pb2
 B = os.environ.get("RLFLEET_BIN", "bazel-bin/services")
 MODEL = ["--d_model=%s" % sys.argv[1], "--n_layers=%s" % sys.argv[2], "--n_heads=8", "--threads=1"]
 R = int(sys.argv[3]); FAN = sys.argv[4]
+SYNC = os.environ.get("SYNC", "all")  # all: one SyncVersion for every replica; each: one per replica
+PUSH = os.environ.get("PUSH", "true")  # rlfleet-weights --push
 procs = []
 WARM_GIB = int(os.environ.get("WARM_GIB", "4"))
 if WARM_GIB > 0:
@@ -48,7 +54,7 @@ try:
     # rlfleet-weights cannot know the model's size before the first publish: tell it
     # (WEIGHTS_PREFAULT_MIB, about the model's f32 size; 0 = off, the first pull then
     # faults in fresh memory). The trainer and replicas size theirs from the model.
-    w = start(B + "/weights/rlfleet-weights", ["--relay_fanout=" + FAN, "--prefault_mib=" + os.environ.get("WEIGHTS_PREFAULT_MIB", "512")])
+    w = start(B + "/weights/rlfleet-weights", ["--relay_fanout=" + FAN, "--push=" + PUSH, "--prefault_mib=" + os.environ.get("WEIGHTS_PREFAULT_MIB", "512")])
     t = start(B + "/trainer/rlfleet-trainer", MODEL + ["--weights=" + w])
     rs = [start(B + "/rollout/rlfleet-rollout", MODEL) for _ in range(R)]
     t0 = time.time()
@@ -57,15 +63,29 @@ try:
     mb = pub.location.length_bytes / 1e6
     for i, r in enumerate(rs):
         call(w, "/rlfleet.v1.WeightsService/RegisterDestination", weights_pb2.RegisterDestinationRequest(replica_id="r%d" % i, grpc_address=r), weights_pb2.RegisterDestinationResponse)
-    t1 = time.time()
-    ths = [threading.Thread(target=call, args=(w, "/rlfleet.v1.WeightsService/SyncVersion", weights_pb2.SyncVersionRequest(replica_id="r%d" % i, commit=True, timeout_ms=300000), weights_pb2.SyncVersionResponse)) for i in range(R)]
-    [x.start() for x in ths]; [x.join() for x in ths]
-    t_sync = time.time() - t1
+    VERSIONS = int(os.environ.get("VERSIONS", "3"))  # versions synced; the last one is reported
+    for k in range(VERSIONS):
+        if k > 0:  # the same bytes again as the next version, from the trainer's memory
+            req = weights_pb2.PublishVersionRequest(publisher_id="bench")
+            req.manifest.CopyFrom(pub.manifest)
+            req.manifest.version.version = pub.manifest.version.version + k
+            req.sources.add().shards.add().location.CopyFrom(pub.location)
+            call(w, "/rlfleet.v1.WeightsService/PublishVersion", req, weights_pb2.PublishVersionResponse)
+        t1 = time.time()
+        if SYNC == "all":  # one SyncVersion for every destination: pushed in relay chains
+            call(w, "/rlfleet.v1.WeightsService/SyncVersion", weights_pb2.SyncVersionRequest(commit=True, timeout_ms=300000), weights_pb2.SyncVersionResponse)
+        else:  # one SyncVersion per replica, all at once
+            ths = [threading.Thread(target=call, args=(w, "/rlfleet.v1.WeightsService/SyncVersion", weights_pb2.SyncVersionRequest(replica_id="r%d" % i, commit=True, timeout_ms=300000), weights_pb2.SyncVersionResponse)) for i in range(R)]
+            [x.start() for x in ths]; [x.join() for x in ths]
+        t_sync = time.time() - t1
+        print("version %d: all %d replicas synced in %.2f s" % (k + 1, R, t_sync))
     st = call(w, "/rlfleet.v1.WeightsService/GetSyncStatus", weights_pb2.GetSyncStatusRequest(), weights_pb2.GetSyncStatusResponse)
     print("model %.1f MB; trainer publish (pause %.1f ms, call incl. weights pull %.2f s, weights pull+verify %.1f ms)" % (mb, st.trainer_pause_us/1e3, t_pub, st.publish_read_us/1e3))
     for d in st.destinations:
-        print("  %s from %-4s %s pull %.1f ms (%.2f GB/s; of it memory %.1f ms, digest %.1f ms)  install %.1f ms  round trip %.1f ms" % (d.replica_id, d.relayed_from or "here", weights_pb2.SyncPhase.Name(d.phase), d.transfer_us/1e3, d.throughput_gb_per_s, d.pull_allocate_us/1e3, d.pull_verify_us/1e3, d.install_us/1e3, d.round_trip_us/1e3))
-    print("all %d replicas synced in %.2f s (%.2f GB/s of replica bytes)" % (R, t_sync, R * mb / 1e3 / t_sync))
+        print("  %s %s from %-4s %s %.1f ms (%.2f GB/s; of it memory %.1f ms, digest %.1f ms)  install %.1f ms  round trip %.1f ms" % (d.replica_id, "pushed" if d.pushed else "pulled", d.relayed_from or "here", weights_pb2.SyncPhase.Name(d.phase), d.transfer_us/1e3, d.throughput_gb_per_s, d.pull_allocate_us/1e3, d.pull_verify_us/1e3, d.install_us/1e3, d.round_trip_us/1e3))
+    print("version %d (the last): all %d replicas synced in %.2f s (%.2f GB/s of replica bytes)" % (VERSIONS, R, t_sync, R * mb / 1e3 / t_sync))
 finally:
     for p in procs: p.terminate()
     for p in procs: p.wait()
+    if os.environ.get("LOGS"):  # LOGS=1: what rlfleet-weights logged
+        print(procs[0].stdout.read())

@@ -185,6 +185,9 @@ class Policy {
   absl::Status LoadSafetensors(const std::string& path);
   // The same from a safetensors image in memory (`name` names it in errors).
   absl::Status LoadSafetensorsBytes(const std::string& bytes, const std::string& name);
+  // The same from tensors where they are (e.g. a pushed shard): every one checked first,
+  // so a bad set changes nothing.
+  absl::Status LoadTensors(const std::map<std::string, TensorView>& tensors, const std::string& name);
 
   // The AdamW state (per parameter: first and second moments and the step count) as
   // a safetensors file: `<param>.exp_avg`, `<param>.exp_avg_sq`, `<param>.step` (I64).
@@ -199,8 +202,6 @@ class Policy {
   class Impl;
 
  private:
-  // Loads checked tensors into the model (every one checked first: a bad set changes nothing).
-  absl::Status LoadTensors(const std::map<std::string, TensorView>& tensors, const std::string& path);
   friend class DecodeBatch;
   explicit Policy(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -40,6 +40,7 @@ class RolloutCore::Job {
 struct RolloutCore::Install {
   std::string path;   // the file, or what `bytes` are (errors)
   std::string bytes;  // a safetensors image in memory; empty: read `path`
+  std::map<std::string, model::TensorView> tensors;  // or, if not empty, these
   uint64_t version = 0;
   absl::Notification done;
   absl::Status status;
@@ -154,6 +155,17 @@ absl::StatusOr<InstallReport> RolloutCore::InstallFromBytes(std::string bytes, c
   // (Once Queue returned the scheduler is done with the install's bytes.)
   if (report.ok() && image_back != nullptr) *image_back = std::move(install->bytes);
   return report;
+}
+
+absl::StatusOr<InstallReport> RolloutCore::InstallFromTensors(std::map<std::string, model::TensorView> tensors,
+                                                              const std::string& name, uint64_t version,
+                                                              absl::Time deadline) {
+  if (tensors.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": no tensors"));
+  auto install = std::make_shared<Install>();
+  install->path = name;
+  install->tensors = std::move(tensors);
+  install->version = version;
+  return Queue(std::move(install), deadline);
 }
 
 absl::StatusOr<InstallReport> RolloutCore::Queue(std::shared_ptr<Install> install, absl::Time deadline) {
@@ -296,8 +308,12 @@ void RolloutCore::Run() {
     }
     if (install != nullptr) {
       const absl::Time start = absl::Now();
-      install->status = install->bytes.empty() ? policy_->LoadSafetensors(install->path)
-                                               : policy_->LoadSafetensorsBytes(install->bytes, install->path);
+      if (!install->tensors.empty()) {
+        install->status = policy_->LoadTensors(install->tensors, install->path);
+      } else {
+        install->status = install->bytes.empty() ? policy_->LoadSafetensors(install->path)
+                                                 : policy_->LoadSafetensorsBytes(install->bytes, install->path);
+      }
       const absl::Time loaded = absl::Now();
       if (install->status.ok()) install->status = batch_->Refresh();
       if (install->status.ok()) {
@@ -316,8 +332,11 @@ void RolloutCore::Run() {
         // the bytes counter over the rate of the seconds sum).
         load_metric_->Observe(install->report.install_us / 1e6);
         std::error_code ec;
-        const uintmax_t bytes =
-            install->bytes.empty() ? std::filesystem::file_size(install->path, ec) : install->bytes.size();
+        uintmax_t bytes = 0;
+        for (const auto& [name, t] : install->tensors) bytes += t.bytes.size();
+        if (install->tensors.empty()) {
+          bytes = install->bytes.empty() ? std::filesystem::file_size(install->path, ec) : install->bytes.size();
+        }
         if (!ec) load_bytes_metric_->Add(static_cast<double>(bytes));
       }
       install->done.Notify();

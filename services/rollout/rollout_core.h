@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
+#include "libs/model/safetensors.h"
 #include "rlfleet/v1/rollout.pb.h"
 
 namespace rlfleet::rollout {
@@ -98,6 +99,11 @@ class RolloutCore {
   absl::StatusOr<InstallReport> InstallFromBytes(std::string bytes, const std::string& name, uint64_t version,
                                                  absl::Time deadline = absl::InfiniteFuture(),
                                                  std::string* image_back = nullptr);
+  // The same from tensors where they already are (a version pushed into this replica's
+  // shard memory, which must stay untouched until this returns); `name` names them.
+  absl::StatusOr<InstallReport> InstallFromTensors(std::map<std::string, model::TensorView> tensors,
+                                                   const std::string& name, uint64_t version,
+                                                   absl::Time deadline = absl::InfiniteFuture());
   // Installs the model's current (e.g. freshly initialised) weights as `version`.
   absl::Status InstallInitial(uint64_t version);
 

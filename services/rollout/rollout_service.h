@@ -1,7 +1,8 @@
 // gRPC adapter for RolloutCore: Generate (server streaming), GenerateBatch, GetInfo,
-// Drain, Resume, and UpdateWeights from a FILE source (the trainer's hand-off until the
-// weights service lands; PrepareWeights / CommitWeights answer UNIMPLEMENTED until
-// then). Thread-safe.
+// Drain, Resume, and UpdateWeights: from a FILE source, pulled over the data plane, or
+// pushed by the weights service's resharding round (PrepareWeightsRequest.reshard;
+// PrepareWeights / CommitWeights as two calls answer UNIMPLEMENTED for now).
+// Thread-safe.
 #ifndef RLFLEET_SERVICES_ROLLOUT_ROLLOUT_SERVICE_H_
 #define RLFLEET_SERVICES_ROLLOUT_ROLLOUT_SERVICE_H_
 
@@ -13,9 +14,11 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "libs/common/huge_string.h"
+#include "libs/reshard/round.h"
 #include "libs/common/status_macros.h"
 #include "libs/rpc/server_call.h"
 #include "libs/transport/descriptor_fetcher.h"
@@ -212,16 +215,25 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
         auth_(std::move(auth)),
         on_state_change_(std::move(on_state_change)),
         fetcher_(fetcher),
-        relay_(data_plane != nullptr ? std::make_unique<RelayCopy>(data_plane) : nullptr) {}
+        data_plane_(data_plane),
+        relay_(data_plane != nullptr ? std::make_unique<RelayCopy>(data_plane) : nullptr),
+        receiver_(data_plane != nullptr ? std::make_unique<reshard::ShardReceiver>(*data_plane) : nullptr) {}
 
   // Faults in memory for one pulled version of `bytes` now, so that the first pull does
   // not: in a single-version sync of a 404 MB policy, a fresh buffer was 0.87-0.99 s of
   // each replica's ~1 s pull on our VM (bench/weights_service.py). Later versions reuse
   // their predecessors' memory anyway.
+  // Pushed versions land in shard memory of the transport's, faulted in here too.
   void PrefaultStaging(uint64_t bytes) {
     std::string staging = common::NewHugeString(bytes);
-    absl::MutexLock lock(&spare_mu_);
-    spare_ = std::move(staging);
+    {
+      absl::MutexLock lock(&spare_mu_);
+      spare_ = std::move(staging);
+    }
+    if (receiver_ != nullptr) {
+      absl::MutexLock lock(&receive_mu_);
+      (void)receiver_->Prefault(bytes);  // (if it fails, the first push allocates)
+    }
   }
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* c,
@@ -242,7 +254,14 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   }
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* c, const v1::GetInfoRequest*,
                                     v1::GetInfoResponse* resp) override {
-    return rpc::HandleUnary(c, auth_, [&] { return core_->GetInfo(resp); });
+    return rpc::HandleUnary(c, auth_, [&] {
+      RETURN_IF_ERROR(core_->GetInfo(resp));
+      if (data_plane_ != nullptr && data_plane_->GetCapabilities().two_sided) {
+        resp->mutable_data_plane()->set_backend(v1::TRANSFER_BACKEND_UCX);
+        resp->mutable_data_plane()->set_worker_address(data_plane_->LocalAddress());
+      }
+      return absl::OkStatus();
+    });
   }
   // One chunk holding the whole version as a safetensors image: a FILE source (the
   // trainer's file, read here), or the weights service's or another replica's memory
@@ -252,6 +271,7 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   grpc::ServerUnaryReactor* UpdateWeights(grpc::CallbackServerContext* c, const v1::PrepareWeightsRequest* req,
                                           v1::CommitWeightsResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&]() -> absl::Status {
+      if (req->has_reshard()) return UpdateFromRound(*req, CallDeadline(*c, absl::Minutes(1)), resp);
       if (req->chunks_size() != 1) {
         return absl::UnimplementedError("UpdateWeights takes one chunk holding the whole version for now");
       }
@@ -326,11 +346,64 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   }
 
  private:
+  // A version pushed by the weights service's resharding round: this replica (TP 1) is
+  // destination rank 0, receives every tensor whole into its shard memory (relaying it
+  // on, chunk by chunk, when the round says forward_to), checks the digest shares and
+  // installs straight from the shard.
+  absl::Status UpdateFromRound(const v1::PrepareWeightsRequest& req, absl::Time deadline,
+                               v1::CommitWeightsResponse* resp) {
+    if (receiver_ == nullptr) {
+      return absl::FailedPreconditionError("this replica has no data plane to receive a pushed version on");
+    }
+    if (req.reshard().destination_layout().world_size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("reshard.destination_layout.world_size: ",
+                                                     req.reshard().destination_layout().world_size(),
+                                                     "; this replica holds every tensor whole (TP 1)"));
+    }
+    const uint64_t version = req.manifest().version().version();
+    if (version <= core_->installed_version()) {  // (before joining: the round then misses only this rank)
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", version, " is not newer than the installed ", core_->installed_version()));
+    }
+    if (!receive_mu_.TryLock()) {
+      return absl::FailedPreconditionError("a pushed version is being received; retry after it");
+    }
+    struct Unlock {
+      absl::Mutex* mu;
+      ~Unlock() { mu->Unlock(); }
+    } unlock{&receive_mu_};
+    const absl::Time start = absl::Now();
+    absl::StatusOr<reshard::ShardReceiver::Received> received = receiver_->Receive(req.reshard(), deadline);
+    if (!received.ok()) return common::Annotate(received.status(), "receiving the pushed version");
+    resp->set_pull_us(absl::ToInt64Microseconds(absl::Now() - start));
+    resp->set_pull_allocate_us(absl::ToInt64Microseconds(received->allocate));
+    resp->set_pull_verify_us(absl::ToInt64Microseconds(received->verify));
+    std::map<std::string, model::TensorView> tensors;
+    for (size_t t = 0; t < received->plan.tensors.size(); ++t) {
+      const reshard::TensorSpec& spec = received->plan.tensors[t];
+      tensors[spec.name] = {absl::AsciiStrToUpper(reshard::DTypeName(spec.dtype)), spec.shape, received->Part(t)};
+    }
+    absl::StatusOr<InstallReport> report = core_->InstallFromTensors(
+        std::move(tensors), absl::StrCat("version ", version, " (pushed)"), version, deadline);
+    if (!report.ok()) return report.status();
+    resp->mutable_installed_version()->set_version(report->version);
+    resp->set_decode_step(report->decode_step);
+    resp->set_inflight_sequences(report->inflight_sequences);
+    resp->set_pause_us(report->pause_us);
+    resp->set_install_us(report->install_us);
+    if (on_state_change_) on_state_change_(core_->serving());
+    return absl::OkStatus();
+  }
+
   RolloutCore* const core_;
   const rpc::CallAuth auth_;
   std::function<void(bool)> on_state_change_;
   transport::DescriptorFetcher* const fetcher_;
+  transport::Transport* const data_plane_;
   const std::unique_ptr<RelayCopy> relay_;
+  // Pushed versions: one round at a time, and the shard untouched until installed.
+  absl::Mutex receive_mu_;
+  const std::unique_ptr<reshard::ShardReceiver> receiver_ ABSL_PT_GUARDED_BY(receive_mu_);
   // A pulled image's memory, kept for the next pull (with a relay: the one it served
   // before the current one).
   absl::Mutex spare_mu_;

@@ -15,6 +15,11 @@ ABSL_FLAG(int, relay_fanout, 0,
           "Relay tree: this service sends each version to at most this many replicas, and every replica "
           "that has it serves at most this many more (1: a chain). 0: every replica pulls from this service.");
 
+ABSL_FLAG(bool, push, true,
+          "Push versions to replicas that have a data plane through the resharding executor (each replica only "
+          "its layout's bytes; with --relay_fanout, chains that relay every chunk as it arrives); a replica the "
+          "push misses pulls instead. false: every replica pulls.");
+
 ABSL_FLAG(int64_t, prefault_mib, 0,
           "Fault in this much memory at start for the first version pulled from the trainer (about the model's "
           "f32 size), so that the first publish does not pay for fresh memory; later versions reuse retired "
@@ -39,6 +44,7 @@ int main(int argc, char** argv) {
   rlfleet::weights::WeightsCore core(
       [client](const std::string& address) { return rlfleet::weights::NewGrpcDestination(client, address); },
       data_plane->get(), std::max(0, absl::GetFlag(FLAGS_relay_fanout)));
+  core.EnablePush(absl::GetFlag(FLAGS_push));
   core.SetLogger([](const std::string& line) { std::cout << "rlfleet-weights: " << line << std::endl; });
   if (absl::GetFlag(FLAGS_prefault_mib) > 0) {
     core.PrefaultVersionMemory(static_cast<uint64_t>(absl::GetFlag(FLAGS_prefault_mib)) << 20);

@@ -15,44 +15,15 @@
 #include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
 #include "libs/model/safetensors.h"
+#include "libs/reshard/digest.h"
+#include "libs/reshard/round.h"
 #include "libs/transport/descriptor_fetcher.h"
 
 namespace rlfleet::weights {
 namespace {
 
-absl::StatusOr<reshard::DType> FromProto(v1::DType d, const std::string& tensor) {
-  switch (d) {
-    case v1::DTYPE_FLOAT32:
-      return reshard::DType::kF32;
-    case v1::DTYPE_BFLOAT16:
-      return reshard::DType::kBF16;
-    case v1::DTYPE_FLOAT16:
-      return reshard::DType::kF16;
-    case v1::DTYPE_INT32:
-      return reshard::DType::kI32;
-    case v1::DTYPE_INT64:
-      return reshard::DType::kI64;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("tensor `", tensor, "`: dtype ", v1::DType_Name(d),
-                                                     " is not one the planner moves"));
-  }
-}
-
-absl::StatusOr<reshard::Split> FromProto(v1::LayoutKind kind, const std::string& tensor) {
-  switch (kind) {
-    case v1::LAYOUT_KIND_REPLICATED:
-      return reshard::Split::kReplicated;
-    case v1::LAYOUT_KIND_FSDP_FLAT:
-      return reshard::Split::kFlat;
-    case v1::LAYOUT_KIND_TP_ROW:
-      return reshard::Split::kRows;
-    case v1::LAYOUT_KIND_TP_COLUMN:
-      return reshard::Split::kColumns;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("tensor `", tensor, "`: layout kind ", v1::LayoutKind_Name(kind),
-                                                     " is not one the planner knows"));
-  }
-}
+using reshard::DTypeFromProto;
+using reshard::SplitFromProto;
 
 // Safetensors' names of the planner's dtypes (both directions).
 constexpr std::pair<reshard::DType, const char*> kSafetensorsDTypes[] = {
@@ -118,8 +89,8 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
   std::vector<reshard::Split> splits;
   std::map<std::string, int> index;
   for (const v1::TensorLayout& t : layout.tensors()) {
-    ASSIGN_OR_RETURN(reshard::DType dtype, FromProto(t.spec().dtype(), t.spec().name()));
-    ASSIGN_OR_RETURN(reshard::Split split, FromProto(t.kind(), t.spec().name()));
+    ASSIGN_OR_RETURN(reshard::DType dtype, DTypeFromProto(t.spec().dtype(), t.spec().name()));
+    ASSIGN_OR_RETURN(reshard::Split split, SplitFromProto(t.kind(), t.spec().name()));
     reshard::TensorSpec spec{t.spec().name(), {t.spec().shape().begin(), t.spec().shape().end()}, dtype};
     if (spec.shape.empty()) spec.shape = {1};
     if (!index.emplace(spec.name, static_cast<int>(specs.size())).second) {
@@ -196,14 +167,21 @@ WeightsCore::~WeightsCore() {
 
 void WeightsCore::PrefaultVersionMemory(uint64_t bytes) {
   std::string memory = common::NewHugeString(bytes);
+  std::string packed = push_ ? common::NewHugeString(bytes) : std::string();  // (the push copy's)
   absl::MutexLock lock(&mu_);
   spare_ = std::move(memory);
+  packed_spare_ = std::move(packed);
 }
 
 void WeightsCore::RetireLocked(std::map<uint64_t, Version>::iterator it) {
   if (it->second.registered) (void)data_plane_->DeregisterMemory(*it->second.registered);
   // Its memory (no longer registered) takes the next version pulled.
   if (it->second.bytes.capacity() > spare_.capacity()) spare_ = std::move(it->second.bytes);
+  if (PushSource* p = it->second.push.get(); p != nullptr && it->second.push.use_count() == 1) {
+    (void)data_plane_->DeregisterMemory(p->handle);
+    p->handle = {};
+    if (p->packed.capacity() > packed_spare_.capacity()) packed_spare_ = std::move(p->packed);
+  }
   versions_.erase(it);
 }
 
@@ -321,8 +299,8 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   if (published_layout.tensors_size() > 0) {
     v.layout.ranks = static_cast<int>(std::max<uint32_t>(1, published_layout.world_size()));
     for (const v1::TensorLayout& t : published_layout.tensors()) {
-      auto dtype = FromProto(t.spec().dtype(), t.spec().name());
-      auto split = FromProto(t.kind(), t.spec().name());
+      auto dtype = DTypeFromProto(t.spec().dtype(), t.spec().name());
+      auto split = SplitFromProto(t.kind(), t.spec().name());
       if (!dtype.ok() || !split.ok()) {
         versions_.erase(version);
         return !dtype.ok() ? dtype.status() : split.status();
@@ -475,28 +453,266 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
     if (installed->has_relay_source() && installed->relay_source().has_segment()) {
       v->second.holders.push_back({replica_id, installed->relay_source()});
     }
-    s.set_phase(v1::SYNC_PHASE_INSTALLED);
-    s.set_bytes_moved(s.bytes_needed());
-    // (a replica reading the trainer's file reports no pull: its install is the transfer)
-    s.set_transfer_us(installed->pull_us() > 0 ? installed->pull_us() : installed->install_us());
-    s.set_pull_allocate_us(installed->pull_allocate_us());
-    s.set_pull_verify_us(installed->pull_verify_us());
-    s.set_pause_us(installed->pause_us());
-    s.set_install_us(installed->install_us());
-    s.set_round_trip_us(absl::ToInt64Microseconds(took));
-    if (s.transfer_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (s.transfer_us() * 1e3));
-    Log(absl::StrFormat("version %d -> %s (from %s): installed, %.1f MB, pull %.1f ms (%.2f GB/s; memory %.1f ms, "
-                        "digest %.1f ms), install %.1f ms, decode pause %.2f ms, round trip %.1f ms",
-                        version, replica_id, from.empty() ? "here" : from, s.bytes_moved() / 1e6,
-                        s.transfer_us() / 1e3, s.throughput_gb_per_s(), s.pull_allocate_us() / 1e3,
-                        s.pull_verify_us() / 1e3, s.install_us() / 1e3, s.pause_us() / 1e3, s.round_trip_us() / 1e3));
+    RecordInstalledLocked(version, s, from, *installed, took, /*pushed=*/false);
     return s;
   }
+}
+
+void WeightsCore::RecordInstalledLocked(uint64_t version, v1::DestinationSyncStatus& s, const std::string& from,
+                                        const v1::CommitWeightsResponse& installed, absl::Duration took,
+                                        bool pushed) {
+  s.set_phase(v1::SYNC_PHASE_INSTALLED);
+  s.set_bytes_moved(s.bytes_needed());
+  s.set_relayed_from(from);
+  s.set_pushed(pushed);
+  // (a replica reading the trainer's file reports no pull: its install is the transfer)
+  s.set_transfer_us(installed.pull_us() > 0 ? installed.pull_us() : installed.install_us());
+  s.set_pull_allocate_us(installed.pull_allocate_us());
+  s.set_pull_verify_us(installed.pull_verify_us());
+  s.set_pause_us(installed.pause_us());
+  s.set_install_us(installed.install_us());
+  s.set_round_trip_us(absl::ToInt64Microseconds(took));
+  if (s.transfer_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (s.transfer_us() * 1e3));
+  Log(absl::StrFormat("version %d -> %s (%s %s): installed, %.1f MB, %s %.1f ms (%.2f GB/s; memory %.1f ms, "
+                      "digest %.1f ms), install %.1f ms, decode pause %.2f ms, round trip %.1f ms",
+                      version, s.replica_id(), pushed ? "pushed from" : "pulled from", from.empty() ? "here" : from,
+                      s.bytes_moved() / 1e6, pushed ? "receive" : "pull", s.transfer_us() / 1e3,
+                      s.throughput_gb_per_s(), s.pull_allocate_us() / 1e3, s.pull_verify_us() / 1e3,
+                      s.install_us() / 1e3, s.pause_us() / 1e3, s.round_trip_us() / 1e3));
+}
+
+WeightsCore::PushSource::~PushSource() {
+  if (handle.id != 0) (void)data_plane->DeregisterMemory(handle);
+}
+
+absl::StatusOr<std::shared_ptr<WeightsCore::PushSource>> WeightsCore::PushSourceLocked(Version& v) {
+  if (v.push != nullptr) return v.push;
+  if (v.tensors.empty() || v.bytes.empty()) {
+    return absl::FailedPreconditionError("the version's tensors are not known (not a safetensors image)");
+  }
+  auto views = model::ParseSafetensorsViews(v.bytes, "the version");
+  if (!views.ok()) return views.status();
+  auto push = std::make_shared<PushSource>();
+  push->data_plane = data_plane_;
+  const reshard::Layout whole =
+      reshard::Layout::Tp(1, std::vector<reshard::Split>(v.tensors.size(), reshard::Split::kReplicated));
+  ASSIGN_OR_RETURN(push->plan, reshard::MakePlan(v.tensors, whole, whole));
+  // Into memory faulted in already when there is some: a retired push copy's, else an
+  // older version's that no round is using (pushes are almost always of the latest; an
+  // older one pushed again is repacked).
+  const uint64_t packed_bytes = push->plan.src_shard_bytes[0];
+  for (auto& [number, older] : versions_) {
+    if (packed_spare_.capacity() >= packed_bytes) break;
+    if (&older == &v || older.push == nullptr || older.push.use_count() > 1) continue;
+    (void)data_plane_->DeregisterMemory(older.push->handle);
+    older.push->handle = {};
+    packed_spare_ = std::move(older.push->packed);
+    older.push.reset();
+  }
+  push->packed = common::ReuseOrNewHugeString(std::move(packed_spare_), packed_bytes);
+  // The destination (one rank, every tensor whole) has the source's layout, so this
+  // service's digest share is computed in the same pass as the copy.
+  for (size_t t = 0; t < v.tensors.size(); ++t) {
+    auto view = views->find(v.tensors[t].name);
+    const reshard::ShardPart& part = push->plan.src_parts[0][t];
+    const uint64_t bytes = part.elements * reshard::DTypeSize(part.dtype);
+    if (view == views->end() || view->second.bytes.size() != bytes) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor `", v.tensors[t].name, "` is not in the image as listed"));
+    }
+    push->share += reshard::CopyAndDigest(push->packed.data() + part.offset, view->second.bytes.data(), bytes,
+                                          part.offset);
+  }
+  ASSIGN_OR_RETURN(push->handle, data_plane_->RegisterMemory(push->packed.data(), push->packed.size(),
+                                                             transport::MemoryKind::kHost, 0));
+  v.push = push;
+  return push;
+}
+
+std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<std::string> chain,
+                                                absl::Time deadline) {
+  // Each replica's state and data-plane address; one without, or already at the
+  // version, leaves the chain.
+  std::vector<std::shared_ptr<Destination>> destinations;
+  std::vector<std::string> not_pushed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : chain) {
+      auto d = destinations_.find(id);
+      destinations.push_back(d == destinations_.end() ? nullptr : d->second.destination);
+    }
+  }
+  std::vector<std::string> members, addresses;
+  std::vector<std::shared_ptr<Destination>> member_destinations;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (destinations[i] == nullptr) continue;  // (unregistered meanwhile: the pull says so)
+    absl::StatusOr<v1::GetInfoResponse> info = destinations[i]->Info(std::min(deadline, absl::Now() + absl::Seconds(5)));
+    if (info.ok() && info->installed_version().version() == version) {  // already there: nothing to move
+      absl::MutexLock lock(&mu_);
+      if (auto v = versions_.find(version); v != versions_.end()) {
+        v1::DestinationSyncStatus& s = v->second.status[chain[i]];
+        s.set_replica_id(chain[i]);
+        s.set_version(version);
+        s.set_phase(v1::SYNC_PHASE_INSTALLED);
+        s.clear_error();
+      }
+      continue;
+    }
+    if (!info.ok() || info->data_plane().worker_address().empty() || info->layout().world_size() > 1) {
+      not_pushed.push_back(chain[i]);
+      continue;
+    }
+    members.push_back(chain[i]);
+    addresses.push_back(info->data_plane().worker_address());
+    member_destinations.push_back(destinations[i]);
+  }
+  if (members.empty()) return not_pushed;
+
+  std::shared_ptr<PushSource> push;
+  std::unique_ptr<reshard::StagingPool> pool;
+  v1::WeightManifest manifest;
+  {
+    absl::MutexLock lock(&mu_);
+    auto v = versions_.find(version);
+    absl::StatusOr<std::shared_ptr<PushSource>> source =
+        v == versions_.end() ? absl::AbortedError("retired") : PushSourceLocked(v->second);
+    if (!source.ok()) {
+      Log(absl::StrCat("version ", version, ": not pushed (", source.status().ToString(), "); the replicas pull it"));
+      not_pushed.insert(not_pushed.end(), members.begin(), members.end());
+      return not_pushed;
+    }
+    push = *source;
+    manifest = v->second.manifest;
+    if (!pools_.empty()) {
+      pool = std::move(pools_.back());
+      pools_.pop_back();
+    }
+    ++v->second.in_flight;
+    for (const std::string& id : members) {
+      v1::DestinationSyncStatus& s = v->second.status[id];
+      s.set_replica_id(id);
+      s.set_version(version);
+      s.set_bytes_needed(push->plan.BytesNeeded());
+      s.set_phase(v1::SYNC_PHASE_TRANSFERRING);
+      s.clear_error();
+    }
+  }
+  if (pool == nullptr) pool = std::make_unique<reshard::StagingPool>(*data_plane_);
+
+  // The round: this service is source rank 0, the chain's replicas destination rank 0
+  // one after the other.
+  v1::ReshardRound round;
+  const reshard::Layout whole = push->plan.src;
+  *round.mutable_source_layout() = reshard::ModelLayoutToProto(push->plan.tensors, whole);
+  *round.mutable_destination_layout() = reshard::ModelLayoutToProto(push->plan.tensors, push->plan.dst);
+  round.add_digest_shares(push->share);
+  round.set_tag_epoch(static_cast<uint32_t>(version % 16));
+  round.set_map_peer_memory(true);
+  const absl::Duration round_timeout = push_round_timeout_;
+  round.set_round_timeout_ms(absl::ToInt64Milliseconds(round_timeout));
+  std::vector<absl::StatusOr<v1::CommitWeightsResponse>> results(members.size(), absl::UnknownError("not run"));
+  std::vector<absl::Duration> took(members.size());
+  absl::Status sent = absl::OkStatus();
+  reshard::ExecutionStats stats;
+  const absl::Time start = absl::Now();
+  {
+    std::vector<std::thread> threads;
+    absl::StatusOr<transport::PeerId> first = data_plane_->Connect(addresses[0]);
+    if (first.ok()) {
+      threads.emplace_back([&, peer = *first] {
+        reshard::SourceRole role{0, push->handle, {peer}};
+        auto ops = reshard::NewHostMemoryOps();
+        reshard::ExecutorOptions options;
+        options.map_peer_memory = true;
+        options.tag_epoch = static_cast<int>(version % 16);
+        options.timeout = std::min(round_timeout, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+        options.digests = false;  // (the shares were computed with the copy)
+        options.staging_pool = pool.get();
+        absl::StatusOr<reshard::ExecutionStats> executed =
+            reshard::Execute(*data_plane_, push->plan, &role, nullptr, *ops, options);
+        sent = executed.status();
+        if (executed.ok()) stats = *executed;
+      });
+    } else {
+      sent = first.status();
+    }
+    for (size_t i = 0; i < members.size() && first.ok(); ++i) {
+      v1::PrepareWeightsRequest request;
+      *request.mutable_manifest() = manifest;
+      *request.mutable_reshard() = round;
+      if (i == 0) {
+        request.mutable_reshard()->add_source_addresses(data_plane_->LocalAddress());
+      } else {
+        request.mutable_reshard()->set_relay_from(addresses[i - 1]);
+      }
+      if (i + 1 < members.size()) request.mutable_reshard()->set_forward_to(addresses[i + 1]);
+      request.set_transfer_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
+      threads.emplace_back([&, i, request = std::move(request)] {
+        const absl::Time begin = absl::Now();
+        results[i] = member_destinations[i]->Install(request, deadline);
+        took[i] = absl::Now() - begin;
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  absl::MutexLock lock(&mu_);
+  pools_.push_back(std::move(pool));
+  auto v = versions_.find(version);
+  if (v != versions_.end()) --v->second.in_flight;
+  int installed = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!results[i].ok()) {
+      if (results[i].status().code() == absl::StatusCode::kUnknown && !sent.ok()) results[i] = sent;  // (never asked)
+      Log(absl::StrFormat("version %d -> %s: the push failed after %.1f ms (%s); it pulls instead", version,
+                          members[i], absl::ToDoubleMilliseconds(took[i]), results[i].status().ToString()));
+      not_pushed.push_back(members[i]);
+      continue;
+    }
+    ++installed;
+    if (v == versions_.end()) continue;
+    v1::DestinationSyncStatus& s = v->second.status[members[i]];
+    RecordInstalledLocked(version, s, i == 0 ? "" : members[i - 1], *results[i], took[i], /*pushed=*/true);
+  }
+  Log(absl::StrFormat("version %d: pushed along a chain of %d in %.1f ms, %d installed; this service sent %.1f MB "
+                      "in %d rounds, %s (%s)",
+                      version, members.size(), absl::ToDoubleMilliseconds(absl::Now() - start), installed,
+                      stats.bytes_sent / 1e6, stats.rounds,
+                      stats.mapped_pairs > 0 ? "stored into the first replica's mapped memory" : "as tagged messages",
+                      sent.ok() ? "ok" : sent.ToString()));
+  return not_pushed;
 }
 
 absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1::SyncVersionResponse* response) {
   const absl::Duration timeout =
       request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms()) : absl::Seconds(120);
+  if (request.replica_id().empty()) {  // every destination, in one round
+    ASSIGN_OR_RETURN(std::vector<v1::DestinationSyncStatus> all, SyncAll(request.version(), timeout));
+    for (v1::DestinationSyncStatus& s : all) *response->add_destinations() = std::move(s);
+    return absl::OkStatus();
+  }
+  if (push_) {
+    const absl::Time deadline = absl::Now() + timeout;
+    uint64_t version;
+    {
+      absl::MutexLock lock(&mu_);
+      version = Resolve(request.version());
+      if (!versions_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+      if (!destinations_.count(request.replica_id())) {
+        return absl::NotFoundError(absl::StrCat("destination ", request.replica_id(), " is not registered"));
+      }
+    }
+    if (PushChain(version, {request.replica_id()}, deadline).empty()) {
+      absl::MutexLock lock(&mu_);
+      auto v = versions_.find(version);
+      if (v == versions_.end()) return absl::AbortedError(absl::StrCat("version ", version, " was retired meanwhile"));
+      *response->mutable_status() = v->second.status[request.replica_id()];
+      return absl::OkStatus();
+    }
+    absl::StatusOr<v1::DestinationSyncStatus> s =
+        Sync(request.replica_id(), version, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (!s.ok()) return s.status();
+    *response->mutable_status() = *s;
+    return absl::OkStatus();
+  }
   absl::StatusOr<v1::DestinationSyncStatus> s = Sync(request.replica_id(), request.version(), timeout);
   if (!s.ok()) return s.status();
   *response->mutable_status() = *s;
@@ -511,9 +727,28 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncAll(uint
     if (!versions_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
     for (const auto& [id, d] : destinations_) ids.push_back(id);
   }
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::string> pull = ids;
+  if (push_ && !ids.empty()) {
+    // Chains of replicas (--relay_fanout of them; 0: each replica its own), each pushed
+    // in one round; the replicas a push missed pull the version instead.
+    const size_t chains = relay_fanout_ > 0 ? std::min<size_t>(ids.size(), relay_fanout_) : ids.size();
+    std::vector<std::vector<std::string>> members(chains), missed(chains);
+    for (size_t i = 0; i < ids.size(); ++i) members[i % chains].push_back(ids[i]);
+    std::vector<std::thread> rounds;
+    for (size_t c = 0; c < chains; ++c) {
+      rounds.emplace_back([&, c] { missed[c] = PushChain(version, members[c], deadline); });
+    }
+    for (auto& t : rounds) t.join();
+    pull.clear();
+    for (const auto& m : missed) pull.insert(pull.end(), m.begin(), m.end());
+  }
   std::vector<std::thread> threads;
-  for (const std::string& id : ids)
-    threads.emplace_back([this, id, version, timeout] { (void)Sync(id, version, timeout); });
+  for (const std::string& id : pull) {
+    threads.emplace_back([this, id, version, deadline] {
+      (void)Sync(id, version, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    });
+  }
   for (auto& t : threads) t.join();
   std::vector<v1::DestinationSyncStatus> out;
   absl::MutexLock lock(&mu_);
@@ -556,7 +791,7 @@ absl::Status WeightsCore::GetPlan(const v1::GetPlanRequest& request, v1::GetPlan
         return absl::FailedPreconditionError(absl::StrCat("destination ", request.replica_id(),
                                                           "'s layout has no tensor `", t.name, "`"));
       }
-      ASSIGN_OR_RETURN(reshard::Split split, FromProto(kind->second, t.name));
+      ASSIGN_OR_RETURN(reshard::Split split, SplitFromProto(kind->second, t.name));
       dst.splits.push_back(split);
     }
   }

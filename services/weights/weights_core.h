@@ -8,9 +8,15 @@
 // while the others finish. With a relay fan-out, replicas that have a version serve it
 // to the next ones (a chain or tree), so this service's link carries each version at
 // most fan-out times. GetSyncStatus reports each destination's phase, bytes, timings
-// and whom it got the version from. Next slices: the libs/reshard executor per
-// destination layout (each rank of a multi-rank replica only its bytes; pipelined
-// relays). Thread-safe.
+// and whom it got the version from.
+//
+// Push (EnablePush): where a replica has a data plane (GetInfo's data_plane), a sync
+// pushes the version through libs/reshard's executor instead: this service is the
+// source rank of a plan into the replica's layout, the replica its destination rank
+// (each rank only its layout's bytes), and SyncAll chains the replicas (--relay_fanout
+// chains) so that each passes every chunk on to the next as it arrives. A replica the
+// push misses (no data plane, a relay that died, a stall) pulls the version instead,
+// within the same deadline. Thread-safe.
 #ifndef RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 #define RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 
@@ -25,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/reshard/executor.h"
 #include "libs/reshard/plan.h"
 #include "libs/transport/transport.h"
 #include "rlfleet/v1/rollout.pb.h"
@@ -40,6 +47,10 @@ class Destination {
   // `deadline` (DEADLINE_EXCEEDED).
   virtual absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
                                                             absl::Time deadline) = 0;
+  // The replica's state and data-plane endpoint (RolloutService.GetInfo).
+  virtual absl::StatusOr<v1::GetInfoResponse> Info(absl::Time deadline) {
+    return absl::UnimplementedError("this destination reports no info");
+  }
 };
 using DestinationFactory = std::function<std::unique_ptr<Destination>(const std::string& grpc_address)>;
 
@@ -66,6 +77,15 @@ class WeightsCore {
   using Logger = std::function<void(const std::string& line)>;
   void SetLogger(Logger logger) { logger_ = std::move(logger); }
 
+  // Push versions to replicas that have a data plane (see the class comment), each
+  // executor round waiting at most `round_timeout` for a peer (a stalled or dead relay
+  // costs that much before the replicas after it pull instead). Needs the data plane;
+  // set before serving.
+  void EnablePush(bool push, absl::Duration round_timeout = absl::Seconds(10)) {
+    push_ = push && data_plane_ != nullptr;
+    push_round_timeout_ = round_timeout;
+  }
+
   // Faults in `bytes` of memory now for the next version pulled (see --prefault_mib).
   void PrefaultVersionMemory(uint64_t bytes);
 
@@ -90,8 +110,9 @@ class WeightsCore {
   // version; the destination's error (DEADLINE_EXCEEDED past timeout_ms, UNAVAILABLE
   // for a dead replica), its status recorded as FAILED.
   absl::Status SyncVersion(const v1::SyncVersionRequest& request, v1::SyncVersionResponse* response);
-  // Every registered destination in parallel, each under `timeout`; returns each one's
-  // final status. NOT_FOUND for an unknown version.
+  // Every registered destination in parallel, each under `timeout` (pushed in chains
+  // where it can be, else pulled); returns each one's final status. NOT_FOUND for an
+  // unknown version.
   absl::StatusOr<std::vector<v1::DestinationSyncStatus>> SyncAll(uint64_t version, absl::Duration timeout);
   // The reshard plan of a version for one destination (libs/reshard): the version's
   // tensors (from its manifest's layout, else its safetensors header) in the trainer's
@@ -114,7 +135,18 @@ class WeightsCore {
     int children = 0;
     bool failed = false;
   };
+  // A version repacked in the planner's layout for pushing (one source rank holding
+  // every tensor whole), registered on the data plane; shared with the rounds using it.
+  struct PushSource {
+    ~PushSource();
+    transport::Transport* data_plane = nullptr;
+    std::string packed;
+    transport::MemoryHandle handle;
+    reshard::Plan plan;  // to one destination rank holding every tensor whole
+    uint64_t share = 0;  // this source's share of that rank's digest
+  };
   struct Version {
+    std::shared_ptr<PushSource> push;  // built by the first push
     std::vector<Holder> holders;
     int root_children = 0;  // replicas this service sent it to itself
     int in_flight = 0;      // syncs of it under way
@@ -137,6 +169,15 @@ class WeightsCore {
   absl::StatusOr<v1::DestinationSyncStatus> Sync(const std::string& replica_id, uint64_t version,
                                                  absl::Duration timeout);
   uint64_t Resolve(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes `version` along `chain` (replica ids): this service sends it to the first,
+  // each relays every chunk to the next. Returns the replicas it did not install on
+  // (to pull instead); the others' status is INSTALLED.
+  std::vector<std::string> PushChain(uint64_t version, std::vector<std::string> chain, absl::Time deadline);
+  absl::StatusOr<std::shared_ptr<PushSource>> PushSourceLocked(Version& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records an install in the destination's status and the log.
+  void RecordInstalledLocked(uint64_t version, v1::DestinationSyncStatus& s, const std::string& from,
+                             const v1::CommitWeightsResponse& installed, absl::Duration took, bool pushed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void RetireLocked(std::map<uint64_t, Version>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -151,11 +192,16 @@ class WeightsCore {
   const DestinationFactory factory_;
   transport::Transport* const data_plane_;
   const int relay_fanout_;
+  bool push_ = false;
+  absl::Duration push_round_timeout_ = absl::Seconds(10);
   Logger logger_;
   absl::Mutex mu_;
   std::map<std::string, Registered> destinations_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Version> versions_ ABSL_GUARDED_BY(mu_);
   std::string spare_ ABSL_GUARDED_BY(mu_);  // a retired version's memory, for the next pull
+  std::string packed_spare_ ABSL_GUARDED_BY(mu_);  // a retired push copy's, for the next
+  // The executor's staging and mappings, one per round in flight.
+  std::vector<std::unique_ptr<reshard::StagingPool>> pools_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rlfleet::weights

@@ -31,6 +31,15 @@ class GrpcDestination : public Destination {
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("replica ", address_, ": ", s.message()));
     return response;
   }
+  absl::StatusOr<v1::GetInfoResponse> Info(absl::Time deadline) override {
+    if (stub_ == nullptr) return error_;
+    std::unique_ptr<grpc::ClientContext> context =
+        rpc::NewCallContext(options_, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    v1::GetInfoResponse response;
+    absl::Status s = rpc::ToAbslStatus(stub_->GetInfo(context.get(), {}, &response));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("replica ", address_, ": ", s.message()));
+    return response;
+  }
 
  private:
   const rpc::ClientOptions options_;

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -213,15 +214,16 @@ TEST(WeightsService, ATrainerWithWeightsHandsItsVersionsOnItself) {
   }
 }
 
-// The relay tree between real processes (--relay_fanout=1: a chain): the first replica
-// pulls the version from rlfleet-weights, the next from the replica before it; a relay
-// killed with -9 is replaced by rlfleet-weights for the replica it would have fed.
+// The pull relay tree between real processes (--push=false --relay_fanout=1: a chain):
+// the first replica pulls the version from rlfleet-weights, the next from the replica
+// before it; a relay killed with -9 is replaced by rlfleet-weights for the replica it
+// would have fed.
 TEST(WeightsService, ReplicasRelayTheVersionAndADeadRelayIsReplaced) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/relayed";
   Subprocess trainer, weights;
   Subprocess rollouts[3];
   auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer", {"--publish_dir=" + dir, "--threads=1"});
-  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--relay_fanout=1"});
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--relay_fanout=1", "--push=false"});
   ASSERT_TRUE(t.ok() && w.ok()) << trainer.output() << weights.output();
   auto service = Stub<v1::WeightsService>(*w);
   std::vector<std::string> addresses;
@@ -306,6 +308,85 @@ TEST(WeightsService, AControllerRunPublishesThroughIt) {
   EXPECT_EQ(info.installed_version().version(), status.destinations(0).version());
   EXPECT_GE(info.installed_version().version(), 1u);
   for (Subprocess* p : {&controller, &weights, &rollout, &trainer, &buffer, &reward}) {
+    ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
+  }
+}
+
+// Push between real processes (rlfleet-weights --relay_fanout=1, push on by default):
+// one SyncVersion for every replica pushes the version through the resharding executor
+// along a chain (each replica relaying every chunk to the next as it arrives, over UCX
+// shared memory); every replica serves it. With a replica killed with -9, the next
+// version reaches the others, and only the dead one is FAILED, within the deadline.
+TEST(WeightsService, OneSyncPushesTheVersionAlongAChainOfReplicas) {
+  Subprocess trainer, weights;
+  Subprocess rollouts[3];
+  auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer", {"--threads=1"});
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--relay_fanout=1"});
+  ASSERT_TRUE(t.ok() && w.ok()) << trainer.output() << weights.output();
+  auto service = Stub<v1::WeightsService>(*w);
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 3; ++i) {
+    auto r = testing::StartService(rollouts[i], "services/rollout/rlfleet-rollout", {"--threads=1"});
+    ASSERT_TRUE(r.ok()) << rollouts[i].output();
+    addresses.push_back(*r);
+    Register(*service, absl::StrCat("r", i), *r);
+  }
+  v1::PublishWeightsResponse published;
+  ASSERT_TRUE(Stub<v1::TrainerService>(*t)->PublishWeights(Context().get(), {}, &published).ok());
+  auto publish = [&](uint64_t version) {
+    v1::PublishVersionRequest request;
+    *request.mutable_manifest() = published.manifest();
+    request.mutable_manifest()->mutable_version()->set_version(version);
+    *request.add_sources()->add_shards()->mutable_location() = published.location();
+    v1::PublishVersionResponse accepted;
+    grpc::Status s = service->PublishVersion(Context().get(), request, &accepted);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  };
+  auto sync_all = [&] {
+    v1::SyncVersionRequest sync;  // (no replica_id: every destination)
+    sync.set_commit(true);
+    sync.set_timeout_ms(60000);
+    v1::SyncVersionResponse synced;
+    grpc::Status s = service->SyncVersion(Context().get(), sync, &synced);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    std::map<std::string, v1::DestinationSyncStatus> out;
+    for (const auto& d : synced.destinations()) out[d.replica_id()] = d;
+    return out;
+  };
+  const uint64_t first = published.manifest().version().version();
+  publish(first);
+  auto status = sync_all();
+  ASSERT_EQ(status.size(), 3u);
+  const std::map<std::string, std::string> parent = {{"r0", ""}, {"r1", "r0"}, {"r2", "r1"}};
+  for (const auto& [id, s] : status) {
+    EXPECT_EQ(s.phase(), v1::SYNC_PHASE_INSTALLED) << id << ": " << s.error() << weights.output();
+    EXPECT_TRUE(s.pushed()) << id << weights.output();
+    EXPECT_EQ(s.relayed_from(), parent.at(id)) << id;
+    EXPECT_GT(s.transfer_us(), 0) << id;
+  }
+  for (int i = 0; i < 3; ++i) {
+    v1::GetInfoResponse info;
+    ASSERT_TRUE(Stub<v1::RolloutService>(addresses[i])->GetInfo(Context().get(), {}, &info).ok());
+    EXPECT_EQ(info.installed_version().version(), first) << "r" << i;
+    EXPECT_FALSE(info.data_plane().worker_address().empty()) << "r" << i;
+  }
+  // r1 dies: the next version goes to r0 and r2; r1 is FAILED.
+  ASSERT_TRUE(rollouts[1].Signal(SIGKILL).ok());
+  ASSERT_TRUE(rollouts[1].Wait(absl::Seconds(10)).ok());
+  publish(first + 1);
+  const absl::Time start = absl::Now();
+  status = sync_all();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(45));
+  EXPECT_EQ(status["r1"].phase(), v1::SYNC_PHASE_FAILED);
+  for (const std::string id : {"r0", "r2"}) {
+    EXPECT_EQ(status[id].phase(), v1::SYNC_PHASE_INSTALLED) << id << ": " << status[id].error();
+    EXPECT_EQ(status[id].version(), first + 1) << id;
+  }
+  v1::GetInfoResponse info;
+  ASSERT_TRUE(Stub<v1::RolloutService>(addresses[2])->GetInfo(Context().get(), {}, &info).ok());
+  EXPECT_EQ(info.installed_version().version(), first + 1);
+  for (Subprocess* p : {&trainer, &weights, &rollouts[0], &rollouts[2]}) {
     ASSERT_TRUE(p->Signal(SIGTERM).ok());
     EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
   }

@@ -97,5 +97,30 @@ TEST(UcxMapRemoteTest, SharedMemoryRegionsMapAndOthersAreUnimplemented) {
   EXPECT_EQ(tcp->MapRemote(1, *descriptor).status().code(), absl::StatusCode::kUnimplemented);
 }
 
+// Deregistering memory whose key was described waits for every peer's ack that it
+// holds the key no more; a peer that this transport connected to but that never
+// connected back used to ignore the revoke (it knew no endpoint to answer on), so every
+// such deregister waited out the whole revoke timeout (a relaying replica, serving its
+// next version, waited 5 s on the weights service). It now connects back and answers.
+TEST(UcxRevokeTest, ADeregisterDoesNotWaitForAPeerThatNeverConnectedBack) {
+  for (const std::string tls : {"tcp", "posix,cma,self"}) {
+    SCOPED_TRACE(tls);
+    UcxOptions options;
+    options.tls = tls;
+    options.revoke_timeout = absl::Seconds(30);
+    auto owner = UcxTransport::Create(options);
+    auto other = UcxTransport::Create(options);
+    ASSERT_TRUE(owner.ok() && other.ok());
+    ASSERT_TRUE((*owner)->Connect((*other)->LocalAddress()).ok());  // (and never the other way)
+    std::vector<uint8_t> memory(1 << 16);
+    auto region = (*owner)->RegisterMemory(memory.data(), memory.size(), MemoryKind::kHost, 0);
+    ASSERT_TRUE(region.ok());
+    ASSERT_TRUE((*owner)->Describe(*region).ok());
+    const absl::Time start = absl::Now();
+    EXPECT_TRUE((*owner)->DeregisterMemory(*region).ok());
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  }
+}
+
 }  // namespace
 }  // namespace rlfleet::transport::testing

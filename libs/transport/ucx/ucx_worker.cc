@@ -350,7 +350,17 @@ ucs_status_t Impl::OnAm(void* arg, const void* /*header*/, size_t /*header_lengt
 
 void Impl::HandleRevoke(uint64_t owner, uint64_t registration, uint64_t seq) {
   auto it = by_instance_.find(owner);
-  if (it == by_instance_.end()) return;  // never connected: nothing to revoke, nobody to ack
+  if (it == by_instance_.end()) {
+    // The owner connected to us but we never to it: we hold none of its keys, but it
+    // waits for our ack (it used to wait out revoke_timeout, 5 s, on every deregister:
+    // a relaying replica serving its next version). Connect back to answer.
+    auto hello = hello_addresses_.find(owner);
+    if (hello == hello_addresses_.end()) return;  // never heard of it: it does not wait for us
+    const std::string address = hello->second;
+    if (!ConnectOnThread(address, /*send_hello=*/false).ok()) return;
+    it = by_instance_.find(owner);
+    if (it == by_instance_.end()) return;
+  }
   Peer* peer = it->second;
   peer->revoked.insert(registration);
   if (peer->inflight[registration] > 0) {

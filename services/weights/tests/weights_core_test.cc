@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "libs/common/checksum.h"
 #include "libs/model/safetensors.h"
+#include "libs/reshard/round.h"
 #include "libs/transport/descriptor_fetcher.h"
 #include "libs/transport/loopback/loopback_transport.h"
 
@@ -470,10 +471,10 @@ TEST(WeightsRelay, ARelayThatIsGoneIsReplacedByThisService) {
   EXPECT_EQ(f.made["r2:1"]->copy, f.file);
   // The log tells the story: who got it from where, and the failed relay.
   ASSERT_EQ(log.size(), 4u) << absl::StrJoin(log, "\n");
-  EXPECT_TRUE(absl::StrContains(log[0], "version 5 -> r0 (from here): installed")) << log[0];
+  EXPECT_TRUE(absl::StrContains(log[0], "version 5 -> r0 (pulled from here): installed")) << log[0];
   EXPECT_TRUE(absl::StrContains(log[1], "the relay from r0 failed")) << log[1];
-  EXPECT_TRUE(absl::StrContains(log[2], "version 5 -> r1 (from here): installed")) << log[2];
-  EXPECT_TRUE(absl::StrContains(log[3], "version 5 -> r2 (from r1): installed")) << log[3];
+  EXPECT_TRUE(absl::StrContains(log[2], "version 5 -> r1 (pulled from here): installed")) << log[2];
+  EXPECT_TRUE(absl::StrContains(log[3], "version 5 -> r2 (pulled from r1): installed")) << log[3];
 }
 
 // GetPlan: the version's tensors (from its safetensors header) from the trainer's one
@@ -554,6 +555,186 @@ TEST(WeightsPlan, TheVersionIsPlannedInTheDestinationsLayout) {
   EXPECT_EQ(lacking.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(lacking.message(), "norm")) << lacking;
 }
+
+namespace push {
+
+// A replica with a data plane of its own: told a reshard round, it receives its shard
+// (libs/reshard's ShardReceiver) and keeps the tensors; told a pull, it pulls the image.
+// `dies` makes it a replica that is gone when the round comes (its transport closed).
+struct PushedReplica : Destination {
+  std::unique_ptr<transport::LoopbackTransport> transport = transport::LoopbackTransport::Create();
+  reshard::ShardReceiver receiver{*transport};
+  bool has_data_plane = true;
+  bool dies = false;
+  uint64_t installed = 0;
+  std::map<std::string, std::string> tensors;  // what it installed, pushed
+  std::string pulled;                          // or pulled
+  int pushes = 0;
+  absl::StatusOr<v1::GetInfoResponse> Info(absl::Time) override {
+    v1::GetInfoResponse info;
+    info.mutable_installed_version()->set_version(installed);
+    if (has_data_plane) info.mutable_data_plane()->set_worker_address(transport->LocalAddress());
+    return info;
+  }
+  absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
+                                                    absl::Time deadline) override {
+    if (dies) {
+      transport->Close();
+      return absl::UnavailableError("replica gone");
+    }
+    v1::CommitWeightsResponse r;
+    if (request.has_reshard()) {
+      ++pushes;
+      auto received = receiver.Receive(request.reshard(), deadline);
+      if (!received.ok()) return received.status();
+      for (size_t t = 0; t < received->plan.tensors.size(); ++t) {
+        tensors[received->plan.tensors[t].name] = std::string(received->Part(t));
+      }
+      r.set_pull_us(absl::ToInt64Microseconds(received->transfer));
+    } else {
+      transport::DescriptorFetcher fetcher(transport.get());
+      absl::StatusOr<std::string> bytes = fetcher.Fetch(request.chunks(0).source(), deadline);
+      if (!bytes.ok()) return bytes.status();
+      pulled = *bytes;
+    }
+    installed = request.manifest().version().version();
+    *r.mutable_installed_version() = request.manifest().version();
+    return r;
+  }
+};
+
+// The tensors of the version pushed: a few shapes and dtypes (an odd size among them).
+std::map<std::string, model::TensorBlob> Tensors() {
+  std::map<std::string, model::TensorBlob> out;
+  auto fill = [](size_t bytes, char seed) {
+    std::string b(bytes, 0);
+    for (size_t i = 0; i < bytes; ++i) b[i] = static_cast<char>(seed + i * 7 + (i >> 8));
+    return b;
+  };
+  out["embed"] = {"F32", {300, 64}, fill(300 * 64 * 4, 1)};
+  out["layer.0.w"] = {"BF16", {63, 17}, fill(63 * 17 * 2, 2)};
+  out["layer.0.b"] = {"F32", {17}, fill(17 * 4, 3)};
+  return out;
+}
+
+struct PushFixture {
+  explicit PushFixture(int replicas, int fanout)
+      : core(
+            [this](const std::string& address) -> std::unique_ptr<Destination> {
+              auto d = std::make_unique<PushedReplica>();
+              made[address] = d.get();
+              return d;
+            },
+            service_side.get(), fanout) {
+    core.EnablePush(true, absl::Seconds(2));
+    for (int i = 0; i < replicas; ++i) {
+      v1::RegisterDestinationRequest reg;
+      reg.set_replica_id(absl::StrCat("r", i));
+      reg.set_grpc_address(absl::StrCat("r", i, ":1"));
+      v1::RegisterDestinationResponse registered;
+      EXPECT_TRUE(core.RegisterDestination(reg, &registered).ok());
+    }
+  }
+  void PublishImage(uint64_t version) {
+    const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/push-v", version);
+    ASSERT_TRUE(model::WriteSafetensors(path, Tensors()).ok());
+    std::ifstream in(path, std::ios::binary);
+    image.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    v1::PublishVersionRequest r;
+    r.mutable_manifest()->mutable_version()->set_version(version);
+    v1::TransferDescriptor* where = r.add_sources()->add_shards()->mutable_location();
+    where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
+    where->mutable_segment()->set_worker_address(path);
+    where->set_length_bytes(image.size());
+    where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+    where->mutable_digest()->set_value(common::Xxh64(image));
+    v1::PublishVersionResponse published;
+    ASSERT_TRUE(core.PublishVersion(r, &published).ok());
+  }
+  std::map<std::string, v1::DestinationSyncStatus> SyncAll() {
+    v1::SyncVersionRequest sync;  // (no replica_id: every destination)
+    sync.set_timeout_ms(30000);
+    v1::SyncVersionResponse synced;
+    absl::Status s = core.SyncVersion(sync, &synced);
+    EXPECT_TRUE(s.ok()) << s;
+    std::map<std::string, v1::DestinationSyncStatus> out;
+    for (const auto& d : synced.destinations()) out[d.replica_id()] = d;
+    return out;
+  }
+  std::unique_ptr<transport::Transport> service_side = transport::LoopbackTransport::Create();
+  std::map<std::string, PushedReplica*> made;
+  WeightsCore core;
+  std::string image;
+};
+
+void ExpectEveryTensor(const PushedReplica& r, const std::string& id) {
+  for (const auto& [name, blob] : Tensors()) {
+    auto it = r.tensors.find(name);
+    ASSERT_NE(it, r.tensors.end()) << id << " lacks " << name;
+    EXPECT_EQ(it->second, blob.bytes) << id << ": " << name;
+  }
+}
+
+// One SyncVersion for all: the version is pushed along a chain (fan-out 1), each
+// replica relaying every chunk to the next; every replica has every tensor exactly,
+// this service sent one copy, and the status says who relayed to whom.
+TEST(WeightsPush, AChainOfReplicasGetsEveryTensorFromOnePush) {
+  PushFixture f(3, 1);
+  f.PublishImage(4);
+  auto status = f.SyncAll();
+  ASSERT_EQ(status.size(), 3u);
+  uint64_t tensor_bytes = 0;
+  for (const auto& [name, blob] : Tensors()) tensor_bytes += blob.bytes.size();
+  const std::map<std::string, std::string> parent = {{"r0", ""}, {"r1", "r0"}, {"r2", "r1"}};
+  for (const auto& [id, s] : status) {
+    EXPECT_EQ(s.phase(), v1::SYNC_PHASE_INSTALLED) << id << ": " << s.error();
+    EXPECT_TRUE(s.pushed()) << id;
+    EXPECT_EQ(s.relayed_from(), parent.at(id)) << id;
+    EXPECT_EQ(s.bytes_moved(), tensor_bytes) << id;  // the layout's bytes, not the image's
+    ExpectEveryTensor(*f.made[id + ":1"], id);
+    EXPECT_EQ(f.made[id + ":1"]->pushes, 1) << id;
+  }
+  // The same version again: already installed everywhere, nothing moves.
+  status = f.SyncAll();
+  for (const auto& [id, s] : status) {
+    EXPECT_EQ(s.phase(), v1::SYNC_PHASE_INSTALLED) << id;
+    EXPECT_EQ(f.made[id + ":1"]->pushes, 1) << id;
+  }
+  // The next version reuses the memory and the mappings, and lands as exactly.
+  f.PublishImage(5);
+  status = f.SyncAll();
+  for (const auto& [id, s] : status) {
+    EXPECT_EQ(s.phase(), v1::SYNC_PHASE_INSTALLED) << id << ": " << s.error();
+    EXPECT_EQ(s.version(), 5u);
+    ExpectEveryTensor(*f.made[id + ":1"], id);
+  }
+}
+
+// A replica without a data plane is pulled to; a replica that is gone when the round
+// comes breaks the chain after it: the replicas the push missed pull the version
+// within the same call, and only the dead one is FAILED, with its reason.
+TEST(WeightsPush, ReplicasThePushMissesPullTheVersionInstead) {
+  PushFixture f(4, 1);
+  f.made["r1:1"]->dies = true;
+  f.made["r3:1"]->has_data_plane = false;
+  f.PublishImage(7);
+  const absl::Time start = absl::Now();
+  auto status = f.SyncAll();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  ASSERT_EQ(status.size(), 4u);
+  EXPECT_EQ(status["r1"].phase(), v1::SYNC_PHASE_FAILED);
+  EXPECT_TRUE(absl::StrContains(status["r1"].error(), "replica gone")) << status["r1"].error();
+  EXPECT_EQ(status["r3"].phase(), v1::SYNC_PHASE_INSTALLED) << status["r3"].error();
+  EXPECT_FALSE(status["r3"].pushed());
+  EXPECT_EQ(f.made["r3:1"]->pulled, f.image);
+  // r0 relayed to the dead r1 (its forward failed) and r2 waited for r1: both pulled.
+  for (const std::string id : {"r0", "r2"}) {
+    EXPECT_EQ(status[id].phase(), v1::SYNC_PHASE_INSTALLED) << id << ": " << status[id].error();
+    EXPECT_TRUE(status[id].pushed() || f.made[id + ":1"]->pulled == f.image) << id;
+  }
+}
+
+}  // namespace push
 
 }  // namespace
 }  // namespace rlfleet::weights
