@@ -20,10 +20,14 @@ ABSL_FLAG(bool, push, true,
           "its layout's bytes; with --relay_fanout, chains that relay every chunk as it arrives); a replica the "
           "push misses pulls instead. false: every replica pulls.");
 
+ABSL_FLAG(int, keep_versions, 2,
+          "The newest this many versions stay in memory for syncs (>= 1); older ones give their memory to the "
+          "next version pulled from the trainer, so that no publish faults in fresh memory.");
+
 ABSL_FLAG(int64_t, prefault_mib, 0,
-          "Fault in this much memory at start for the first version pulled from the trainer (about the model's "
-          "f32 size), so that the first publish does not pay for fresh memory; later versions reuse retired "
-          "ones'. 0: none.");
+          "Fault in this much memory at start for each of the first --keep_versions versions pulled from the "
+          "trainer (about the model's f32 size), and for the push copy, so that no publish pays for fresh memory; "
+          "later versions reuse older ones'. 0: none.");
 
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-weights: weight-broadcast service.");
@@ -45,6 +49,7 @@ int main(int argc, char** argv) {
       [client](const std::string& address) { return rlfleet::weights::NewGrpcDestination(client, address); },
       data_plane->get(), std::max(0, absl::GetFlag(FLAGS_relay_fanout)));
   core.EnablePush(absl::GetFlag(FLAGS_push));
+  core.SetKeepVersions(absl::GetFlag(FLAGS_keep_versions));
   core.SetLogger([](const std::string& line) { std::cout << "rlfleet-weights: " << line << std::endl; });
   if (absl::GetFlag(FLAGS_prefault_mib) > 0) {
     core.PrefaultVersionMemory(static_cast<uint64_t>(absl::GetFlag(FLAGS_prefault_mib)) << 20);

@@ -166,22 +166,39 @@ WeightsCore::~WeightsCore() {
 }
 
 void WeightsCore::PrefaultVersionMemory(uint64_t bytes) {
-  std::string memory = common::NewHugeString(bytes);
-  std::string packed = push_ ? common::NewHugeString(bytes) : std::string();  // (the push copy's)
+  // One buffer per version kept (the first versions then fault in nothing either), and
+  // the push copy's.
+  std::vector<std::string> memory;
+  for (int i = 0; i < keep_versions_; ++i) memory.push_back(common::NewHugeString(bytes));
+  std::string packed = push_ ? common::NewHugeString(bytes) : std::string();
   absl::MutexLock lock(&mu_);
-  spare_ = std::move(memory);
+  spares_ = std::move(memory);
   packed_spare_ = std::move(packed);
 }
 
-void WeightsCore::RetireLocked(std::map<uint64_t, Version>::iterator it) {
-  if (it->second.registered) (void)data_plane_->DeregisterMemory(*it->second.registered);
+void WeightsCore::ReleaseBytesLocked(Version& v) {
+  if (v.registered) (void)data_plane_->DeregisterMemory(*v.registered);
+  v.registered.reset();
   // Its memory (no longer registered) takes the next version pulled.
-  if (it->second.bytes.capacity() > spare_.capacity()) spare_ = std::move(it->second.bytes);
-  if (PushSource* p = it->second.push.get(); p != nullptr && it->second.push.use_count() == 1) {
+  if (v.bytes.capacity() > 0) {
+    spares_.push_back(std::move(v.bytes));
+    // (the largest kept, at most one per version kept)
+    std::sort(spares_.begin(), spares_.end(),
+              [](const std::string& a, const std::string& b) { return a.capacity() > b.capacity(); });
+    if (spares_.size() > static_cast<size_t>(keep_versions_)) spares_.resize(keep_versions_);
+  }
+  v.bytes = std::string();
+  if (PushSource* p = v.push.get(); p != nullptr && v.push.use_count() == 1) {
     (void)data_plane_->DeregisterMemory(p->handle);
     p->handle = {};
     if (p->packed.capacity() > packed_spare_.capacity()) packed_spare_ = std::move(p->packed);
   }
+  v.push.reset();
+  v.released = true;
+}
+
+void WeightsCore::RetireLocked(std::map<uint64_t, Version>::iterator it) {
+  ReleaseBytesLocked(it->second);
   versions_.erase(it);
 }
 
@@ -271,7 +288,19 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   std::string reuse;  // a retired version's memory, if there is one
   {
     absl::MutexLock lock(&mu_);
-    reuse.swap(spare_);
+    // Versions beyond the newest keep_versions (this one counted) that no sync is
+    // moving give their memory up first, so that this pull reuses it: a fresh 400 MB
+    // buffer on this VM costs 0.5-1 s to fault in, and the trainer waits for this call.
+    int newer = 1;
+    for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
+      if (++newer > keep_versions_ && !it->second.released && it->second.in_flight == 0 && data_plane_ != nullptr) {
+        ReleaseBytesLocked(it->second);
+      }
+    }
+    if (!spares_.empty()) {
+      reuse = std::move(spares_.front());  // (the largest)
+      spares_.erase(spares_.begin());
+    }
   }
   absl::StatusOr<std::string> fetched =
       sharded ? AssembleSharded(request, data_plane_, fetch, absl::Now() + fetch.timeout, std::move(reuse))
@@ -351,6 +380,11 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   return absl::OkStatus();
 }
 
+absl::Status WeightsCore::ReleasedError(uint64_t version) const {
+  return absl::FailedPreconditionError(absl::StrCat("version ", version, " is no longer held here (only the newest ",
+                                                    keep_versions_, " are, --keep_versions): sync a newer one"));
+}
+
 uint64_t WeightsCore::Resolve(uint64_t version) {
   if (version == 0 && !versions_.empty()) return versions_.rbegin()->first;
   return version;
@@ -397,6 +431,7 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
       version = Resolve(version);
       auto v = versions_.find(version);
       if (v == versions_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+      if (v->second.released) return ReleasedError(version);
       auto d = destinations_.find(replica_id);
       if (d == destinations_.end())
         return absl::NotFoundError(absl::StrCat("destination ", replica_id, " is not registered"));
@@ -487,6 +522,7 @@ WeightsCore::PushSource::~PushSource() {
 
 absl::StatusOr<std::shared_ptr<WeightsCore::PushSource>> WeightsCore::PushSourceLocked(Version& v) {
   if (v.push != nullptr) return v.push;
+  if (v.released) return ReleasedError(v.manifest.version().version());
   if (v.tensors.empty() || v.bytes.empty()) {
     return absl::FailedPreconditionError("the version's tensors are not known (not a safetensors image)");
   }

@@ -20,6 +20,7 @@
 #ifndef RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 #define RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -59,7 +60,9 @@ class WeightsCore {
   // With a `data_plane` (not owned), each published version is kept in memory
   // registered with it and replicas pull it from there (a UCX descriptor: no shared
   // filesystem between this service and the replicas); without one they get the
-  // trainer's FILE descriptor. The latest 8 versions are kept.
+  // trainer's FILE descriptor. The records (status) of the latest 8 versions are kept,
+  // the bytes of the newest SetKeepVersions (default 2: a replica may still be syncing
+  // the one before), so that each version pulled reuses an older one's memory.
   //
   // Relay tree (`relay_fanout` > 0, with a data plane): this service sends a version to
   // at most `relay_fanout` replicas itself; every replica that has it serves it to at
@@ -86,7 +89,11 @@ class WeightsCore {
     push_round_timeout_ = round_timeout;
   }
 
-  // Faults in `bytes` of memory now for the next version pulled (see --prefault_mib).
+  // How many of the newest versions keep their bytes (>= 1); set before serving.
+  void SetKeepVersions(int versions) { keep_versions_ = std::max(1, versions); }
+
+  // Faults in `bytes` of memory now for each of the next keep_versions versions pulled
+  // (see --prefault_mib); set SetKeepVersions first.
   void PrefaultVersionMemory(uint64_t bytes);
 
   // INVALID_ARGUMENT naming the field (replica_id, grpc_address).
@@ -160,6 +167,7 @@ class WeightsCore {
     std::optional<transport::MemoryHandle> registered;
     v1::TransferDescriptor staging;   // `bytes` on the data plane
     std::map<std::string, v1::DestinationSyncStatus> status;  // by replica_id
+    bool released = false;  // its bytes were given up (older than keep_versions_)
   };
   struct Registered {
     std::string grpc_address;
@@ -180,6 +188,9 @@ class WeightsCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void RetireLocked(std::map<uint64_t, Version>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives a version's memory up (to the next pull); its record stays.
+  void ReleaseBytesLocked(Version& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReleasedError(uint64_t version) const;
 
   // Picks where `replica_id` pulls `version` from (waiting up to `deadline` for a sender
   // with room): the index of a holder, or -1 for this service. Takes the slot.
@@ -193,12 +204,15 @@ class WeightsCore {
   transport::Transport* const data_plane_;
   const int relay_fanout_;
   bool push_ = false;
+  int keep_versions_ = 2;
   absl::Duration push_round_timeout_ = absl::Seconds(10);
   Logger logger_;
   absl::Mutex mu_;
   std::map<std::string, Registered> destinations_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Version> versions_ ABSL_GUARDED_BY(mu_);
-  std::string spare_ ABSL_GUARDED_BY(mu_);  // a retired version's memory, for the next pull
+  // Retired versions' memory (and what PrefaultVersionMemory faulted in), largest
+  // first, for the next pulls.
+  std::vector<std::string> spares_ ABSL_GUARDED_BY(mu_);
   std::string packed_spare_ ABSL_GUARDED_BY(mu_);  // a retired push copy's, for the next
   // The executor's staging and mappings, one per round in flight.
   std::vector<std::unique_ptr<reshard::StagingPool>> pools_ ABSL_GUARDED_BY(mu_);

@@ -734,6 +734,27 @@ TEST(WeightsPush, ReplicasThePushMissesPullTheVersionInstead) {
   }
 }
 
+// Only the newest two versions keep their bytes (their memory goes to the next pull): an
+// older one asked for is FAILED_PRECONDITION saying so, the newer ones still sync.
+TEST(WeightsPush, VersionsOlderThanTheKeptOnesAreRefusedByName) {
+  PushFixture f(1, 1);
+  for (uint64_t v : {4, 5, 6}) f.PublishImage(v);
+  v1::SyncVersionRequest sync;
+  sync.set_replica_id("r0");
+  sync.set_version(4);
+  v1::SyncVersionResponse synced;
+  absl::Status s = f.core.SyncVersion(sync, &synced);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "keep_versions")) << s;
+  for (uint64_t v : {5, 6}) {
+    sync.set_version(v);
+    s = f.core.SyncVersion(sync, &synced);
+    EXPECT_TRUE(s.ok()) << v << ": " << s;
+    EXPECT_EQ(synced.status().phase(), v1::SYNC_PHASE_INSTALLED) << v;
+  }
+  ExpectEveryTensor(*f.made["r0:1"], "r0");
+}
+
 }  // namespace push
 
 }  // namespace
