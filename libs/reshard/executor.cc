@@ -359,10 +359,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   };
   auto finish_oldest = [&]() -> absl::Status {
     Round& round = in_flight.front();
-    absl::Status s = round.done->Wait(options.timeout);
-    if (!s.ok()) {
-      return common::Annotate(s, absl::StrCat("resharding round ", round.index, " of ", rounds));
-    }
+    RETURN_IF_ERROR(internal::Await(*round.done, options, absl::StrCat("resharding round ", round.index, " of ", rounds)));
     for (const auto& [message, offset] : round.unpack) {
       uint64_t pos = 0;
       for (const Range& piece : message->pieces) {
@@ -380,11 +377,8 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
     return absl::OkStatus();
   };
   auto finish_forward = [&]() -> absl::Status {
-    absl::Status s = forwards.front().done->Wait(options.timeout);
-    if (!s.ok()) {
-      return common::Annotate(s, absl::StrCat("forwarding resharding round ", forwards.front().index,
-                                              " to the next replica"));
-    }
+    RETURN_IF_ERROR(internal::Await(*forwards.front().done, options,
+                          absl::StrCat("forwarding resharding round ", forwards.front().index, " to the next replica")));
     forwards.pop_front();
     return absl::OkStatus();
   };

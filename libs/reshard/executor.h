@@ -113,6 +113,7 @@ struct ExecutorOptions {
   uint64_t direct_min_bytes = 256ull << 10;
   int depth = 4;
   absl::Duration timeout = absl::Seconds(60);  // per round
+  absl::Time deadline = absl::InfiniteFuture();  // for the whole call
   bool digests = true;                          // compute the sources' digest shares
   // Where a pair's two ends share a host (Transport::MapRemote), the sender stores the
   // bytes straight into the destination's shard (the digest in the same pass; column

@@ -3,12 +3,14 @@
 #ifndef RLFLEET_LIBS_RESHARD_EXECUTOR_INTERNAL_H_
 #define RLFLEET_LIBS_RESHARD_EXECUTOR_INTERNAL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "libs/common/status_macros.h"
 #include "libs/reshard/executor.h"
 
@@ -51,8 +53,10 @@ constexpr uint64_t kHelloIndex = (uint64_t{1} << kTagIndexBits) - 1;
 constexpr uint64_t kAnswerIndex = kHelloIndex - 1;
 inline uint64_t NoticeIndex(uint64_t round) { return kAnswerIndex - 1 - round; }
 
-inline absl::Status Await(Completion& c, absl::Duration timeout, const std::string& what) {
-  absl::Status s = c.Wait(timeout);
+// Waits for `c` at most the per-round timeout and never past the call's deadline.
+inline absl::Status Await(Completion& c, const ExecutorOptions& options, const std::string& what) {
+  const absl::Duration left = options.deadline - absl::Now();
+  absl::Status s = c.Wait(std::max(absl::ZeroDuration(), std::min(options.timeout, left)));
   return s.ok() ? s : common::Annotate(s, what);
 }
 

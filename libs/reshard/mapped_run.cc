@@ -69,7 +69,6 @@ uint64_t MappedRun::ForwardLink(size_t j) const { return (sends_.size() + recvs_
 absl::Status MappedRun::Negotiate(const transport::MemoryHandle& control) {
   control_ = control;
   base_ = static_cast<uint8_t*>(control.base);
-  const absl::Duration timeout = options_.timeout;
   const bool host = ops_.kind() == transport::MemoryKind::kHost;
   std::vector<std::unique_ptr<Completion>> hellos_in, forward_hellos_in, answers_in;
   // Receives still posted when this returns (it failed) are withdrawn: a later Execute
@@ -91,7 +90,7 @@ absl::Status MappedRun::Negotiate(const transport::MemoryHandle& control) {
     // A relay first learns whether it can map the next replica's shard.
     bool can = host;
     for (size_t j = 0; j < recvs_.size(); ++j) {
-      RETURN_IF_ERROR(Await(*forward_hellos_in[j], timeout,
+      RETURN_IF_ERROR(Await(*forward_hellos_in[j], options_,
                             absl::StrCat("waiting for the next replica's resharding hello (source rank ",
                                          pairs_[recvs_[j]].src_rank, ")")));
       v1::RemoteMemoryDescriptor d;
@@ -132,17 +131,17 @@ absl::Status MappedRun::Negotiate(const transport::MemoryHandle& control) {
     Pair& p = pairs_[recvs_[j]];
     const std::string from = absl::StrCat(destination_->relay_from != 0 ? "the previous replica" : "source rank ",
                                           destination_->relay_from != 0 ? "" : absl::StrCat(p.src_rank));
-    RETURN_IF_ERROR(Await(*answers_in[j], timeout,
+    RETURN_IF_ERROR(Await(*answers_in[j], options_,
                           absl::StrCat("waiting for the resharding answer of ", from,
                                        " (do all ranks set the same map_peer_memory?)")));
-    RETURN_IF_ERROR(Await(*hellos_out[j], timeout, absl::StrCat("sending the resharding hello to ", from)));
+    RETURN_IF_ERROR(Await(*hellos_out[j], options_, absl::StrCat("sending the resharding hello to ", from)));
     p.mapped = base_[RecvLink(j) + kHelloBytes] == 1;
   }
   // Our answers to the destinations we send to, and to the next replica.
   std::vector<std::unique_ptr<Completion>> answers_out;
   for (size_t k = 0; k < sends_.size(); ++k) {
     Pair& p = pairs_[sends_[k]];
-    RETURN_IF_ERROR(Await(*hellos_in[k], timeout,
+    RETURN_IF_ERROR(Await(*hellos_in[k], options_,
                           absl::StrCat("waiting for destination rank ", p.peer_rank,
                                        "'s resharding hello (do all ranks set the same map_peer_memory?)")));
     v1::RemoteMemoryDescriptor d;
@@ -165,7 +164,7 @@ absl::Status MappedRun::Negotiate(const transport::MemoryHandle& control) {
                                     ForwardLink(j) + kHelloBytes, 1));
     }
   }
-  for (auto& c : answers_out) RETURN_IF_ERROR(Await(*c, timeout, "sending a resharding answer"));
+  for (auto& c : answers_out) RETURN_IF_ERROR(Await(*c, options_, "sending a resharding answer"));
   for (const Pair& p : pairs_) stats_.mapped_pairs += p.mapped ? (!p.send && forward_ ? 2 : 1) : 0;
   return absl::OkStatus();
 }
@@ -175,7 +174,6 @@ absl::Status MappedRun::Negotiate(const transport::MemoryHandle& control) {
 // for round k's notice and, as a relay, stores the round into the next replica's
 // shard and passes the notice on.
 absl::Status MappedRun::Run() {
-  const absl::Duration timeout = options_.timeout;
   const uint64_t table = (sends_.size() + 2 * recvs_.size()) * kLinkBytes;
   auto* round_index = reinterpret_cast<uint64_t*>(base_ + table);
   for (uint64_t k = 0; k < rounds_; ++k) round_index[k] = k;
@@ -245,7 +243,7 @@ absl::Status MappedRun::Run() {
     for (size_t j = 0; j < recvs_.size(); ++j) {
       const Pair& p = pairs_[recvs_[j]];
       if (!p.mapped || k >= p.rounds()) continue;
-      RETURN_IF_ERROR(Await(*notices[j][k], timeout,
+      RETURN_IF_ERROR(Await(*notices[j][k], options_,
                             absl::StrCat("resharding round ", k, " of ", p.rounds(), " from source rank ",
                                          p.src_rank, " (mapped)")));
       for (size_t m = p.round_start[k]; m < p.round_start[k + 1]; ++m) {
@@ -268,7 +266,7 @@ absl::Status MappedRun::Run() {
       }
     }
   }
-  for (auto& c : sent) RETURN_IF_ERROR(Await(*c, timeout, "sending a resharding round notice"));
+  for (auto& c : sent) RETURN_IF_ERROR(Await(*c, options_, "sending a resharding round notice"));
   return absl::OkStatus();
 }
 

@@ -26,6 +26,12 @@ constexpr std::pair<Split, v1::LayoutKind> kSplits[] = {{Split::kReplicated, v1:
 constexpr int kMaxTensors = 4096;
 constexpr int kMaxSourceRanks = 1024;
 constexpr int kMaxDestinationRanks = 64;
+// What a round may describe at most: a tensor's elements, a model's bytes (sizes come
+// from the network: checked before anything is allocated or multiplied further).
+constexpr uint64_t kMaxElements = uint64_t{1} << 40;
+constexpr uint64_t kMaxModelBytes = uint64_t{1} << 40;  // 1 TiB
+constexpr uint64_t kMinChunkBytes = 256, kMaxChunkBytes = uint64_t{1} << 30;
+constexpr uint64_t kMaxChunks = uint64_t{1} << 20;  // chunks of the whole plan
 
 }  // namespace
 
@@ -72,6 +78,7 @@ absl::StatusOr<ModelLayout> ModelLayoutFromProto(const v1::ShardLayout& proto, a
   ModelLayout out;
   out.layout.ranks = static_cast<int>(proto.world_size());
   std::map<std::string, int> seen;
+  uint64_t model_bytes = 0;
   for (int i = 0; i < proto.tensors_size(); ++i) {
     const v1::TensorLayout& t = proto.tensors(i);
     const std::string& name = t.spec().name();
@@ -85,6 +92,18 @@ absl::StatusOr<ModelLayout> ModelLayoutFromProto(const v1::ShardLayout& proto, a
     }
     TensorSpec spec{name, {t.spec().shape().begin(), t.spec().shape().end()}, *dtype};
     if (spec.shape.empty()) spec.shape = {1};  // a scalar
+    uint64_t elements = 1;
+    for (int64_t d : spec.shape) {
+      if (d < 1 || static_cast<uint64_t>(d) > kMaxElements / elements) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".tensors[", i, "].spec.shape: `", name,
+                                                       "` has a dimension < 1 or more than 2^40 elements"));
+      }
+      elements *= static_cast<uint64_t>(d);
+    }
+    model_bytes += elements * DTypeSize(*dtype);
+    if (model_bytes > kMaxModelBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".tensors: more than 1 TiB of tensors"));
+    }
     out.tensors.push_back(std::move(spec));
     out.layout.splits.push_back(*split);
   }
@@ -109,12 +128,13 @@ absl::StatusOr<Plan> PlanOfRound(const v1::ReshardRound& round) {
   ASSIGN_OR_RETURN(ModelLayout src, ModelLayoutFromProto(round.source_layout(), "source_layout", kMaxSourceRanks));
   Layout dst;
   if (round.destination_layout().tensors_size() == 0) {
-    dst = Layout::Tp(std::max<int>(1, static_cast<int>(round.destination_layout().world_size())),
-                     std::vector<Split>(src.tensors.size(), Split::kReplicated));
-    if (dst.ranks > kMaxDestinationRanks) {
-      return absl::InvalidArgumentError(absl::StrCat("destination_layout.world_size: ", dst.ranks, "; want 1..",
+    if (round.destination_layout().world_size() > static_cast<uint32_t>(kMaxDestinationRanks)) {
+      return absl::InvalidArgumentError(absl::StrCat("destination_layout.world_size: ",
+                                                     round.destination_layout().world_size(), "; want 1..",
                                                      kMaxDestinationRanks));
     }
+    dst = Layout::Tp(std::max<int>(1, static_cast<int>(round.destination_layout().world_size())),
+                     std::vector<Split>(src.tensors.size(), Split::kReplicated));
   } else {
     ASSIGN_OR_RETURN(ModelLayout wanted,
                      ModelLayoutFromProto(round.destination_layout(), "destination_layout", kMaxDestinationRanks));
@@ -151,10 +171,20 @@ absl::StatusOr<Plan> PlanOfRound(const v1::ReshardRound& round) {
     return absl::InvalidArgumentError(
         absl::StrCat("digest_shares: ", round.digest_shares_size(), " shares for ", sources, " source ranks"));
   }
+  if (round.chunk_bytes() != 0 && (round.chunk_bytes() < kMinChunkBytes || round.chunk_bytes() > kMaxChunkBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes: ", round.chunk_bytes(), "; want 0 (16 MiB) or 256 B..1 GiB"));
+  }
   if (round.tag_epoch() > 15) {
     return absl::InvalidArgumentError(absl::StrCat("tag_epoch: ", round.tag_epoch(), "; want 0..15"));
   }
-  return MakePlan(src.tensors, src.layout, dst);
+  ASSIGN_OR_RETURN(Plan plan, MakePlan(src.tensors, src.layout, dst));
+  const uint64_t chunk = round.chunk_bytes() == 0 ? ExecutorOptions().chunk_bytes : round.chunk_bytes();
+  if (plan.BytesMoved() / chunk > kMaxChunks) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes: ", chunk, " cuts the plan's ", plan.BytesMoved(),
+                                                   " bytes into more than 2^20 chunks"));
+  }
+  return plan;
 }
 
 absl::StatusOr<std::vector<uint64_t>> SourceDigestShares(const Plan& plan, int src_rank, const uint8_t* shard) {
@@ -237,6 +267,7 @@ absl::StatusOr<ShardReceiver::Received> ShardReceiver::Receive(const v1::Reshard
   options.timeout = std::min(round.round_timeout_ms() > 0 ? absl::Milliseconds(round.round_timeout_ms())
                                                           : absl::Seconds(10),
                              std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+  options.deadline = deadline;
   options.digests = false;  // (a destination's own; the sources' shares come with the round)
   options.staging_pool = &pool_;
   const absl::Time transfer_start = absl::Now();

@@ -365,6 +365,18 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
       return absl::FailedPreconditionError(
           absl::StrCat("version ", version, " is not newer than the installed ", core_->installed_version()));
     }
+    // The round's sizes against this model's before any memory is taken for it (they
+    // come from the network; each tensor is checked when installed).
+    absl::StatusOr<reshard::Plan> plan = reshard::PlanOfRound(req.reshard());
+    if (!plan.ok()) return common::Annotate(plan.status(), "reshard");
+    v1::GetInfoResponse info;
+    RETURN_IF_ERROR(core_->GetInfo(&info));
+    const uint64_t most = model::F32ImageBytesBound(info.model().num_parameters());
+    if (plan->dst_shard_bytes[req.reshard().rank()] > most) {
+      return absl::InvalidArgumentError(absl::StrCat("reshard.source_layout: the round's tensors are ",
+                                                     plan->dst_shard_bytes[req.reshard().rank()],
+                                                     " bytes; this replica's model holds at most ", most));
+    }
     if (!receive_mu_.TryLock()) {
       return absl::FailedPreconditionError("a pushed version is being received; retry after it");
     }

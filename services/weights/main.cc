@@ -21,7 +21,7 @@ ABSL_FLAG(bool, push, true,
           "push misses pulls instead. false: every replica pulls.");
 
 ABSL_FLAG(int, keep_versions, 2,
-          "The newest this many versions stay in memory for syncs (>= 1); older ones give their memory to the "
+          "The newest this many versions stay in memory for syncs (2..8); older ones give their memory to the "
           "next version pulled from the trainer, so that no publish faults in fresh memory.");
 
 ABSL_FLAG(int64_t, prefault_mib, 0,
@@ -49,6 +49,12 @@ int main(int argc, char** argv) {
       [client](const std::string& address) { return rlfleet::weights::NewGrpcDestination(client, address); },
       data_plane->get(), std::max(0, absl::GetFlag(FLAGS_relay_fanout)));
   core.EnablePush(absl::GetFlag(FLAGS_push));
+  if (absl::GetFlag(FLAGS_keep_versions) < 2 || absl::GetFlag(FLAGS_keep_versions) > 8) {
+    std::cerr << "rlfleet-weights: --keep_versions: want 2..8 (the latest stays syncable while the next is "
+                 "pulled), got "
+              << absl::GetFlag(FLAGS_keep_versions) << "\n";
+    return 2;
+  }
   core.SetKeepVersions(absl::GetFlag(FLAGS_keep_versions));
   core.SetLogger([](const std::string& line) { std::cout << "rlfleet-weights: " << line << std::endl; });
   if (absl::GetFlag(FLAGS_prefault_mib) > 0) {

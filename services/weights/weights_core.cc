@@ -176,18 +176,13 @@ void WeightsCore::PrefaultVersionMemory(uint64_t bytes) {
   packed_spare_ = std::move(packed);
 }
 
-void WeightsCore::ReleaseBytesLocked(Version& v) {
-  if (v.registered) (void)data_plane_->DeregisterMemory(*v.registered);
+WeightsCore::Released WeightsCore::ReleaseBytesLocked(Version& v) {
+  Released out;
+  out.registered = v.registered;
+  out.bytes = std::move(v.bytes);
   v.registered.reset();
-  // Its memory (no longer registered) takes the next version pulled.
-  if (v.bytes.capacity() > 0) {
-    spares_.push_back(std::move(v.bytes));
-    // (the largest kept, at most one per version kept)
-    std::sort(spares_.begin(), spares_.end(),
-              [](const std::string& a, const std::string& b) { return a.capacity() > b.capacity(); });
-    if (spares_.size() > static_cast<size_t>(keep_versions_)) spares_.resize(keep_versions_);
-  }
   v.bytes = std::string();
+  // (a push copy is never described to a peer: deregistering it waits for nobody)
   if (PushSource* p = v.push.get(); p != nullptr && v.push.use_count() == 1) {
     (void)data_plane_->DeregisterMemory(p->handle);
     p->handle = {};
@@ -195,10 +190,26 @@ void WeightsCore::ReleaseBytesLocked(Version& v) {
   }
   v.push.reset();
   v.released = true;
+  return out;
+}
+
+void WeightsCore::KeepSparesLocked(std::vector<std::string> memory) {
+  for (std::string& m : memory) {
+    if (m.capacity() > 0) spares_.push_back(std::move(m));
+  }
+  // (the largest kept, at most one per version kept)
+  std::sort(spares_.begin(), spares_.end(),
+            [](const std::string& a, const std::string& b) { return a.capacity() > b.capacity(); });
+  if (spares_.size() > static_cast<size_t>(keep_versions_)) spares_.resize(keep_versions_);
 }
 
 void WeightsCore::RetireLocked(std::map<uint64_t, Version>::iterator it) {
-  ReleaseBytesLocked(it->second);
+  // (versions this old have given their bytes up already, unless a sync held them)
+  Released r = ReleaseBytesLocked(it->second);
+  if (r.registered) (void)data_plane_->DeregisterMemory(*r.registered);
+  std::vector<std::string> memory;
+  memory.push_back(std::move(r.bytes));
+  KeepSparesLocked(std::move(memory));
   versions_.erase(it);
 }
 
@@ -287,16 +298,28 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   const transport::DescriptorFetcher::Options fetch = TrainerFetch();
   std::string reuse;  // a retired version's memory, if there is one
   {
-    absl::MutexLock lock(&mu_);
     // Versions beyond the newest keep_versions (this one counted) that no sync is
     // moving give their memory up first, so that this pull reuses it: a fresh 400 MB
     // buffer on this VM costs 0.5-1 s to fault in, and the trainer waits for this call.
-    int newer = 1;
-    for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
-      if (++newer > keep_versions_ && !it->second.released && it->second.in_flight == 0 && data_plane_ != nullptr) {
-        ReleaseBytesLocked(it->second);
+    // (Deregistering waits for the peers that know the key: not under the lock.)
+    std::vector<Released> released;
+    {
+      absl::MutexLock lock(&mu_);
+      int newer = 1;
+      for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
+        if (++newer > keep_versions_ && !it->second.released && it->second.in_flight == 0 &&
+            it->second.pushing == 0 && data_plane_ != nullptr) {
+          released.push_back(ReleaseBytesLocked(it->second));
+        }
       }
     }
+    std::vector<std::string> memory;
+    for (Released& r : released) {
+      if (r.registered) (void)data_plane_->DeregisterMemory(*r.registered);
+      memory.push_back(std::move(r.bytes));
+    }
+    absl::MutexLock lock(&mu_);
+    KeepSparesLocked(std::move(memory));
     if (!spares_.empty()) {
       reuse = std::move(spares_.front());  // (the largest)
       spares_.erase(spares_.begin());
@@ -580,7 +603,10 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
   std::vector<std::string> members, addresses;
   std::vector<std::shared_ptr<Destination>> member_destinations;
   for (size_t i = 0; i < chain.size(); ++i) {
-    if (destinations[i] == nullptr) continue;  // (unregistered meanwhile: the pull says so)
+    if (destinations[i] == nullptr) {  // (unregistered meanwhile: the pull says so)
+      not_pushed.push_back(chain[i]);
+      continue;
+    }
     absl::StatusOr<v1::GetInfoResponse> info = destinations[i]->Info(std::min(deadline, absl::Now() + absl::Seconds(5)));
     if (info.ok() && info->installed_version().version() == version) {  // already there: nothing to move
       absl::MutexLock lock(&mu_);
@@ -593,7 +619,9 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
       }
       continue;
     }
-    if (!info.ok() || info->data_plane().worker_address().empty() || info->layout().world_size() > 1) {
+    // (a replica already past the version refuses it: the pull says so without a round)
+    if (!info.ok() || info->data_plane().worker_address().empty() || info->layout().world_size() > 1 ||
+        info->installed_version().version() > version) {
       not_pushed.push_back(chain[i]);
       continue;
     }
@@ -605,6 +633,7 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
 
   std::shared_ptr<PushSource> push;
   std::unique_ptr<reshard::StagingPool> pool;
+  uint32_t epoch = 0;  // (each round its own: a failed round's leftovers never match the next)
   v1::WeightManifest manifest;
   {
     absl::MutexLock lock(&mu_);
@@ -622,7 +651,8 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
       pool = std::move(pools_.back());
       pools_.pop_back();
     }
-    ++v->second.in_flight;
+    ++v->second.pushing;
+    epoch = next_epoch_++ % 16;
     for (const std::string& id : members) {
       v1::DestinationSyncStatus& s = v->second.status[id];
       s.set_replica_id(id);
@@ -641,7 +671,7 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
   *round.mutable_source_layout() = reshard::ModelLayoutToProto(push->plan.tensors, whole);
   *round.mutable_destination_layout() = reshard::ModelLayoutToProto(push->plan.tensors, push->plan.dst);
   round.add_digest_shares(push->share);
-  round.set_tag_epoch(static_cast<uint32_t>(version % 16));
+  round.set_tag_epoch(epoch);
   round.set_map_peer_memory(true);
   const absl::Duration round_timeout = push_round_timeout_;
   round.set_round_timeout_ms(absl::ToInt64Milliseconds(round_timeout));
@@ -659,7 +689,8 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
         auto ops = reshard::NewHostMemoryOps();
         reshard::ExecutorOptions options;
         options.map_peer_memory = true;
-        options.tag_epoch = static_cast<int>(version % 16);
+        options.tag_epoch = static_cast<int>(epoch);
+        options.deadline = deadline;
         options.timeout = std::min(round_timeout, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
         options.digests = false;  // (the shares were computed with the copy)
         options.staging_pool = pool.get();
@@ -693,7 +724,7 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
   absl::MutexLock lock(&mu_);
   pools_.push_back(std::move(pool));
   auto v = versions_.find(version);
-  if (v != versions_.end()) --v->second.in_flight;
+  if (v != versions_.end()) --v->second.pushing;
   int installed = 0;
   for (size_t i = 0; i < members.size(); ++i) {
     if (!results[i].ok()) {
@@ -701,6 +732,11 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
       Log(absl::StrFormat("version %d -> %s: the push failed after %.1f ms (%s); it pulls instead", version,
                           members[i], absl::ToDoubleMilliseconds(took[i]), results[i].status().ToString()));
       not_pushed.push_back(members[i]);
+      if (v != versions_.end()) {  // (until the pull's own status)
+        v1::DestinationSyncStatus& s = v->second.status[members[i]];
+        s.set_phase(v1::SYNC_PHASE_FAILED);
+        s.set_error(absl::StrCat("push: ", results[i].status().ToString()));
+      }
       continue;
     }
     ++installed;

@@ -89,8 +89,9 @@ class WeightsCore {
     push_round_timeout_ = round_timeout;
   }
 
-  // How many of the newest versions keep their bytes (>= 1); set before serving.
-  void SetKeepVersions(int versions) { keep_versions_ = std::max(1, versions); }
+  // How many of the newest versions keep their bytes (2..8: the latest stays syncable
+  // while the next is pulled); set before serving.
+  void SetKeepVersions(int versions) { keep_versions_ = std::clamp(versions, 2, 8); }
 
   // Faults in `bytes` of memory now for each of the next keep_versions versions pulled
   // (see --prefault_mib); set SetKeepVersions first.
@@ -156,7 +157,8 @@ class WeightsCore {
     std::shared_ptr<PushSource> push;  // built by the first push
     std::vector<Holder> holders;
     int root_children = 0;  // replicas this service sent it to itself
-    int in_flight = 0;      // syncs of it under way
+    int in_flight = 0;      // pulls of it under way
+    int pushing = 0;        // push rounds of it under way
     v1::WeightManifest manifest;
     int64_t trainer_pause_us = 0;
     int64_t read_us = 0;
@@ -188,8 +190,14 @@ class WeightsCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void RetireLocked(std::map<uint64_t, Version>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives a version's memory up (to the next pull); its record stays.
-  void ReleaseBytesLocked(Version& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a version's memory away (for the next pull; the caller deregisters it, outside
+  // the lock where it can); its record stays.
+  struct Released {
+    std::optional<transport::MemoryHandle> registered;
+    std::string bytes;
+  };
+  Released ReleaseBytesLocked(Version& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void KeepSparesLocked(std::vector<std::string> memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReleasedError(uint64_t version) const;
 
   // Picks where `replica_id` pulls `version` from (waiting up to `deadline` for a sender
@@ -205,6 +213,7 @@ class WeightsCore {
   const int relay_fanout_;
   bool push_ = false;
   int keep_versions_ = 2;
+  uint32_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the next push round's tag epoch (mod 16)
   absl::Duration push_round_timeout_ = absl::Seconds(10);
   Logger logger_;
   absl::Mutex mu_;

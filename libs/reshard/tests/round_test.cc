@@ -64,6 +64,16 @@ TEST(ReshardRound, ARoundThatDoesNotFitIsRefusedNamingTheField) {
   r.set_tag_epoch(16);
   refused(r, "tag_epoch");
   r = round;
+  r.set_chunk_bytes(8);
+  refused(r, "chunk_bytes");
+  r = round;
+  r.mutable_source_layout()->mutable_tensors(0)->mutable_spec()->set_shape(0, int64_t{1} << 40);
+  refused(r, "source_layout.tensors[0].spec.shape");  // (nothing allocated for it)
+  r = round;
+  r.mutable_destination_layout()->clear_tensors();
+  r.mutable_destination_layout()->set_world_size(0xffffffffu);
+  refused(r, "destination_layout.world_size");
+  r = round;
   r.mutable_destination_layout()->mutable_tensors(2)->mutable_spec()->set_name("z");
   refused(r, "destination_layout.tensors: no tensor `c`");
   r = round;
@@ -200,6 +210,13 @@ TEST(ReshardRound, ASourceThatNeverComesIsAnErrorAtTheRoundTimeout) {
   ASSERT_FALSE(received.ok());
   EXPECT_EQ(received.status().code(), absl::StatusCode::kDeadlineExceeded) << received.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // The call's deadline bounds it too, whatever the round timeout.
+  round.set_round_timeout_ms(600000);
+  const absl::Time begin = absl::Now();
+  received = receiver.Receive(round, absl::Now() + absl::Milliseconds(300));
+  ASSERT_FALSE(received.ok());
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kDeadlineExceeded) << received.status();
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(10));
   // A source that died is UNAVAILABLE.
   source->Close();
   received = receiver.Receive(round, absl::Now() + absl::Seconds(30));
