@@ -76,8 +76,9 @@ registered buffer
 start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --registry_address="$ADDR_controller"
 registered trainer
 # Every version the trainer publishes goes through the weights service, which checks
-# its digest and has each rollout replica install it.
-start weights weights/rlfleet-weights --registry_address="$ADDR_controller"
+# its digest and pushes it to the rollout replicas (with RLFLEET_DEMO_ROLLOUTS > 1,
+# chained: each relays every chunk to the next as it arrives).
+start weights weights/rlfleet-weights --registry_address="$ADDR_controller" --relay_fanout=1
 registered weights
 ROLLOUTS="${RLFLEET_DEMO_ROLLOUTS:-1}"
 for i in $(seq 1 "$ROLLOUTS"); do

@@ -133,8 +133,9 @@ start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" "${MODEL[@]}" \
   --registry_address="$CONTROLLER" || fail "trainer"
 CORE_PIDS+=("$PID")
 registered trainer || fail "trainer"
-# Replicas relay each version to each other (a tree of fan-out 2), so rlfleet-weights
-# sends it at most twice however many replicas there are.
+# Versions are pushed to the replicas in two relay chains (each replica passing every
+# chunk on to the next as it arrives), so rlfleet-weights sends each at most twice
+# however many replicas there are.
 start weights "$BIN/weights/rlfleet-weights" --registry_address="$CONTROLLER" \
   --relay_fanout="${RLFLEET_RELAY_FANOUT:-2}" || fail "weights"
 CORE_PIDS+=("$PID")

@@ -193,6 +193,13 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request,
   return absl::OkStatus();
 }
 
+std::vector<absl::Status> RolloutReplica::UpdateWeightsTogether(const std::vector<RolloutReplica*>& replicas,
+                                                                const v1::PrepareWeightsRequest& request) {
+  std::vector<absl::Status> out;
+  for (RolloutReplica* r : replicas) out.push_back(r->UpdateWeights(request));
+  return out;
+}
+
 absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request) {
   absl::MutexLock lock(&mu_);
   weights_ = request;
@@ -202,13 +209,26 @@ absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request
     if (log_) log_(absl::StrCat("rollout replica ", replicas_.back().peer->address(), " admitted"));
   }
   waiting_.clear();
+  std::vector<Replica*> alive;
+  std::vector<RolloutReplica*> peers;
   for (Replica& replica : replicas_) {
     if (!replica.alive) continue;
-    absl::Status s = replica.peer->UpdateWeights(request);
-    if (s.ok() || absl::IsFailedPrecondition(s)) continue;  // installed, or had it already
-    if (!ReplicaFailure(s)) return s;
-    Drop(replica, s, "");
+    alive.push_back(&replica);
+    peers.push_back(replica.peer.get());
   }
+  const std::vector<absl::Status> installed =
+      peers.empty() ? std::vector<absl::Status>() : peers[0]->UpdateWeightsTogether(peers, request);
+  absl::Status fatal;
+  for (size_t i = 0; i < alive.size(); ++i) {
+    const absl::Status& s = i < installed.size() ? installed[i] : absl::InternalError("no status for the replica");
+    if (s.ok() || absl::IsFailedPrecondition(s)) continue;  // installed, or had it already
+    if (!ReplicaFailure(s)) {
+      if (fatal.ok()) fatal = s;
+      continue;
+    }
+    Drop(*alive[i], s, "");
+  }
+  if (!fatal.ok()) return fatal;
   for (const Replica& r : replicas_) {
     if (r.alive) return absl::OkStatus();
   }

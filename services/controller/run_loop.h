@@ -31,6 +31,11 @@ class RolloutReplica {
                                      v1::GenerateBatchResponse* response) = 0;
   // FAILED_PRECONDITION when the replica already has the version.
   virtual absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) = 0;
+  // Installs the version on `replicas` (this one among them), a status for each in
+  // their order: together where their route can (one weights-service round, the
+  // replicas chained), else one after the other.
+  virtual std::vector<absl::Status> UpdateWeightsTogether(const std::vector<RolloutReplica*>& replicas,
+                                                          const v1::PrepareWeightsRequest& request);
   // Stops it taking new work (it is leaving the pool).
   virtual absl::Status Drain() = 0;
 };

@@ -2,6 +2,8 @@
 
 #include <grpcpp/client_context.h>
 
+#include <map>
+
 #include "libs/common/status_macros.h"
 #include "libs/rpc/status_conversion.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
@@ -89,6 +91,14 @@ class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {
 class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
  public:
   using Peer::Peer;
+  // Registers the replica as a destination (idempotent).
+  absl::Status Register(const std::string& replica_address) {
+    v1::RegisterDestinationRequest reg;
+    reg.set_replica_id(replica_address);
+    reg.set_grpc_address(replica_address);
+    v1::RegisterDestinationResponse registered;
+    return rpc::ToAbslStatus(stub_->RegisterDestination(Context().get(), reg, &registered));
+  }
   absl::Status Publish(const v1::PublishWeightsResponse& published) override {
     v1::PublishVersionRequest request;
     *request.mutable_manifest() = published.manifest();
@@ -97,12 +107,38 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     v1::PublishVersionResponse response;
     return rpc::ToAbslStatus(stub_->PublishVersion(Context().get(), request, &response));
   }
+  std::vector<absl::Status> InstallAll(const std::vector<std::string>& replica_addresses,
+                                       const v1::PrepareWeightsRequest& request) override {
+    std::vector<absl::Status> out(replica_addresses.size());
+    v1::SyncVersionRequest sync;
+    sync.set_version(request.manifest().version().version());
+    sync.set_commit(true);
+    for (size_t i = 0; i < replica_addresses.size(); ++i) {
+      out[i] = Register(replica_addresses[i]);
+      if (out[i].ok()) sync.add_replica_ids(replica_addresses[i]);
+    }
+    if (sync.replica_ids_size() == 0) return out;
+    v1::SyncVersionResponse synced;
+    const absl::Status s = rpc::ToAbslStatus(stub_->SyncVersion(Context().get(), sync, &synced));
+    std::map<std::string, absl::Status> by_id;
+    for (const v1::DestinationSyncStatus& d : synced.destinations()) {
+      by_id[d.replica_id()] = d.phase() == v1::SYNC_PHASE_INSTALLED
+                                  ? absl::OkStatus()
+                                  : absl::Status(d.error_code() != 0 ? static_cast<absl::StatusCode>(d.error_code())
+                                                                     : absl::StatusCode::kUnknown,
+                                                 d.error());
+    }
+    for (size_t i = 0; i < replica_addresses.size(); ++i) {
+      if (!out[i].ok()) continue;
+      auto it = by_id.find(replica_addresses[i]);
+      out[i] = !s.ok()               ? s
+               : it != by_id.end()   ? it->second
+                                     : absl::InternalError("the weights service reported no status for the replica");
+    }
+    return out;
+  }
   absl::Status Install(const std::string& replica_address, const v1::PrepareWeightsRequest& request) override {
-    v1::RegisterDestinationRequest reg;
-    reg.set_replica_id(replica_address);
-    reg.set_grpc_address(replica_address);
-    v1::RegisterDestinationResponse registered;
-    RETURN_IF_ERROR(rpc::ToAbslStatus(stub_->RegisterDestination(Context().get(), reg, &registered)));
+    RETURN_IF_ERROR(Register(replica_address));
     v1::SyncVersionRequest sync;
     sync.set_replica_id(replica_address);
     sync.set_version(request.manifest().version().version());
@@ -139,6 +175,18 @@ class ReplicaThroughWeights : public RolloutReplica {
   }
   absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) override {
     return route_->Install(inner_->address(), request);
+  }
+  std::vector<absl::Status> UpdateWeightsTogether(const std::vector<RolloutReplica*>& replicas,
+                                                  const v1::PrepareWeightsRequest& request) override {
+    std::vector<std::string> addresses;
+    for (RolloutReplica* r : replicas) {
+      auto* through = dynamic_cast<ReplicaThroughWeights*>(r);
+      if (through == nullptr || through->route_ != route_) {  // (not all through this route: one by one)
+        return RolloutReplica::UpdateWeightsTogether(replicas, request);
+      }
+      addresses.push_back(r->address());
+    }
+    return route_->InstallAll(addresses, request);
   }
   absl::Status Drain() override { return inner_->Drain(); }
 

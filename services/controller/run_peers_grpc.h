@@ -37,6 +37,10 @@ class WeightsRoute {
   virtual absl::Status Publish(const v1::PublishWeightsResponse& published) = 0;
   // Registers the replica as a destination (idempotent) and has it install the version.
   virtual absl::Status Install(const std::string& replica_address, const v1::PrepareWeightsRequest& request) = 0;
+  // The same for several replicas in one round (the weights service chains them, so its
+  // link carries each byte once per chain); a status per address, in their order.
+  virtual std::vector<absl::Status> InstallAll(const std::vector<std::string>& replica_addresses,
+                                               const v1::PrepareWeightsRequest& request) = 0;
 };
 
 // The trainer, publishing each version to `route` too.

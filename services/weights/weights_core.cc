@@ -504,6 +504,7 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
       }
       s.set_phase(v1::SYNC_PHASE_FAILED);
       s.set_error(installed.status().ToString());
+      s.set_error_code(static_cast<int32_t>(installed.status().code()));
       Log(absl::StrFormat("version %d -> %s: FAILED after %.1f ms: %s", version, replica_id,
                           absl::ToDoubleMilliseconds(took), installed.status().ToString()));
       return installed.status();
@@ -736,6 +737,7 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
         v1::DestinationSyncStatus& s = v->second.status[members[i]];
         s.set_phase(v1::SYNC_PHASE_FAILED);
         s.set_error(absl::StrCat("push: ", results[i].status().ToString()));
+        s.set_error_code(static_cast<int32_t>(results[i].status().code()));
       }
       continue;
     }
@@ -754,10 +756,18 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
 }
 
 absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1::SyncVersionResponse* response) {
+  if (!request.replica_id().empty() && request.replica_ids_size() > 0) {
+    return absl::InvalidArgumentError("replica_ids: give either replica_id or replica_ids");
+  }
   const absl::Duration timeout =
       request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms()) : absl::Seconds(120);
-  if (request.replica_id().empty()) {  // every destination, in one round
-    ASSIGN_OR_RETURN(std::vector<v1::DestinationSyncStatus> all, SyncAll(request.version(), timeout));
+  if (request.replica_id().empty()) {  // every destination (or those named), in one round
+    if (request.replica_ids_size() > 1024) {
+      return absl::InvalidArgumentError(absl::StrCat("replica_ids: ", request.replica_ids_size(), "; at most 1024"));
+    }
+    ASSIGN_OR_RETURN(std::vector<v1::DestinationSyncStatus> all,
+                     SyncSome(request.version(), {request.replica_ids().begin(), request.replica_ids().end()},
+                              timeout));
     for (v1::DestinationSyncStatus& s : all) *response->add_destinations() = std::move(s);
     return absl::OkStatus();
   }
@@ -792,12 +802,24 @@ absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1:
 }
 
 absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncAll(uint64_t version, absl::Duration timeout) {
-  std::vector<std::string> ids;
+  return SyncSome(version, {}, timeout);
+}
+
+absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncSome(uint64_t version,
+                                                                             std::vector<std::string> ids,
+                                                                             absl::Duration timeout) {
   {
     absl::MutexLock lock(&mu_);
     version = Resolve(version);
     if (!versions_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
-    for (const auto& [id, d] : destinations_) ids.push_back(id);
+    if (ids.empty()) {
+      for (const auto& [id, d] : destinations_) ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (const std::string& id : ids) {
+      if (!destinations_.count(id)) return absl::NotFoundError(absl::StrCat("destination ", id, " is not registered"));
+    }
   }
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<std::string> pull = ids;

@@ -122,6 +122,9 @@ class WeightsCore {
   // where it can be, else pulled); returns each one's final status. NOT_FOUND for an
   // unknown version.
   absl::StatusOr<std::vector<v1::DestinationSyncStatus>> SyncAll(uint64_t version, absl::Duration timeout);
+  // The same for the destinations `ids` (empty: all); NOT_FOUND naming one not registered.
+  absl::StatusOr<std::vector<v1::DestinationSyncStatus>> SyncSome(uint64_t version, std::vector<std::string> ids,
+                                                                  absl::Duration timeout);
   // The reshard plan of a version for one destination (libs/reshard): the version's
   // tensors (from its manifest's layout, else its safetensors header) in the trainer's
   // layout (the manifest's, else one rank holding everything) to the destination's

@@ -210,6 +210,44 @@ TEST(RolloutPool, EveryReplicaGetsWorkAndAFasterOneTakesMore) {
   EXPECT_GT(f->prompts(), 2 * s->prompts()) << "fast " << f->prompts() << ", slow " << s->prompts();
 }
 
+// Replicas whose route installs together (the weights service's one round) get one
+// call for all of them; a replica that round failed with UNAVAILABLE is dropped, the
+// others serve the version.
+class TogetherRollout : public FakeRollout {
+ public:
+  using FakeRollout::FakeRollout;
+  std::vector<absl::Status> UpdateWeightsTogether(const std::vector<RolloutReplica*>& replicas,
+                                                  const v1::PrepareWeightsRequest& request) override {
+    ++*rounds;
+    std::vector<absl::Status> out;
+    for (RolloutReplica* r : replicas) {
+      out.push_back(r->address() == "b" ? absl::UnavailableError("replica b: gone") : r->UpdateWeights(request));
+    }
+    return out;
+  }
+  std::shared_ptr<int> rounds = std::make_shared<int>(0);
+};
+
+TEST(RolloutPool, ReplicasOfOneRouteInstallAVersionInOneRound) {
+  std::vector<std::unique_ptr<RolloutReplica>> replicas;
+  std::vector<TogetherRollout*> raw;
+  for (const char* a : {"a", "b", "c"}) {
+    auto r = std::make_unique<TogetherRollout>(a);
+    raw.push_back(r.get());
+    replicas.push_back(std::move(r));
+  }
+  const std::shared_ptr<int> rounds = raw[0]->rounds;
+  RolloutPool pool(std::move(replicas), nullptr);
+  v1::PrepareWeightsRequest update;
+  update.mutable_manifest()->mutable_version()->set_version(7);
+  ASSERT_TRUE(pool.UpdateWeights(update).ok());
+  EXPECT_EQ(*rounds, 1);  // one call for the three
+  EXPECT_EQ(pool.live(), 2);
+  EXPECT_EQ(pool.addresses(), (std::vector<std::string>{"a", "c"}));
+  EXPECT_EQ(raw[0]->version(), 7u);
+  EXPECT_EQ(raw[2]->version(), 7u);
+}
+
 TEST(RunLoop, ReplicasJoinWithTheCurrentWeightsAndLeaveDrainedLosingNothing) {
   auto replica_a = std::make_unique<FakeRollout>("a");
   FakeRollout* a = replica_a.get();
