@@ -232,10 +232,16 @@ absl::Status ShardReceiver::Prefault(uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ShardReceiver::Received> ShardReceiver::Receive(const v1::ReshardRound& round, absl::Time deadline) {
+absl::StatusOr<ShardReceiver::Received> ShardReceiver::Receive(const v1::ReshardRound& round, absl::Time deadline,
+                                                               uint64_t max_shard_bytes) {
   Received out;
   ASSIGN_OR_RETURN(out.plan, PlanOfRound(round));
   out.rank = static_cast<int>(round.rank());
+  if (out.plan.dst_shard_bytes[out.rank] > max_shard_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("source_layout: destination rank ", out.rank, "'s shard is ",
+                                                   out.plan.dst_shard_bytes[out.rank], " bytes; at most ",
+                                                   max_shard_bytes, " here"));
+  }
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(transport::MemoryHandle shard, Shard(out.plan.dst_shard_bytes[out.rank]));
   out.allocate = absl::Now() - start;

@@ -88,8 +88,11 @@ class ShardReceiver {
   // this rank's shard and verifies it against the round's digest shares. Errors:
   // PlanOfRound's; the transport's (UNAVAILABLE: a source or relay died; DEADLINE_EXCEEDED:
   // a round stalled past round_timeout_ms or `deadline` passed); DATA_LOSS when the
-  // digest does not match (nothing may be installed from it).
-  absl::StatusOr<Received> Receive(const v1::ReshardRound& round, absl::Time deadline);
+  // digest does not match (nothing may be installed from it); INVALID_ARGUMENT naming
+  // source_layout, before any memory is taken, for a shard over `max_shard_bytes` (what
+  // the caller can hold: the sizes come from the network).
+  absl::StatusOr<Received> Receive(const v1::ReshardRound& round, absl::Time deadline,
+                                   uint64_t max_shard_bytes = ~uint64_t{0});
 
  private:
   absl::StatusOr<transport::MemoryHandle> Shard(uint64_t bytes);

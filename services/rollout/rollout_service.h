@@ -317,13 +317,8 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
         }
       }
       if (!report.ok()) return report.status();
-      resp->mutable_installed_version()->set_version(report->version);
-      resp->set_decode_step(report->decode_step);
-      resp->set_inflight_sequences(report->inflight_sequences);
-      resp->set_pause_us(report->pause_us);
-      resp->set_install_us(report->install_us);
       if (relay) *resp->mutable_relay_source() = *relay;
-      if (on_state_change_) on_state_change_(core_->serving());
+      Installed(*report, resp);
       return absl::OkStatus();
     });
   }
@@ -365,18 +360,11 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
       return absl::FailedPreconditionError(
           absl::StrCat("version ", version, " is not newer than the installed ", core_->installed_version()));
     }
-    // The round's sizes against this model's before any memory is taken for it (they
-    // come from the network; each tensor is checked when installed).
-    absl::StatusOr<reshard::Plan> plan = reshard::PlanOfRound(req.reshard());
-    if (!plan.ok()) return common::Annotate(plan.status(), "reshard");
+    // At most this model's size (the round's sizes come from the network; each tensor
+    // is checked when installed).
     v1::GetInfoResponse info;
     RETURN_IF_ERROR(core_->GetInfo(&info));
     const uint64_t most = model::F32ImageBytesBound(info.model().num_parameters());
-    if (plan->dst_shard_bytes[req.reshard().rank()] > most) {
-      return absl::InvalidArgumentError(absl::StrCat("reshard.source_layout: the round's tensors are ",
-                                                     plan->dst_shard_bytes[req.reshard().rank()],
-                                                     " bytes; this replica's model holds at most ", most));
-    }
     if (!receive_mu_.TryLock()) {
       return absl::FailedPreconditionError("a pushed version is being received; retry after it");
     }
@@ -385,8 +373,8 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
       ~Unlock() { mu->Unlock(); }
     } unlock{&receive_mu_};
     const absl::Time start = absl::Now();
-    absl::StatusOr<reshard::ShardReceiver::Received> received = receiver_->Receive(req.reshard(), deadline);
-    if (!received.ok()) return common::Annotate(received.status(), "receiving the pushed version");
+    absl::StatusOr<reshard::ShardReceiver::Received> received = receiver_->Receive(req.reshard(), deadline, most);
+    if (!received.ok()) return common::Annotate(received.status(), "reshard: receiving the pushed version");
     resp->set_pull_us(absl::ToInt64Microseconds(absl::Now() - start));
     resp->set_pull_allocate_us(absl::ToInt64Microseconds(received->allocate));
     resp->set_pull_verify_us(absl::ToInt64Microseconds(received->verify));
@@ -398,13 +386,18 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
     absl::StatusOr<InstallReport> report = core_->InstallFromTensors(
         std::move(tensors), absl::StrCat("version ", version, " (pushed)"), version, deadline);
     if (!report.ok()) return report.status();
-    resp->mutable_installed_version()->set_version(report->version);
-    resp->set_decode_step(report->decode_step);
-    resp->set_inflight_sequences(report->inflight_sequences);
-    resp->set_pause_us(report->pause_us);
-    resp->set_install_us(report->install_us);
-    if (on_state_change_) on_state_change_(core_->serving());
+    Installed(*report, resp);
     return absl::OkStatus();
+  }
+
+  // An install's report in the reply, and the health status after it.
+  void Installed(const InstallReport& report, v1::CommitWeightsResponse* resp) {
+    resp->mutable_installed_version()->set_version(report.version);
+    resp->set_decode_step(report.decode_step);
+    resp->set_inflight_sequences(report.inflight_sequences);
+    resp->set_pause_us(report.pause_us);
+    resp->set_install_us(report.install_us);
+    if (on_state_change_) on_state_change_(core_->serving());
   }
 
   RolloutCore* const core_;

@@ -15,7 +15,6 @@
 #include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
 #include "libs/model/safetensors.h"
-#include "libs/reshard/digest.h"
 #include "libs/reshard/round.h"
 #include "libs/transport/descriptor_fetcher.h"
 
@@ -75,30 +74,17 @@ std::vector<reshard::TensorSpec> TensorsOf(const std::string& bytes) {
 absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& request, transport::Transport* data_plane,
                                             const transport::DescriptorFetcher::Options& fetch, absl::Time deadline,
                                             std::string reuse) {
-  const v1::ShardLayout& layout = request.manifest().layout();
-  const int ranks = static_cast<int>(layout.world_size());
-  if (ranks < 1 || ranks > 1024) return absl::InvalidArgumentError("manifest.layout.world_size: want 1..1024");
+  ASSIGN_OR_RETURN(reshard::ModelLayout model,
+                   reshard::ModelLayoutFromProto(request.manifest().layout(), "manifest.layout", 1024));
+  const int ranks = model.layout.ranks;
   if (request.sources_size() != ranks) {
     return absl::InvalidArgumentError(absl::StrCat("sources: ", request.sources_size(), " source ranks; the layout has ",
                                                    ranks));
   }
-  if (layout.tensors_size() == 0 || layout.tensors_size() > 4096) {
-    return absl::InvalidArgumentError("manifest.layout.tensors: want 1..4096 tensors for a sharded version");
-  }
-  std::vector<reshard::TensorSpec> specs;
-  std::vector<reshard::Split> splits;
+  const std::vector<reshard::TensorSpec>& specs = model.tensors;
+  const std::vector<reshard::Split>& splits = model.layout.splits;
   std::map<std::string, int> index;
-  for (const v1::TensorLayout& t : layout.tensors()) {
-    ASSIGN_OR_RETURN(reshard::DType dtype, DTypeFromProto(t.spec().dtype(), t.spec().name()));
-    ASSIGN_OR_RETURN(reshard::Split split, SplitFromProto(t.kind(), t.spec().name()));
-    reshard::TensorSpec spec{t.spec().name(), {t.spec().shape().begin(), t.spec().shape().end()}, dtype};
-    if (spec.shape.empty()) spec.shape = {1};
-    if (!index.emplace(spec.name, static_cast<int>(specs.size())).second) {
-      return absl::InvalidArgumentError(absl::StrCat("manifest.layout.tensors: `", spec.name, "` twice"));
-    }
-    specs.push_back(std::move(spec));
-    splits.push_back(split);
-  }
+  for (size_t t = 0; t < specs.size(); ++t) index[specs[t].name] = static_cast<int>(t);
   // Whole tensors, filled from the shards.
   std::vector<std::string> whole(specs.size());
   for (size_t t = 0; t < specs.size(); ++t) whole[t].resize(specs[t].numel() * reshard::DTypeSize(specs[t].dtype));
@@ -182,15 +168,19 @@ WeightsCore::Released WeightsCore::ReleaseBytesLocked(Version& v) {
   out.bytes = std::move(v.bytes);
   v.registered.reset();
   v.bytes = std::string();
-  // (a push copy is never described to a peer: deregistering it waits for nobody)
-  if (PushSource* p = v.push.get(); p != nullptr && v.push.use_count() == 1) {
-    (void)data_plane_->DeregisterMemory(p->handle);
-    p->handle = {};
-    if (p->packed.capacity() > packed_spare_.capacity()) packed_spare_ = std::move(p->packed);
-  }
-  v.push.reset();
+  ReclaimPushCopyLocked(v);
+  v.push.reset();  // (one a round still uses goes when the round ends)
   v.released = true;
   return out;
+}
+
+void WeightsCore::ReclaimPushCopyLocked(Version& v) {
+  if (v.push == nullptr || v.push.use_count() > 1) return;
+  // (a push copy is never described to a peer: deregistering it waits for nobody)
+  (void)data_plane_->DeregisterMemory(v.push->handle);
+  v.push->handle = {};
+  if (v.push->packed.capacity() > packed_spare_.capacity()) packed_spare_ = std::move(v.push->packed);
+  v.push.reset();
 }
 
 void WeightsCore::KeepSparesLocked(std::vector<std::string> memory) {
@@ -408,6 +398,16 @@ absl::Status WeightsCore::ReleasedError(uint64_t version) const {
                                                     keep_versions_, " are, --keep_versions): sync a newer one"));
 }
 
+absl::StatusOr<uint64_t> WeightsCore::ResolveSync(uint64_t version, const std::vector<std::string>& ids) {
+  absl::MutexLock lock(&mu_);
+  version = Resolve(version);
+  if (!versions_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+  for (const std::string& id : ids) {
+    if (!destinations_.count(id)) return absl::NotFoundError(absl::StrCat("destination ", id, " is not registered"));
+  }
+  return version;
+}
+
 uint64_t WeightsCore::Resolve(uint64_t version) {
   if (version == 0 && !versions_.empty()) return versions_.rbegin()->first;
   return version;
@@ -540,221 +540,6 @@ void WeightsCore::RecordInstalledLocked(uint64_t version, v1::DestinationSyncSta
                       s.install_us() / 1e3, s.pause_us() / 1e3, s.round_trip_us() / 1e3));
 }
 
-WeightsCore::PushSource::~PushSource() {
-  if (handle.id != 0) (void)data_plane->DeregisterMemory(handle);
-}
-
-absl::StatusOr<std::shared_ptr<WeightsCore::PushSource>> WeightsCore::PushSourceLocked(Version& v) {
-  if (v.push != nullptr) return v.push;
-  if (v.released) return ReleasedError(v.manifest.version().version());
-  if (v.tensors.empty() || v.bytes.empty()) {
-    return absl::FailedPreconditionError("the version's tensors are not known (not a safetensors image)");
-  }
-  auto views = model::ParseSafetensorsViews(v.bytes, "the version");
-  if (!views.ok()) return views.status();
-  auto push = std::make_shared<PushSource>();
-  push->data_plane = data_plane_;
-  const reshard::Layout whole =
-      reshard::Layout::Tp(1, std::vector<reshard::Split>(v.tensors.size(), reshard::Split::kReplicated));
-  ASSIGN_OR_RETURN(push->plan, reshard::MakePlan(v.tensors, whole, whole));
-  // Into memory faulted in already when there is some: a retired push copy's, else an
-  // older version's that no round is using (pushes are almost always of the latest; an
-  // older one pushed again is repacked).
-  const uint64_t packed_bytes = push->plan.src_shard_bytes[0];
-  for (auto& [number, older] : versions_) {
-    if (packed_spare_.capacity() >= packed_bytes) break;
-    if (&older == &v || older.push == nullptr || older.push.use_count() > 1) continue;
-    (void)data_plane_->DeregisterMemory(older.push->handle);
-    older.push->handle = {};
-    packed_spare_ = std::move(older.push->packed);
-    older.push.reset();
-  }
-  push->packed = common::ReuseOrNewHugeString(std::move(packed_spare_), packed_bytes);
-  // The destination (one rank, every tensor whole) has the source's layout, so this
-  // service's digest share is computed in the same pass as the copy.
-  for (size_t t = 0; t < v.tensors.size(); ++t) {
-    auto view = views->find(v.tensors[t].name);
-    const reshard::ShardPart& part = push->plan.src_parts[0][t];
-    const uint64_t bytes = part.elements * reshard::DTypeSize(part.dtype);
-    if (view == views->end() || view->second.bytes.size() != bytes) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor `", v.tensors[t].name, "` is not in the image as listed"));
-    }
-    push->share += reshard::CopyAndDigest(push->packed.data() + part.offset, view->second.bytes.data(), bytes,
-                                          part.offset);
-  }
-  ASSIGN_OR_RETURN(push->handle, data_plane_->RegisterMemory(push->packed.data(), push->packed.size(),
-                                                             transport::MemoryKind::kHost, 0));
-  v.push = push;
-  return push;
-}
-
-std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<std::string> chain,
-                                                absl::Time deadline) {
-  // Each replica's state and data-plane address; one without, or already at the
-  // version, leaves the chain.
-  std::vector<std::shared_ptr<Destination>> destinations;
-  std::vector<std::string> not_pushed;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const std::string& id : chain) {
-      auto d = destinations_.find(id);
-      destinations.push_back(d == destinations_.end() ? nullptr : d->second.destination);
-    }
-  }
-  std::vector<std::string> members, addresses;
-  std::vector<std::shared_ptr<Destination>> member_destinations;
-  for (size_t i = 0; i < chain.size(); ++i) {
-    if (destinations[i] == nullptr) {  // (unregistered meanwhile: the pull says so)
-      not_pushed.push_back(chain[i]);
-      continue;
-    }
-    absl::StatusOr<v1::GetInfoResponse> info = destinations[i]->Info(std::min(deadline, absl::Now() + absl::Seconds(5)));
-    if (info.ok() && info->installed_version().version() == version) {  // already there: nothing to move
-      absl::MutexLock lock(&mu_);
-      if (auto v = versions_.find(version); v != versions_.end()) {
-        v1::DestinationSyncStatus& s = v->second.status[chain[i]];
-        s.set_replica_id(chain[i]);
-        s.set_version(version);
-        s.set_phase(v1::SYNC_PHASE_INSTALLED);
-        s.clear_error();
-      }
-      continue;
-    }
-    // (a replica already past the version refuses it: the pull says so without a round)
-    if (!info.ok() || info->data_plane().worker_address().empty() || info->layout().world_size() > 1 ||
-        info->installed_version().version() > version) {
-      not_pushed.push_back(chain[i]);
-      continue;
-    }
-    members.push_back(chain[i]);
-    addresses.push_back(info->data_plane().worker_address());
-    member_destinations.push_back(destinations[i]);
-  }
-  if (members.empty()) return not_pushed;
-
-  std::shared_ptr<PushSource> push;
-  std::unique_ptr<reshard::StagingPool> pool;
-  uint32_t epoch = 0;  // (each round its own: a failed round's leftovers never match the next)
-  v1::WeightManifest manifest;
-  {
-    absl::MutexLock lock(&mu_);
-    auto v = versions_.find(version);
-    absl::StatusOr<std::shared_ptr<PushSource>> source =
-        v == versions_.end() ? absl::AbortedError("retired") : PushSourceLocked(v->second);
-    if (!source.ok()) {
-      Log(absl::StrCat("version ", version, ": not pushed (", source.status().ToString(), "); the replicas pull it"));
-      not_pushed.insert(not_pushed.end(), members.begin(), members.end());
-      return not_pushed;
-    }
-    push = *source;
-    manifest = v->second.manifest;
-    if (!pools_.empty()) {
-      pool = std::move(pools_.back());
-      pools_.pop_back();
-    }
-    ++v->second.pushing;
-    epoch = next_epoch_++ % 16;
-    for (const std::string& id : members) {
-      v1::DestinationSyncStatus& s = v->second.status[id];
-      s.set_replica_id(id);
-      s.set_version(version);
-      s.set_bytes_needed(push->plan.BytesNeeded());
-      s.set_phase(v1::SYNC_PHASE_TRANSFERRING);
-      s.clear_error();
-    }
-  }
-  if (pool == nullptr) pool = std::make_unique<reshard::StagingPool>(*data_plane_);
-
-  // The round: this service is source rank 0, the chain's replicas destination rank 0
-  // one after the other.
-  v1::ReshardRound round;
-  const reshard::Layout whole = push->plan.src;
-  *round.mutable_source_layout() = reshard::ModelLayoutToProto(push->plan.tensors, whole);
-  *round.mutable_destination_layout() = reshard::ModelLayoutToProto(push->plan.tensors, push->plan.dst);
-  round.add_digest_shares(push->share);
-  round.set_tag_epoch(epoch);
-  round.set_map_peer_memory(true);
-  const absl::Duration round_timeout = push_round_timeout_;
-  round.set_round_timeout_ms(absl::ToInt64Milliseconds(round_timeout));
-  std::vector<absl::StatusOr<v1::CommitWeightsResponse>> results(members.size(), absl::UnknownError("not run"));
-  std::vector<absl::Duration> took(members.size());
-  absl::Status sent = absl::OkStatus();
-  reshard::ExecutionStats stats;
-  const absl::Time start = absl::Now();
-  {
-    std::vector<std::thread> threads;
-    absl::StatusOr<transport::PeerId> first = data_plane_->Connect(addresses[0]);
-    if (first.ok()) {
-      threads.emplace_back([&, peer = *first] {
-        reshard::SourceRole role{0, push->handle, {peer}};
-        auto ops = reshard::NewHostMemoryOps();
-        reshard::ExecutorOptions options;
-        options.map_peer_memory = true;
-        options.tag_epoch = static_cast<int>(epoch);
-        options.deadline = deadline;
-        options.timeout = std::min(round_timeout, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
-        options.digests = false;  // (the shares were computed with the copy)
-        options.staging_pool = pool.get();
-        absl::StatusOr<reshard::ExecutionStats> executed =
-            reshard::Execute(*data_plane_, push->plan, &role, nullptr, *ops, options);
-        sent = executed.status();
-        if (executed.ok()) stats = *executed;
-      });
-    } else {
-      sent = first.status();
-    }
-    for (size_t i = 0; i < members.size() && first.ok(); ++i) {
-      v1::PrepareWeightsRequest request;
-      *request.mutable_manifest() = manifest;
-      *request.mutable_reshard() = round;
-      if (i == 0) {
-        request.mutable_reshard()->add_source_addresses(data_plane_->LocalAddress());
-      } else {
-        request.mutable_reshard()->set_relay_from(addresses[i - 1]);
-      }
-      if (i + 1 < members.size()) request.mutable_reshard()->set_forward_to(addresses[i + 1]);
-      request.set_transfer_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
-      threads.emplace_back([&, i, request = std::move(request)] {
-        const absl::Time begin = absl::Now();
-        results[i] = member_destinations[i]->Install(request, deadline);
-        took[i] = absl::Now() - begin;
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
-  absl::MutexLock lock(&mu_);
-  pools_.push_back(std::move(pool));
-  auto v = versions_.find(version);
-  if (v != versions_.end()) --v->second.pushing;
-  int installed = 0;
-  for (size_t i = 0; i < members.size(); ++i) {
-    if (!results[i].ok()) {
-      if (results[i].status().code() == absl::StatusCode::kUnknown && !sent.ok()) results[i] = sent;  // (never asked)
-      Log(absl::StrFormat("version %d -> %s: the push failed after %.1f ms (%s); it pulls instead", version,
-                          members[i], absl::ToDoubleMilliseconds(took[i]), results[i].status().ToString()));
-      not_pushed.push_back(members[i]);
-      if (v != versions_.end()) {  // (until the pull's own status)
-        v1::DestinationSyncStatus& s = v->second.status[members[i]];
-        s.set_phase(v1::SYNC_PHASE_FAILED);
-        s.set_error(absl::StrCat("push: ", results[i].status().ToString()));
-        s.set_error_code(static_cast<int32_t>(results[i].status().code()));
-      }
-      continue;
-    }
-    ++installed;
-    if (v == versions_.end()) continue;
-    v1::DestinationSyncStatus& s = v->second.status[members[i]];
-    RecordInstalledLocked(version, s, i == 0 ? "" : members[i - 1], *results[i], took[i], /*pushed=*/true);
-  }
-  Log(absl::StrFormat("version %d: pushed along a chain of %d in %.1f ms, %d installed; this service sent %.1f MB "
-                      "in %d rounds, %s (%s)",
-                      version, members.size(), absl::ToDoubleMilliseconds(absl::Now() - start), installed,
-                      stats.bytes_sent / 1e6, stats.rounds,
-                      stats.mapped_pairs > 0 ? "stored into the first replica's mapped memory" : "as tagged messages",
-                      sent.ok() ? "ok" : sent.ToString()));
-  return not_pushed;
-}
-
 absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1::SyncVersionResponse* response) {
   if (!request.replica_id().empty() && request.replica_ids_size() > 0) {
     return absl::InvalidArgumentError("replica_ids: give either replica_id or replica_ids");
@@ -773,15 +558,7 @@ absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1:
   }
   if (push_) {
     const absl::Time deadline = absl::Now() + timeout;
-    uint64_t version;
-    {
-      absl::MutexLock lock(&mu_);
-      version = Resolve(request.version());
-      if (!versions_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
-      if (!destinations_.count(request.replica_id())) {
-        return absl::NotFoundError(absl::StrCat("destination ", request.replica_id(), " is not registered"));
-      }
-    }
+    ASSIGN_OR_RETURN(const uint64_t version, ResolveSync(request.version(), {request.replica_id()}));
     if (PushChain(version, {request.replica_id()}, deadline).empty()) {
       absl::MutexLock lock(&mu_);
       auto v = versions_.find(version);
@@ -808,19 +585,13 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncAll(uint
 absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncSome(uint64_t version,
                                                                              std::vector<std::string> ids,
                                                                              absl::Duration timeout) {
-  {
+  if (ids.empty()) {
     absl::MutexLock lock(&mu_);
-    version = Resolve(version);
-    if (!versions_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
-    if (ids.empty()) {
-      for (const auto& [id, d] : destinations_) ids.push_back(id);
-    }
-    std::sort(ids.begin(), ids.end());
-    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-    for (const std::string& id : ids) {
-      if (!destinations_.count(id)) return absl::NotFoundError(absl::StrCat("destination ", id, " is not registered"));
-    }
+    for (const auto& [id, d] : destinations_) ids.push_back(id);
   }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  ASSIGN_OR_RETURN(version, ResolveSync(version, ids));
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<std::string> pull = ids;
   if (push_ && !ids.empty()) {

@@ -182,6 +182,9 @@ class WeightsCore {
   absl::StatusOr<v1::DestinationSyncStatus> Sync(const std::string& replica_id, uint64_t version,
                                                  absl::Duration timeout);
   uint64_t Resolve(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The version a sync of `ids` means (0: the latest). NOT_FOUND for a version not
+  // published or an id not registered.
+  absl::StatusOr<uint64_t> ResolveSync(uint64_t version, const std::vector<std::string>& ids);
   // Pushes `version` along `chain` (replica ids): this service sends it to the first,
   // each relays every chunk to the next. Returns the replicas it did not install on
   // (to pull instead); the others' status is INSTALLED.
@@ -201,6 +204,8 @@ class WeightsCore {
   };
   Released ReleaseBytesLocked(Version& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KeepSparesLocked(std::vector<std::string> memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a version's push copy (unless a round uses it) as the next copy's memory.
+  void ReclaimPushCopyLocked(Version& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReleasedError(uint64_t version) const;
 
   // Picks where `replica_id` pulls `version` from (waiting up to `deadline` for a sender

@@ -44,6 +44,20 @@ void Register(v1::WeightsService::Stub& service, const std::string& id, const st
   ASSERT_TRUE(s.ok()) << s.error_message();
 }
 
+// Starts `n` rollout replicas into `rollouts`, each registered with `service` as r<i>;
+// their addresses (fewer if one did not start).
+std::vector<std::string> StartReplicas(Subprocess* rollouts, int n, v1::WeightsService::Stub& service) {
+  std::vector<std::string> addresses;
+  for (int i = 0; i < n; ++i) {
+    auto r = testing::StartService(rollouts[i], "services/rollout/rlfleet-rollout", {"--threads=1"});
+    EXPECT_TRUE(r.ok()) << rollouts[i].output();
+    if (!r.ok()) break;
+    addresses.push_back(*r);
+    Register(service, absl::StrCat("r", i), *r);
+  }
+  return addresses;
+}
+
 // Syncs destination `id` to the latest version and installs it; its status.
 v1::DestinationSyncStatus SyncAndInstall(v1::WeightsService::Stub& service, const std::string& id) {
   v1::SyncVersionRequest sync;
@@ -226,13 +240,8 @@ TEST(WeightsService, ReplicasRelayTheVersionAndADeadRelayIsReplaced) {
   auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--relay_fanout=1", "--push=false"});
   ASSERT_TRUE(t.ok() && w.ok()) << trainer.output() << weights.output();
   auto service = Stub<v1::WeightsService>(*w);
-  std::vector<std::string> addresses;
-  for (int i = 0; i < 3; ++i) {
-    auto r = testing::StartService(rollouts[i], "services/rollout/rlfleet-rollout", {"--threads=1"});
-    ASSERT_TRUE(r.ok()) << rollouts[i].output();
-    addresses.push_back(*r);
-    Register(*service, absl::StrCat("r", i), *r);
-  }
+  const std::vector<std::string> addresses = StartReplicas(rollouts, 3, *service);
+  ASSERT_EQ(addresses.size(), 3u);
   v1::PublishWeightsResponse published;
   ASSERT_TRUE(Stub<v1::TrainerService>(*t)->PublishWeights(Context().get(), {}, &published).ok());
   v1::PublishVersionRequest publish;
@@ -325,13 +334,8 @@ TEST(WeightsService, OneSyncPushesTheVersionAlongAChainOfReplicas) {
   auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--relay_fanout=1"});
   ASSERT_TRUE(t.ok() && w.ok()) << trainer.output() << weights.output();
   auto service = Stub<v1::WeightsService>(*w);
-  std::vector<std::string> addresses;
-  for (int i = 0; i < 3; ++i) {
-    auto r = testing::StartService(rollouts[i], "services/rollout/rlfleet-rollout", {"--threads=1"});
-    ASSERT_TRUE(r.ok()) << rollouts[i].output();
-    addresses.push_back(*r);
-    Register(*service, absl::StrCat("r", i), *r);
-  }
+  const std::vector<std::string> addresses = StartReplicas(rollouts, 3, *service);
+  ASSERT_EQ(addresses.size(), 3u);
   v1::PublishWeightsResponse published;
   ASSERT_TRUE(Stub<v1::TrainerService>(*t)->PublishWeights(Context().get(), {}, &published).ok());
   auto publish = [&](uint64_t version) {

@@ -196,14 +196,31 @@ TEST(ReshardRound, AShareThatDoesNotMatchIsDataLoss) {
   EXPECT_EQ(p.received[0].status().code(), absl::StatusCode::kDataLoss) << p.received[0].status();
 }
 
+// A round from `source` (one rank, nothing sent yet) to one rank holding every tensor.
+v1::ReshardRound WholeModelRoundFrom(transport::Transport& source) {
+  const Layout whole = Layout::Tp(1, std::vector<Split>(3, Split::kReplicated));
+  v1::ReshardRound round = RoundOf(whole, whole);
+  round.add_source_addresses(source.LocalAddress());
+  round.add_digest_shares(0);
+  return round;
+}
+
+TEST(ReshardRound, AShardOverWhatTheReceiverHoldsIsRefusedBeforeAnythingMoves) {
+  auto source = LoopbackTransport::Create();
+  auto rank = LoopbackTransport::Create();
+  ShardReceiver receiver(*rank);
+  v1::ReshardRound round = WholeModelRoundFrom(*source);
+  auto received = receiver.Receive(round, absl::Now() + absl::Seconds(30), /*max_shard_bytes=*/1024);
+  ASSERT_FALSE(received.ok());
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kInvalidArgument) << received.status();
+  EXPECT_TRUE(absl::StrContains(received.status().message(), "source_layout")) << received.status();
+}
+
 TEST(ReshardRound, ASourceThatNeverComesIsAnErrorAtTheRoundTimeout) {
   auto source = LoopbackTransport::Create();
   auto rank = LoopbackTransport::Create();
   ShardReceiver receiver(*rank);
-  v1::ReshardRound round = RoundOf(Layout::Tp(1, std::vector<Split>(3, Split::kReplicated)),
-                                   Layout::Tp(1, std::vector<Split>(3, Split::kReplicated)));
-  round.add_source_addresses(source->LocalAddress());
-  round.add_digest_shares(0);
+  v1::ReshardRound round = WholeModelRoundFrom(*source);
   round.set_round_timeout_ms(200);
   const absl::Time start = absl::Now();
   auto received = receiver.Receive(round, absl::Now() + absl::Seconds(30));

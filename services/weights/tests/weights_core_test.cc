@@ -62,10 +62,9 @@ struct Fixture {
   WeightsCore core;
 };
 
-// A version file and the request that publishes it.
-v1::PublishVersionRequest Publish(uint64_t version, const std::string& path, uint64_t digest_xor = 0) {
-  const std::string bytes(4096 + version, static_cast<char>('a' + version));
-  std::ofstream(path, std::ios::binary) << bytes;
+// The request that publishes `bytes`, the file at `path`, as `version`.
+v1::PublishVersionRequest PublishFile(uint64_t version, const std::string& path, const std::string& bytes,
+                                      uint64_t digest_xor = 0) {
   v1::PublishVersionRequest r;
   r.mutable_manifest()->mutable_version()->set_version(version);
   v1::TransferDescriptor* where = r.add_sources()->add_shards()->mutable_location();
@@ -75,6 +74,13 @@ v1::PublishVersionRequest Publish(uint64_t version, const std::string& path, uin
   where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
   where->mutable_digest()->set_value(common::Xxh64(bytes) ^ digest_xor);
   return r;
+}
+
+// A version file and the request that publishes it.
+v1::PublishVersionRequest Publish(uint64_t version, const std::string& path, uint64_t digest_xor = 0) {
+  const std::string bytes(4096 + version, static_cast<char>('a' + version));
+  std::ofstream(path, std::ios::binary) << bytes;
+  return PublishFile(version, path, bytes, digest_xor);
 }
 
 TEST(WeightsCore, AVersionIsVerifiedBeforeItIsPublished) {
@@ -487,17 +493,9 @@ TEST(WeightsPlan, TheVersionIsPlannedInTheDestinationsLayout) {
   const std::string image = model::SerializeSafetensors(tensors);
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/plan-v7.safetensors";
   std::ofstream(path, std::ios::binary) << image;
-  v1::PublishVersionRequest publish;
-  publish.mutable_manifest()->mutable_version()->set_version(7);
-  v1::TransferDescriptor* where = publish.add_sources()->add_shards()->mutable_location();
-  where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
-  where->mutable_segment()->set_worker_address(path);
-  where->set_length_bytes(image.size());
-  where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
-  where->mutable_digest()->set_value(common::Xxh64(image));
   Fixture f;
   v1::PublishVersionResponse published;
-  ASSERT_TRUE(f.core.PublishVersion(publish, &published).ok());
+  ASSERT_TRUE(f.core.PublishVersion(PublishFile(7, path, image), &published).ok());
 
   v1::RegisterDestinationRequest tp2;
   tp2.set_replica_id("tp2");
@@ -640,16 +638,8 @@ struct PushFixture {
     ASSERT_TRUE(model::WriteSafetensors(path, Tensors()).ok());
     std::ifstream in(path, std::ios::binary);
     image.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    v1::PublishVersionRequest r;
-    r.mutable_manifest()->mutable_version()->set_version(version);
-    v1::TransferDescriptor* where = r.add_sources()->add_shards()->mutable_location();
-    where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
-    where->mutable_segment()->set_worker_address(path);
-    where->set_length_bytes(image.size());
-    where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
-    where->mutable_digest()->set_value(common::Xxh64(image));
     v1::PublishVersionResponse published;
-    ASSERT_TRUE(core.PublishVersion(r, &published).ok());
+    ASSERT_TRUE(core.PublishVersion(PublishFile(version, path, image), &published).ok());
   }
   std::map<std::string, v1::DestinationSyncStatus> SyncAll() {
     v1::SyncVersionRequest sync;  // (no replica_id: every destination)
