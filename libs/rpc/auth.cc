@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -20,6 +21,13 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(bool, tls_require_client_cert, false,
           "Servers: require and verify a client certificate (mutual TLS).");
 
+ABSL_FLAG(std::string, admin_token, "",
+          "Controller role's bearer token: servers require it on controller-only RPCs; the controller "
+          "and the rlfleet CLI send it. Empty: the fleet token grants every RPC.");
+ABSL_FLAG(std::string, admin_token_file, "", "File holding --admin_token (preferred: not shown in `ps`).");
+ABSL_FLAG(std::vector<std::string>, admin_identities, {},
+          "Servers: client-certificate names (CN or SAN, verified by mutual TLS) that hold the controller role.");
+
 namespace rlfleet::rpc {
 namespace {
 
@@ -30,6 +38,44 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+// Reads a token given inline or in a file (not both); `name` is the flag's name.
+absl::StatusOr<std::string> TokenFromFlags(const std::string& inline_value, const std::string& file,
+                                           absl::string_view name) {
+  if (file.empty()) return inline_value;
+  if (!inline_value.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("set --", name, " or --", name, "_file, not both"));
+  }
+  ASSIGN_OR_RETURN(std::string token, ReadSmallFile(file));
+  token = std::string(absl::StripAsciiWhitespace(token));
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--", name, "_file ", file, " is empty"));
+  return token;
+}
+
+// The bearer token a call carries, or empty.
+absl::string_view BearerOf(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kAuthorizationKey);
+  if (it == metadata.end()) return {};
+  absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&value, "Bearer ")) return {};
+  return value;
+}
+
+// True if the call's verified client certificate names one of `identities`.
+bool PeerHasIdentity(const grpc::ServerContextBase& context, const std::vector<std::string>& identities) {
+  if (identities.empty()) return false;
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return false;
+  for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
+    for (const grpc::string_ref& name : auth->FindPropertyValues(property)) {
+      for (const std::string& want : identities) {
+        if (absl::string_view(name.data(), name.size()) == want) return true;
+      }
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -49,19 +95,14 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
 
 absl::StatusOr<AuthOptions> AuthOptionsFromFlags() {
   AuthOptions options;
-  options.token = absl::GetFlag(FLAGS_auth_token);
-  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
-  if (!token_file.empty()) {
-    if (!options.token.empty()) {
-      return absl::InvalidArgumentError("set --auth_token or --auth_token_file, not both");
-    }
-    ASSIGN_OR_RETURN(std::string token, ReadSmallFile(token_file));
-    options.token = std::string(absl::StripAsciiWhitespace(token));
-    if (options.token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--auth_token_file ", token_file,
-                                                     " is empty"));
-    }
+  ASSIGN_OR_RETURN(options.token, TokenFromFlags(absl::GetFlag(FLAGS_auth_token),
+                                                 absl::GetFlag(FLAGS_auth_token_file), "auth_token"));
+  ASSIGN_OR_RETURN(options.admin_token, TokenFromFlags(absl::GetFlag(FLAGS_admin_token),
+                                                       absl::GetFlag(FLAGS_admin_token_file), "admin_token"));
+  if (!options.admin_token.empty() && options.admin_token == options.token) {
+    return absl::InvalidArgumentError("--admin_token must differ from --auth_token (it is a separate role)");
   }
+  options.admin_identities = absl::GetFlag(FLAGS_admin_identities);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
@@ -117,6 +158,26 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
     ASSIGN_OR_RETURN(ssl.pem_private_key, ReadSmallFile(options.tls_key_file));
   }
   return grpc::SslCredentials(ssl);
+}
+
+CallAuth CallAuthFrom(const AuthOptions& options) {
+  return CallAuth{options.token, options.admin_token, options.admin_identities};
+}
+
+absl::Status Authorize(const grpc::ServerContextBase& context, const CallAuth& auth, Role role,
+                       absl::string_view method) {
+  if (role == Role::kController && auth.roles_enabled()) {
+    const absl::string_view bearer = BearerOf(context);
+    if (!auth.admin_token.empty() && ConstantTimeEquals(bearer, auth.admin_token)) return absl::OkStatus();
+    if (PeerHasIdentity(context, auth.admin_identities)) return CheckBearerToken(context, auth.token);
+    return absl::PermissionDeniedError(
+        absl::StrCat(method, " is a controller-only RPC: present the admin token (--admin_token_file) or a "
+                             "client certificate named in the server's --admin_identities"));
+  }
+  if (!auth.admin_token.empty() && ConstantTimeEquals(BearerOf(context), auth.admin_token)) {
+    return absl::OkStatus();
+  }
+  return CheckBearerToken(context, auth.token);
 }
 
 absl::Status CheckBearerToken(const grpc::ServerContextBase& context,

@@ -9,6 +9,16 @@
 //
 // A call without the right token gets UNAUTHENTICATED. The standard health service
 // (grpc.health.v1) answers without a token so that orchestrators' probes work.
+//
+// Roles. Most RPCs are fleet RPCs: any fleet member (the bearer token) may call them.
+// Controller-only RPCs (StartRun, StopRun, Scale; the trainer's SaveCheckpoint and
+// LoadCheckpoint, which name paths) also need the controller role, proven by either
+//   --admin_token=SECRET or --admin_token_file=PATH   a second bearer token, or
+//   --admin_identities=NAME[,NAME]                     a verified client certificate
+//                                                      whose common name or SAN is listed
+// Clients that hold the admin token (the controller, the rlfleet CLI) send it instead of
+// the fleet token; it grants fleet RPCs too. Without any of these flags the fleet token
+// grants every RPC (a single trust domain, as before roles existed).
 #ifndef RLFLEET_LIBS_RPC_AUTH_H_
 #define RLFLEET_LIBS_RPC_AUTH_H_
 
@@ -18,6 +28,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
@@ -29,6 +40,9 @@ ABSL_DECLARE_FLAG(std::string, tls_cert);
 ABSL_DECLARE_FLAG(std::string, tls_key);
 ABSL_DECLARE_FLAG(std::string, tls_ca);
 ABSL_DECLARE_FLAG(bool, tls_require_client_cert);
+ABSL_DECLARE_FLAG(std::string, admin_token);
+ABSL_DECLARE_FLAG(std::string, admin_token_file);
+ABSL_DECLARE_FLAG(std::vector<std::string>, admin_identities);
 
 namespace rlfleet::rpc {
 
@@ -47,13 +61,19 @@ struct AuthOptions {
   bool require_client_cert = false;
   // Client only: expected server name in its certificate (default: the target host).
   std::string tls_server_name;
+  // Controller role: bearer token (servers check it on controller-only RPCs; clients
+  // send it instead of `token` when set). Empty: no admin token.
+  std::string admin_token;
+  // Servers: verified client-certificate names (CN or SAN) that hold the controller role.
+  std::vector<std::string> admin_identities;
 
   bool tls_enabled_for_server() const { return !tls_cert_file.empty(); }
   bool tls_enabled_for_client() const { return !tls_ca_file.empty(); }
 };
 
 // Reads the auth flags. INVALID_ARGUMENT if both --auth_token and --auth_token_file
-// are set, NOT_FOUND if the token file cannot be read, INVALID_ARGUMENT if it is empty.
+// (or --admin_token and --admin_token_file) are set, or if the admin token equals the
+// fleet token; NOT_FOUND if a token file cannot be read, INVALID_ARGUMENT if it is empty.
 absl::StatusOr<AuthOptions> AuthOptionsFromFlags();
 
 // Server credentials for `options`: insecure, TLS, or mutual TLS. NOT_FOUND naming the
@@ -71,6 +91,32 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 // empty (auth off); UNAUTHENTICATED, saying what was wrong, otherwise.
 absl::Status CheckBearerToken(const grpc::ServerContextBase& context,
                               const std::string& expected_token);
+
+// Who may call an RPC.
+enum class Role {
+  kFleet,       // any fleet member
+  kController,  // the controller (admin token or admin identity)
+};
+
+// What every handler needs to authorise a call. Copyable; immutable after start.
+struct CallAuth {
+  std::string token;        // fleet bearer token; empty: fleet RPCs need no token
+  std::string admin_token;  // controller role's bearer token; empty: none
+  std::vector<std::string> admin_identities;  // controller role's certificate names
+
+  // True when controller-only RPCs need more than the fleet check.
+  bool roles_enabled() const { return !admin_token.empty() || !admin_identities.empty(); }
+};
+
+// The server-side part of `options`.
+CallAuth CallAuthFrom(const AuthOptions& options);
+
+// Authorises a call to `method` for `role`. Fleet: OK with no tokens configured, or the
+// fleet or admin bearer token (UNAUTHENTICATED otherwise). Controller: when roles are
+// enabled, the admin bearer token or a verified client certificate named in
+// admin_identities (PERMISSION_DENIED naming `method` otherwise); when not, as fleet.
+absl::Status Authorize(const grpc::ServerContextBase& context, const CallAuth& auth, Role role,
+                       absl::string_view method);
 
 // Reads a whole (small) file. NOT_FOUND naming it when it cannot be opened.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path);

@@ -86,9 +86,9 @@ ClientBase::ClientBase(std::shared_ptr<grpc::Channel> channel, ClientOptions opt
 void PrepareCallContext(const ClientOptions& options, absl::Time deadline,
                         grpc::ClientContext* context) {
   context->set_deadline(absl::ToChronoTime(deadline));
-  if (!options.auth.token.empty()) {
-    context->AddMetadata(kAuthorizationKey, absl::StrCat("Bearer ", options.auth.token));
-  }
+  // The admin token, when this client holds one, grants fleet RPCs too.
+  const std::string& token = options.auth.admin_token.empty() ? options.auth.token : options.auth.admin_token;
+  if (!token.empty()) context->AddMetadata(kAuthorizationKey, absl::StrCat("Bearer ", token));
 }
 
 std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientOptions& options,

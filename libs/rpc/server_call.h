@@ -25,18 +25,14 @@
 
 namespace rlfleet::rpc {
 
-// What every handler needs to authorise a call. Copyable; immutable after start.
-struct CallAuth {
-  std::string token;  // empty: auth off
-};
-
-// Runs `body` (callable returning absl::Status) if the call is authorised and finishes
-// the call with the result. Never throws.
+// Runs `body` (callable returning absl::Status) if the call is authorised for `role`
+// (Authorize; `method` names the RPC in a refusal) and finishes the call with the
+// result. Never throws.
 template <typename Body>
-grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
-                                      const CallAuth& auth, Body&& body) {
+grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context, const CallAuth& auth, Role role,
+                                      absl::string_view method, Body&& body) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = CheckBearerToken(*context, auth.token);
+  absl::Status status = Authorize(*context, auth, role, method);
   if (status.ok()) {
     try {
       status = std::forward<Body>(body)();
@@ -48,6 +44,12 @@ grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
   }
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+// A fleet RPC: any fleet member may call it.
+template <typename Body>
+grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context, const CallAuth& auth, Body&& body) {
+  return HandleUnary(context, auth, Role::kFleet, "this RPC", std::forward<Body>(body));
 }
 
 // A streaming call finished at once with `status` (a stream that cannot start):

@@ -15,12 +15,13 @@ namespace rlfleet::rpc::testing {
 
 class EchoServiceImpl final : public rlfleet::testing::EchoService::CallbackService {
  public:
-  explicit EchoServiceImpl(CallAuth auth) : auth_(std::move(auth)) {}
+  // Echo is a fleet RPC, or controller-only when `role` says so.
+  explicit EchoServiceImpl(CallAuth auth, Role role = Role::kFleet) : auth_(std::move(auth)), role_(role) {}
 
   grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
                                  const rlfleet::testing::EchoRequest* request,
                                  rlfleet::testing::EchoResponse* response) override {
-    return HandleUnary(context, auth_, [&]() -> absl::Status {
+    return HandleUnary(context, auth_, role_, "Echo", [&]() -> absl::Status {
       const int64_t seen = ++calls_;
       if (request->delay_ms() > 0) {
         if (!delayed_call_started_.HasBeenNotified()) delayed_call_started_.Notify();
@@ -41,6 +42,7 @@ class EchoServiceImpl final : public rlfleet::testing::EchoService::CallbackServ
 
  private:
   const CallAuth auth_;
+  const Role role_;
   std::atomic<int64_t> calls_{0};
   absl::Notification delayed_call_started_;
 };

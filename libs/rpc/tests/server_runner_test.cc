@@ -131,6 +131,43 @@ TEST(ServerRunner, BearerTokenIsRequiredWhenConfigured) {
   EXPECT_EQ(Health(runner.address()), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
+TEST(ServerRunner, ControllerOnlyRpcsRefuseTheFleetToken) {
+  CallAuth auth{"fleet-token", "admin-token", {}};
+  EchoServiceImpl admin_only(auth, Role::kController);
+  ServerOptions options;
+  ServerRunner runner(options);
+  runner.AddService(&admin_only);
+  ASSERT_TRUE(runner.Start().ok());
+
+  AuthOptions fleet;
+  fleet.token = "fleet-token";
+  auto denied = MakeClient(runner.address(), fleet).Echo(Payload("x"));
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << denied.status();
+  EXPECT_TRUE(absl::StrContains(denied.status().message(), "Echo is a controller-only RPC")) << denied.status();
+  EXPECT_EQ(MakeClient(runner.address()).Echo(Payload("x")).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(admin_only.calls(), 0);
+
+  AuthOptions admin = fleet;
+  admin.admin_token = "admin-token";  // the client sends the admin token instead
+  auto ok = MakeClient(runner.address(), admin).Echo(Payload("x"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(admin_only.calls(), 1);
+}
+
+TEST(ServerRunner, TheAdminTokenAlsoGrantsFleetRpcs) {
+  EchoServiceImpl fleet_rpc(CallAuth{"fleet-token", "admin-token", {}});
+  ServerRunner runner(ServerOptions{});
+  runner.AddService(&fleet_rpc);
+  ASSERT_TRUE(runner.Start().ok());
+  AuthOptions admin;
+  admin.admin_token = "admin-token";
+  EXPECT_TRUE(MakeClient(runner.address(), admin).Echo(Payload("x")).ok());
+  AuthOptions wrong;
+  wrong.token = "guess";
+  EXPECT_EQ(MakeClient(runner.address(), wrong).Echo(Payload("x")).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
 TEST(ServerRunner, ShutdownDrainsInFlightCallsAndRefusesNewOnes) {
   EchoServiceImpl service(CallAuth{});
   ServerOptions options;
@@ -302,6 +339,32 @@ TEST_F(TlsTest, MutualTlsRequiresAClientCertificate) {
   auto ok = MakeClient(runner.address(), with_cert).Echo(Payload("mtls"));
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->payload(), "mtls");
+}
+
+TEST_F(TlsTest, ControllerRoleByVerifiedCertificateName) {
+  ServerOptions options;
+  options.auth.tls_cert_file = F("server.pem");
+  options.auth.tls_key_file = F("server.key");
+  options.auth.tls_ca_file = F("ca.pem");
+  options.auth.require_client_cert = true;
+  AuthOptions with_cert;
+  with_cert.tls_ca_file = F("ca.pem");
+  with_cert.tls_cert_file = F("client.pem");
+  with_cert.tls_key_file = F("client.key");
+
+  EchoServiceImpl named(CallAuth{"", "", {"client"}}, Role::kController);
+  ServerRunner runner(options);
+  runner.AddService(&named);
+  ASSERT_TRUE(runner.Start().ok());
+  auto ok = MakeClient(runner.address(), with_cert).Echo(Payload("x"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+
+  EchoServiceImpl other(CallAuth{"", "", {"controller"}}, Role::kController);
+  ServerRunner runner2(options);
+  runner2.AddService(&other);
+  ASSERT_TRUE(runner2.Start().ok());
+  auto denied = MakeClient(runner2.address(), with_cert).Echo(Payload("x"));
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << denied.status();
 }
 
 TEST(Auth, InconsistentOrMissingFilesAreClearErrors) {

@@ -1,0 +1,182 @@
+#include "libs/common/files.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "libs/common/ids.h"
+
+extern char** environ;
+
+namespace rlfleet::common {
+namespace fs = std::filesystem;
+namespace {
+
+// Closes a descriptor when it goes out of scope.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Opens `path` for reading and checks it is a regular file of at most `max_bytes`.
+absl::StatusOr<uint64_t> OpenChecked(absl::string_view field, const fs::path& path, uint64_t max_bytes,
+                                     int* fd_out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(field, ": cannot open ", path.string(), ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path.string(), " is not a regular file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", path.string(), " is ", size, " bytes; the limit is ", max_bytes));
+  }
+  *fd_out = fd;
+  return size;
+}
+
+}  // namespace
+
+absl::Status ValidatePathId(absl::string_view field, absl::string_view id) {
+  if (absl::Status s = ValidateId(field, id); !s.ok()) return s;
+  if (id.front() == '.') {
+    return absl::InvalidArgumentError(absl::StrCat(field, " starts with '.'; it becomes a file name"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<fs::path> ResolveUnderRoot(absl::string_view field, const fs::path& root, absl::string_view path) {
+  if (root.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": this service has no root directory configured for files, so it takes no paths"));
+  }
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  if (path.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " contains a NUL byte"));
+  }
+  std::error_code ec;
+  const fs::path canonical_root = fs::canonical(root, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": the configured root ", root.string(), " does not exist: ", ec.message()));
+  }
+  const fs::path given(std::string{path});
+  const fs::path joined = given.is_absolute() ? given : canonical_root / given;
+  // weakly_canonical resolves every existing prefix (symlinks included) and normalises
+  // the rest lexically, so "a/../../x" and a link out of the root both land outside.
+  const fs::path resolved = fs::weakly_canonical(joined, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat(field, ": cannot resolve ", given.string()));
+  auto r = canonical_root.begin();
+  auto p = resolved.begin();
+  for (; r != canonical_root.end(); ++r, ++p) {
+    if (p == resolved.end() || *p != *r) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", given.string(), " is outside the configured root ", canonical_root.string()));
+    }
+  }
+  return resolved;
+}
+
+absl::StatusOr<uint64_t> RegularFileSize(absl::string_view field, const fs::path& path, uint64_t max_bytes) {
+  int raw = -1;
+  absl::StatusOr<uint64_t> size = OpenChecked(field, path, max_bytes, &raw);
+  Fd fd(raw);
+  return size;
+}
+
+absl::StatusOr<std::string> ReadRegularFile(absl::string_view field, const fs::path& path, uint64_t max_bytes) {
+  int raw = -1;
+  absl::StatusOr<uint64_t> size = OpenChecked(field, path, max_bytes, &raw);
+  if (!size.ok()) return size.status();
+  Fd fd(raw);
+  std::string bytes(*size, '\0');
+  uint64_t done = 0;
+  while (done < *size) {
+    const ssize_t n = ::read(fd.get(), bytes.data() + done, *size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DataLossError(absl::StrCat(field, ": short read of ", path.string(), " at byte ", done, " of ",
+                                              *size));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return bytes;
+}
+
+bool ProgramInPath(absl::string_view program) {
+  if (program.find('/') != absl::string_view::npos) return ::access(std::string(program).c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return false;
+  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+    if (::access(absl::StrCat(dir, "/", program).c_str(), X_OK) == 0) return true;
+  }
+  return false;
+}
+
+absl::Status RunProgram(const std::vector<std::string>& argv, absl::Duration timeout) {
+  if (argv.empty()) return absl::InvalidArgumentError("RunProgram: no program");
+  if (!ProgramInPath(argv[0])) return absl::NotFoundError(absl::StrCat(argv[0], " is not in PATH"));
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  for (int fd = 0; fd <= 2; ++fd) {
+    posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
+  }
+  pid_t pid = -1;
+  const int rc = ::posix_spawnp(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
+
+  // Wait with a deadline: poll waitpid(WNOHANG) with a short backoff (no SIGCHLD
+  // handler, which would be process-wide).
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration pause = absl::Milliseconds(1);
+  int wstatus = 0;
+  while (true) {
+    const pid_t got = ::waitpid(pid, &wstatus, WNOHANG);
+    if (got == pid) break;
+    if (got < 0 && errno != EINTR) return absl::InternalError(absl::StrCat("waitpid: ", std::strerror(errno)));
+    if (absl::Now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &wstatus, 0);
+      return absl::DeadlineExceededError(absl::StrCat(argv[0], " ran past ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(50));
+  }
+  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) return absl::OkStatus();
+  if (WIFSIGNALED(wstatus)) {
+    return absl::InternalError(absl::StrCat(argv[0], " was killed by signal ", WTERMSIG(wstatus)));
+  }
+  return absl::InternalError(absl::StrCat(argv[0], " exited with code ", WEXITSTATUS(wstatus)));
+}
+
+}  // namespace rlfleet::common
