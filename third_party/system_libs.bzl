@@ -39,6 +39,7 @@ _PKG_CONFIG_LIBS = {
     "gtest": ["gtest"],
     "gmock": ["gmock", "gtest"],
     "benchmark": ["benchmark"],
+    "crypto": ["libcrypto"],
 }
 
 def _pkg_config(ctx, args):

@@ -134,4 +134,14 @@ absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t length
   return absl::OkStatus();
 }
 
+std::string BaseBackend(const Capabilities& capabilities) {
+  absl::string_view name = capabilities.backend;
+  size_t open = name.find('(');
+  while (open != absl::string_view::npos && !name.empty() && name.back() == ')') {
+    name = name.substr(open + 1, name.size() - open - 2);
+    open = name.find('(');
+  }
+  return std::string(name);
+}
+
 }  // namespace rlfleet::transport

@@ -16,6 +16,7 @@
 //
 // Errors (from Wait, or at once from a submission that cannot start):
 //   INVALID_ARGUMENT     malformed descriptor or remote key, zero-length region, wrong backend
+//   PERMISSION_DENIED    a descriptor without a valid MAC, or expired (AuthenticatedTransport)
 //   OUT_OF_RANGE         offset + length outside the local or remote registration
 //   NOT_FOUND            unknown peer id or local registration (e.g. deregistered)
 //   FAILED_PRECONDITION  stale remote key: the owner deregistered it or restarted
@@ -225,6 +226,10 @@ class PendingCompletion : public Completion {
 
 // A Completion that forwards to a PendingCompletion the backend also holds.
 std::unique_ptr<Completion> Share(std::shared_ptr<PendingCompletion> pending);
+
+// The backend under any decorators: "ucx" for "fault(authenticated(ucx))". Decorators
+// name themselves "<decorator>(<inner backend>)" in Capabilities::backend.
+std::string BaseBackend(const Capabilities& capabilities);
 
 // Shared validation of a range against a region: OUT_OF_RANGE naming `what`.
 absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t length,

@@ -283,14 +283,19 @@ TEST_P(TransportConformanceTest, BadInputGetsAClearStatus) {
     garbled.set_packed_rkey("garbage");
     garbled.set_registration_id(987654);
     absl::Status unknown = local_->Put(peer_id_, h, 0, garbled, 0, 10)->Wait(kTimeout);
-    EXPECT_TRUE(unknown.code() == absl::StatusCode::kInvalidArgument ||
-                unknown.code() == absl::StatusCode::kFailedPrecondition)
-        << unknown;
+    if (GetParam().signs_descriptors) {
+      EXPECT_EQ(unknown.code(), absl::StatusCode::kPermissionDenied) << unknown;
+    } else {
+      EXPECT_TRUE(unknown.code() == absl::StatusCode::kInvalidArgument ||
+                  unknown.code() == absl::StatusCode::kFailedPrecondition)
+          << unknown;
+    }
     // A descriptor of another backend.
     v1::RemoteMemoryDescriptor other = *remote;
     other.set_backend(v1::TRANSFER_BACKEND_NCCL);
     EXPECT_EQ(local_->Put(peer_id_, h, 0, other, 0, 10)->Wait(kTimeout).code(),
-              absl::StatusCode::kInvalidArgument);
+              GetParam().signs_descriptors ? absl::StatusCode::kPermissionDenied
+                                           : absl::StatusCode::kInvalidArgument);
     // Stale remote key: the owner deregistered it.
     ASSERT_TRUE(peer_->Deregister(*slot).ok());
     absl::Status stale = local_->Put(peer_id_, h, 0, *remote, 0, 10)->Wait(kTimeout);

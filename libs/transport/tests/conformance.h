@@ -29,6 +29,9 @@ struct Backend {
   // (DEADLINE_EXCEEDED, still within the deadline). False only for peers in the same
   // process over shared memory, which cannot be told dead by pid.
   bool peer_death_detected = true;
+  // Descriptors carry a MAC (AuthenticatedTransport): an altered one is refused with
+  // PERMISSION_DENIED before the backend's own checks see it.
+  bool signs_descriptors = false;
 };
 
 inline void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name; }

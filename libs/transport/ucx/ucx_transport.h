@@ -47,6 +47,10 @@ struct UcxOptions {
   std::string tls;
   // Pin UCX_NET_DEVICES to `lo` when the environment does not set it.
   bool loopback_only = true;
+  // Network devices UCX may use (UCX_NET_DEVICES syntax, e.g. "eth1" or "mlx5_0:1"):
+  // the data plane listens and connects only there. Non-empty wins over loopback_only
+  // and the environment. INVALID_ARGUMENT from Create() if UCX refuses the value.
+  std::string net_devices;
   // How often UCX checks that peers are alive (UCX_KEEPALIVE_INTERVAL).
   absl::Duration keepalive_interval = absl::Seconds(1);
   // How long DeregisterMemory waits for peers to acknowledge the revocation.

@@ -22,7 +22,13 @@ absl::Status Impl::Init() {
     }
   }
   std::string net_devices = std::getenv("UCX_NET_DEVICES") ? std::getenv("UCX_NET_DEVICES") : "";
-  if (options_.loopback_only && net_devices.empty()) {
+  if (!options_.net_devices.empty()) {
+    net_devices = options_.net_devices;
+    if (ucp_config_modify(config, "NET_DEVICES", net_devices.c_str()) != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InvalidArgumentError(absl::StrCat("UCX refuses net devices \"", net_devices, "\""));
+    }
+  } else if (options_.loopback_only && net_devices.empty()) {
     net_devices = "lo";
     (void)ucp_config_modify(config, "NET_DEVICES", "lo");
   }
