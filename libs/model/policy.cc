@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "libs/common/status_macros.h"
@@ -152,9 +154,10 @@ namespace {
 
 // Replaces every parameter's gradient by the token-weighted mean over the group's
 // ranks: sum_r n_r * g_r / sum_r n_r, with n_r the rank's response tokens (its loss
-// is a mean over them), in one all-reduce of [n_r * grads..., n_r].
-absl::Status SyncGradients(Policy::Impl& impl, const torch::Tensor& mask, GradientGroup* group) {
-  const float tokens = mask.sum().item<float>();
+// is a mean over them), in one all-reduce of [n_r * grads..., n_r, nonfinite_r]. The
+// last element makes *nonfinite (a rank's non-finite loss) the same on every rank, so
+// that every rank skips the update together.
+absl::Status SyncGradients(Policy::Impl& impl, float tokens, GradientGroup* group, bool* nonfinite) {
   std::vector<torch::Tensor> params;
   std::vector<torch::Tensor> parts;
   for (auto& p : impl.parameters()) {
@@ -163,10 +166,14 @@ absl::Status SyncGradients(Policy::Impl& impl, const torch::Tensor& mask, Gradie
     parts.push_back((g * tokens).flatten().to(torch::kCPU));
   }
   parts.push_back(torch::full({1}, tokens));
+  parts.push_back(torch::full({1}, *nonfinite ? 1.0f : 0.0f));
   torch::Tensor flat = torch::cat(parts).contiguous();
   RETURN_IF_ERROR(group->AllReduceSum(flat.data_ptr<float>(), flat.numel()));
-  const float total = flat[flat.numel() - 1].item<float>();
+  const float flags = flat[flat.numel() - 1].item<float>();
+  if (!(flags == 0)) *nonfinite = true;  // (a NaN sum counts too)
+  const float total = flat[flat.numel() - 2].item<float>();
   if (total <= 0) return absl::OkStatus();  // no tokens anywhere: nothing to learn
+  flat = flat.narrow(0, 0, flat.numel() - 2);
   flat.div_(total);
   int64_t offset = 0;
   for (auto& p : params) {
@@ -181,10 +188,101 @@ absl::Status SyncGradients(Policy::Impl& impl, const torch::Tensor& mask, Gradie
   return absl::OkStatus();
 }
 
+// The key of a parameter in the optimizer's state map: libtorch 1.13 (Debian) keys it
+// by the TensorImpl's address printed as a string, libtorch 2.x by the address itself.
+template <typename Map>
+typename Map::key_type OptimizerStateKey(const Map&, const torch::Tensor& param) {
+  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
+    std::ostringstream key;
+    key << param.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
+
+// Optimizer updates taken so far (AdamW's per-parameter step count; 0 before any).
+int64_t OptimizerSteps(Policy::Impl& impl) {
+  auto& state = impl.optimizer->state();
+  int64_t steps = 0;
+  for (const auto& p : impl.parameters()) {
+    auto it = state.find(OptimizerStateKey(state, p));
+    if (it != state.end()) {
+      steps = std::max<int64_t>(steps, static_cast<const torch::optim::AdamWParamState&>(*it->second).step());
+    }
+  }
+  return steps;
+}
+
+// The weights and optimizer state before a step of several updates, so that a
+// non-finite loss in a later update leaves nothing applied.
+struct TrainSnapshot {
+  std::vector<torch::Tensor> params;
+  std::vector<std::pair<torch::Tensor, std::unique_ptr<torch::optim::AdamWParamState>>> states;
+
+  static TrainSnapshot Take(Policy::Impl& impl) {
+    torch::NoGradGuard no_grad;
+    TrainSnapshot s;
+    auto& state = impl.optimizer->state();
+    for (const auto& p : impl.parameters()) {
+      s.params.push_back(p.detach().clone());
+      auto it = state.find(OptimizerStateKey(state, p));
+      if (it == state.end()) continue;
+      const auto& from = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      auto copy = std::make_unique<torch::optim::AdamWParamState>();
+      copy->step(from.step());
+      copy->exp_avg(from.exp_avg().clone());
+      copy->exp_avg_sq(from.exp_avg_sq().clone());
+      if (from.max_exp_avg_sq().defined()) copy->max_exp_avg_sq(from.max_exp_avg_sq().clone());
+      s.states.emplace_back(p, std::move(copy));
+    }
+    return s;
+  }
+  void Restore(Policy::Impl& impl) {
+    torch::NoGradGuard no_grad;
+    size_t i = 0;
+    for (auto& p : impl.parameters()) p.copy_(params[i++]);
+    auto& state = impl.optimizer->state();
+    state.clear();
+    for (auto& [param, s] : states) state[OptimizerStateKey(state, param)] = std::move(s);
+    states.clear();
+    ++impl.weights_generation;
+  }
+};
+
+constexpr char kNonFinitePayload[] = "type.rlfleet/model.NonFiniteLoss";
+
+absl::Status NonFiniteLossError(int64_t update) {
+  absl::Status s = absl::InternalError(absl::StrCat(
+      "non-finite loss or gradient in update ", update + 1, " of the step; the step is not applied"));
+  s.SetPayload(kNonFinitePayload, absl::Cord("1"));
+  return s;
+}
+
 }  // namespace
+
+bool IsNonFiniteLossError(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kInternal && status.GetPayload(kNonFinitePayload).has_value();
+}
 
 absl::Status Policy::CheckBatch(const std::vector<TrainSequence>& batch, const TrainOptions& options) const {
   if (batch.empty()) return absl::InvalidArgumentError("empty training batch");
+  if (options.mini_batches < 1 || static_cast<size_t>(options.mini_batches) > batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("mini_batches is ", options.mini_batches, "; it must be in [1, ",
+                                                   batch.size(), "] (the sequences of this batch)"));
+  }
+  if (options.micro_batch_size < 0 || options.epochs < 1 || options.warmup_steps < 0) {
+    return absl::InvalidArgumentError("micro_batch_size, epochs and warmup_steps must not be negative");
+  }
+  for (double v : {static_cast<double>(options.learning_rate), static_cast<double>(options.weight_decay),
+                   static_cast<double>(options.grad_clip), static_cast<double>(options.beta1),
+                   static_cast<double>(options.beta2), static_cast<double>(options.eps), options.clip, options.clip_high,
+                   options.entropy_coef, options.gamma, options.gae_lambda, options.value_coef, options.value_clip}) {
+    if (!std::isfinite(v) || v < 0) return absl::InvalidArgumentError("a training option is negative or not finite");
+  }
+  if (options.beta1 >= 1 || options.beta2 >= 1 || options.eps <= 0) {
+    return absl::InvalidArgumentError("AdamW betas must be in [0, 1) and eps > 0");
+  }
   if (options.gae && !impl_->value) {
     return absl::FailedPreconditionError("PPO with GAE needs the value head (PolicyConfig.value_head)");
   }
@@ -263,10 +361,15 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
   // the value targets. Logits at P-1+j predict response token j, and the value there
   // is that of the state before token j.
   torch::Tensor old_values, returns;
+  const int64_t micro = options.micro_batch_size > 0 ? std::min<int64_t>(options.micro_batch_size, B) : B;
   if (options.gae) {
     torch::NoGradGuard no_grad;
-    torch::Tensor hidden = impl_->Trunk(input, 0, nullptr);
-    old_values = impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1) * mask;
+    std::vector<torch::Tensor> values;
+    for (int64_t begin = 0; begin < B; begin += micro) {
+      torch::Tensor hidden = impl_->Trunk(input.narrow(0, begin, std::min(micro, B - begin)), 0, nullptr);
+      values.push_back(impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1));
+    }
+    old_values = torch::cat(values) * mask;
     rl::GaeResult g = rl::Gae(rewards.to(dev), old_values, mask, options.gamma, options.gae_lambda);
     returns = g.returns;
     torch::Tensor mean = rl::MaskedMean(g.advantages, mask);
@@ -277,48 +380,92 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
     impl_->optimizer = std::make_unique<torch::optim::AdamW>(
         impl_->parameters(), torch::optim::AdamWOptions(options.learning_rate).weight_decay(options.weight_decay));
   }
-  for (auto& group : impl_->optimizer->param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options())
-        .lr(options.learning_rate)
-        .weight_decay(options.weight_decay);
-  }
+  const int64_t epochs = std::max(1, options.epochs), mini_batches = options.mini_batches;
+  // A step of several updates can be undone (a non-finite loss in a later update).
+  std::optional<TrainSnapshot> snapshot;
+  if (epochs * mini_batches > 1) snapshot = TrainSnapshot::Take(*impl_);
   impl_->train();
   TrainStats stats;
-  for (int epoch = 0; epoch < std::max(1, options.epochs); ++epoch) {
-    impl_->optimizer->zero_grad();
-    torch::Tensor hidden = impl_->Trunk(input, 0, nullptr);
-    torch::Tensor logits = impl_->head(hidden);
-    // Logits at P-1+j predict response token j.
-    torch::Tensor all_lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1);
-    torch::Tensor lp = all_lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
-    torch::Tensor entropy = -(all_lp.exp() * all_lp).sum(-1);
-    rl::PpoOptions po;
-    po.clip = options.clip;
-    po.entropy_coef = options.entropy_coef;
-    rl::PpoLoss loss = rl::PpoPolicyLoss(lp, old_lp, adv, mask, po, {}, {}, entropy);
-    torch::Tensor total = loss.loss;
-    if (options.gae) {
-      torch::Tensor v = impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1);
-      torch::Tensor clipped = old_values + (v - old_values).clamp(-options.value_clip, options.value_clip);
-      torch::Tensor value_loss =
-          0.5 * rl::MaskedMean(torch::max((v - returns).pow(2), (clipped - returns).pow(2)), mask);
-      total = total + options.value_coef * value_loss;
-      stats.value_loss = value_loss.item<float>();
+  const double batch_tokens = mask.sum().item<double>();
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    double loss_sum = 0, policy_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, value_sum = 0;
+    for (int64_t k = 0; k < mini_batches; ++k) {
+      const int64_t first = B * k / mini_batches, last = B * (k + 1) / mini_batches;
+      impl_->optimizer->zero_grad();
+      const float mini_tokens = mask.narrow(0, first, last - first).sum().item<float>();
+      bool nonfinite = false;
+      // Gradient accumulation: each micro-batch's token-mean loss weighted by its share
+      // of the mini-batch's tokens sums to the mini-batch's token-mean loss.
+      for (int64_t begin = first; begin < last; begin += micro) {
+        const int64_t n = std::min(micro, last - begin);
+        torch::Tensor m = mask.narrow(0, begin, n);
+        const float tokens = m.sum().item<float>();
+        torch::Tensor hidden = impl_->Trunk(input.narrow(0, begin, n), 0, nullptr);
+        torch::Tensor logits = impl_->head(hidden);
+        // Logits at P-1+j predict response token j.
+        torch::Tensor all_lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1);
+        torch::Tensor lp = all_lp.gather(-1, targets.narrow(0, begin, n).unsqueeze(-1)).squeeze(-1);
+        torch::Tensor entropy = -(all_lp.exp() * all_lp).sum(-1);
+        rl::PpoOptions po;
+        po.clip = options.clip;
+        po.clip_high = options.clip_high;
+        po.entropy_coef = options.entropy_coef;
+        rl::PpoLoss loss =
+            rl::PpoPolicyLoss(lp, old_lp.narrow(0, begin, n), adv.narrow(0, begin, n), m, po, {}, {}, entropy);
+        torch::Tensor total = loss.loss;
+        if (options.gae) {
+          torch::Tensor v = impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1);
+          torch::Tensor old_v = old_values.narrow(0, begin, n), ret = returns.narrow(0, begin, n);
+          torch::Tensor clipped = old_v + (v - old_v).clamp(-options.value_clip, options.value_clip);
+          torch::Tensor value_loss = 0.5 * rl::MaskedMean(torch::max((v - ret).pow(2), (clipped - ret).pow(2)), m);
+          total = total + options.value_coef * value_loss;
+          value_sum += value_loss.item<double>() * tokens;
+        }
+        const double total_value = total.item<double>();
+        if (!std::isfinite(total_value)) nonfinite = true;
+        if (mini_tokens > 0) (total * (tokens / mini_tokens)).backward();
+        loss_sum += total_value * tokens;
+        policy_sum += loss.policy_loss.item<double>() * tokens;
+        clip_sum += loss.clip_fraction.item<double>() * tokens;
+        kl_sum += loss.approx_kl.item<double>() * tokens;
+        entropy_sum += loss.entropy.item<double>() * tokens;
+      }
+      if (options.group != nullptr) RETURN_IF_ERROR(SyncGradients(*impl_, mini_tokens, options.group, &nonfinite));
+      const double norm = torch::nn::utils::clip_grad_norm_(impl_->parameters(), options.grad_clip);
+      if (nonfinite || !std::isfinite(norm)) {
+        impl_->optimizer->zero_grad();
+        if (snapshot.has_value()) snapshot->Restore(*impl_);
+        impl_->eval();
+        return NonFiniteLossError(epoch * mini_batches + k);
+      }
+      const int64_t t = OptimizerSteps(*impl_);
+      const double lr = options.warmup_steps > 0
+                            ? options.learning_rate * std::min(1.0, static_cast<double>(t + 1) / options.warmup_steps)
+                            : options.learning_rate;
+      for (auto& group : impl_->optimizer->param_groups()) {
+        static_cast<torch::optim::AdamWOptions&>(group.options())
+            .lr(lr)
+            .weight_decay(options.weight_decay)
+            .betas(std::make_tuple(static_cast<double>(options.beta1), static_cast<double>(options.beta2)))
+            .eps(options.eps);
+      }
+      impl_->optimizer->step();
+      ++impl_->weights_generation;
+      ++stats.optimizer_steps;
+      stats.grad_norm = static_cast<float>(norm);
+      stats.learning_rate = static_cast<float>(lr);
     }
-    total.backward();
-    if (options.group != nullptr) RETURN_IF_ERROR(SyncGradients(*impl_, mask, options.group));
-    const double norm = torch::nn::utils::clip_grad_norm_(impl_->parameters(), options.grad_clip);
-    impl_->optimizer->step();
-    ++impl_->weights_generation;
-    stats.loss = total.item<float>();
-    stats.policy_loss = loss.policy_loss.item<float>();
-    stats.clip_fraction = loss.clip_fraction.item<float>();
-    stats.approx_kl = loss.approx_kl.item<float>();
-    stats.grad_norm = static_cast<float>(norm);
-    stats.entropy = loss.entropy.item<float>();
+    // The last epoch's token means over the whole batch.
+    const double d = std::max(1.0, batch_tokens);
+    stats.loss = static_cast<float>(loss_sum / d);
+    stats.policy_loss = static_cast<float>(policy_sum / d);
+    stats.clip_fraction = static_cast<float>(clip_sum / d);
+    stats.approx_kl = static_cast<float>(kl_sum / d);
+    stats.entropy = static_cast<float>(entropy_sum / d);
+    stats.value_loss = static_cast<float>(value_sum / d);
   }
   impl_->eval();
-  stats.tokens = static_cast<int64_t>(mask.sum().item<float>());
+  stats.tokens = static_cast<int64_t>(batch_tokens);
   return stats;
 }
 
@@ -352,19 +499,6 @@ TensorBlob ToBlob(const torch::Tensor& tensor) {
   return blob;
 }
 
-// The key of a parameter in the optimizer's state map: libtorch 1.13 (Debian) keys it
-// by the TensorImpl's address printed as a string, libtorch 2.x by the address itself.
-template <typename Map>
-typename Map::key_type OptimizerStateKey(const Map&, const torch::Tensor& param) {
-  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
-    std::ostringstream key;
-    key << param.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return param.unsafeGetTensorImpl();
-  }
-}
-
 }  // namespace
 
 absl::Status Policy::SaveOptimizerState(const std::string& path, bool* saved) const {
@@ -394,6 +528,15 @@ void Policy::ResetOptimizer() { impl_->optimizer.reset(); }
 
 absl::Status Policy::LoadOptimizerState(const std::string& path) {
   ASSIGN_OR_RETURN(auto tensors, ReadSafetensors(path));
+  return InstallOptimizerState(tensors, path);
+}
+
+absl::Status Policy::LoadOptimizerStateBytes(const std::string& bytes, const std::string& name) {
+  ASSIGN_OR_RETURN(auto tensors, ParseSafetensors(bytes, name));
+  return InstallOptimizerState(tensors, name);
+}
+
+absl::Status Policy::InstallOptimizerState(const std::map<std::string, TensorBlob>& tensors, const std::string& path) {
   torch::NoGradGuard no_grad;
   // Everything is checked before the optimizer changes.
   std::vector<std::pair<torch::Tensor, std::unique_ptr<torch::optim::AdamWParamState>>> loaded;

@@ -103,9 +103,25 @@ class GradientGroup {
 struct TrainOptions {
   float learning_rate = 5e-4f;  // AdamW
   float weight_decay = 0.0f;
+  float beta1 = 0.9f;           // AdamW moment decays, in [0, 1)
+  float beta2 = 0.999f;
+  float eps = 1e-8f;            // AdamW epsilon, > 0
+  // Linear learning-rate warmup: optimizer update t (counted from the optimizer's
+  // first update, checkpoints included; t = 0 first) uses learning_rate *
+  // min(1, (t + 1) / warmup_steps). 0 = none.
+  int64_t warmup_steps = 0;
   float grad_clip = 1.0f;       // max global gradient norm
   double clip = 0.2;            // PPO-clip epsilon
+  double clip_high = 0.0;       // upper PPO-clip epsilon (asymmetric); 0 = clip
   int epochs = 1;               // passes over the batch (PPO epochs)
+  // Optimizer updates per epoch: the batch is split into this many contiguous
+  // mini-batches (sizes differ by at most one), one update each. 1..batch size.
+  int mini_batches = 1;
+  // Sequences per forward/backward: a mini-batch's gradient is accumulated over
+  // micro-batches of this many sequences, weighted by their tokens, so that it equals
+  // the mini-batch's token-mean gradient (less memory, same update). 0 = the whole
+  // mini-batch.
+  int micro_batch_size = 0;
   double entropy_coef = 0.0;    // weight of the entropy bonus (keeps sampling diverse)
   // PPO with a critic: per-token advantages by GAE(gamma, lambda) over the value head's
   // estimates at the start of the step (whitened over the batch's tokens), and a
@@ -130,7 +146,13 @@ struct TrainStats {
   float entropy = 0;    // mean policy entropy over response tokens, nats
   float value_loss = 0; // GAE only: the clipped value loss, last epoch
   int64_t tokens = 0;
+  int64_t optimizer_steps = 0;  // updates applied (epochs x mini-batches)
+  float learning_rate = 0;      // learning rate of the last update (after warmup)
 };
+
+// True for TrainStep's error for a non-finite loss or gradient (INTERNAL; nothing was
+// applied: weights and optimizer state are as before the step).
+bool IsNonFiniteLossError(const absl::Status& status);
 
 class DecodeBatch;
 
@@ -167,10 +189,13 @@ class Policy {
   absl::StatusOr<std::vector<Generation>> Generate(const std::vector<std::vector<int32_t>>& prompts,
                                                    const SamplingOptions& options);
 
-  // One PPO/GRPO update on `batch` (AdamW, gradient clipping; the optimiser state is
-  // kept across calls). INVALID_ARGUMENT naming the sequence for an empty response,
-  // mismatched log-probs or a too long sequence; FAILED_PRECONDITION for GAE without a
-  // value head.
+  // One PPO/GRPO step on `batch`: options.epochs x options.mini_batches AdamW updates
+  // (gradient clipping; the optimiser state is kept across calls). INVALID_ARGUMENT
+  // naming the sequence for an empty response, mismatched log-probs or a too long
+  // sequence, or for options out of range (mini_batches above the batch size);
+  // FAILED_PRECONDITION for GAE without a value head; INTERNAL (IsNonFiniteLossError)
+  // for a non-finite loss or gradient in any update, and then nothing is applied (the
+  // weights and optimizer state are restored to what they were before the step).
   absl::StatusOr<TrainStats> TrainStep(const std::vector<TrainSequence>& batch, const TrainOptions& options);
   // What TrainStep checks before it changes anything (a data-parallel rank 0 checks
   // the whole batch before handing out parts of it).
@@ -196,6 +221,8 @@ class Policy {
   // changes); after it TrainStep continues exactly where the saved optimizer was.
   absl::Status SaveOptimizerState(const std::string& path, bool* saved) const;
   absl::Status LoadOptimizerState(const std::string& path);
+  // The same from a safetensors image in memory (`name` names it in errors).
+  absl::Status LoadOptimizerStateBytes(const std::string& bytes, const std::string& name);
   // Forgets the optimizer state (the next TrainStep starts AdamW afresh).
   void ResetOptimizer();
 
@@ -204,6 +231,7 @@ class Policy {
  private:
   friend class DecodeBatch;
   explicit Policy(std::unique_ptr<Impl> impl);
+  absl::Status InstallOptimizerState(const std::map<std::string, TensorBlob>& tensors, const std::string& name);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -48,7 +48,8 @@ PpoLoss PpoPolicyLoss(const torch::Tensor& new_logprobs, const torch::Tensor& ol
   torch::Tensor adv = advantages.dim() == 1 ? advantages.unsqueeze(1).expand_as(new_logprobs) : advantages;
   torch::Tensor ratio = torch::exp(new_logprobs - old_logprobs);
   torch::Tensor unclipped = ratio * adv;
-  torch::Tensor clipped = torch::clamp(ratio, 1.0 - o.clip, 1.0 + o.clip) * adv;
+  const double clip_high = o.clip_high > 0 ? o.clip_high : o.clip;
+  torch::Tensor clipped = torch::clamp(ratio, 1.0 - o.clip, 1.0 + clip_high) * adv;
   torch::Tensor per_token = -torch::min(unclipped, clipped);
   if (behaviour_logprobs.defined() && o.importance_cap > 0) {
     torch::Tensor w = torch::exp(old_logprobs - behaviour_logprobs).clamp_max(o.importance_cap).detach();

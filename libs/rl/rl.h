@@ -40,6 +40,9 @@ struct PpoOptions {
   // step); each token is weighted by exp(old - behaviour) truncated at this cap.
   // 0 disables the correction.
   double importance_cap = 2.0;
+  // Upper clip epsilon (asymmetric clipping, e.g. DAPO's clip-higher): the ratio is
+  // clamped to [1 - clip, 1 + clip_high]. 0 = clip (symmetric).
+  double clip_high = 0.0;
 };
 
 struct PpoLoss {

@@ -42,6 +42,10 @@ ABSL_FLAG(std::string, dp_wire, "fp32",
           "Gradient precision on the wire (ring: every link; hierarchical: between nodes): fp32, bf16, fp16.");
 ABSL_FLAG(absl::Duration, dp_timeout, absl::Seconds(60),
           "Rendezvous and collective deadline: a dead rank is an error after this long.");
+ABSL_FLAG(std::string, checkpoint_root, "checkpoints",
+          "SaveCheckpoint / LoadCheckpoint paths (absolute, or relative to this directory) must lie inside this "
+          "directory (relative: to the working directory; made at the first save); empty: no checkpoints. "
+          "Overwrite replaces only checkpoints this trainer wrote.");
 ABSL_FLAG(std::string, publish_dir, "",
           "PublishWeights writes policy-v<N>.safetensors here (one machine); empty: versions are kept in memory "
           "on this trainer's data plane (--data_plane) and pulled from there by the weights service or the replicas.");
@@ -155,7 +159,7 @@ int main(int argc, char** argv) {
     publish.data_plane = publish_plane.get();
   }
   auto core = rlfleet::trainer::TrainerCore::Create(config, absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_seed),
-                                                    buffer.get(), group.get());
+                                                    buffer.get(), group.get(), absl::GetFlag(FLAGS_checkpoint_root));
   if (!core.ok()) {
     std::cerr << "rlfleet-trainer: " << core.status() << "\n";
     return 2;

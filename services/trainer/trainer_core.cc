@@ -1,22 +1,21 @@
 #include "services/trainer/trainer_core.h"
 
-#include <sys/stat.h>
-
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <cstring>
+#include <filesystem>
+#include <limits>
 #include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "libs/common/checks.h"
 #include "libs/common/checksum.h"
+#include "libs/common/files.h"
 #include "libs/common/huge_string.h"
-#include "libs/model/safetensors.h"
 #include "libs/common/status_macros.h"
+#include "libs/model/safetensors.h"
+#include "services/trainer/train_options.h"
 
 namespace rlfleet::trainer {
 namespace {
@@ -58,18 +57,6 @@ absl::StatusOr<std::vector<float>> Advantages(const std::vector<const v1::Experi
     }
   }
   return adv;
-}
-
-v1::AdvantageEstimator EstimatorFor(const v1::AlgorithmParams& p) {
-  if (p.advantage_estimator() != v1::ADVANTAGE_ESTIMATOR_UNSPECIFIED) return p.advantage_estimator();
-  switch (p.algorithm()) {
-    case v1::ALGORITHM_RLOO:
-      return v1::ADVANTAGE_ESTIMATOR_LEAVE_ONE_OUT;
-    case v1::ALGORITHM_PPO:
-      return v1::ADVANTAGE_ESTIMATOR_GAE;
-    default:
-      return v1::ADVANTAGE_ESTIMATOR_GROUP_NORM;
-  }
 }
 
 }  // namespace
@@ -128,9 +115,16 @@ std::string EncodeStep(const std::vector<model::TrainSequence>& seqs, const mode
   std::string out(1, kTrain);
   Put(&out, o.learning_rate);
   Put(&out, o.weight_decay);
+  Put(&out, o.beta1);
+  Put(&out, o.beta2);
+  Put(&out, o.eps);
+  Put<int64_t>(&out, o.warmup_steps);
   Put(&out, o.grad_clip);
   Put(&out, o.clip);
+  Put(&out, o.clip_high);
   Put<int32_t>(&out, o.epochs);
+  Put<int32_t>(&out, o.mini_batches);
+  Put<int32_t>(&out, o.micro_batch_size);
   Put(&out, o.entropy_coef);
   Put<uint8_t>(&out, o.gae);
   Put(&out, o.gamma);
@@ -152,9 +146,16 @@ absl::Status DecodeStep(absl::string_view in, std::vector<model::TrainSequence>*
   Reader r(in.substr(1));
   o->learning_rate = r.Get<float>();
   o->weight_decay = r.Get<float>();
+  o->beta1 = r.Get<float>();
+  o->beta2 = r.Get<float>();
+  o->eps = r.Get<float>();
+  o->warmup_steps = r.Get<int64_t>();
   o->grad_clip = r.Get<float>();
   o->clip = r.Get<double>();
+  o->clip_high = r.Get<double>();
   o->epochs = r.Get<int32_t>();
+  o->mini_batches = r.Get<int32_t>();
+  o->micro_batch_size = r.Get<int32_t>();
   o->entropy_coef = r.Get<double>();
   o->gae = r.Get<uint8_t>() != 0;
   o->gamma = r.Get<double>();
@@ -179,23 +180,37 @@ absl::Status DecodeStep(absl::string_view in, std::vector<model::TrainSequence>*
 
 absl::StatusOr<std::unique_ptr<TrainerCore>> TrainerCore::Create(const model::PolicyConfig& config,
                                                                  const std::string& device, uint64_t seed,
-                                                                 BufferSource* buffer, model::GradientGroup* group) {
+                                                                 BufferSource* buffer, model::GradientGroup* group,
+                                                                 fs::path checkpoint_root) {
   ASSIGN_OR_RETURN(auto policy, model::Policy::Create(config, device, seed));
-  return std::unique_ptr<TrainerCore>(new TrainerCore(std::move(policy), buffer, device, group));
+  if (!checkpoint_root.empty()) {
+    std::error_code ec;
+    checkpoint_root = fs::absolute(checkpoint_root, ec).lexically_normal();
+    if (ec) return absl::InvalidArgumentError(absl::StrCat("checkpoint root: ", ec.message()));
+  }
+  return std::unique_ptr<TrainerCore>(
+      new TrainerCore(std::move(policy), buffer, device, group, std::move(checkpoint_root)));
 }
 
 TrainerCore::TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
-                         model::GradientGroup* group)
+                         model::GradientGroup* group, fs::path checkpoint_root)
     : policy_(std::move(policy)),
       buffer_(buffer),
       device_(std::move(device)),
+      checkpoint_root_(std::move(checkpoint_root)),
+      // The optimizer's two moments and step counts, plus headers, at most.
+      max_checkpoint_file_bytes_(2 * model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters())) +
+                                 (uint64_t{1} << 20)),
       group_(group),
       step_metric_(metrics::Global().AddHistogram("rlfleet_trainer_step_seconds",
                                                   "Wall time of a TrainStep (batch wait included).", {})),
       steps_metric_(metrics::Global().AddCounter("rlfleet_trainer_steps_total", "Train steps taken.", {})),
       loss_metric_(metrics::Global().AddGauge("rlfleet_trainer_loss", "Loss of the last step.", {})),
       version_metric_(metrics::Global().AddGauge("rlfleet_policy_version", "Installed policy version.",
-                                                 {{"service", "trainer"}})) {
+                                                 {{"service", "trainer"}})),
+      ack_failures_metric_(metrics::Global().AddCounter(
+          "rlfleet_trainer_ack_failures_total",
+          "Buffer acks that failed after a step (retried; the groups are not trained on twice).", {})) {
   last_broadcast_ = absl::Now();
   if (group_ != nullptr && group_->rank() == 0 && group_->world_size() > 1) {
     keepalive_ = std::thread([this] { Keepalive(); });
@@ -241,7 +256,7 @@ absl::StatusOr<model::TrainStats> TrainerCore::TrainPartLocked(const std::vector
   for (size_t i = group_->rank(); i < seqs.size(); i += group_->world_size()) part.push_back(seqs[i]);
   options.group = group_;
   absl::StatusOr<model::TrainStats> stats = policy_->TrainStep(part, options);
-  if (!stats.ok()) {
+  if (!stats.ok() && !model::IsNonFiniteLossError(stats.status())) {
     // The batch was checked whole on rank 0, so this is the group failing mid-step.
     group_error_ = absl::UnavailableError(absl::StrCat("data-parallel step failed (restart every rank): ",
                                                        stats.status().message()));
@@ -258,22 +273,30 @@ absl::Status TrainerCore::ServeWorker() {
     std::string command;
     RETURN_IF_ERROR(group_->Broadcast(&command));  // rank 0 keeps it alive while idle
     if (command.empty()) return absl::DataLossError("an empty command from rank 0");
+    if (command[0] == kLoad) {
+      // The directory rank 0 loaded, resolved under this rank's root too, and read
+      // before the lock is taken.
+      ASSIGN_OR_RETURN(fs::path dir, CheckpointPath(command.substr(1)));
+      ASSIGN_OR_RETURN(CheckpointContents contents, ReadCheckpoint(dir, max_checkpoint_file_bytes_));
+      absl::MutexLock lock(&mu_);
+      v1::LoadCheckpointResponse response;
+      RETURN_IF_ERROR(InstallLocked(std::move(contents), &response));
+      continue;
+    }
     absl::MutexLock lock(&mu_);
     switch (command[0]) {
       case kKeepalive:
         break;
       case kStop:
         return absl::OkStatus();
-      case kLoad: {
-        v1::LoadCheckpointResponse response;
-        RETURN_IF_ERROR(LoadLocked(command.substr(1), &response));
-        break;
-      }
       case kTrain: {
         std::vector<model::TrainSequence> seqs;
         model::TrainOptions options;
         RETURN_IF_ERROR(DecodeStep(command, &seqs, &options));
-        RETURN_IF_ERROR(TrainPartLocked(seqs, options).status());
+        absl::StatusOr<model::TrainStats> stats = TrainPartLocked(seqs, options);
+        // A non-finite loss is skipped by every rank alike (the group agrees on it).
+        if (!stats.ok() && model::IsNonFiniteLossError(stats.status())) break;
+        RETURN_IF_ERROR(stats.status());
         ++step_;
         ++version_;
         break;
@@ -284,14 +307,56 @@ absl::Status TrainerCore::ServeWorker() {
   }
 }
 
+bool TrainerCore::TrainedUnackedLocked(const std::string& id) const {
+  for (const UnackedLease& u : unacked_) {
+    if (u.experience_ids.contains(id)) return true;
+  }
+  return false;
+}
+
+void TrainerCore::RetryAcksLocked() {
+  for (auto it = unacked_.begin(); it != unacked_.end();) {
+    if (it->retry_ack) {
+      const absl::Status s = buffer_->Ack(it->lease_id);
+      if (s.ok()) {  // consumed: its groups never come back
+        it = unacked_.erase(it);
+        continue;
+      }
+      // Expired (its groups went back to the buffer) or forgotten: they may come back.
+      if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) it->retry_ack = false;
+    }
+    if (!it->retry_ack && it->experience_ids.empty()) {
+      it = unacked_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
+void TrainerCore::AckLocked(const std::string& lease_id, const std::vector<std::string>& trained,
+                            const std::vector<std::string>& redelivered) {
+  if (buffer_->Ack(lease_id).ok()) {
+    // The groups trained before are consumed now: they will not come back.
+    for (const std::string& id : redelivered) {
+      for (UnackedLease& u : unacked_) u.experience_ids.erase(id);
+    }
+    return;
+  }
+  ack_failures_metric_->Add();
+  UnackedLease u;
+  u.lease_id = lease_id;
+  u.experience_ids.insert(trained.begin(), trained.end());
+  unacked_.push_back(std::move(u));
+  while (unacked_.size() > kMaxUnackedLeases) unacked_.pop_front();
+}
+
 absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) {
   const absl::Time start = absl::Now();
   const v1::AlgorithmParams& p = request.params();
-  if (p.ppo_epochs() > 16) return absl::InvalidArgumentError("params.ppo_epochs exceeds 16");
-  if (p.clip_ratio() < 0) return absl::InvalidArgumentError("params.clip_ratio is negative");
-  if (p.has_optimizer() && p.optimizer().learning_rate() < 0) {
-    return absl::InvalidArgumentError("params.optimizer.learning_rate is negative");
-  }
+  // Every field is checked before anything is sampled (mini_batches again below,
+  // against the batch's size).
+  RETURN_IF_ERROR(CheckSource(request));
+  RETURN_IF_ERROR(OptionsFromParams(p, std::numeric_limits<size_t>::max(), 1).status());
   absl::MutexLock lock(&mu_);
   if (request.has_expected_step() && request.expected_step() != step_ + 1) {
     return absl::FailedPreconditionError(absl::StrCat("expected_step ", request.expected_step(),
@@ -301,9 +366,11 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
   // The batch.
   v1::SampleBatchResponse sampled;
   std::vector<const v1::Experience*> exps;
+  std::vector<std::string> redelivered;  // ids already trained on that came back under this lease
   double wait_ms = 0;
   if (request.has_buffer()) {
     if (buffer_ == nullptr) return absl::FailedPreconditionError("no buffer configured for BufferSource batches");
+    RetryAcksLocked();
     v1::SampleBatchRequest sample;
     sample.set_num_groups(request.buffer().num_groups());
     sample.set_min_groups(request.buffer().min_groups() ? request.buffer().min_groups() : request.buffer().num_groups());
@@ -311,20 +378,38 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
     sample.set_wait_ms(request.buffer().wait_ms());
     sample.set_current_policy_version(version_);
     sample.set_consumer_id("trainer-0");
-    const absl::Time w = absl::Now();
-    RETURN_IF_ERROR(buffer_->Sample(sample, &sampled));
-    wait_ms = absl::ToDoubleMilliseconds(absl::Now() - w);
-    for (const auto& g : sampled.groups()) {
-      for (const auto& e : g.experiences()) exps.push_back(&e);
+    for (int attempt = 0;; ++attempt) {
+      sampled.Clear();
+      exps.clear();
+      redelivered.clear();
+      const absl::Time w = absl::Now();
+      RETURN_IF_ERROR(buffer_->Sample(sample, &sampled));
+      wait_ms += absl::ToDoubleMilliseconds(absl::Now() - w);
+      for (const auto& g : sampled.groups()) {
+        // (a group is trained whole: one trained before is left out whole)
+        bool trained = false;
+        for (const auto& e : g.experiences()) trained = trained || TrainedUnackedLocked(e.experience_id().value());
+        for (const auto& e : g.experiences()) {
+          if (trained) {
+            redelivered.push_back(e.experience_id().value());
+          } else {
+            exps.push_back(&e);
+          }
+        }
+      }
+      if (!exps.empty() || sampled.lease_id().empty()) break;
+      // Only groups this trainer trained on already (their ack had failed, the lease
+      // expired): consumed now, without a second update.
+      AckLocked(sampled.lease_id(), {}, redelivered);
+      if (attempt >= 3) {
+        return absl::UnavailableError(
+            "the buffer handed out only groups already trained on (acked now, not trained again); retry");
+      }
     }
     if (exps.empty()) return absl::UnavailableError("the buffer had no complete groups within wait_ms; retry");
-  } else if (request.has_inline_batch()) {
-    if (request.inline_batch().experiences_size() > 1024) {
-      return absl::InvalidArgumentError("inline_batch.experiences exceeds 1024");
-    }
+  } else {
     for (const auto& e : request.inline_batch().experiences()) exps.push_back(&e);
   }
-  if (exps.empty()) return absl::InvalidArgumentError("no batch: set buffer or a non-empty inline_batch");
   auto fail = [&](absl::Status s) {
     if (!sampled.lease_id().empty()) (void)buffer_->Nack(sampled.lease_id(), std::string(s.message()));
     return s;
@@ -333,66 +418,49 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
   double rsum = 0, rsq = 0, staleness = 0;
   for (size_t i = 0; i < exps.size(); ++i) {
     const v1::Experience& e = *exps[i];
-    if (!e.has_reward()) return fail(absl::InvalidArgumentError(absl::StrCat("experiences[", i, "].reward is not set")));
-    if (e.response_logprobs_size() != e.response_token_ids_size()) {
-      return fail(absl::InvalidArgumentError(absl::StrCat("experiences[", i, "].response_logprobs has ",
-                                                          e.response_logprobs_size(), " entries, want ",
-                                                          e.response_token_ids_size())));
-    }
-    model::TrainSequence s;
-    s.prompt.assign(e.prompt_token_ids().begin(), e.prompt_token_ids().end());
-    s.response.assign(e.response_token_ids().begin(), e.response_token_ids().end());
-    s.behaviour_logprobs.assign(e.response_logprobs().begin(), e.response_logprobs().end());
-    seqs.push_back(std::move(s));
+    if (absl::Status s = CheckExperience(i, e); !s.ok()) return fail(s);
+    model::TrainSequence seq;
+    seq.prompt.assign(e.prompt_token_ids().begin(), e.prompt_token_ids().end());
+    seq.response.assign(e.response_token_ids().begin(), e.response_token_ids().end());
+    seq.behaviour_logprobs.assign(e.response_logprobs().begin(), e.response_logprobs().end());
+    seq.reward = e.reward();
+    seqs.push_back(std::move(seq));
     rsum += e.reward();
     rsq += static_cast<double>(e.reward()) * e.reward();
     for (uint64_t v : e.token_policy_versions()) staleness += version_ > v ? version_ - v : 0;
   }
-  model::TrainOptions options;
-  if (EstimatorFor(p) == v1::ADVANTAGE_ESTIMATOR_GAE) {
+  const int ranks = group_ != nullptr ? group_->world_size() : 1;
+  absl::StatusOr<model::TrainOptions> options = OptionsFromParams(p, seqs.size(), ranks);
+  if (!options.ok()) return fail(options.status());
+  if (options->gae) {
     // PPO with the critic: per-token advantages come from the value head in the step.
     if (!policy_->config().value_head) {
       return fail(absl::FailedPreconditionError(
           "GAE (PPO) needs a value head: start the trainer with --value_head, or use GRPO / RLOO"));
     }
-    if (p.gamma() < 0 || p.gamma() > 1) return fail(absl::InvalidArgumentError("params.gamma is outside [0, 1]"));
-    if (p.gae_lambda() < 0 || p.gae_lambda() > 1) {
-      return fail(absl::InvalidArgumentError("params.gae_lambda is outside [0, 1]"));
-    }
-    if (p.value_loss_coef() < 0) return fail(absl::InvalidArgumentError("params.value_loss_coef is negative"));
-    options.gae = true;
-    if (p.gamma() > 0) options.gamma = p.gamma();  // 0 = unset: 1.0
-    if (p.gae_lambda() > 0) options.gae_lambda = p.gae_lambda();  // 0 = unset: 0.95
-    if (p.value_loss_coef() > 0) options.value_coef = p.value_loss_coef();  // 0 = unset: 0.5
-    for (size_t i = 0; i < seqs.size(); ++i) seqs[i].reward = exps[i]->reward();
   } else {
     auto adv = Advantages(exps, EstimatorFor(p));
     if (!adv.ok()) return fail(adv.status());
     for (size_t i = 0; i < seqs.size(); ++i) seqs[i].advantage = (*adv)[i];
   }
-  if (p.has_optimizer() && p.optimizer().learning_rate() > 0) options.learning_rate = p.optimizer().learning_rate();
-  if (p.has_optimizer()) {
-    options.weight_decay = p.optimizer().weight_decay();
-    if (p.optimizer().grad_clip_norm() > 0) options.grad_clip = p.optimizer().grad_clip_norm();
-  }
-  if (p.clip_ratio() > 0) options.clip = p.clip_ratio();
-  if (p.ppo_epochs() > 0) options.epochs = p.ppo_epochs();
-  if (p.entropy_coef() < 0) return fail(absl::InvalidArgumentError("params.entropy_coef is negative"));
-  options.entropy_coef = p.entropy_coef();
-  if (group_ != nullptr && group_->world_size() > 1) {
-    if (seqs.size() < static_cast<size_t>(group_->world_size())) {
-      return fail(absl::FailedPreconditionError(absl::StrCat("a batch of ", seqs.size(), " sequences is smaller than the ",
-                                                             group_->world_size(), " data-parallel ranks")));
+  if (ranks > 1) {
+    if (seqs.size() < static_cast<size_t>(ranks)) {
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("a batch of ", seqs.size(), " sequences is smaller than the ", ranks, " data-parallel ranks")));
     }
     // Checked whole here, so that no rank fails its part after the others started.
-    if (absl::Status s = policy_->CheckBatch(seqs, options); !s.ok()) return fail(s);
-    if (absl::Status s = BroadcastLocked(EncodeStep(seqs, options)); !s.ok()) return fail(s);
+    if (absl::Status s = policy_->CheckBatch(seqs, *options); !s.ok()) return fail(s);
+    if (absl::Status s = BroadcastLocked(EncodeStep(seqs, *options)); !s.ok()) return fail(s);
   }
-  auto stats = TrainPartLocked(seqs, options);
+  auto stats = TrainPartLocked(seqs, *options);
   if (!stats.ok()) return fail(stats.status());
-  if (!sampled.lease_id().empty()) RETURN_IF_ERROR(buffer_->Ack(sampled.lease_id()));
   ++step_;
   ++version_;
+  if (!sampled.lease_id().empty()) {
+    std::vector<std::string> trained;
+    for (const v1::Experience* e : exps) trained.push_back(e->experience_id().value());
+    AckLocked(sampled.lease_id(), trained, redelivered);
+  }
   const double n = exps.size();
   v1::TrainMetrics* m = response->mutable_metrics();
   m->set_loss(stats->loss);
@@ -424,6 +492,7 @@ absl::Status TrainerCore::GetState(v1::GetStateResponse* response) {
   absl::MutexLock lock(&mu_);
   response->set_step(step_);
   response->mutable_policy_version()->set_version(version_);
+  if (last_publish_.has_value()) *response->mutable_published_version() = last_publish_->version();
   response->set_rank(group_ != nullptr ? group_->rank() : 0);
   response->set_world_size(group_ != nullptr ? group_->world_size() : 1);
   response->set_phase(v1::TRAINER_PHASE_IDLE);
@@ -442,134 +511,136 @@ absl::Status TrainerCore::GetState(v1::GetStateResponse* response) {
 
 namespace {
 
-// FNV-1a 64 of a file's bytes: a checkpoint's state.txt records one per file, so a
-// corrupted file is DATA_LOSS instead of a model that loads wrong.
-absl::StatusOr<std::string> FileDigest(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  uint64_t h = 1469598103934665603ull;
-  char buffer[1 << 16];
-  while (in) {
-    in.read(buffer, sizeof(buffer));
-    for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ static_cast<uint8_t>(buffer[i])) * 1099511628211ull;
-  }
-  return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
-}
-
 std::string ConfigLine(const model::PolicyConfig& c) {
   return absl::StrCat(c.vocab_size, ",", c.d_model, ",", c.n_layers, ",", c.n_heads, ",", c.max_seq_len, ",",
                       c.value_head ? 1 : 0);
 }
 
+// Best effort: removes a half-written checkpoint directory of ours (known names only).
+void RemovePartial(const fs::path& dir) {
+  std::error_code ec;
+  for (const char* name : {kWeightsFile, kOptimizerFile, kStateFile}) fs::remove(dir / name, ec);
+  fs::remove(dir, ec);
+}
+
 }  // namespace
+
+absl::StatusOr<fs::path> TrainerCore::CheckpointPath(const std::string& path) const {
+  if (path.size() > 4096) return absl::InvalidArgumentError("path is over 4096 bytes");
+  if (checkpoint_root_.empty()) {
+    return absl::InvalidArgumentError("path: this trainer has no checkpoint root (--checkpoint_root), so no checkpoints");
+  }
+  ASSIGN_OR_RETURN(fs::path dir, common::ResolveUnderRoot("path", checkpoint_root_, path));
+  std::error_code ec;
+  if (dir == fs::canonical(checkpoint_root_, ec)) {
+    return absl::InvalidArgumentError("path names the checkpoint root itself; name a directory inside it");
+  }
+  return dir;
+}
 
 absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& request,
                                          v1::SaveCheckpointResponse* response) {
   const absl::Time start = absl::Now();
-  if (request.path().empty() || request.path().size() > 4096) {
-    return absl::InvalidArgumentError("path must be 1..4096 bytes");
-  }
-  absl::MutexLock lock(&mu_);
-  const fs::path dir(request.path());
+  if (request.path().empty()) return absl::InvalidArgumentError("path is empty");
   std::error_code ec;
-  if (fs::exists(dir, ec) && !request.overwrite()) {
-    return absl::AlreadyExistsError(absl::StrCat(request.path(), " exists (set overwrite)"));
+  if (!checkpoint_root_.empty()) fs::create_directories(checkpoint_root_, ec);  // (the first save makes it)
+  ASSIGN_OR_RETURN(const fs::path dir, CheckpointPath(request.path()));
+  absl::MutexLock lock(&mu_);
+  const bool exists = fs::symlink_status(dir, ec).type() != fs::file_type::not_found;
+  if (exists && !request.overwrite()) {
+    return absl::AlreadyExistsError(absl::StrCat(dir.string(), " exists (set overwrite)"));
   }
+  // Only a checkpoint this trainer wrote is ever replaced, and it is checked first.
+  if (exists) RETURN_IF_ERROR(CheckIsCheckpoint(dir));
   // Written into a sibling directory, then renamed: a crash mid-write never leaves a
   // checkpoint that loads wrong.
-  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(absl::ToUnixNanos(absl::Now()));
-  fs::create_directories(tmp, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
-  RETURN_IF_ERROR(policy_->SaveSafetensors((tmp / "weights.safetensors").string()));
-  bool optimizer_saved = false;
-  RETURN_IF_ERROR(policy_->SaveOptimizerState((tmp / "optimizer.safetensors").string(), &optimizer_saved));
-  uint64_t size = 0;
-  {
-    std::ofstream state(tmp / "state.txt");
-    state << "step " << step_ << "\nversion " << version_ << "\nconfig " << ConfigLine(policy_->config()) << "\n";
-    for (const char* file : {"weights.safetensors", "optimizer.safetensors"}) {
-      if (!fs::exists(tmp / file, ec)) continue;
-      ASSIGN_OR_RETURN(std::string digest, FileDigest(tmp / file));
-      state << "digest " << file << " " << digest << "\n";
-      size += fs::file_size(tmp / file, ec);
-    }
-    if (!state.flush()) return absl::InternalError("cannot write state.txt");
+  const std::string nanos = std::to_string(absl::ToUnixNanos(absl::Now()));
+  const fs::path tmp = dir.string() + ".tmp-" + nanos;
+  fs::create_directories(dir.parent_path(), ec);
+  if (!fs::create_directory(tmp, ec) || ec) {
+    return absl::InternalError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
   }
-  if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
-  fs::rename(tmp, dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename into ", request.path(), ": ", ec.message()));
-  response->set_path(request.path());
+  auto written = [&]() -> absl::StatusOr<uint64_t> {
+    const std::string weights = policy_->SafetensorsBytes();
+    RETURN_IF_ERROR(model::WriteFileAtomically((tmp / kWeightsFile).string(), weights));
+    std::string state = absl::StrCat(kFormatLine, "\nstep ", step_, "\nversion ", version_, "\nconfig ",
+                                     ConfigLine(policy_->config()), "\ndigest ", kWeightsFile, " ",
+                                     CheckpointDigest(weights), "\n");
+    uint64_t size = weights.size();
+    bool optimizer_saved = false;
+    RETURN_IF_ERROR(policy_->SaveOptimizerState((tmp / kOptimizerFile).string(), &optimizer_saved));
+    if (optimizer_saved) {
+      ASSIGN_OR_RETURN(std::string bytes, common::ReadRegularFile("optimizer state", tmp / kOptimizerFile,
+                                                                  max_checkpoint_file_bytes_));
+      absl::StrAppend(&state, "digest ", kOptimizerFile, " ", CheckpointDigest(bytes), "\n");
+      size += bytes.size();
+    }
+    RETURN_IF_ERROR(model::WriteFileAtomically((tmp / kStateFile).string(), state));
+    return size;
+  }();
+  if (!written.ok()) {
+    RemovePartial(tmp);
+    return written.status();
+  }
+  if (exists) {
+    // The old checkpoint steps aside, the new one takes its name, the old one goes.
+    const fs::path old = dir.string() + ".old-" + nanos;
+    fs::rename(dir, old, ec);
+    if (ec) {
+      RemovePartial(tmp);
+      return absl::InternalError(absl::StrCat("cannot move the old checkpoint aside: ", ec.message()));
+    }
+    fs::rename(tmp, dir, ec);
+    if (!ec) (void)RemoveCheckpoint(old);
+  } else {
+    fs::rename(tmp, dir, ec);
+  }
+  if (ec) {
+    RemovePartial(tmp);
+    return absl::InternalError(absl::StrCat("cannot rename into ", dir.string(), ": ", ec.message()));
+  }
+  response->set_path(dir.string());
   response->set_step(step_);
   response->mutable_policy_version()->set_version(version_);
-  response->set_size_bytes(size);
+  response->set_size_bytes(*written);
   response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   return absl::OkStatus();
 }
 
 absl::Status TrainerCore::LoadCheckpoint(const v1::LoadCheckpointRequest& request,
                                          v1::LoadCheckpointResponse* response) {
-  if (request.path().empty() || request.path().size() > 4096) {
-    return absl::InvalidArgumentError("path must be 1..4096 bytes");
-  }
+  const absl::Time start = absl::Now();
+  if (request.path().empty()) return absl::InvalidArgumentError("path is empty");
+  ASSIGN_OR_RETURN(const fs::path dir, CheckpointPath(request.path()));
+  // Read and checked before the lock: a slow disk never blocks the trainer's other calls.
+  ASSIGN_OR_RETURN(CheckpointContents contents, ReadCheckpoint(dir, max_checkpoint_file_bytes_));
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(LoadLocked(request.path(), response));
+  RETURN_IF_ERROR(InstallLocked(std::move(contents), response));
   // The other ranks load the same directory (one machine, or a shared filesystem).
   if (group_ != nullptr && group_->world_size() > 1) {
-    RETURN_IF_ERROR(BroadcastLocked(std::string(1, kLoad) + request.path()));
+    RETURN_IF_ERROR(BroadcastLocked(std::string(1, kLoad) + dir.string()));
   }
+  response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   return absl::OkStatus();
 }
 
-absl::Status TrainerCore::LoadLocked(const std::string& path, v1::LoadCheckpointResponse* response) {
-  const absl::Time start = absl::Now();
-  const fs::path dir(path);
-  std::ifstream state(dir / "state.txt");
-  if (!state) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
-  // Lines of `key value...`: step, version, config, digest <file> <hex>.
-  uint64_t step = 0, version = 0;
-  std::string config;
-  std::map<std::string, std::string> digests;
-  for (std::string key; state >> key;) {
-    if (key == "step") {
-      state >> step;
-    } else if (key == "version") {
-      state >> version;
-    } else if (key == "config") {
-      state >> config;
-    } else if (key == "digest") {
-      std::string file, hex;
-      state >> file >> hex;
-      digests[file] = hex;
-    } else {
-      std::string rest;
-      std::getline(state, rest);  // a later version's key: ignored
-    }
+absl::Status TrainerCore::InstallLocked(CheckpointContents contents, v1::LoadCheckpointResponse* response) {
+  if (!contents.config.empty() && contents.config != ConfigLine(policy_->config())) {
+    // (the file's line is not echoed)
+    return absl::FailedPreconditionError(
+        absl::StrCat("the checkpoint's model config (vocab,d_model,layers,heads,len,value) differs from this trainer's ",
+                     ConfigLine(policy_->config())));
   }
-  if (version == 0) return absl::DataLossError(absl::StrCat(path, "/state.txt is corrupt (no version)"));
-  for (const auto& [file, want] : digests) {
-    ASSIGN_OR_RETURN(std::string got, FileDigest(dir / file));
-    if (got != want) {
-      return absl::DataLossError(absl::StrCat(path, "/", file, " is corrupt: digest ", got,
-                                              ", state.txt says ", want));
-    }
-  }
-  if (!config.empty() && config != ConfigLine(policy_->config())) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint model config (vocab,d_model,layers,heads,len,value) ",
-                                                      config, " differs from this trainer's ",
-                                                      ConfigLine(policy_->config())));
-  }
-  RETURN_IF_ERROR(policy_->LoadSafetensors((dir / "weights.safetensors").string()));
-  std::error_code ec;
-  if (fs::exists(dir / "optimizer.safetensors", ec)) {
-    RETURN_IF_ERROR(policy_->LoadOptimizerState((dir / "optimizer.safetensors").string()));
+  RETURN_IF_ERROR(policy_->LoadSafetensorsBytes(contents.weights, kWeightsFile));
+  if (contents.optimizer.has_value()) {
+    RETURN_IF_ERROR(policy_->LoadOptimizerStateBytes(*contents.optimizer, kOptimizerFile));
   } else {
     policy_->ResetOptimizer();  // saved before the first step
   }
-  step_ = step;
-  version_ = version;
+  step_ = contents.step;
+  version_ = contents.version;
   response->set_step(step_);
   response->mutable_policy_version()->set_version(version_);
-  response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   return absl::OkStatus();
 }
 
@@ -578,14 +649,33 @@ void TrainerCore::PrefaultPublishMemory() {
   spare_image_ = common::NewHugeString(model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters())));
 }
 
-absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::PublishWeightsRequest&,
-                                  v1::PublishWeightsResponse* response) {
+absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::PublishWeightsRequest& request,
+                                  v1::PublishWeightsResponse* response, bool* republished) {
   const absl::Time start = absl::Now();
+  if (republished != nullptr) *republished = false;
+  RETURN_IF_ERROR(common::CheckInRange<int64_t>("timeout_ms", request.timeout_ms(), 0, kMaxPublishTimeoutMs));
+  switch (request.wire_dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FLOAT32:  // (the parameters' dtype: what is published)
+      break;
+    case v1::DTYPE_BFLOAT16:
+    case v1::DTYPE_FLOAT16:
+      return absl::UnimplementedError(absl::StrCat("wire_dtype ", v1::DType_Name(request.wire_dtype()),
+                                                   ": versions are published in FLOAT32 (what replicas install)"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("wire_dtype ", request.wire_dtype(), " is not a floating-point DType for weights"));
+  }
   if (target.dir.empty() && target.data_plane == nullptr) {
     return absl::FailedPreconditionError(
         "this trainer has neither --publish_dir nor a data plane (--data_plane=ucx) to publish weights through");
   }
   absl::MutexLock lock(&mu_);
+  if (request.idempotent() && last_publish_.has_value() && last_publish_->version().version() == version_) {
+    *response = *last_publish_;  // (still where it was: the file, or the latest version in memory)
+    if (republished != nullptr) *republished = true;
+    return absl::OkStatus();
+  }
   v1::TransferDescriptor* where = response->mutable_location();
   uint64_t digest = 0, length = 0;
   if (!target.dir.empty()) {
@@ -643,6 +733,7 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
       "rlfleet_weight_publish_bytes_total", "Weight sync: bytes of the versions the trainer published.", {});
   publish_seconds->Observe(response->elapsed_ms() / 1000);
   publish_bytes->Add(static_cast<double>(where->length_bytes()));
+  last_publish_ = *response;
   return absl::OkStatus();
 }
 

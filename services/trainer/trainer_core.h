@@ -2,7 +2,13 @@
 // from the buffer through a BufferSource), computes advantages (GRPO group-norm,
 // Dr. GRPO group-mean, RLOO; or GAE from the value head for PPO), runs a PPO-clip
 // update on the policy (libs/model, libs/rl) and bumps the policy version.
-// Checkpoints are a directory (weights, optimizer state, state.txt) written atomically.
+// Checkpoints are a directory (weights, optimizer state, state.txt) written atomically,
+// only under the configured checkpoint root (checkpoint.h).
+//
+// Exactly-once training of buffer batches: a lease is acked after its step; when the
+// ack fails the step still counts, the lease's experience ids are remembered and its
+// ack retried before the next sample, and groups of it that the buffer hands out
+// again (the lease expired) are acked without being trained on again.
 //
 // Data parallelism: with a GradientGroup of D ranks, rank 0 is the one the API talks
 // to; for each step it broadcasts the batch (sequences with their advantages) and the
@@ -10,25 +16,28 @@
 // combined in the group, so all ranks hold the same weights. The other ranks run
 // ServeWorker. While idle, rank 0 broadcasts a keepalive so that a waiting worker's
 // deadline never passes and a dead worker is an error at rank 0's next broadcast.
-// Not yet: PublishWeights through the weights service.
 // Thread-safe (steps are serialised).
 #ifndef RLFLEET_SERVICES_TRAINER_TRAINER_CORE_H_
 #define RLFLEET_SERVICES_TRAINER_TRAINER_CORE_H_
 
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
 #include "libs/transport/transport.h"
+#include "services/trainer/checkpoint.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "rlfleet/v1/trainer.pb.h"
 
@@ -47,28 +56,39 @@ class BufferSource {
 class TrainerCore {
  public:
   // `buffer` may be null (inline batches only); `group` may be null (one rank); neither
-  // is owned.
+  // is owned. `checkpoint_root`: the directory every checkpoint path resolves under
+  // (created at the first save); empty: SaveCheckpoint and LoadCheckpoint are refused.
   static absl::StatusOr<std::unique_ptr<TrainerCore>> Create(const model::PolicyConfig& config,
                                                              const std::string& device, uint64_t seed,
                                                              BufferSource* buffer = nullptr,
-                                                             model::GradientGroup* group = nullptr);
+                                                             model::GradientGroup* group = nullptr,
+                                                             std::filesystem::path checkpoint_root = {});
   ~TrainerCore();  // rank 0 of a group tells the workers to stop
 
   // Ranks > 0: runs what rank 0 broadcasts (steps, checkpoint loads, keepalives)
   // until it says stop (OK) or the group fails (its error).
   absl::Status ServeWorker();
 
-  // INVALID_ARGUMENT naming the field for a bad request or batch; FAILED_PRECONDITION
-  // when expected_step is not the next step (a retried step that already ran);
-  // FAILED_PRECONDITION for GAE without a value head, or a batch with fewer sequences
-  // than data-parallel ranks; errors of the buffer and of the group as they come.
-  // A failed update nacks its lease, so nothing sampled is lost.
+  // Every request field is checked first (train_options.h): INVALID_ARGUMENT naming
+  // the field for a bad value (NaN included) or batch, UNIMPLEMENTED naming it for
+  // what this trainer does not do (KL without a reference model); FAILED_PRECONDITION
+  // when expected_step is not the next step (a retried step that already ran), for GAE
+  // without a value head, or a batch with fewer sequences than data-parallel ranks;
+  // INTERNAL for a non-finite loss (nothing applied, the step does not count); errors
+  // of the buffer and of the group as they come. A failed update nacks its lease, so
+  // nothing sampled is lost; a failed ack after a step is retried (see above).
   absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response);
 
   absl::Status GetState(v1::GetStateResponse* response);
-  // INVALID_ARGUMENT for an empty path; ALREADY_EXISTS unless overwrite.
+  // The path (absolute, or relative to the root) must resolve inside the checkpoint
+  // root and not be the root itself: INVALID_ARGUMENT naming `path` otherwise, or
+  // without a root. ALREADY_EXISTS unless overwrite; with overwrite, FAILED_PRECONDITION
+  // unless what is there is a checkpoint this trainer wrote (nothing else is removed).
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request, v1::SaveCheckpointResponse* response);
-  // NOT_FOUND for a missing checkpoint; INVALID_ARGUMENT for one of another shape.
+  // Paths as SaveCheckpoint. NOT_FOUND for a missing checkpoint; FAILED_PRECONDITION
+  // for one of another model shape; DATA_LOSS for a corrupt one; INVALID_ARGUMENT for
+  // one whose state.txt names a file outside it, not regular or too large. The files
+  // are read and checked before the trainer's lock is taken.
   absl::Status LoadCheckpoint(const v1::LoadCheckpointRequest& request, v1::LoadCheckpointResponse* response);
 
   // Where published versions go: a directory (a safetensors file per version, written
@@ -84,24 +104,50 @@ class TrainerCore {
   void PrefaultPublishMemory();
 
   // Publishes the current weights (a safetensors image with its XXH64 digest) and
-  // describes where they are. FAILED_PRECONDITION with neither a directory nor a data
-  // plane; the data plane's error if the image cannot be registered.
+  // describes where they are. With request.idempotent and the current version already
+  // published, returns that publication again and sets *republished (nothing written).
+  // INVALID_ARGUMENT for a wire_dtype that is not a float type or a timeout_ms out of
+  // 0..3600000; UNIMPLEMENTED for BFLOAT16 / FLOAT16 (replicas install float32);
+  // FAILED_PRECONDITION with neither a directory nor a data plane; the data plane's
+  // error if the image cannot be registered.
   absl::Status Publish(const PublishTarget& target, const v1::PublishWeightsRequest& request,
-                       v1::PublishWeightsResponse* response);
+                       v1::PublishWeightsResponse* response, bool* republished = nullptr);
 
   model::Policy* policy() { return policy_.get(); }
 
  private:
   TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
-              model::GradientGroup* group);
+              model::GradientGroup* group, std::filesystem::path checkpoint_root);
   // Rank 0: broadcasts a command; ranks > 0 receive it in ServeWorker.
   absl::Status BroadcastLocked(std::string command) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Trains this rank's part of `seqs` (all of it without a group).
   absl::StatusOr<model::TrainStats> TrainPartLocked(const std::vector<model::TrainSequence>& seqs,
                                                     model::TrainOptions options) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoadLocked(const std::string& path, v1::LoadCheckpointResponse* response)
+  // Resolves a request's checkpoint path under the root.
+  absl::StatusOr<std::filesystem::path> CheckpointPath(const std::string& path) const;
+  // Installs a checkpoint read (and checked) by ReadCheckpoint without the lock.
+  absl::Status InstallLocked(CheckpointContents contents, v1::LoadCheckpointResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acks a lease after its step; a failed ack is remembered (UnackedLease). `trained`:
+  // the ids trained on under it; `redelivered`: ids of groups trained before that came
+  // back with it (forgotten once it is acked).
+  void AckLocked(const std::string& lease_id, const std::vector<std::string>& trained,
+                 const std::vector<std::string>& redelivered) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acks leases whose ack failed after their step (before the next sample).
+  void RetryAcksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether experience `id` was trained on in a lease not yet acked.
+  bool TrainedUnackedLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Keepalive();  // rank 0 of a group
+
+  // A lease trained on whose ack failed: its ack is retried, and its experiences, if
+  // the buffer hands them out again, are acked without training.
+  struct UnackedLease {
+    std::string lease_id;
+    bool retry_ack = true;  // false once the buffer said it expired (the groups come back)
+    absl::flat_hash_set<std::string> experience_ids;
+  };
+  static constexpr size_t kMaxUnackedLeases = 64;
+  static constexpr int64_t kMaxPublishTimeoutMs = 3600000;
 
   // A version published in memory.
   struct Published {
@@ -118,6 +164,10 @@ class TrainerCore {
   std::string spare_image_ ABSL_GUARDED_BY(mu_);           // memory for the next image
   BufferSource* const buffer_;
   const std::string device_;
+  const std::filesystem::path checkpoint_root_;  // absolute; empty: no checkpoints
+  const uint64_t max_checkpoint_file_bytes_;     // (from the model's size)
+  std::deque<UnackedLease> unacked_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::PublishWeightsResponse> last_publish_ ABSL_GUARDED_BY(mu_);  // of the latest publication
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;  // the initial weights are version 1
   v1::TrainMetrics last_ ABSL_GUARDED_BY(mu_);
@@ -131,6 +181,7 @@ class TrainerCore {
   metrics::Counter* const steps_metric_;
   metrics::Gauge* const loss_metric_;
   metrics::Gauge* const version_metric_;
+  metrics::Counter* const ack_failures_metric_;
 };
 
 }  // namespace rlfleet::trainer

@@ -4,6 +4,9 @@
 #ifndef RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
 #define RLFLEET_SERVICES_TRAINER_TRAINER_SERVICE_H_
 
+#include <atomic>
+
+#include "absl/time/time.h"
 #include "libs/rpc/server_call.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +18,10 @@ namespace rlfleet::trainer {
 
 class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
  public:
+  // PublishWeights' hand-off deadline when timeout_ms is 0 (the weights service pulls
+  // and checks the whole version before it answers).
+  static constexpr absl::Duration kDefaultHandOffTimeout = absl::Minutes(5);
+
   // `weights` (not owned; may be null: the caller hands versions on itself).
   TrainerServiceImpl(TrainerCore* core, rpc::CallAuth auth, TrainerCore::PublishTarget publish = {},
                      WeightsSink* weights = nullptr)
@@ -39,10 +46,18 @@ class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
   grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* c, const v1::PublishWeightsRequest* req,
                                            v1::PublishWeightsResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&]() -> absl::Status {
-      RETURN_IF_ERROR(core_->Publish(publish_, *req, resp));
+      bool republished = false;
+      RETURN_IF_ERROR(core_->Publish(publish_, *req, resp, &republished));
       if (weights_ == nullptr) return absl::OkStatus();
-      return common::Annotate(weights_->HandOff(*resp),
-                              absl::StrCat("handing version ", resp->version().version(), " to the weights service"));
+      const uint64_t version = resp->version().version();
+      // idempotent: a version already handed on is not handed on again.
+      if (republished && handed_off_.load() == version) return absl::OkStatus();
+      const absl::Duration timeout =
+          req->timeout_ms() > 0 ? absl::Milliseconds(req->timeout_ms()) : kDefaultHandOffTimeout;
+      RETURN_IF_ERROR(common::Annotate(weights_->HandOff(*resp, timeout),
+                                       absl::StrCat("handing version ", version, " to the weights service")));
+      handed_off_.store(version);
+      return absl::OkStatus();
     });
   }
 
@@ -51,6 +66,7 @@ class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
   const rpc::CallAuth auth_;
   const TrainerCore::PublishTarget publish_;
   WeightsSink* const weights_;
+  std::atomic<uint64_t> handed_off_{0};  // the latest version the weights service took
 };
 
 }  // namespace rlfleet::trainer

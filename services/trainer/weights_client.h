@@ -18,10 +18,10 @@ namespace rlfleet::trainer {
 class WeightsSink {
  public:
   virtual ~WeightsSink() = default;
-  // Publishes `published` (what this trainer's PublishWeights produced) there. The
-  // weights service's error (UNAVAILABLE when unreachable, DATA_LOSS for a digest it
-  // could not match) as it comes.
-  virtual absl::Status HandOff(const v1::PublishWeightsResponse& published) = 0;
+  // Publishes `published` (what this trainer's PublishWeights produced) there, within
+  // `timeout`. The weights service's error (UNAVAILABLE when unreachable, DATA_LOSS for
+  // a digest it could not match, DEADLINE_EXCEEDED) as it comes.
+  virtual absl::Status HandOff(const v1::PublishWeightsResponse& published, absl::Duration timeout) = 0;
 };
 
 class GrpcWeightsSink : public WeightsSink, public rpc::ClientBase {
@@ -31,7 +31,7 @@ class GrpcWeightsSink : public WeightsSink, public rpc::ClientBase {
         stub_(v1::WeightsService::NewStub(channel)),
         publisher_id_(std::move(publisher_id)) {}
 
-  absl::Status HandOff(const v1::PublishWeightsResponse& published) override {
+  absl::Status HandOff(const v1::PublishWeightsResponse& published, absl::Duration timeout) override {
     v1::PublishVersionRequest request;
     *request.mutable_manifest() = published.manifest();
     *request.add_sources()->add_shards()->mutable_location() = published.location();
@@ -40,7 +40,7 @@ class GrpcWeightsSink : public WeightsSink, public rpc::ClientBase {
     v1::PublishVersionResponse response;
     // (the weights service pulls and checks the whole version before it answers)
     return Call("PublishVersion", [&](grpc::ClientContext* c) { return stub_->PublishVersion(c, request, &response); },
-                absl::Minutes(5));
+                timeout);
   }
 
  private:

@@ -19,8 +19,12 @@ namespace {
 const std::vector<std::string> kModel = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--max_seq_len=32",
                                          "--threads=1"};
 
+// Checkpoints go under the test's directory (the trainer's --checkpoint_root).
+std::string RootFlag() { return std::string("--checkpoint_root=") + std::getenv("TEST_TMPDIR"); }
+
 std::vector<std::string> With(std::vector<std::string> flags) {
   flags.insert(flags.begin(), kModel.begin(), kModel.end());
+  flags.push_back(RootFlag());
   return flags;
 }
 
@@ -28,6 +32,7 @@ std::vector<std::string> With(std::vector<std::string> flags) {
 std::vector<std::string> Trainer(const std::vector<std::string>& flags) {
   std::vector<std::string> argv = {testing::RunfilePath("services/trainer/rlfleet-trainer")};
   argv.insert(argv.end(), kModel.begin(), kModel.end());
+  argv.push_back(RootFlag());
   argv.insert(argv.end(), flags.begin(), flags.end());
   return argv;
 }

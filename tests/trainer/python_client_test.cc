@@ -12,10 +12,12 @@ namespace {
 
 TEST(PythonClient, TheReadmeExampleTrainsChecksAndSavesThroughTheTrainerApi) {
   testing::Subprocess trainer;
-  auto address = testing::StartService(trainer, "services/trainer/rlfleet-trainer",
-                                       {"--d_model=32", "--n_layers=2", "--n_heads=4", "--max_seq_len=32"});
-  ASSERT_TRUE(address.ok()) << address.status();
   const std::string tmp = std::getenv("TEST_TMPDIR");
+  // Checkpoint paths must lie under the trainer's --checkpoint_root.
+  auto address = testing::StartService(trainer, "services/trainer/rlfleet-trainer",
+                                       {"--d_model=32", "--n_layers=2", "--n_heads=4", "--max_seq_len=32",
+                                        "--checkpoint_root=" + tmp});
+  ASSERT_TRUE(address.ok()) << address.status();
   const std::string out = tmp + "/py";
   std::filesystem::create_directories(out);
   // Message classes from the same .proto files, with Debian's protoc.

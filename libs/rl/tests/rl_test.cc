@@ -67,6 +67,26 @@ TEST(PpoLoss, ClipsTheRatioAndReportsTheClipFraction) {
   EXPECT_NE(new_lp.grad().index({0, 1}).item<float>(), 0.0f);
 }
 
+TEST(PpoLoss, ClipHighMakesTheClipAsymmetric) {
+  // Ratio e^0.3 (~1.35) with a positive advantage: clipped at 1.2 by a symmetric 0.2,
+  // inside [0.8, 1.5] with clip_high 0.5; ratio e^-0.3 (~0.74) is still clipped below.
+  torch::Tensor old_lp = torch::tensor({{-1.0f, -1.0f}});
+  torch::Tensor new_lp = torch::tensor({{-0.7f, -1.3f}}, torch::requires_grad());
+  torch::Tensor adv = torch::tensor({1.0f});
+  torch::Tensor mask = torch::ones({1, 2});
+  PpoOptions symmetric{0.2, 0, 0, 0};
+  PpoOptions high = symmetric;
+  high.clip_high = 0.5;
+  PpoLoss s = PpoPolicyLoss(new_lp, old_lp, adv, mask, symmetric);
+  PpoLoss h = PpoPolicyLoss(new_lp, old_lp, adv, mask, high);
+  const double low_token = -std::min(std::exp(-0.3), 0.8);
+  EXPECT_NEAR(s.policy_loss.item<float>(), (-1.2 + low_token) / 2, 1e-5);
+  EXPECT_NEAR(h.policy_loss.item<float>(), (-std::exp(0.3) + low_token) / 2, 1e-5);
+  EXPECT_NEAR(s.clip_fraction.item<float>(), 0.5f, 1e-6);
+  h.loss.backward();
+  EXPECT_NE(new_lp.grad().index({0, 0}).item<float>(), 0.0f);  // the high token now passes gradient
+}
+
 TEST(PpoLoss, MasksSingleTokensAndEmptyBatches) {
   torch::Tensor lp = torch::tensor({{-0.7f, -3.0f}, {-9.0f, -9.0f}});
   torch::Tensor mask = torch::tensor({{1.0f, 0.0f}, {0.0f, 0.0f}});  // one real token in total

@@ -1,7 +1,12 @@
 #include "services/trainer/trainer_core.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
+#include <deque>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +19,9 @@ namespace rlfleet::trainer {
 namespace {
 
 model::PolicyConfig Small() { return model::TinyConfig(); }
+
+// The checkpoint root of these tests.
+std::string Root() { return std::string(getenv("TEST_TMPDIR")); }
 
 // A BufferSource over an in-process BufferCore.
 class CoreSource : public BufferSource {
@@ -125,7 +133,7 @@ TEST(TrainerCore, BufferBatchesAreAckedAndFailedStepsNackedSoNothingIsLost) {
 
 TEST(TrainerCore, CheckpointRoundTripRestoresWeightsAndState) {
   const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/ckpt";
-  auto core = TrainerCore::Create(Small(), "cpu", 1);
+  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, Root());
   v1::TrainStepRequest request;
   for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   v1::TrainStepResponse response;
@@ -157,7 +165,7 @@ TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherMode
   v1::TrainStepRequest request;
   for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   v1::TrainStepResponse response;
-  auto a = TrainerCore::Create(Small(), "cpu", 1);
+  auto a = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, Root());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE((*a)->TrainStep(request, &response).ok());
   v1::SaveCheckpointRequest save;
   save.set_path(dir);
@@ -166,7 +174,7 @@ TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherMode
   ASSERT_TRUE((*a)->TrainStep(request, &response).ok());
   // Another trainer (another init) resumes from the checkpoint: its next step lands
   // where the first trainer's did (AdamW's moments and step count came along).
-  auto b = TrainerCore::Create(Small(), "cpu", 99);
+  auto b = TrainerCore::Create(Small(), "cpu", 99, nullptr, nullptr, Root());
   v1::LoadCheckpointRequest load;
   load.set_path(dir);
   v1::LoadCheckpointResponse loaded;
@@ -180,7 +188,7 @@ TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherMode
   // A model of another shape is FAILED_PRECONDITION; a flipped byte is DATA_LOSS.
   model::PolicyConfig other = Small();
   other.d_model = 64;
-  auto c = TrainerCore::Create(other, "cpu", 1);
+  auto c = TrainerCore::Create(other, "cpu", 1, nullptr, nullptr, Root());
   EXPECT_EQ((*c)->LoadCheckpoint(load, &loaded).code(), absl::StatusCode::kFailedPrecondition);
   {
     std::fstream f(dir + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
@@ -194,6 +202,256 @@ TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherMode
   absl::Status corrupt = (*b)->LoadCheckpoint(load, &loaded);
   EXPECT_EQ(corrupt.code(), absl::StatusCode::kDataLoss) << corrupt;
   EXPECT_TRUE(absl::StrContains(corrupt.message(), "optimizer.safetensors")) << corrupt;
+}
+
+// A buffer that hands out scripted groups (each Sample the next list, under a new
+// lease, as a real buffer does once a lease expired) and answers acks from a script.
+class ScriptedBuffer : public BufferSource {
+ public:
+  std::deque<std::vector<v1::ExperienceGroup>> samples;
+  std::deque<absl::Status> ack_results;  // then OK
+  std::vector<std::string> acked, nacked;
+
+  absl::Status Sample(const v1::SampleBatchRequest&, v1::SampleBatchResponse* out) override {
+    if (samples.empty()) return absl::OkStatus();  // (no groups: empty lease)
+    out->set_lease_id(absl::StrCat("L", ++leases_));
+    for (const auto& g : samples.front()) *out->add_groups() = g;
+    samples.pop_front();
+    return absl::OkStatus();
+  }
+  absl::Status Ack(const std::string& lease) override {
+    acked.push_back(lease);
+    if (ack_results.empty()) return absl::OkStatus();
+    absl::Status s = ack_results.front();
+    ack_results.pop_front();
+    return s;
+  }
+  absl::Status Nack(const std::string& lease, const std::string&) override {
+    nacked.push_back(lease);
+    return absl::OkStatus();
+  }
+
+ private:
+  int leases_ = 0;
+};
+
+v1::ExperienceGroup Group(const std::string& id) {
+  v1::ExperienceGroup g;
+  g.set_group_id(id);
+  *g.add_experiences() = Exp(id + "-1", id, 1);
+  *g.add_experiences() = Exp(id + "-2", id, 0);
+  return g;
+}
+
+v1::TrainStepRequest FromBuffer() {
+  v1::TrainStepRequest r;
+  r.mutable_buffer()->set_num_groups(2);
+  return r;
+}
+
+TEST(TrainerCore, AFailedAckNeverTrainsABatchTwice) {
+  ScriptedBuffer buffer;
+  auto core = TrainerCore::Create(Small(), "cpu", 1, &buffer);
+  ASSERT_TRUE(core.ok());
+  // Step 1 trains A; its ack fails (the buffer is briefly unreachable).
+  buffer.samples.push_back({Group("A")});
+  buffer.ack_results = {absl::UnavailableError("buffer down"),
+                        absl::FailedPreconditionError("lease L1 expired; its groups went back")};
+  v1::TrainStepResponse r;
+  ASSERT_TRUE((*core)->TrainStep(FromBuffer(), &r).ok());
+  EXPECT_EQ(r.step(), 1u);  // the update happened, so the step counts
+  EXPECT_EQ(r.new_policy_version().version(), 2u);
+  // Step 2: the ack is retried (expired), then the buffer hands A out again alone: it
+  // is acked without training, and the step trains the next lease (B).
+  buffer.samples.push_back({Group("A")});
+  buffer.samples.push_back({Group("B")});
+  ASSERT_TRUE((*core)->TrainStep(FromBuffer(), &r).ok());
+  EXPECT_EQ(r.step(), 2u);
+  EXPECT_EQ(r.new_policy_version().version(), 3u);
+  EXPECT_EQ(r.metrics().sequences(), 2u);  // B only
+  EXPECT_EQ(r.lease_id(), "L3");
+  EXPECT_EQ(buffer.acked, (std::vector<std::string>{"L1", "L1", "L2", "L3"}));
+  EXPECT_TRUE(buffer.nacked.empty());
+  // A was consumed with L2: it is not remembered any more, so a new A trains.
+  buffer.samples.push_back({Group("A")});
+  ASSERT_TRUE((*core)->TrainStep(FromBuffer(), &r).ok());
+  EXPECT_EQ(r.metrics().sequences(), 2u);
+
+  // A trained group handed out again together with a new one: only the new one trains.
+  ScriptedBuffer mixed;
+  auto other = TrainerCore::Create(Small(), "cpu", 1, &mixed);
+  mixed.samples.push_back({Group("A")});
+  mixed.samples.push_back({Group("A"), Group("B")});
+  mixed.ack_results = {absl::UnavailableError("buffer down"), absl::FailedPreconditionError("expired")};
+  ASSERT_TRUE((*other)->TrainStep(FromBuffer(), &r).ok());
+  ASSERT_TRUE((*other)->TrainStep(FromBuffer(), &r).ok());
+  EXPECT_EQ(r.step(), 2u);
+  EXPECT_EQ(r.metrics().sequences(), 2u);  // B only
+  EXPECT_EQ(mixed.acked, (std::vector<std::string>{"L1", "L1", "L2"}));
+}
+
+TEST(TrainerCore, AFailedAckIsRetriedBeforeTheNextSample) {
+  ScriptedBuffer buffer;
+  auto core = TrainerCore::Create(Small(), "cpu", 1, &buffer);
+  buffer.samples.push_back({Group("A")});
+  buffer.samples.push_back({Group("B")});
+  buffer.ack_results = {absl::UnavailableError("buffer down")};
+  v1::TrainStepResponse r;
+  ASSERT_TRUE((*core)->TrainStep(FromBuffer(), &r).ok());
+  ASSERT_TRUE((*core)->TrainStep(FromBuffer(), &r).ok());
+  EXPECT_EQ(r.step(), 2u);
+  EXPECT_EQ(buffer.acked, (std::vector<std::string>{"L1", "L1", "L2"}));  // L1 retried, then consumed
+  // Only already-trained groups, again and again: acked, nothing trained, UNAVAILABLE.
+  ScriptedBuffer replay;
+  auto other = TrainerCore::Create(Small(), "cpu", 1, &replay);
+  replay.samples.push_back({Group("A")});
+  replay.ack_results = {absl::UnavailableError("down"), absl::FailedPreconditionError("expired")};
+  ASSERT_TRUE((*other)->TrainStep(FromBuffer(), &r).ok());
+  replay.ack_results = {absl::UnavailableError("down"), absl::UnavailableError("down"),
+                        absl::UnavailableError("down"), absl::UnavailableError("down")};
+  for (int i = 0; i < 4; ++i) replay.samples.push_back({Group("A")});
+  EXPECT_EQ((*other)->TrainStep(FromBuffer(), &r).code(), absl::StatusCode::kUnavailable);
+  v1::GetStateResponse state;
+  ASSERT_TRUE((*other)->GetState(&state).ok());
+  EXPECT_EQ(state.step(), 1u);
+}
+
+TEST(TrainerCore, ANonFiniteLossInALaterUpdateUndoesTheWholeStep) {
+  // Two mini-batches: the first is fine (an update happens), the second has behaviour
+  // log-probs of -1e30 (an infinite loss): weights and optimizer state go back.
+  v1::TrainStepRequest poisoned;
+  for (int i = 0; i < 4; ++i) {
+    v1::Experience e = Exp(absl::StrCat("e", i), i < 2 ? "g0" : "g1", i % 2);
+    if (i >= 2) {
+      for (int j = 0; j < e.response_logprobs_size(); ++j) e.set_response_logprobs(j, -1e30f);
+    }
+    *poisoned.mutable_inline_batch()->add_experiences() = e;
+  }
+  poisoned.mutable_params()->set_mini_batches(2);
+  v1::TrainStepRequest good;
+  for (int i = 0; i < 4; ++i) *good.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
+  good.mutable_params()->set_ppo_epochs(2);
+  auto a = TrainerCore::Create(Small(), "cpu", 1), b = TrainerCore::Create(Small(), "cpu", 1);
+  const std::vector<std::vector<int32_t>> probe = {*model::Tokenizer::EncodePrompt("reverse:12")};
+  const auto initial = *(*a)->policy()->Logits(probe);
+  v1::TrainStepResponse r;
+  absl::Status s = (*a)->TrainStep(poisoned, &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(*(*a)->policy()->Logits(probe), initial);
+  // ... and the optimizer too: the next step lands where a fresh trainer's does.
+  ASSERT_TRUE((*a)->TrainStep(good, &r).ok());
+  EXPECT_EQ(r.step(), 1u);
+  ASSERT_TRUE((*b)->TrainStep(good, &r).ok());
+  EXPECT_EQ(*(*a)->policy()->Logits(probe), *(*b)->policy()->Logits(probe));
+}
+
+TEST(TrainerCore, CheckpointPathsStayUnderTheRoot) {
+  const std::string root = Root() + "/root-a";
+  std::filesystem::create_directories(root);
+  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  v1::SaveCheckpointRequest save;
+  v1::SaveCheckpointResponse saved;
+  for (const std::string& bad : {Root() + "/outside", std::string("../outside"), std::string("a/../../outside"),
+                                 std::string("/etc"), root, std::string(".")}) {
+    save.set_path(bad);
+    save.set_overwrite(true);
+    absl::Status s = (*core)->SaveCheckpoint(save, &saved);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "path")) << s;
+  }
+  EXPECT_FALSE(std::filesystem::exists(Root() + "/outside"));
+  // A link inside the root that leads out of it is outside too.
+  std::filesystem::create_directories(Root() + "/elsewhere");
+  std::filesystem::create_directory_symlink(Root() + "/elsewhere", root + "/link");
+  save.set_path("link/ckpt");
+  EXPECT_EQ((*core)->SaveCheckpoint(save, &saved).code(), absl::StatusCode::kInvalidArgument);
+  v1::LoadCheckpointRequest load;
+  load.set_path("/etc");
+  v1::LoadCheckpointResponse loaded;
+  EXPECT_EQ((*core)->LoadCheckpoint(load, &loaded).code(), absl::StatusCode::kInvalidArgument);
+  // Relative paths resolve under the root; no root at all: no checkpoints.
+  save.set_path("nested/ok");
+  ASSERT_TRUE((*core)->SaveCheckpoint(save, &saved).ok());
+  EXPECT_EQ(saved.path(), std::filesystem::canonical(root).string() + "/nested/ok");
+  auto rootless = TrainerCore::Create(Small(), "cpu", 1);
+  EXPECT_EQ((*rootless)->SaveCheckpoint(save, &saved).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TrainerCore, OverwriteReplacesOnlyACheckpointThisTrainerWrote) {
+  const std::string root = Root() + "/root-b";
+  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  std::filesystem::create_directories(root + "/precious");
+  std::ofstream(root + "/precious/thesis.tex") << "years of work";
+  v1::SaveCheckpointRequest save;
+  save.set_path("precious");
+  save.set_overwrite(true);
+  v1::SaveCheckpointResponse saved;
+  EXPECT_EQ((*core)->SaveCheckpoint(save, &saved).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(std::filesystem::exists(root + "/precious/thesis.tex"));
+  // A checkpoint with a stranger's file in it is not one of ours either.
+  save.set_path("ckpt");
+  ASSERT_TRUE((*core)->SaveCheckpoint(save, &saved).ok());
+  ASSERT_TRUE((*core)->SaveCheckpoint(save, &saved).ok());  // ours: replaced
+  std::ofstream(root + "/ckpt/notes.txt") << "mine";
+  EXPECT_EQ((*core)->SaveCheckpoint(save, &saved).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(std::filesystem::exists(root + "/ckpt/notes.txt"));
+  // A file (not a directory) is not replaced.
+  std::ofstream(root + "/plain") << "x";
+  save.set_path("plain");
+  EXPECT_EQ((*core)->SaveCheckpoint(save, &saved).code(), absl::StatusCode::kFailedPrecondition);
+  // Nothing but the checkpoints is left behind (no temporaries).
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root)) entries += e.path().filename() != "" ? 1 : 0;
+  EXPECT_EQ(entries, 3);  // precious, ckpt, plain
+}
+
+TEST(TrainerCore, AStateFileCannotMakeTheTrainerReadOutsideItsCheckpoint) {
+  const std::string root = Root() + "/root-c";
+  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  v1::SaveCheckpointRequest save;
+  save.set_path("ckpt");
+  v1::SaveCheckpointResponse saved;
+  ASSERT_TRUE((*core)->SaveCheckpoint(save, &saved).ok());
+  const std::string dir = root + "/ckpt";
+  std::string state;
+  {
+    std::ifstream in(dir + "/state.txt");
+    state.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  v1::LoadCheckpointRequest load;
+  load.set_path("ckpt");
+  v1::LoadCheckpointResponse loaded;
+  auto with_state = [&](const std::string& text) {
+    std::ofstream(dir + "/state.txt", std::ios::trunc) << text;
+    return (*core)->LoadCheckpoint(load, &loaded);
+  };
+  // Files named by absolute path or through ".." are not plain names.
+  absl::Status s = with_state(state + "digest /dev/zero 0000000000000000\n");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  s = with_state(state + "digest ../../etc/passwd 0000000000000000\n");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  // A link in the checkpoint to /dev/zero: refused (outside), never read (no hang).
+  std::filesystem::create_symlink("/dev/zero", dir + "/zero");
+  s = with_state(state + "digest zero 0000000000000000\n");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // The weights file replaced by a FIFO or a link out: refused, not read.
+  ASSERT_TRUE(with_state(state).ok());
+  std::filesystem::rename(dir + "/weights.safetensors", dir + "/weights.real");
+  ASSERT_EQ(mkfifo((dir + "/weights.safetensors").c_str(), 0600), 0);
+  s = (*core)->LoadCheckpoint(load, &loaded);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  std::filesystem::remove(dir + "/weights.safetensors");
+  std::filesystem::create_symlink("/dev/zero", dir + "/weights.safetensors");
+  s = (*core)->LoadCheckpoint(load, &loaded);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  std::filesystem::remove(dir + "/weights.safetensors");
+  std::filesystem::rename(dir + "/weights.real", dir + "/weights.safetensors");
+  // Errors never echo what a file holds.
+  s = with_state("version 2\nconfig SECRET-CONTENTS\n");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_FALSE(absl::StrContains(s.message(), "SECRET")) << s;
+  // Restored, it loads.
+  EXPECT_TRUE(with_state(state).ok());
 }
 
 TEST(TrainerCore, PpoUsesTheValueHeadOrSaysItNeedsOne) {

@@ -1,0 +1,58 @@
+// A trainer checkpoint on disk: a directory holding weights.safetensors,
+// optimizer.safetensors (when the optimizer has state) and state.txt (a format line,
+// step, version, model config, a digest per file). This file reads and checks one
+// without a lock (every file it names resolves inside the directory, is a regular
+// file and has its size checked before it is read: a state.txt cannot make the
+// trainer read /dev/zero, a FIFO or a host file), and removes one only when it is a
+// checkpoint this trainer wrote. Errors never echo a file's contents. Stateless;
+// thread-safe.
+#ifndef RLFLEET_SERVICES_TRAINER_CHECKPOINT_H_
+#define RLFLEET_SERVICES_TRAINER_CHECKPOINT_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace rlfleet::trainer {
+
+inline constexpr char kStateFile[] = "state.txt";
+inline constexpr char kWeightsFile[] = "weights.safetensors";
+inline constexpr char kOptimizerFile[] = "optimizer.safetensors";
+inline constexpr char kFormatLine[] = "format rlfleet-trainer-checkpoint-1";
+inline constexpr uint64_t kMaxStateBytes = 64 << 10;
+
+// FNV-1a 64 of `bytes` as 16 hex digits (the digest state.txt records per file).
+std::string CheckpointDigest(absl::string_view bytes);
+
+// What a checkpoint holds, read and verified.
+struct CheckpointContents {
+  uint64_t step = 0;
+  uint64_t version = 0;
+  std::string config;                    // the model config line ("" in old checkpoints)
+  std::string weights;                   // weights.safetensors
+  std::optional<std::string> optimizer;  // optimizer.safetensors, when saved
+};
+
+// Reads the checkpoint at `dir` (a path already resolved under the checkpoint root),
+// each file at most `max_file_bytes`. NOT_FOUND without a state.txt; DATA_LOSS for a
+// corrupt state.txt (no version, a file name that is not a plain name) or a digest
+// mismatch; INVALID_ARGUMENT for a named file outside `dir`, not regular, or too large.
+absl::StatusOr<CheckpointContents> ReadCheckpoint(const std::filesystem::path& dir, uint64_t max_file_bytes);
+
+// OK if `dir` is a checkpoint directory as this trainer writes them: a real directory
+// (not a link) whose entries are only checkpoint files (regular files), state.txt among
+// them. FAILED_PRECONDITION otherwise (overwrite never removes anything else).
+absl::Status CheckIsCheckpoint(const std::filesystem::path& dir);
+
+// Removes a directory that CheckIsCheckpoint accepts: its files by name, then the
+// directory (never a recursive remove).
+absl::Status RemoveCheckpoint(const std::filesystem::path& dir);
+
+}  // namespace rlfleet::trainer
+
+#endif  // RLFLEET_SERVICES_TRAINER_CHECKPOINT_H_
