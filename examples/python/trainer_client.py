@@ -7,7 +7,9 @@ with Debian's python3-grpcio and python3-protobuf:
 
   protoc -I proto --python_out=/tmp/rlfleet_py proto/rlfleet/v1/*.proto
   PYTHONPATH=/tmp/rlfleet_py /usr/bin/python3 examples/python/trainer_client.py \
-      --trainer=127.0.0.1:PORT --checkpoint=/tmp/ckpt
+      --trainer=127.0.0.1:PORT --checkpoint=step2
+
+(checkpoint paths are relative to the trainer's --checkpoint_root, or absolute inside it)
 
 It trains two GRPO steps on an inline batch, reads the trainer's state, saves a
 checkpoint, shows what a malformed request gets back, and prints one JSON line.
@@ -66,7 +68,7 @@ def grpo_batch(step):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--trainer", required=True, help="host:port of rlfleet-trainer")
-    parser.add_argument("--checkpoint", required=True, help="directory to save a checkpoint into")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory, under the trainer's --checkpoint_root")
     parser.add_argument("--token", default=None, help="bearer token, if the trainer requires one")
     args = parser.parse_args()
     trainer = Trainer(args.trainer, args.token)
