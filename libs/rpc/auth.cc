@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "libs/common/hmac.h"
 #include "libs/common/status_macros.h"
 
 ABSL_FLAG(std::string, auth_token, "",
@@ -33,12 +34,7 @@ namespace {
 
 constexpr size_t kMaxPemBytes = 1 << 20;
 
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
+using common::ConstantTimeEquals;
 
 // Reads a token given inline or in a file (not both); `name` is the flag's name.
 absl::StatusOr<std::string> TokenFromFlags(const std::string& inline_value, const std::string& file,

@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<Transport>> OpenDataPlaneFromFlags(const std::str
   ucx.net_devices = absl::GetFlag(FLAGS_data_plane_devices);
   if (absl::Status s = CheckNetDevicesExist(ucx.net_devices); !s.ok()) return s;
   ucx.tls = absl::GetFlag(FLAGS_data_plane_tls);
+  ucx.control_secret = *secret;
   absl::StatusOr<std::unique_ptr<UcxTransport>> t = UcxTransport::Create(ucx);
   if (!t.ok()) {
     // Devices or transports the user chose and UCX refuses are an error, not a fallback.

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iostream>
 #include "absl/strings/str_cat.h"
+#include "libs/common/hmac.h"
 
 namespace rlfleet::transport {
 namespace {
@@ -43,17 +44,7 @@ std::string SignedBytes(const v1::RemoteMemoryDescriptor& d) {
 }
 
 std::string Mac(const std::string& secret, const v1::RemoteMemoryDescriptor& d) {
-  const std::string data = SignedBytes(d);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int md_len = 0;
-  const unsigned char* ok =
-      HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-           reinterpret_cast<const unsigned char*>(data.data()), data.size(), md, &md_len);
-  if (ok == nullptr) {  // only if OpenSSL itself is broken: never sign or accept with garbage
-    std::cerr << "HMAC-SHA256 failed" << std::endl;
-    std::abort();
-  }
-  return std::string(reinterpret_cast<const char*>(md), md_len);
+  return common::HmacSha256(secret, SignedBytes(d));
 }
 
 }  // namespace
@@ -71,9 +62,7 @@ absl::Status VerifyDescriptor(const std::string& secret, const v1::RemoteMemoryD
         "remote memory descriptor carries no MAC: this fleet requires descriptors issued by a member holding "
         "the data-plane secret");
   }
-  const std::string want = Mac(secret, descriptor);
-  if (descriptor.mac().size() != want.size() ||
-      CRYPTO_memcmp(descriptor.mac().data(), want.data(), want.size()) != 0) {
+  if (!common::ConstantTimeEquals(descriptor.mac(), Mac(secret, descriptor))) {
     return absl::PermissionDeniedError("remote memory descriptor MAC mismatch: forged or altered descriptor");
   }
   const int64_t now_ms = absl::ToUnixMillis(now);

@@ -122,5 +122,45 @@ TEST(UcxRevokeTest, ADeregisterDoesNotWaitForAPeerThatNeverConnectedBack) {
   }
 }
 
+// With a fleet secret, control messages (hello, revoke, revoke ack) carry a MAC: a peer
+// with the secret is served as before (its acks end a deregister at once), one without
+// it is dropped and counted, so it cannot forge an ack that frees memory early.
+TEST(UcxControlMacTest, ControlMessagesWithoutTheFleetSecretAreDropped) {
+  UcxOptions fleet;
+  fleet.tls = "tcp";
+  fleet.control_secret = "fleet-secret-0123456789";
+  fleet.revoke_timeout = absl::Seconds(30);
+  UcxOptions stranger_options = fleet;
+  stranger_options.control_secret = "another-secret-xxxxxxxx";
+  auto owner = UcxTransport::Create(fleet);
+  auto member = UcxTransport::Create(fleet);
+  auto stranger = UcxTransport::Create(stranger_options);
+  ASSERT_TRUE(owner.ok() && member.ok() && stranger.ok());
+
+  ASSERT_TRUE((*stranger)->Connect((*owner)->LocalAddress()).ok());  // its hello is refused
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while ((*owner)->rejected_control_messages() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));  // awaiting the progress thread, with a deadline
+  }
+  EXPECT_GE((*owner)->rejected_control_messages(), 1u);
+
+  // A member with the secret: the owner connects to it, describes a region, and its
+  // deregister ends on the member's authenticated ack, far before revoke_timeout.
+  auto peer = (*member)->Connect((*owner)->LocalAddress());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<uint8_t> memory(1 << 16, 9), local(1 << 16, 0);
+  auto region = (*owner)->RegisterMemory(memory.data(), memory.size(), MemoryKind::kHost, 0);
+  auto mine = (*member)->RegisterMemory(local.data(), local.size(), MemoryKind::kHost, 0);
+  ASSERT_TRUE(region.ok() && mine.ok());
+  auto described = (*owner)->Describe(*region);
+  ASSERT_TRUE(described.ok());
+  ASSERT_TRUE((*member)->Get(*peer, *mine, 0, *described, 0, 4096)->Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(local[0], 9);
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE((*owner)->DeregisterMemory(*region).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the member's ack was not accepted";
+  EXPECT_EQ((*member)->rejected_control_messages(), 0u);
+}
+
 }  // namespace
 }  // namespace rlfleet::transport::testing

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "libs/common/hmac.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::transport {
@@ -213,6 +214,7 @@ class UcxTransport::Impl {
                            size_t length, const ucp_am_recv_param_t* param);
 
   const UcxOptions options_;
+  std::atomic<uint64_t> rejected_control_{0};  // control messages without a valid MAC
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string local_address_;

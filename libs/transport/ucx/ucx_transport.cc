@@ -45,6 +45,8 @@ UcxTransport::~UcxTransport() { impl_->Shutdown(); }
 
 Capabilities UcxTransport::GetCapabilities() const { return impl_->caps_; }
 
+uint64_t UcxTransport::rejected_control_messages() const { return impl_->rejected_control_.load(); }
+
 std::string UcxTransport::LocalAddress() const { return impl_->local_address_; }
 
 absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view peer_address) {

@@ -51,6 +51,12 @@ struct UcxOptions {
   // the data plane listens and connects only there. Non-empty wins over loopback_only
   // and the environment. INVALID_ARGUMENT from Create() if UCX refuses the value.
   std::string net_devices;
+  // The fleet's data-plane secret: when set, the backend's control messages (hello, key
+  // revocation, its acknowledgement) carry an HMAC-SHA256 under it, and messages
+  // without a valid one are dropped and counted (rejected_control_messages()), so that
+  // a host on the network cannot forge an acknowledgement and make an owner free
+  // memory a peer still writes. Empty: unauthenticated (a trusted network).
+  std::string control_secret;
   // How often UCX checks that peers are alive (UCX_KEEPALIVE_INTERVAL).
   absl::Duration keepalive_interval = absl::Seconds(1);
   // How long DeregisterMemory waits for peers to acknowledge the revocation.
@@ -87,6 +93,9 @@ class UcxTransport : public Transport {
                                    uint64_t offset, uint64_t length) override;
   std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
                                    uint64_t offset, uint64_t capacity) override;
+
+  // Control messages dropped for a missing or wrong MAC (UcxOptions::control_secret).
+  uint64_t rejected_control_messages() const;
 
   class Impl;  // the UCX state (ucx_transport.cc)
 

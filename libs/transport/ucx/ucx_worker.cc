@@ -182,7 +182,9 @@ void Impl::Shutdown() {
   auto done = RunSync<bool>([this]() -> absl::StatusOr<bool> {
     const absl::Status closed = absl::UnavailableError("UCX transport closed");
     for (auto& [id, peer] : peers_) {
-      for (Op* op : peer->recvs) {
+      // (a copy: a cancelled receive's callback runs at once and erases its op from
+      // peer->recvs, which would invalidate this loop's iterator)
+      for (Op* op : std::set<Op*>(peer->recvs)) {
         op->override = closed;
         if (op->request != nullptr) ucp_request_cancel(worker_, op->request);
       }
@@ -316,6 +318,8 @@ void Impl::SendAm(Peer* peer, AmId id, std::string payload) {
   if (peer->ep == nullptr || peer->failed) return;
   auto* data = new std::string(1, static_cast<char>(id));
   data->append(payload);
+  // Authenticated: the MAC covers the kind byte and the payload, and travels last.
+  if (!options_.control_secret.empty()) data->append(common::HmacSha256(options_.control_secret, *data));
   ucp_request_param_t param = {};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                        UCP_OP_ATTR_FIELD_FLAGS;
@@ -334,6 +338,17 @@ ucs_status_t Impl::OnAm(void* arg, const void* /*header*/, size_t /*header_lengt
   auto* impl = static_cast<Impl*>(arg);
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;  // never sent by us
   std::string payload(static_cast<const char*>(data), length);
+  if (!impl->options_.control_secret.empty()) {
+    const size_t n = common::kHmacSha256Bytes;
+    if (payload.size() <= n ||
+        !common::ConstantTimeEquals(payload.substr(payload.size() - n),
+                                    common::HmacSha256(impl->options_.control_secret,
+                                                       absl::string_view(payload).substr(0, payload.size() - n)))) {
+      impl->rejected_control_.fetch_add(1);  // forged, altered, or from a peer without the secret
+      return UCS_OK;
+    }
+    payload.resize(payload.size() - n);
+  }
   // The handler id is not passed to the callback: the payload's first byte says which.
   if (payload.empty()) return UCS_OK;
   const char kind = payload[0];
