@@ -35,7 +35,7 @@ measure() {  # mode k
   rm -f "$DIR"/*.port
   start reward reward/rlfleet-reward
   start buffer buffer/rlfleet-buffer --store=memory://
-  start rollout rollout/rlfleet-rollout --threads=1
+  start rollout rollout/rlfleet-rollout --threads=1 --publish_dir="$DIR/weights-$1"
   start trainer trainer/rlfleet-trainer --threads=1 --buffer="$ADDR_buffer" --publish_dir="$DIR/weights-$1"
   $B/controller/rlfleet loop --loop_rollout="$ADDR_rollout" --loop_reward="$ADDR_reward" --loop_buffer="$ADDR_buffer" \
     --loop_trainer="$ADDR_trainer" --steps="$STEPS" --eval_every=0 --entropy_coef=0.03 --max_staleness="$1" \

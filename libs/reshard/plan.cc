@@ -181,21 +181,61 @@ uint64_t Plan::RangeCount() const {
   return n;
 }
 
+double PlanCost(const std::vector<TensorSpec>& tensors, const Layout& src, const Layout& dst) {
+  // Intervals one rank's part of a tensor has: a row per outer index for columns.
+  auto pieces = [](const TensorSpec& t, Split split) -> double {
+    return split == Split::kColumns ? static_cast<double>(t.shape[0]) : 1.0;
+  };
+  const double s = src.ranks, d = dst.ranks;
+  double cost = s * d + (s + d) * tensors.size();
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const double ps = pieces(tensors[t], src.splits[t]);
+    const double supply = pieces(tensors[t], src.splits[t] == Split::kReplicated ? Split::kFlat : src.splits[t]);
+    const double pd = pieces(tensors[t], dst.splits[t]);
+    // placing both sides' parts, listing the owners, and every destination rank's walk
+    cost += s * ps + d * pd + s * supply + d * (s * supply + pd);
+  }
+  return cost;
+}
+
 absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layout& src,
                               const Layout& dst, const PlanOptions& options) {
+  if (tensors.size() > kMaxPlanTensors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(tensors.size(), " tensors; a plan has at most ", kMaxPlanTensors));
+  }
+  for (const char* side : {"source", "destination"}) {
+    const Layout& l = side[0] == 's' ? src : dst;
+    if (l.ranks > kMaxPlanRanks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(side, " layout: ", l.ranks, " ranks; a plan has at most ", kMaxPlanRanks));
+    }
+  }
   for (const TensorSpec& t : tensors) {
     if (t.shape.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no dimensions"));
     }
+    uint64_t elements = 1;
     for (int64_t d : t.shape) {
       if (d <= 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("tensor '", t.name, "' has a non-positive dimension ", d));
       }
+      // (overflow-checked: numel() and every byte offset below multiply these)
+      if (static_cast<uint64_t>(d) > kMaxPlanElements / elements) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has more than 2^40 elements"));
+      }
+      elements *= static_cast<uint64_t>(d);
     }
   }
   if (absl::Status s = CheckLayout("source", src, tensors); !s.ok()) return s;
   if (absl::Status s = CheckLayout("destination", dst, tensors); !s.ok()) return s;
+  // The planning work is bounded before any of it is done or allocated.
+  if (const double cost = PlanCost(tensors, src, dst); cost > static_cast<double>(kMaxPlanCost)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the plan from ", src.ranks, " to ", dst.ranks, " ranks over ", tensors.size(), " tensors costs ~", cost,
+        " interval steps; at most ", kMaxPlanCost, " (fewer ranks, or fewer column-split rows)"));
+  }
 
   Plan plan;
   plan.tensors = tensors;

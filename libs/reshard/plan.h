@@ -104,8 +104,22 @@ struct Plan {
   uint64_t RangeCount() const;
 };
 
+// What a plan may hold, checked by MakePlan before it plans or allocates anything (its
+// inputs may come from the network): ranks per side, tensors, elements per tensor, and
+// the planning work (PlanCost).
+inline constexpr int kMaxPlanRanks = 1 << 16;
+inline constexpr size_t kMaxPlanTensors = 1 << 16;
+inline constexpr uint64_t kMaxPlanElements = uint64_t{1} << 40;
+inline constexpr uint64_t kMaxPlanCost = uint64_t{1} << 26;
+
+// An upper estimate of MakePlan's work (interval steps, about the ranges and parts it
+// allocates): grows with ranks x ranks x tensors, and with the rows of column splits.
+double PlanCost(const std::vector<TensorSpec>& tensors, const Layout& src, const Layout& dst);
+
 // INVALID_ARGUMENT naming the tensor for: a layout without one split per tensor,
-// ranks < 1, a shape with no or a non-positive dimension, kColumns on a 1-D tensor.
+// ranks < 1, a shape with no or a non-positive dimension, kColumns on a 1-D tensor;
+// and, before any planning, more than kMaxPlanRanks ranks or kMaxPlanTensors tensors,
+// a tensor of more than kMaxPlanElements elements, or a PlanCost over kMaxPlanCost.
 // (Any split may be used on either side: kFlat -> kFlat reshards FSDP checkpoints.)
 absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layout& src,
                               const Layout& dst, const PlanOptions& options = {});

@@ -32,6 +32,7 @@ constexpr uint64_t kMaxElements = uint64_t{1} << 40;
 constexpr uint64_t kMaxModelBytes = uint64_t{1} << 40;  // 1 TiB
 constexpr uint64_t kMinChunkBytes = 256, kMaxChunkBytes = uint64_t{1} << 30;
 constexpr uint64_t kMaxChunks = uint64_t{1} << 20;  // chunks of the whole plan
+constexpr int64_t kMaxRoundTimeoutMs = 3600 * 1000;
 
 }  // namespace
 
@@ -177,6 +178,10 @@ absl::StatusOr<Plan> PlanOfRound(const v1::ReshardRound& round) {
   }
   if (round.tag_epoch() > 15) {
     return absl::InvalidArgumentError(absl::StrCat("tag_epoch: ", round.tag_epoch(), "; want 0..15"));
+  }
+  if (round.round_timeout_ms() < 0 || round.round_timeout_ms() > kMaxRoundTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat("round_timeout_ms: ", round.round_timeout_ms(),
+                                                   "; want 0 (10 s) .. ", kMaxRoundTimeoutMs));
   }
   ASSIGN_OR_RETURN(Plan plan, MakePlan(src.tensors, src.layout, dst));
   const uint64_t chunk = round.chunk_bytes() == 0 ? ExecutorOptions().chunk_bytes : round.chunk_bytes();

@@ -53,7 +53,8 @@ v1::ShardLayout ModelLayoutToProto(const std::vector<TensorSpec>& tensors, const
 // tensor whole). INVALID_ARGUMENT naming the field for a layout that does not fit (a
 // tensor missing, another shape or dtype), a rank outside the destination layout, a
 // source address or digest share count that is not one per source rank, tag_epoch
-// over 15.
+// over 15, round_timeout_ms outside 0..1 hour; and, before planning, a plan whose
+// work passes MakePlan's bound (ranks x ranks x tensors, column-split rows).
 absl::StatusOr<Plan> PlanOfRound(const v1::ReshardRound& round);
 
 // Source rank `src_rank`'s share of every destination rank's shard digest, from its

@@ -5,11 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/common/checksum.h"
+#include "libs/common/files.h"
 #include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
 
@@ -68,39 +72,74 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescr
   const std::string& path = d.segment().worker_address();
   if (path.empty()) return absl::InvalidArgumentError("segment.worker_address: empty (the file's path)");
   if (options_.file_root.empty()) {
-    return absl::InvalidArgumentError("segment.backend: FILE payloads are not accepted here (no --payload_dir)");
+    return absl::InvalidArgumentError(absl::StrCat("segment.backend: FILE descriptors are not accepted here (no ",
+                                                   options_.file_root_flag, ")"));
   }
   // The real path must lie under the root: no "..", no symlink out of it.
-  char resolved[PATH_MAX], root[PATH_MAX];
-  if (realpath(options_.file_root.c_str(), root) == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("payload directory ", options_.file_root, " does not exist"));
-  }
-  if (realpath(path.c_str(), resolved) == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  const std::string prefix = std::string(root) == "/" ? "/" : absl::StrCat(root, "/");
-  if (std::string(resolved).rfind(prefix, 0) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("segment.worker_address: ", path, " is not under the payload directory ", options_.file_root));
-  }
-  const int fd = open(resolved, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  ASSIGN_OR_RETURN(const std::filesystem::path resolved,
+                   common::ResolveUnderRoot("segment.worker_address", options_.file_root, path));
+  // O_NONBLOCK: opening a FIFO does not wait for a writer; O_NOFOLLOW: the last
+  // component was resolved above, so a link swapped in since is refused.
+  const int fd = open(resolved.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("segment.worker_address: cannot open ", path));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
     return absl::InvalidArgumentError(absl::StrCat("segment.worker_address: ", path, " is not a regular file"));
   }
-  std::string bytes(d.length_bytes(), '\0');
+  // The range must lie in the file before a byte is allocated (what is checked is the
+  // open descriptor: what is read). The file's size is not echoed.
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (d.offset_bytes() > size || d.length_bytes() > size - d.offset_bytes()) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("offset_bytes + length_bytes: past the end of ", path));
+  }
+  std::string bytes = common::NewHugeString(d.length_bytes());
   uint64_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = pread(fd, bytes.data() + done, bytes.size() - done, d.offset_bytes() + done);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += n;
   }
   close(fd);
   if (done != bytes.size()) {
-    return absl::DataLossError(
-        absl::StrCat(path, " holds ", done, " of the ", bytes.size(), " bytes at offset ", d.offset_bytes()));
+    return absl::DataLossError(absl::StrCat(path, " was shorter than its descriptor when read"));
   }
   return bytes;
+}
+
+DescriptorFetcher::~DescriptorFetcher() {
+  ReleaseFinished();
+  absl::MutexLock lock(&mu_);
+  // Still in flight: the transport may write into this memory, so it is never freed.
+  for (Pending& p : pending_) {
+    new std::string(std::move(p.bytes));  // NOLINT: leaked on purpose
+    (void)p.get.release();
+  }
+}
+
+size_t DescriptorFetcher::ReleaseFinished(absl::Duration wait) {
+  std::vector<Pending> all;
+  {
+    absl::MutexLock lock(&mu_);
+    all.swap(pending_);
+  }
+  std::vector<Pending> kept;
+  uint64_t released = 0;
+  for (Pending& p : all) {
+    if (wait > absl::ZeroDuration() && !p.get->Done()) (void)p.get->Wait(wait);
+    if (!p.get->Done()) {
+      kept.push_back(std::move(p));
+      continue;
+    }
+    (void)transport_->DeregisterMemory(p.local);
+    released += p.bytes.size();
+  }
+  absl::MutexLock lock(&mu_);
+  pending_bytes_ -= released;
+  for (Pending& p : kept) pending_.push_back(std::move(p));
+  return pending_.size();
 }
 
 absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline,
@@ -108,7 +147,8 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   if (transport_ == nullptr) {
     return absl::InvalidArgumentError("segment.backend: this buffer has no data-plane transport (FILE only)");
   }
-  const std::string mine = transport_->GetCapabilities().backend;
+  // (decorators, fault-injecting or authenticating, move their inner backend's descriptors)
+  const std::string mine = BaseBackend(transport_->GetCapabilities());
   const std::string theirs = d.segment().backend() == v1::TRANSFER_BACKEND_UCX ? "ucx" : "loopback";
   if (mine != theirs) {
     return absl::InvalidArgumentError(
@@ -119,6 +159,15 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
     return absl::InvalidArgumentError(absl::StrCat("offset_bytes + length_bytes (", d.offset_bytes() + d.length_bytes(),
                                                    ") exceeds segment.length_bytes (", d.segment().length_bytes(),
                                                    ")"));
+  }
+  ReleaseFinished();
+  {
+    absl::MutexLock lock(&mu_);
+    if (pending_bytes_ > options_.max_pending_bytes ||
+        d.length_bytes() > options_.max_pending_bytes - pending_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          pending_bytes_, " bytes of fetches that timed out are still in flight; retry when they finish"));
+    }
   }
   ASSIGN_OR_RETURN(PeerId peer, transport_->Connect(d.segment().worker_address()));
   // The bytes land straight in the string returned (registered for the Get), not in a
@@ -133,10 +182,13 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
                    transport_->RegisterMemory(bytes.data(), bytes.size(), MemoryKind::kHost, 0));
   std::unique_ptr<Completion> get = transport_->Get(peer, local, 0, d.segment(), d.offset_bytes(), d.length_bytes());
   absl::Status s = get->Wait(deadline - absl::Now());
-  if (absl::IsDeadlineExceeded(s)) {
+  if (absl::IsDeadlineExceeded(s) && !get->Done()) {
     // The bytes may still land: the region stays registered and allocated (a producer
-    // that is late, not dead, must not write into freed memory).
-    new std::string(std::move(bytes));  // NOLINT: leaked on purpose
+    // that is late, not dead, must not write into freed memory) until the Get finishes;
+    // the next fetch (or ReleaseFinished) releases it then.
+    absl::MutexLock lock(&mu_);
+    pending_bytes_ += bytes.size();
+    pending_.push_back({std::move(get), local, std::move(bytes)});
     return s;
   }
   (void)transport_->DeregisterMemory(local);

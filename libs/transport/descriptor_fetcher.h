@@ -7,8 +7,11 @@
 #define RLFLEET_LIBS_TRANSPORT_DESCRIPTOR_FETCHER_H_
 
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "libs/transport/transport.h"
 #include "rlfleet/v1/common.pb.h"
@@ -28,19 +31,32 @@ class DescriptorFetcher {
     uint64_t max_bytes = uint64_t{64} << 20;     // one payload at most
     absl::Duration timeout = absl::Seconds(10);  // per fetch: a dead producer is an error after this
     // FILE descriptors may only name regular files under this directory (no symlinks
-    // out of it); empty: FILE descriptors are refused. (A producer must not be able to
-    // make the buffer read any file it can.)
+    // out of it, no directories, FIFOs or devices); empty: FILE descriptors are refused.
+    // (A peer must not be able to make the service read any file it can.)
     std::string file_root;
+    // The flag that sets file_root, named when a FILE descriptor is refused.
+    std::string file_root_flag = "--payload_dir";
+    // Memory of fetches that timed out while the transport may still write into it is
+    // held (not freed) until their transfer finishes; beyond this many bytes so held,
+    // new memory fetches are refused with RESOURCE_EXHAUSTED.
+    uint64_t max_pending_bytes = uint64_t{16} << 30;
   };
   // `transport` (not owned, may be null: memory descriptors are then refused) serves
   // descriptors of its backend.
   DescriptorFetcher(Transport* transport, Options options);
   DescriptorFetcher(Transport* transport) : DescriptorFetcher(transport, Options()) {}
+  // Holds (leaks, on purpose) the memory of fetches still in flight: a transfer the
+  // transport may still complete must not write into freed memory.
+  ~DescriptorFetcher();
+  DescriptorFetcher(const DescriptorFetcher&) = delete;
+  DescriptorFetcher& operator=(const DescriptorFetcher&) = delete;
 
   // The bytes. INVALID_ARGUMENT naming the field for a malformed descriptor (no digest,
   // zero or oversized length, range outside the segment, a backend this buffer does not
-  // fetch from, a path outside file_root); NOT_FOUND for a file that cannot be opened;
-  // DATA_LOSS for a digest mismatch or a short file; the transport's error
+  // fetch from, a path outside file_root, not a regular file, or a range past its end,
+  // checked before anything is allocated); NOT_FOUND for a file that cannot be opened;
+  // DATA_LOSS for a digest mismatch; RESOURCE_EXHAUSTED while too much memory of
+  // timed-out fetches is still held (see max_pending_bytes); the transport's error
   // (UNAVAILABLE, FAILED_PRECONDITION for a stale registration, DEADLINE_EXCEEDED)
   // otherwise.
   absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor) {
@@ -58,13 +74,27 @@ class DescriptorFetcher {
                                     std::string reuse, FetchTimings* timings = nullptr);
   const Options& options() const { return options_; }
 
+  // Fetches that timed out and whose memory is still held (their transfer has not
+  // finished), after releasing those that finished. Waits up to `wait` for each to
+  // finish first (zero: only looks).
+  size_t ReleaseFinished(absl::Duration wait = absl::ZeroDuration());
+
  private:
+  // A timed-out Get: its registration and memory, released once it finishes.
+  struct Pending {
+    std::unique_ptr<Completion> get;
+    MemoryHandle local;
+    std::string bytes;
+  };
   absl::StatusOr<std::string> FetchFile(const v1::TransferDescriptor& d);
   absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline, std::string reuse,
                                           FetchTimings* timings);
 
   Transport* const transport_;
   const Options options_;
+  absl::Mutex mu_;
+  std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace rlfleet::transport

@@ -29,6 +29,11 @@ ABSL_FLAG(bool, prefault_staging, true,
           "Fault in memory for one pulled weight version at start (the model's f32 size), so that the first "
           "sync does not: a fresh buffer can cost more than the pull itself.");
 
+ABSL_FLAG(std::string, publish_dir, "",
+          "Directory the trainer publishes version files into (its --publish_dir): a FILE descriptor "
+          "(UpdateWeights) must name a regular file under it. Empty: FILE descriptors are refused (versions "
+          "come over the data plane). --weights is read at start whatever this says.");
+
 int main(int argc, char** argv) {
   rlfleet::model::ConfigureBlas(argv);
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-rollout: policy replica.");
@@ -75,6 +80,8 @@ int main(int argc, char** argv) {
   rlfleet::transport::DescriptorFetcher::Options fetch;
   fetch.max_bytes = uint64_t{16} << 30;  // a whole model version
   fetch.timeout = absl::Minutes(5);
+  fetch.file_root = absl::GetFlag(FLAGS_publish_dir);
+  fetch.file_root_flag = "--publish_dir";
   rlfleet::transport::DescriptorFetcher fetcher(data_plane->get(), fetch);
   rlfleet::rollout::RolloutServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token},
                                                [&runner](bool serving) { runner.SetServing(serving); }, &fetcher,
@@ -102,7 +109,13 @@ int main(int argc, char** argv) {
         *r->mutable_policy_version() = info.installed_version();
         *r->mutable_load() = info.load();
       },
-      "rlfleet-rollout");
+      "rlfleet-rollout",
+      // The lease was lost (e.g. during a Redis outage) and the controller drained this
+      // replica; registered again, it takes work again (issue 18).
+      [c, &runner] {
+        rlfleet::v1::ResumeResponse resumed;
+        if (c->Resume(&resumed).ok()) runner.SetServing(c->serving());
+      });
   if (!registrar.ok()) {
     std::cerr << "rlfleet-rollout: " << registrar.status() << "\n";
     return 1;

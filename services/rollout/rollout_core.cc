@@ -1,14 +1,16 @@
 #include "services/rollout/rollout_core.h"
 
-#include <filesystem>
-
 #include <algorithm>
+#include <exception>
 #include <set>
+#include <system_error>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "libs/common/checks.h"
+#include "libs/common/files.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 
@@ -49,27 +51,48 @@ struct RolloutCore::Install {
 
 namespace {
 
+constexpr double kMaxTemperature = 100;
+constexpr uint32_t kMaxTopK = 1 << 20;
+constexpr size_t kMaxCopiedBytes = 256;
+constexpr int64_t kMaxGraceMs = int64_t{24} * 3600 * 1000;
+
+// Every field of SamplingParams, range-checked in its own type before any cast (a
+// uint32 of 2^31 or more is no negative int here; NaN fails every range).
 absl::StatusOr<model::SamplingOptions> ToOptions(const v1::SamplingParams& sp, const RolloutLimits& limits,
-                                                 uint64_t* seed) {
+                                                 const model::PolicyConfig& config, uint64_t* seed) {
   model::SamplingOptions o;
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("sampling.max_new_tokens", sp.max_new_tokens(), 0,
+                                                 static_cast<uint32_t>(limits.max_new_tokens)));
   o.max_new_tokens = sp.max_new_tokens() == 0 ? 48 : static_cast<int>(sp.max_new_tokens());
   if (o.max_new_tokens > limits.max_new_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.max_new_tokens ", o.max_new_tokens,
                                                    " exceeds the limit of ", limits.max_new_tokens));
   }
-  if (sp.temperature() < 0) return absl::InvalidArgumentError("sampling.temperature is negative");
-  if (sp.top_p() < 0 || sp.top_p() > 1) return absl::InvalidArgumentError("sampling.top_p is outside [0, 1]");
+  RETURN_IF_ERROR(common::CheckFiniteInRange("sampling.temperature", sp.temperature(), 0, kMaxTemperature));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("sampling.top_p", sp.top_p(), 0, 1));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("sampling.top_k", sp.top_k(), 0, kMaxTopK));
   if (sp.stop_token_ids_size() > 16) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids has ", sp.stop_token_ids_size(),
                                                    " entries; the limit is 16"));
   }
+  for (int i = 0; i < sp.stop_token_ids_size(); ++i) {
+    RETURN_IF_ERROR(common::CheckInRange<int32_t>(absl::StrCat("sampling.stop_token_ids[", i, "]"),
+                                                  sp.stop_token_ids(i), 0, config.vocab_size - 1));
+  }
   o.temperature = sp.temperature();
-  o.top_k = static_cast<int>(sp.top_k());
+  // (more than the vocabulary keeps every token, as 0 does)
+  o.top_k = static_cast<int>(std::min<uint32_t>(sp.top_k(), static_cast<uint32_t>(config.vocab_size)));
   o.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
   o.stop_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
   if (sp.ignore_eos()) o.eos_id = -1;
   *seed = sp.has_seed() ? sp.seed() : absl::Uniform<uint64_t>(absl::BitGen());
   return o;
+}
+
+// Strings copied into every Experience: bounded.
+absl::Status CheckCopied(absl::string_view field, const std::string& value) {
+  if (value.size() <= kMaxCopiedBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", value.size(), " bytes; at most ", kMaxCopiedBytes));
 }
 
 absl::Status CheckPrompt(const google::protobuf::RepeatedField<int32_t>& ids, const std::string& field,
@@ -90,13 +113,38 @@ absl::Status CheckPrompt(const google::protobuf::RepeatedField<int32_t>& ids, co
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
+// `body`'s result, or INTERNAL naming `what` and the cause when it throws (libtorch
+// throws c10::Error): on the scheduler thread an exception would end the replica.
+template <typename Body>
+auto Guarded(absl::string_view what, Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(what, " failed: an unknown exception"));
+  }
+}
+
+// `num_samples` of a request, in its own type first: 0 = 1, at most `most`.
+absl::StatusOr<int> Samples(uint32_t num_samples, int most) {
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("num_samples", num_samples, 0, static_cast<uint32_t>(most)));
+  return num_samples == 0 ? 1 : static_cast<int>(num_samples);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RolloutCore>> RolloutCore::Create(const model::PolicyConfig& config,
                                                                   const std::string& device,
                                                                   RolloutLimits limits) {
   ASSIGN_OR_RETURN(auto policy, model::Policy::Create(config, device));
-  return std::unique_ptr<RolloutCore>(new RolloutCore(std::move(policy), device, limits));
+  std::unique_ptr<RolloutCore> core(new RolloutCore(std::move(policy), device, limits));
+  try {
+    core->scheduler_ = std::thread([c = core.get()] { c->Run(); });
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("no thread for the rollout scheduler: ", e.what()));
+  }
+  return core;
 }
 
 RolloutCore::RolloutCore(std::unique_ptr<model::Policy> policy, std::string device, RolloutLimits limits)
@@ -125,7 +173,7 @@ RolloutCore::RolloutCore(std::unique_ptr<model::Policy> policy, std::string devi
                                                  {{"service", "rollout"}})) {
   // (Gauges the scheduler sets, not callbacks: the registry outlives this core.)
   batch_ = std::make_unique<model::DecodeBatch>(policy_.get(), limits_.max_batch);
-  scheduler_ = std::thread([this] { Run(); });
+  // (the scheduler thread is started by Create)
 }
 
 RolloutCore::~RolloutCore() {
@@ -133,15 +181,17 @@ RolloutCore::~RolloutCore() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  scheduler_.join();
+  if (scheduler_.joinable()) scheduler_.join();
 }
 
 absl::StatusOr<InstallReport> RolloutCore::InstallFromFile(const std::string& path, uint64_t version,
                                                            absl::Time deadline) {
-  auto install = std::make_shared<Install>();
-  install->path = path;
-  install->version = version;
-  return Queue(std::move(install), deadline);
+  // Read here, on the caller's thread, never on the scheduler's: a regular file of at
+  // most this model's size (a FIFO or /dev/zero is refused, not waited on).
+  ASSIGN_OR_RETURN(std::string bytes,
+                   common::ReadRegularFile("weights file", path,
+                                           model::F32ImageBytesBound(static_cast<uint64_t>(num_parameters_))));
+  return InstallFromBytes(std::move(bytes), path, version, deadline);
 }
 
 absl::StatusOr<InstallReport> RolloutCore::InstallFromBytes(std::string bytes, const std::string& name,
@@ -221,7 +271,7 @@ absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Submit(std::vecto
                                                                        absl::Time deadline, JobSink sink) {
   auto job = std::make_shared<Job>();
   uint64_t seed = 0;
-  ASSIGN_OR_RETURN(job->options, ToOptions(sampling, limits_, &seed));
+  ASSIGN_OR_RETURN(job->options, ToOptions(sampling, limits_, config_, &seed));
   job->base_seed = seed;
   job->prompts = std::move(prompts);
   job->samples.resize(job->prompts.size());
@@ -308,14 +358,13 @@ void RolloutCore::Run() {
     }
     if (install != nullptr) {
       const absl::Time start = absl::Now();
-      if (!install->tensors.empty()) {
-        install->status = policy_->LoadTensors(install->tensors, install->path);
-      } else {
-        install->status = install->bytes.empty() ? policy_->LoadSafetensors(install->path)
-                                                 : policy_->LoadSafetensorsBytes(install->bytes, install->path);
-      }
+      // (never a file here: InstallFromFile read it on the caller's thread)
+      install->status = Guarded("loading the weights", [&] {
+        return !install->tensors.empty() ? policy_->LoadTensors(install->tensors, install->path)
+                                         : policy_->LoadSafetensorsBytes(install->bytes, install->path);
+      });
       const absl::Time loaded = absl::Now();
-      if (install->status.ok()) install->status = batch_->Refresh();
+      if (install->status.ok()) install->status = Guarded("recomputing the KV cache", [&] { return batch_->Refresh(); });
       if (install->status.ok()) {
         absl::MutexLock lock(&mu_);
         version_ = install->version;
@@ -331,13 +380,9 @@ void RolloutCore::Run() {
         // Weight sync, phase 2: reading and verifying the version (GB/s = the rate of
         // the bytes counter over the rate of the seconds sum).
         load_metric_->Observe(install->report.install_us / 1e6);
-        std::error_code ec;
-        uintmax_t bytes = 0;
+        uint64_t bytes = install->bytes.size();
         for (const auto& [name, t] : install->tensors) bytes += t.bytes.size();
-        if (install->tensors.empty()) {
-          bytes = install->bytes.empty() ? std::filesystem::file_size(install->path, ec) : install->bytes.size();
-        }
-        if (!ec) load_bytes_metric_->Add(static_cast<double>(bytes));
+        load_bytes_metric_->Add(static_cast<double>(bytes));
       }
       install->done.Notify();
     }
@@ -351,7 +396,10 @@ void RolloutCore::Run() {
     }
     if (!group.empty()) {
       for (size_t i = 0; i < group.size(); ++i) live_[group[i].id] = owners[i];
-      absl::StatusOr<std::vector<model::DecodeBatch::Token>> first = batch_->Add(std::move(group));
+      absl::StatusOr<std::vector<model::DecodeBatch::Token>> first =
+          Guarded("prefilling new sequences", [&]() -> absl::StatusOr<std::vector<model::DecodeBatch::Token>> {
+            return batch_->Add(std::move(group));
+          });
       if (first.ok()) {
         Dispatch(*first);
       } else {
@@ -360,7 +408,11 @@ void RolloutCore::Run() {
     }
     if (batch_->size() > 0) {
       const absl::Time step_start = absl::Now();
-      absl::StatusOr<std::vector<model::DecodeBatch::Token>> step = batch_->Step();
+      absl::StatusOr<std::vector<model::DecodeBatch::Token>> step =
+          Guarded("a decode step", [&]() -> absl::StatusOr<std::vector<model::DecodeBatch::Token>> {
+            if (fault_hook_) fault_hook_();
+            return batch_->Step();
+          });
       step_metric_->Observe(absl::ToDoubleSeconds(absl::Now() - step_start));
       if (step.ok()) {
         {
@@ -494,16 +546,14 @@ void RolloutCore::Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason
 absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Generate(const v1::GenerateRequest& request,
                                                                          StreamSink sink, absl::Time deadline) {
   RETURN_IF_ERROR(common::ValidateId("request_id", request.request_id()));
-  const int samples = request.num_samples() == 0 ? 1 : static_cast<int>(request.num_samples());
-  if (samples > limits_.max_samples) {
-    return absl::InvalidArgumentError(absl::StrCat("num_samples ", samples, " exceeds the limit of ",
-                                                   limits_.max_samples));
-  }
-  if (request.chunk_tokens() > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk_tokens ", request.chunk_tokens(), " exceeds 1024"));
-  }
-  const int max_new = request.sampling().max_new_tokens() == 0 ? 48 : request.sampling().max_new_tokens();
-  RETURN_IF_ERROR(CheckPrompt(request.prompt_token_ids(), "prompt_token_ids", max_new, config_));
+  ASSIGN_OR_RETURN(const int samples, Samples(request.num_samples(), limits_.max_samples));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("chunk_tokens", request.chunk_tokens(), 0, 1024));
+  RETURN_IF_ERROR(CheckCopied("prompt_id", request.prompt_id()));
+  RETURN_IF_ERROR(CheckCopied("group_id", request.group_id()));
+  RETURN_IF_ERROR(CheckCopied("task", request.task()));
+  uint64_t unused_seed = 0;
+  ASSIGN_OR_RETURN(const model::SamplingOptions options, ToOptions(request.sampling(), limits_, config_, &unused_seed));
+  RETURN_IF_ERROR(CheckPrompt(request.prompt_token_ids(), "prompt_token_ids", options.max_new_tokens, config_));
   std::vector<int32_t> prompt(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   // Tokens are sent in chunks of chunk_tokens per sample, and what is left when a
   // sample finishes; then its SampleFinished.
@@ -558,7 +608,7 @@ absl::Status RolloutCore::GenerateBatch(const v1::GenerateBatchRequest& request,
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(common::ValidateId("request_id", request.request_id()));
   const int prompts = request.prompts_size();
-  const int samples = request.num_samples() == 0 ? 1 : static_cast<int>(request.num_samples());
+  ASSIGN_OR_RETURN(const int samples, Samples(request.num_samples(), limits_.max_sequences));
   if (prompts < 1 || prompts > limits_.max_prompts) {
     return absl::InvalidArgumentError(absl::StrCat("prompts has ", prompts, " entries; the limit is 1..",
                                                    limits_.max_prompts));
@@ -567,13 +617,17 @@ absl::Status RolloutCore::GenerateBatch(const v1::GenerateBatchRequest& request,
     return absl::InvalidArgumentError(absl::StrCat("prompts x num_samples = ", prompts * samples,
                                                    " exceeds the limit of ", limits_.max_sequences, " sequences"));
   }
-  const int max_new = request.sampling().max_new_tokens() == 0 ? 48 : request.sampling().max_new_tokens();
+  uint64_t unused_seed = 0;
+  ASSIGN_OR_RETURN(const model::SamplingOptions options, ToOptions(request.sampling(), limits_, config_, &unused_seed));
   std::vector<std::vector<int32_t>> rows;
   for (int p = 0; p < prompts; ++p) {
-    const auto& ids = request.prompts(p).prompt_token_ids();
-    if (max_new <= limits_.max_new_tokens) {  // (else ToOptions names the limit)
-      RETURN_IF_ERROR(CheckPrompt(ids, absl::StrCat("prompts[", p, "].prompt_token_ids"), max_new, config_));
-    }
+    const v1::BatchPrompt& prompt = request.prompts(p);
+    const auto& ids = prompt.prompt_token_ids();
+    RETURN_IF_ERROR(CheckCopied(absl::StrCat("prompts[", p, "].prompt_id"), prompt.prompt_id()));
+    RETURN_IF_ERROR(CheckCopied(absl::StrCat("prompts[", p, "].group_id"), prompt.group_id()));
+    RETURN_IF_ERROR(CheckCopied(absl::StrCat("prompts[", p, "].task"), prompt.task()));
+    RETURN_IF_ERROR(
+        CheckPrompt(ids, absl::StrCat("prompts[", p, "].prompt_token_ids"), options.max_new_tokens, config_));
     for (int s = 0; s < samples; ++s) rows.emplace_back(ids.begin(), ids.end());
   }
   struct Result {
@@ -657,7 +711,7 @@ absl::Status RolloutCore::GetInfo(v1::GetInfoResponse* response) {
 }
 
 absl::Status RolloutCore::Drain(const v1::DrainRequest& request, v1::DrainResponse* response) {
-  if (request.grace_ms() < 0) return absl::InvalidArgumentError("grace_ms is negative");
+  RETURN_IF_ERROR(common::CheckInRange<int64_t>("grace_ms", request.grace_ms(), 0, kMaxGraceMs));
   absl::MutexLock lock(&mu_);
   const uint64_t finished0 = finished_sequences_, aborted0 = aborted_sequences_;
   if (!drained_) draining_ = true;

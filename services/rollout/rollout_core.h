@@ -12,7 +12,9 @@
 // States: WAITING_FOR_WEIGHTS until a version is installed, then SERVING; Drain
 // refuses new work (DRAINING), lets in-flight work finish until its grace time, aborts
 // the rest (FINISH_REASON_ABORTED) and is DRAINED until Resume.
-// Thread-safe.
+// A libtorch exception on the scheduler thread fails the requests it touched (INTERNAL
+// naming the cause) and the scheduler keeps serving. Every request field is range-checked
+// in its own type before any cast. Thread-safe.
 #ifndef RLFLEET_SERVICES_ROLLOUT_ROLLOUT_CORE_H_
 #define RLFLEET_SERVICES_ROLLOUT_ROLLOUT_CORE_H_
 
@@ -80,7 +82,8 @@ class RolloutCore {
  public:
   class Job;
 
-  // INVALID_ARGUMENT for a config that does not make a model.
+  // INVALID_ARGUMENT for a config that does not make a model; RESOURCE_EXHAUSTED when
+  // no thread can be created for the scheduler.
   static absl::StatusOr<std::unique_ptr<RolloutCore>> Create(const model::PolicyConfig& config,
                                                              const std::string& device,
                                                              RolloutLimits limits = {});
@@ -88,7 +91,9 @@ class RolloutCore {
 
   // Installs weights from a safetensors file as `version` (> the installed one, else
   // FAILED_PRECONDITION) at the next decode-step boundary; in-flight sequences
-  // continue on it. INVALID_ARGUMENT / NOT_FOUND from the file (nothing changes);
+  // continue on it. The file is read on the calling thread (a regular file of at most
+  // the model's f32 image size). INVALID_ARGUMENT / NOT_FOUND from the file (nothing
+  // changes);
   // DEADLINE_EXCEEDED if the scheduler did not take it before `deadline`.
   absl::StatusOr<InstallReport> InstallFromFile(const std::string& path, uint64_t version,
                                                 absl::Time deadline = absl::InfiniteFuture());
@@ -131,6 +136,10 @@ class RolloutCore {
   uint64_t installed_version();
   bool serving();
 
+  // Test hook: called on the scheduler thread before every decode step (a hook that
+  // throws is what a libtorch failure there looks like). Set before any work.
+  void SetFaultHookForTest(std::function<void()> hook) { fault_hook_ = std::move(hook); }
+
  private:
   struct Install;
   absl::StatusOr<InstallReport> Queue(std::shared_ptr<Install> install, absl::Time deadline);
@@ -153,6 +162,7 @@ class RolloutCore {
   std::unique_ptr<model::Policy> policy_;
   std::unique_ptr<model::DecodeBatch> batch_;
   std::map<uint64_t, std::pair<std::shared_ptr<Job>, uint32_t>> live_;  // batch id -> job, sample
+  std::function<void()> fault_hook_;
 
   absl::Mutex mu_;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,5 +1,6 @@
 // gRPC adapter for RolloutCore: Generate (server streaming), GenerateBatch, GetInfo,
-// Drain, Resume, and UpdateWeights: from a FILE source, pulled over the data plane, or
+// Drain, Resume, and UpdateWeights: from a FILE source (a regular file under the
+// fetcher's root, --publish_dir; read on the RPC's thread), pulled over the data plane, or
 // pushed by the weights service's resharding round (PrepareWeightsRequest.reshard;
 // PrepareWeights / CommitWeights as two calls answer UNIMPLEMENTED for now).
 // Thread-safe.
@@ -17,6 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "libs/common/checks.h"
 #include "libs/common/huge_string.h"
 #include "libs/reshard/round.h"
 #include "libs/common/status_macros.h"
@@ -176,8 +178,11 @@ class RelayCopy {
   absl::StatusOr<v1::TransferDescriptor> Serve(std::string bytes, const v1::TransferDescriptor& pulled,
                                                std::string* previous = nullptr) {
     absl::MutexLock lock(&mu_);
-    ReleaseLocked();
+    if (handle_) (void)data_plane_->DeregisterMemory(*handle_);
+    handle_.reset();
+    // (handed on whole, not cleared: the next pull into it then fills nothing first)
     if (previous != nullptr) *previous = std::move(bytes_);
+    ReleaseLocked();
     bytes_ = std::move(bytes);
     absl::StatusOr<transport::MemoryHandle> handle =
         data_plane_->RegisterMemory(bytes_.data(), bytes_.size(), transport::MemoryKind::kHost, 0);
@@ -271,17 +276,28 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   grpc::ServerUnaryReactor* UpdateWeights(grpc::CallbackServerContext* c, const v1::PrepareWeightsRequest* req,
                                           v1::CommitWeightsResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&]() -> absl::Status {
-      if (req->has_reshard()) return UpdateFromRound(*req, CallDeadline(*c, absl::Minutes(1)), resp);
-      if (req->chunks_size() != 1) {
-        return absl::UnimplementedError("UpdateWeights takes one chunk holding the whole version for now");
-      }
+      RETURN_IF_ERROR(CheckUpdate(*req));
+      // transfer_timeout_ms (0 = 60 s), within the call's own deadline
+      const absl::Time deadline =
+          std::min(CallDeadline(*c, absl::Minutes(1)),
+                   absl::Now() + (req->transfer_timeout_ms() > 0 ? absl::Milliseconds(req->transfer_timeout_ms())
+                                                                 : absl::Seconds(60)));
+      if (req->has_reshard()) return UpdateFromRound(*req, deadline, resp);
       const v1::TransferDescriptor& source = req->chunks(0).source();
       const uint64_t version = req->manifest().version().version();
-      const absl::Time deadline = CallDeadline(*c, absl::Minutes(1));
       absl::StatusOr<InstallReport> report;
       std::optional<v1::TransferDescriptor> relay;
       if (source.segment().backend() == v1::TRANSFER_BACKEND_FILE) {
-        report = core_->InstallFromFile(source.segment().worker_address(), version, deadline);
+        // Read by the fetcher on this thread (never the scheduler's): a regular file
+        // under --publish_dir, of the descriptor's length, its digest checked.
+        if (fetcher_ == nullptr) {
+          return absl::InvalidArgumentError(
+              "chunks[0].source.segment.backend: FILE descriptors are not accepted here (no --publish_dir)");
+        }
+        absl::StatusOr<std::string> bytes = fetcher_->Fetch(source, deadline);
+        if (!bytes.ok()) return common::Annotate(bytes.status(), "chunks[0].source");
+        report = core_->InstallFromBytes(std::move(*bytes), absl::StrCat("version ", version, " (file)"), version,
+                                         deadline);
       } else {
         if (fetcher_ == nullptr) {
           return absl::FailedPreconditionError("this replica has no data plane to pull weights over (FILE only)");
@@ -295,7 +311,7 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
         }
         transport::FetchTimings timings;
         absl::StatusOr<std::string> bytes = fetcher_->Fetch(source, deadline, std::move(reuse), &timings);
-        if (!bytes.ok()) return common::Annotate(bytes.status(), "pulling the version");
+        if (!bytes.ok()) return common::Annotate(bytes.status(), "chunks[0].source: pulling the version");
         resp->set_pull_us(absl::ToInt64Microseconds(absl::Now() - pull_start));
         resp->set_pull_allocate_us(absl::ToInt64Microseconds(timings.allocate));
         resp->set_pull_verify_us(absl::ToInt64Microseconds(timings.verify));
@@ -341,6 +357,51 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   }
 
  private:
+  // Every field of an UpdateWeights request, before anything is fetched or allocated:
+  // honoured, or refused naming it (INVALID_ARGUMENT; UNIMPLEMENTED for what this
+  // replica does not support: docs/unsupported_fields.md).
+  absl::Status CheckUpdate(const v1::PrepareWeightsRequest& req) {
+    const v1::WeightManifest& m = req.manifest();
+    if (m.version().version() == 0) return absl::InvalidArgumentError("manifest.version.version: 0");
+    RETURN_IF_ERROR(common::CheckInRange<int64_t>("transfer_timeout_ms", req.transfer_timeout_ms(), 0,
+                                                  int64_t{3600} * 1000));
+    if (m.wire_dtype() != v1::DTYPE_UNSPECIFIED) {
+      return absl::UnimplementedError(
+          "manifest.wire_dtype: this replica installs the image's own dtypes and does not cast (send UNSPECIFIED)");
+    }
+    v1::GetInfoResponse info;
+    RETURN_IF_ERROR(core_->GetInfo(&info));
+    const uint64_t most = model::F32ImageBytesBound(info.model().num_parameters());
+    if (req.has_reshard()) {
+      if (req.chunks_size() > 0) {
+        return absl::InvalidArgumentError("chunks: a pushed version (reshard) comes with no chunks");
+      }
+      return absl::OkStatus();
+    }
+    if (req.chunks_size() != 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "chunks: ", req.chunks_size(), " chunks; this replica takes one chunk holding the whole version"));
+    }
+    const v1::WeightChunk& chunk = req.chunks(0);
+    if (chunk.dst_rank() != 0 || !chunk.tensor_name().empty() || chunk.dst_offset_bytes() != 0) {
+      return absl::UnimplementedError(
+          "chunks[0]: dst_rank, tensor_name and dst_offset_bytes must be unset (one chunk: the whole image)");
+    }
+    if (chunk.already_pushed()) {
+      return absl::UnimplementedError("chunks[0].already_pushed: pushed chunks come by reshard, not as chunks");
+    }
+    // At most this model's image, before anything is allocated for it.
+    if (chunk.source().length_bytes() > most) {
+      return absl::InvalidArgumentError(absl::StrCat("chunks[0].source.length_bytes: ", chunk.source().length_bytes(),
+                                                     "; this replica's model is at most ", most, " bytes"));
+    }
+    if (m.total_bytes() != 0 && m.total_bytes() != chunk.source().length_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest.total_bytes: ", m.total_bytes(), "; the chunk holds ",
+                                                     chunk.source().length_bytes()));
+    }
+    return absl::OkStatus();
+  }
+
   // A version pushed by the weights service's resharding round: this replica (TP 1) is
   // destination rank 0, receives every tensor whole into its shard memory (relaying it
   // on, chunk by chunk, when the round says forward_to), checks the digest shares and

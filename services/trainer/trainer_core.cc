@@ -560,7 +560,7 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   if (!fs::create_directory(tmp, ec) || ec) {
     return absl::InternalError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
   }
-  auto written = [&]() -> absl::StatusOr<uint64_t> {
+  auto written = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<uint64_t> {
     const std::string weights = policy_->SafetensorsBytes();
     RETURN_IF_ERROR(model::WriteFileAtomically((tmp / kWeightsFile).string(), weights));
     std::string state = absl::StrCat(kFormatLine, "\nstep ", step_, "\nversion ", version_, "\nconfig ",

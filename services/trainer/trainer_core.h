@@ -113,7 +113,8 @@ class TrainerCore {
   absl::Status Publish(const PublishTarget& target, const v1::PublishWeightsRequest& request,
                        v1::PublishWeightsResponse* response, bool* republished = nullptr);
 
-  model::Policy* policy() { return policy_.get(); }
+  // For tests: unsynchronised access, valid while no call is in flight.
+  model::Policy* policy() ABSL_NO_THREAD_SAFETY_ANALYSIS { return policy_.get(); }
 
  private:
   TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,

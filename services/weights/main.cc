@@ -29,6 +29,15 @@ ABSL_FLAG(int64_t, prefault_mib, 0,
           "trainer (about the model's f32 size), and for the push copy, so that no publish pays for fresh memory; "
           "later versions reuse older ones'. 0: none.");
 
+ABSL_FLAG(std::string, publish_dir, "",
+          "Directory the trainer publishes version files into (its --publish_dir): a FILE descriptor "
+          "(PublishVersion) must name a regular file under it. Empty: FILE descriptors are refused (versions "
+          "come from the trainer's memory over the data plane).");
+
+ABSL_FLAG(int64_t, max_version_mib, 16384,
+          "Largest version accepted (a safetensors image, or a sharded layout's tensors), in MiB: sizes in a "
+          "request are checked against it before anything is allocated.");
+
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-weights: weight-broadcast service.");
   auto options = rlfleet::rpc::ServerOptionsFromFlags();
@@ -49,6 +58,13 @@ int main(int argc, char** argv) {
       [client](const std::string& address) { return rlfleet::weights::NewGrpcDestination(client, address); },
       data_plane->get(), std::max(0, absl::GetFlag(FLAGS_relay_fanout)));
   core.EnablePush(absl::GetFlag(FLAGS_push));
+  core.SetFileRoot(absl::GetFlag(FLAGS_publish_dir));
+  if (absl::GetFlag(FLAGS_max_version_mib) < 1 || absl::GetFlag(FLAGS_max_version_mib) > (int64_t{1} << 24)) {
+    std::cerr << "rlfleet-weights: --max_version_mib: want 1..2^24, got " << absl::GetFlag(FLAGS_max_version_mib)
+              << "\n";
+    return 2;
+  }
+  core.SetMaxVersionBytes(static_cast<uint64_t>(absl::GetFlag(FLAGS_max_version_mib)) << 20);
   if (absl::GetFlag(FLAGS_keep_versions) < 2 || absl::GetFlag(FLAGS_keep_versions) > 8) {
     std::cerr << "rlfleet-weights: --keep_versions: want 2..8 (the latest stays syncable while the next is "
                  "pulled), got "

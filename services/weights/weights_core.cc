@@ -17,6 +17,8 @@
 #include "libs/model/safetensors.h"
 #include "libs/reshard/round.h"
 #include "libs/transport/descriptor_fetcher.h"
+#include "services/weights/spawn.h"
+#include "services/weights/weights_requests.h"
 
 namespace rlfleet::weights {
 namespace {
@@ -29,12 +31,14 @@ constexpr std::pair<reshard::DType, const char*> kSafetensorsDTypes[] = {
     {reshard::DType::kF32, "F32"}, {reshard::DType::kBF16, "BF16"}, {reshard::DType::kF16, "F16"},
     {reshard::DType::kI32, "I32"}, {reshard::DType::kI64, "I64"}};
 
-// How a version is read from the trainer: a file anywhere on this host (PublishVersion
-// is the trainer's call, not a producer's) or its memory over the data plane; any size.
-transport::DescriptorFetcher::Options TrainerFetch() {
+// How a version is read from the trainer: a regular file under `file_root` (the
+// trainer's --publish_dir; none: no files) or its memory over the data plane; at most
+// `max_bytes`.
+transport::DescriptorFetcher::Options TrainerFetch(const std::string& file_root, uint64_t max_bytes) {
   transport::DescriptorFetcher::Options fetch;
-  fetch.max_bytes = std::numeric_limits<uint64_t>::max();
-  fetch.file_root = "/";
+  fetch.max_bytes = max_bytes;
+  fetch.file_root = file_root;
+  fetch.file_root_flag = "--publish_dir";
   fetch.timeout = absl::Minutes(5);
   return fetch;
 }
@@ -85,18 +89,33 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
   const std::vector<reshard::Split>& splits = model.layout.splits;
   std::map<std::string, int> index;
   for (size_t t = 0; t < specs.size(); ++t) index[specs[t].name] = static_cast<int>(t);
-  // Whole tensors, filled from the shards.
+  // The manifest's digest of each (rank, tensor), when it lists them
+  // (CheckPublishVersion checked there is one per pair).
+  std::map<std::pair<uint32_t, std::string>, const v1::Digest*> listed;
+  for (const v1::ShardDigest& d : request.manifest().shard_digests()) {
+    listed[{d.rank(), d.tensor_name()}] = &d.digest();
+  }
+  // Whole tensors, filled from the shards (their total bounded by the caller's
+  // max_bytes, checked before this allocation).
+  uint64_t total = 0;
+  for (const reshard::TensorSpec& t : specs) total += t.numel() * reshard::DTypeSize(t.dtype);
+  if (total > fetch.max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.layout: ", total, " bytes of tensors; at most ", fetch.max_bytes, " here"));
+  }
   std::vector<std::string> whole(specs.size());
   for (size_t t = 0; t < specs.size(); ++t) whole[t].resize(specs[t].numel() * reshard::DTypeSize(specs[t].dtype));
   std::vector<bool> seen_rank(ranks, false);
   transport::DescriptorFetcher fetcher(data_plane, fetch);
   for (int i = 0; i < request.sources_size(); ++i) {
     const v1::SourceRank& source = request.sources(i);
-    const int rank = static_cast<int>(source.rank());
-    if (rank >= ranks || seen_rank[rank]) {
-      return absl::InvalidArgumentError(absl::StrCat("sources[", i, "].rank: ", rank,
-                                                     rank >= ranks ? " is outside the layout" : " appears twice"));
+    // (compared in its own type before it is an index)
+    if (source.rank() >= static_cast<uint32_t>(ranks) || seen_rank[source.rank()]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sources[", i, "].rank: ", source.rank(),
+                       source.rank() >= static_cast<uint32_t>(ranks) ? " is outside the layout" : " appears twice"));
     }
+    const int rank = static_cast<int>(source.rank());
     seen_rank[rank] = true;
     if (source.shards_size() != static_cast<int>(specs.size())) {
       return absl::InvalidArgumentError(absl::StrCat("sources[", i, "].shards: ", source.shards_size(),
@@ -117,11 +136,20 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
       const std::vector<reshard::Interval> parts = reshard::PartIntervals(specs[t], splits[t], ranks, rank);
       uint64_t held = 0;
       for (const reshard::Interval& p : parts) held = std::max(held, (p.local + p.count) * elem);
-      // (An FSDP shard may carry the zero padding of the last ranks.)
-      if (shard.location().length_bytes() < held) {
+      // (An FSDP shard may carry the zero padding of the last ranks: never more than
+      // the whole tensor.)
+      const uint64_t tensor_bytes = specs[t].numel() * elem;
+      if (shard.location().length_bytes() < held || shard.location().length_bytes() > tensor_bytes) {
         return absl::InvalidArgumentError(absl::StrCat(field, ".location.length_bytes: ", shard.location().length_bytes(),
                                                        "; rank ", rank, "'s shard of `", specs[t].name, "` is ", held,
-                                                       " bytes"));
+                                                       " bytes (the tensor ", tensor_bytes, ")"));
+      }
+      if (auto d = listed.find({source.rank(), specs[t].name}); d != listed.end()) {
+        if (d->second->algorithm() != shard.location().digest().algorithm() ||
+            d->second->value() != shard.location().digest().value()) {
+          return absl::InvalidArgumentError(absl::StrCat(field, ".location.digest: not manifest.shard_digests' for rank ",
+                                                         rank, ", tensor `", specs[t].name, "`"));
+        }
       }
       if (splits[t] == reshard::Split::kReplicated && rank != 0) continue;  // taken from rank 0
       if (held == 0) continue;
@@ -205,10 +233,7 @@ void WeightsCore::RetireLocked(std::map<uint64_t, Version>::iterator it) {
 
 absl::Status WeightsCore::RegisterDestination(const v1::RegisterDestinationRequest& request,
                                               v1::RegisterDestinationResponse* response) {
-  if (request.replica_id().empty() || request.replica_id().size() > 128) {
-    return absl::InvalidArgumentError("replica_id: want 1..128 bytes");
-  }
-  if (request.grpc_address().empty()) return absl::InvalidArgumentError("grpc_address: empty");
+  RETURN_IF_ERROR(CheckRegisterDestination(request));
   std::shared_ptr<Destination> d = factory_(request.grpc_address());
   absl::MutexLock lock(&mu_);
   destinations_[request.replica_id()] = {request.grpc_address(), std::move(d), request.layout()};
@@ -234,13 +259,13 @@ absl::Status WeightsCore::UnregisterDestination(const v1::UnregisterDestinationR
 absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& request,
                                          v1::PublishVersionResponse* response) {
   const uint64_t version = request.manifest().version().version();
-  if (version == 0) return absl::InvalidArgumentError("manifest.version.version: 0");
   // Sharded: one descriptor per (trainer rank, tensor) of the manifest's layout. Else one
   // source with one shard: the trainer's safetensors image (its file or its memory).
   bool sharded = false;
   for (const v1::SourceRank& s : request.sources()) {
     for (const v1::SourceShard& shard : s.shards()) sharded |= !shard.tensor_name().empty();
   }
+  RETURN_IF_ERROR(CheckPublishVersion(request, sharded, max_version_bytes_));
   if (!sharded && (request.sources_size() != 1 || request.sources(0).shards_size() != 1)) {
     return absl::InvalidArgumentError(
         "sources: one source rank with one shard (the trainer's safetensors image), or one shard per tensor of "
@@ -285,7 +310,7 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   // anywhere on this host: PublishVersion is the trainer's call, not a producer's).
   const absl::Time start = absl::Now();
   // Either way the digest is checked.
-  const transport::DescriptorFetcher::Options fetch = TrainerFetch();
+  const transport::DescriptorFetcher::Options fetch = TrainerFetch(file_root_, max_version_bytes_);
   std::string reuse;  // a retired version's memory, if there is one
   {
     // Versions beyond the newest keep_versions (this one counted) that no sync is
@@ -340,16 +365,15 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   const v1::ShardLayout& published_layout = request.manifest().layout();
   if (published_layout.tensors_size() > 0) {
     v.layout.ranks = static_cast<int>(std::max<uint32_t>(1, published_layout.world_size()));
-    for (const v1::TensorLayout& t : published_layout.tensors()) {
-      auto dtype = DTypeFromProto(t.spec().dtype(), t.spec().name());
-      auto split = SplitFromProto(t.kind(), t.spec().name());
-      if (!dtype.ok() || !split.ok()) {
-        versions_.erase(version);
-        return !dtype.ok() ? dtype.status() : split.status();
-      }
-      v.tensors.push_back({t.spec().name(), {t.spec().shape().begin(), t.spec().shape().end()}, *dtype});
-      v.layout.splits.push_back(*split);
+    // (checked by CheckPublishVersion: at most 1024 ranks, 4096 tensors, shapes bounded)
+    absl::StatusOr<reshard::ModelLayout> model =
+        reshard::ModelLayoutFromProto(published_layout, "manifest.layout", kMaxSourceRanks);
+    if (!model.ok()) {
+      versions_.erase(version);
+      return model.status();
     }
+    v.tensors = std::move(model->tensors);
+    v.layout = std::move(model->layout);
   } else {
     v.tensors = TensorsOf(bytes);  // (the trainer's one rank holds all of it)
     v.layout = reshard::Layout::Tp(1, std::vector<reshard::Split>(v.tensors.size(), reshard::Split::kReplicated));
@@ -380,7 +404,8 @@ absl::Status WeightsCore::PublishVersion(const v1::PublishVersionRequest& reques
   }
   v.trainer_pause_us = request.trainer_pause_us();
   v.read_us = absl::ToInt64Microseconds(absl::Now() - start);
-  Log(absl::StrFormat("version %d published: %.1f MB %s in %.1f ms, digest verified", version,
+  Log(absl::StrFormat("version %d published by %s: %.1f MB %s in %.1f ms, digest verified", version,
+                      request.publisher_id().empty() ? "(unnamed)" : request.publisher_id(),
                       where.length_bytes() / 1e6, file ? "read from the trainer's file" : "pulled from the trainer",
                       absl::ToDoubleMilliseconds(absl::Now() - start)));
   // Keep the latest few versions' records.
@@ -541,15 +566,10 @@ void WeightsCore::RecordInstalledLocked(uint64_t version, v1::DestinationSyncSta
 }
 
 absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1::SyncVersionResponse* response) {
-  if (!request.replica_id().empty() && request.replica_ids_size() > 0) {
-    return absl::InvalidArgumentError("replica_ids: give either replica_id or replica_ids");
-  }
+  RETURN_IF_ERROR(CheckSyncVersion(request));
   const absl::Duration timeout =
       request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms()) : absl::Seconds(120);
   if (request.replica_id().empty()) {  // every destination (or those named), in one round
-    if (request.replica_ids_size() > 1024) {
-      return absl::InvalidArgumentError(absl::StrCat("replica_ids: ", request.replica_ids_size(), "; at most 1024"));
-    }
     ASSIGN_OR_RETURN(std::vector<v1::DestinationSyncStatus> all,
                      SyncSome(request.version(), {request.replica_ids().begin(), request.replica_ids().end()},
                               timeout));
@@ -601,20 +621,24 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncSome(uin
     std::vector<std::vector<std::string>> members(chains), missed(chains);
     for (size_t i = 0; i < ids.size(); ++i) members[i % chains].push_back(ids[i]);
     std::vector<std::thread> rounds;
-    for (size_t c = 0; c < chains; ++c) {
-      rounds.emplace_back([&, c] { missed[c] = PushChain(version, members[c], deadline); });
+    absl::Status spawned = absl::OkStatus();
+    for (size_t c = 0; c < chains && spawned.ok(); ++c) {
+      spawned = Spawn(&rounds, "a push round", [&, c] { missed[c] = PushChain(version, members[c], deadline); });
     }
     for (auto& t : rounds) t.join();
+    RETURN_IF_ERROR(spawned);
     pull.clear();
     for (const auto& m : missed) pull.insert(pull.end(), m.begin(), m.end());
   }
   std::vector<std::thread> threads;
-  for (const std::string& id : pull) {
-    threads.emplace_back([this, id, version, deadline] {
+  absl::Status spawned = absl::OkStatus();
+  for (size_t i = 0; i < pull.size() && spawned.ok(); ++i) {
+    spawned = Spawn(&threads, "a replica's sync", [this, id = pull[i], version, deadline] {
       (void)Sync(id, version, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
     });
   }
   for (auto& t : threads) t.join();
+  RETURN_IF_ERROR(spawned);
   std::vector<v1::DestinationSyncStatus> out;
   absl::MutexLock lock(&mu_);
   auto v = versions_.find(version);
@@ -647,16 +671,25 @@ absl::Status WeightsCore::GetPlan(const v1::GetPlanRequest& request, v1::GetPlan
   if (wanted.tensors_size() == 0) {
     dst = reshard::Layout::Tp(1, std::vector<reshard::Split>(ver.tensors.size(), reshard::Split::kReplicated));
   } else {
-    std::map<std::string, v1::LayoutKind> kinds;
-    for (const v1::TensorLayout& t : wanted.tensors()) kinds[t.spec().name()] = t.kind();
-    dst.ranks = static_cast<int>(std::max<uint32_t>(1, wanted.world_size()));
+    std::map<std::string, const v1::TensorLayout*> kinds;
+    for (const v1::TensorLayout& t : wanted.tensors()) kinds[t.spec().name()] = &t;
+    // (RegisterDestination bounded it: 1..64)
+    dst.ranks = static_cast<int>(std::clamp<uint32_t>(wanted.world_size(), 1, kMaxDestinationRanks));
     for (const reshard::TensorSpec& t : ver.tensors) {
       auto kind = kinds.find(t.name);
       if (kind == kinds.end()) {
         return absl::FailedPreconditionError(absl::StrCat("destination ", request.replica_id(),
                                                           "'s layout has no tensor `", t.name, "`"));
       }
-      ASSIGN_OR_RETURN(reshard::Split split, SplitFromProto(kind->second, t.name));
+      // (a spec given with the layout must be the version's)
+      const v1::TensorSpec& given = kind->second->spec();
+      if ((given.dtype() != v1::DTYPE_UNSPECIFIED && given.dtype() != reshard::DTypeToProto(t.dtype)) ||
+          (given.shape_size() > 0 && std::vector<int64_t>(given.shape().begin(), given.shape().end()) != t.shape)) {
+        return absl::FailedPreconditionError(absl::StrCat("destination ", request.replica_id(), "'s layout gives `",
+                                                          t.name, "` another dtype or shape than version ",
+                                                          version, "'s"));
+      }
+      ASSIGN_OR_RETURN(reshard::Split split, SplitFromProto(kind->second->kind(), t.name));
       dst.splits.push_back(split);
     }
   }

@@ -89,6 +89,14 @@ class WeightsCore {
     push_round_timeout_ = round_timeout;
   }
 
+  // Where FILE descriptors may point (the trainer's --publish_dir: regular files under
+  // it, nothing else); empty (the default): FILE descriptors are refused. Set before
+  // serving.
+  void SetFileRoot(std::string root) { file_root_ = std::move(root); }
+  // The largest version (image, or a sharded layout's tensors) accepted: sizes from a
+  // request are checked against it before anything is allocated. Set before serving.
+  void SetMaxVersionBytes(uint64_t bytes) { max_version_bytes_ = bytes; }
+
   // How many of the newest versions keep their bytes (2..8: the latest stays syncable
   // while the next is pulled); set before serving.
   void SetKeepVersions(int versions) { keep_versions_ = std::clamp(versions, 2, 8); }
@@ -97,7 +105,9 @@ class WeightsCore {
   // (see --prefault_mib); set SetKeepVersions first.
   void PrefaultVersionMemory(uint64_t bytes);
 
-  // INVALID_ARGUMENT naming the field (replica_id, grpc_address).
+  // INVALID_ARGUMENT naming the field (replica_id, grpc_address, a layout of more than
+  // 64 ranks or 4096 tensors); UNIMPLEMENTED for ranks or wire_dtype (see
+  // weights_requests.h).
   absl::Status RegisterDestination(const v1::RegisterDestinationRequest& request,
                                    v1::RegisterDestinationResponse* response);
   absl::Status UnregisterDestination(const v1::UnregisterDestinationRequest& request,
@@ -107,8 +117,11 @@ class WeightsCore {
   // sharded over the trainer's ranks: the manifest's layout (world_size ranks, each
   // tensor FSDP-flat, TP rows / columns or replicated) and from every rank one
   // descriptor per tensor (SourceShard.tensor_name), each pulled and digest-checked and
-  // the tensors assembled whole here (needs the data plane). INVALID_ARGUMENT naming the
-  // field for what does not fit; the same version again with the same digest (or the
+  // the tensors assembled whole here (needs the data plane). Every field is checked
+  // first (weights_requests.h: ranks in their own type, sizes against
+  // SetMaxVersionBytes before anything is allocated, a FILE descriptor only under
+  // SetFileRoot's root). INVALID_ARGUMENT naming the field for what does not fit,
+  // UNIMPLEMENTED for a field not supported; the same version again with the same digest (or the
   // same sharded manifest) is already published (OK, nothing read); FAILED_PRECONDITION for another version not newer than the latest; NOT_FOUND for a
   // file that cannot be read; the data plane's error for memory that cannot be pulled
   // (UNAVAILABLE: the trainer is gone); DATA_LOSS when the bytes do not match the digest
@@ -221,6 +234,8 @@ class WeightsCore {
   const int relay_fanout_;
   bool push_ = false;
   int keep_versions_ = 2;
+  std::string file_root_;
+  uint64_t max_version_bytes_ = uint64_t{16} << 30;
   uint32_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the next push round's tag epoch (mod 16)
   absl::Duration push_round_timeout_ = absl::Seconds(10);
   Logger logger_;

@@ -12,6 +12,7 @@
 #include "libs/model/safetensors.h"
 #include "libs/reshard/digest.h"
 #include "libs/reshard/round.h"
+#include "services/weights/spawn.h"
 #include "services/weights/weights_core.h"
 
 namespace rlfleet::weights {
@@ -156,7 +157,7 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
     std::vector<std::thread> threads;
     absl::StatusOr<transport::PeerId> first = data_plane_->Connect(addresses[0]);
     if (first.ok()) {
-      threads.emplace_back([&, peer = *first] {
+      absl::Status spawned = Spawn(&threads, "the push's source", [&, peer = *first] {
         reshard::SourceRole role{0, push->handle, {peer}};
         auto ops = reshard::NewHostMemoryOps();
         reshard::ExecutorOptions options;
@@ -171,6 +172,10 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
         sent = executed.status();
         if (executed.ok()) stats = *executed;
       });
+      if (!spawned.ok()) {  // (no member is asked to join a round with no source)
+        first = spawned;
+        sent = spawned;
+      }
     } else {
       sent = first.status();
     }
@@ -185,11 +190,12 @@ std::vector<std::string> WeightsCore::PushChain(uint64_t version, std::vector<st
       }
       if (i + 1 < members.size()) request.mutable_reshard()->set_forward_to(addresses[i + 1]);
       request.set_transfer_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
-      threads.emplace_back([&, i, request = std::move(request)] {
+      absl::Status spawned = Spawn(&threads, "a push member", [&, i, request = std::move(request)] {
         const absl::Time begin = absl::Now();
         results[i] = member_destinations[i]->Install(request, deadline);
         took[i] = absl::Now() - begin;
       });
+      if (!spawned.ok()) results[i] = spawned;  // (it pulls instead, or fails with this)
     }
     for (auto& t : threads) t.join();
   }

@@ -73,8 +73,9 @@ TEST(WeightsService, TheTrainersVersionReachesAReplicaAndADeadOneFailsAtItsDeadl
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/published";
   Subprocess trainer, rollout, weights;
   auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer", {"--publish_dir=" + dir, "--threads=1"});
-  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout", {"--threads=1"});
-  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {});
+  // (the trainer's files are read only under --publish_dir)
+  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout", {"--threads=1", "--publish_dir=" + dir});
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--publish_dir=" + dir});
   ASSERT_TRUE(t.ok() && r.ok() && w.ok()) << trainer.output() << rollout.output() << weights.output();
 
   // The trainer hands over a version: a file and its digest.
@@ -237,7 +238,8 @@ TEST(WeightsService, ReplicasRelayTheVersionAndADeadRelayIsReplaced) {
   Subprocess trainer, weights;
   Subprocess rollouts[3];
   auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer", {"--publish_dir=" + dir, "--threads=1"});
-  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--relay_fanout=1", "--push=false"});
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights",
+                                 {"--relay_fanout=1", "--push=false", "--publish_dir=" + dir});
   ASSERT_TRUE(t.ok() && w.ok()) << trainer.output() << weights.output();
   auto service = Stub<v1::WeightsService>(*w);
   const std::vector<std::string> addresses = StartReplicas(rollouts, 3, *service);
@@ -289,8 +291,9 @@ TEST(WeightsService, AControllerRunPublishesThroughIt) {
   ASSERT_TRUE(rw.ok() && b.ok());
   auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer",
                                  with({"--buffer=" + *b, "--publish_dir=" + tmp + "/run-weights"}));
-  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout", with({}));
-  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {});
+  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout",
+                                 with({"--publish_dir=" + tmp + "/run-weights"}));
+  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--publish_dir=" + tmp + "/run-weights"});
   ASSERT_TRUE(t.ok() && r.ok() && w.ok());
   auto c = testing::StartService(controller, "services/controller/rlfleet-controller",
                                  {"--rollout=" + *r, "--reward=" + *rw, "--buffer=" + *b, "--trainer=" + *t,

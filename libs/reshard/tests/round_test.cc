@@ -85,6 +85,41 @@ TEST(ReshardRound, ARoundThatDoesNotFitIsRefusedNamingTheField) {
   r = round;
   r.mutable_source_layout()->set_world_size(0);
   refused(r, "source_layout.world_size");
+  r = round;
+  r.set_round_timeout_ms(-1);
+  refused(r, "round_timeout_ms");
+}
+
+// A round's planning work is bounded before it is planned: 1024 source ranks x 64
+// destination ranks over a column-split tensor of 2^20 rows would be ~2^36 interval
+// steps (and as many ranges); it is refused at once, and a big but ordinary layout is
+// still planned.
+TEST(ReshardRound, APlanTooCostlyToMakeIsRefusedBeforePlanning) {
+  const std::vector<TensorSpec> tall = {{"w", {int64_t{1} << 20, 64}, DType::kF32}};
+  v1::ReshardRound round;
+  *round.mutable_source_layout() = ModelLayoutToProto(tall, Layout::Tp(1024, {Split::kColumns}));
+  *round.mutable_destination_layout() = ModelLayoutToProto(tall, Layout::Tp(64, {Split::kColumns}));
+  for (int s = 0; s < 1024; ++s) {
+    round.add_source_addresses("x");
+    round.add_digest_shares(0);
+  }
+  const absl::Time start = absl::Now();
+  absl::Status s = PlanOfRound(round).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "costs")) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  // The same through MakePlan directly, and with many ranks on both sides.
+  EXPECT_EQ(MakePlan(tall, Layout::Tp(1024, {Split::kColumns}), Layout::Tp(64, {Split::kColumns})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePlan(kTensors, Layout::Fsdp(100000, 3), Layout::Fsdp(2, 3)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Shapes whose product overflows are refused, not wrapped.
+  const std::vector<TensorSpec> huge = {{"h", {int64_t{1} << 32, int64_t{1} << 32}, DType::kF32}};
+  EXPECT_EQ(MakePlan(huge, Layout::Fsdp(1, 1), Layout::Fsdp(1, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // An ordinary TP8 -> TP8 column layout of 4096 rows plans.
+  const std::vector<TensorSpec> ordinary = {{"o", {4096, 4096}, DType::kF32}};
+  EXPECT_TRUE(MakePlan(ordinary, Layout::Tp(8, {Split::kColumns}), Layout::Tp(8, {Split::kColumns})).ok());
 }
 
 // Two FSDP trainer ranks push to `replicas` replicas of `dst` (rank j of replica r is a

@@ -1,12 +1,21 @@
 #include <grpcpp/create_channel.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "libs/common/checksum.h"
 #include "libs/model/policy.h"
 #include "libs/model/test_util.h"
 #include "libs/model/tokenizer.h"
@@ -96,7 +105,7 @@ TEST(RolloutCore, LimitsAndStatesAreClearErrors) {
   EXPECT_TRUE(absl::StrContains(s.message(), "limit of 4 sequences")) << s;
   auto long_gen = Request();
   long_gen.mutable_sampling()->set_max_new_tokens(17);
-  EXPECT_TRUE(absl::StrContains((*core)->GenerateBatch(long_gen, &r).message(), "max_new_tokens 17"));
+  EXPECT_TRUE(absl::StrContains((*core)->GenerateBatch(long_gen, &r).message(), "sampling.max_new_tokens is 17"));
   auto newer = Request();
   newer.set_min_policy_version(2);
   EXPECT_EQ((*core)->GenerateBatch(newer, &r).code(), absl::StatusCode::kFailedPrecondition);
@@ -391,6 +400,187 @@ TEST(RolloutService, GenerateStreamsChunksAndEndsEachSample) {
   }
   EXPECT_EQ(cancelled->Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(AwaitInfo(core->get(), [](const auto& i) { return i.load().inflight_requests() == 0; }));
+}
+
+// A replica on a loopback port, FILE descriptors allowed under `root`.
+struct ServedReplica {
+  explicit ServedReplica(const std::string& root, model::PolicyConfig config = Long())
+      : core(*RolloutCore::Create(config, "cpu")),
+        fetcher(nullptr, FileOptions(root)),
+        runner(rpc::ServerOptions{}),
+        service(core.get(), rpc::CallAuth{}, {}, root.empty() ? nullptr : &fetcher) {
+    EXPECT_TRUE(core->InstallInitial(1).ok());
+    runner.AddService(&service);
+    EXPECT_TRUE(runner.Start().ok());
+    stub = v1::RolloutService::NewStub(grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
+  }
+  static transport::DescriptorFetcher::Options FileOptions(const std::string& root) {
+    transport::DescriptorFetcher::Options o;
+    o.max_bytes = uint64_t{1} << 30;
+    o.file_root = root;
+    o.file_root_flag = "--publish_dir";
+    return o;
+  }
+  std::unique_ptr<grpc::ClientContext> Context() {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return c;
+  }
+  grpc::Status Batch(const v1::GenerateBatchRequest& r, v1::GenerateBatchResponse* out = nullptr) {
+    v1::GenerateBatchResponse ignored;
+    return stub->GenerateBatch(Context().get(), r, out != nullptr ? out : &ignored);
+  }
+  grpc::Status Update(const v1::PrepareWeightsRequest& r) {
+    v1::CommitWeightsResponse ignored;
+    return stub->UpdateWeights(Context().get(), r, &ignored);
+  }
+  grpc::Status Stream(const v1::GenerateRequest& r) {
+    auto context = Context();
+    auto reader = stub->Generate(context.get(), r);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    return reader->Finish();
+  }
+  std::unique_ptr<RolloutCore> core;
+  transport::DescriptorFetcher fetcher;
+  rpc::ServerRunner runner;
+  RolloutServiceImpl service;
+  std::unique_ptr<v1::RolloutService::Stub> stub;
+};
+
+void ExpectRefused(const grpc::Status& s, grpc::StatusCode code, const std::string& field) {
+  EXPECT_EQ(s.error_code(), code) << field << ": " << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), field)) << s.error_message();
+}
+
+v1::PrepareWeightsRequest FileUpdate(uint64_t version, const std::string& path, const std::string& bytes) {
+  v1::PrepareWeightsRequest r;
+  r.mutable_manifest()->mutable_version()->set_version(version);
+  v1::TransferDescriptor* source = r.add_chunks()->mutable_source();
+  source->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
+  source->mutable_segment()->set_worker_address(path);
+  source->set_length_bytes(bytes.size());
+  source->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+  source->mutable_digest()->set_value(common::Xxh64(bytes));
+  return r;
+}
+
+// UpdateWeights by FILE: only regular files under --publish_dir, with the descriptor's
+// digest; /dev/zero, a FIFO or a directory are refused at once and the replica keeps
+// serving; a host file is no policy version.
+TEST(RolloutService, FileWeightsComeOnlyFromRegularFilesUnderThePublishDir) {
+  const std::string tmp = std::getenv("TEST_TMPDIR");
+  const std::string root = tmp + "/rollout-publish";
+  ASSERT_TRUE(mkdir(root.c_str(), 0755) == 0 || errno == EEXIST);
+  auto other = model::Policy::Create(Long(), "cpu", /*init_seed=*/5);
+  ASSERT_TRUE((*other)->SaveSafetensors(root + "/policy-v2.safetensors").ok());
+  std::ifstream in(root + "/policy-v2.safetensors", std::ios::binary);
+  const std::string image((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE((*other)->SaveSafetensors(tmp + "/outside.safetensors").ok());
+  ASSERT_EQ(mkfifo((root + "/fifo").c_str(), 0600), 0);
+  ASSERT_EQ(mkdir((root + "/dir").c_str(), 0755), 0);
+  {
+    ServedReplica no_root("");
+    ExpectRefused(no_root.Update(FileUpdate(2, root + "/policy-v2.safetensors", image)),
+                  grpc::StatusCode::INVALID_ARGUMENT, "--publish_dir");
+  }
+  ServedReplica replica(root);
+  const absl::Time start = absl::Now();
+  for (const std::string& path : {tmp + "/outside.safetensors", std::string("/dev/zero"), root + "/fifo",
+                                  root + "/dir", std::string("/etc/passwd")}) {
+    ExpectRefused(replica.Update(FileUpdate(2, path, image)), grpc::StatusCode::INVALID_ARGUMENT, "worker_address");
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "a FIFO or /dev/zero held the replica";
+  EXPECT_TRUE(replica.Batch(Request()).ok()) << "the scheduler stopped serving";
+  // A digest that does not match is DATA_LOSS; the trainer's file installs.
+  v1::PrepareWeightsRequest wrong = FileUpdate(2, root + "/policy-v2.safetensors", image);
+  wrong.mutable_chunks(0)->mutable_source()->mutable_digest()->set_value(1);
+  EXPECT_EQ(replica.Update(wrong).error_code(), grpc::StatusCode::DATA_LOSS);
+  grpc::Status ok = replica.Update(FileUpdate(2, "policy-v2.safetensors", image));
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(replica.core->installed_version(), 2u);
+}
+
+// Every number of every request is checked in its own type: num_samples 2^32-1,
+// top_k 2^31, NaN temperature or top_p, max_new_tokens 2^32-1 are refused by name, and
+// other clients' requests are unaffected.
+TEST(RolloutService, EveryNumberIsRangeCheckedInItsOwnType) {
+  ServedReplica replica("");
+  auto refuse = [&](std::function<void(v1::GenerateBatchRequest&)> change, const std::string& field) {
+    v1::GenerateBatchRequest r = Request();
+    change(r);
+    ExpectRefused(replica.Batch(r), grpc::StatusCode::INVALID_ARGUMENT, field);
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  refuse([](auto& r) { r.set_num_samples(0xffffffffu); }, "num_samples");
+  refuse([](auto& r) { r.mutable_sampling()->set_top_k(0x80000000u); }, "sampling.top_k");
+  refuse([&](auto& r) { r.mutable_sampling()->set_temperature(nan); }, "sampling.temperature");
+  refuse([](auto& r) { r.mutable_sampling()->set_temperature(-1); }, "sampling.temperature");
+  refuse([&](auto& r) { r.mutable_sampling()->set_top_p(nan); }, "sampling.top_p");
+  refuse([](auto& r) { r.mutable_sampling()->set_top_p(INFINITY); }, "sampling.top_p");
+  refuse([](auto& r) { r.mutable_sampling()->set_max_new_tokens(0xffffffffu); }, "sampling.max_new_tokens");
+  refuse([](auto& r) { r.mutable_sampling()->add_stop_token_ids(-5); }, "sampling.stop_token_ids[0]");
+  refuse([](auto& r) { r.mutable_prompts(0)->set_task(std::string(1000, 't')); }, "prompts[0].task");
+  // The same through the stream.
+  v1::GenerateRequest g = Stream("s", 1, 4);
+  g.set_num_samples(0xffffffffu);
+  ExpectRefused(replica.Stream(g), grpc::StatusCode::INVALID_ARGUMENT, "num_samples");
+  g = Stream("s", 1, 4);
+  g.mutable_sampling()->set_top_k(0x80000000u);
+  ExpectRefused(replica.Stream(g), grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_k");
+  g = Stream("s", 1, 4);
+  g.set_chunk_tokens(0xffffffffu);
+  ExpectRefused(replica.Stream(g), grpc::StatusCode::INVALID_ARGUMENT, "chunk_tokens");
+  // A top_k above the vocabulary keeps every token (as 0 does), and a request next to a
+  // refused one is served.
+  v1::GenerateBatchRequest wide = Request();
+  wide.mutable_sampling()->set_top_k(100000);
+  grpc::Status s = replica.Batch(wide);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  v1::DrainRequest drain;
+  drain.set_grace_ms(-1);
+  v1::DrainResponse drained;
+  ExpectRefused(replica.stub->Drain(replica.Context().get(), drain, &drained), grpc::StatusCode::INVALID_ARGUMENT,
+                "grace_ms");
+  // UpdateWeights: fields not supported are refused by name, sizes before allocation.
+  v1::PrepareWeightsRequest update = FileUpdate(2, "x", "image");
+  update.set_transfer_timeout_ms(-1);
+  ExpectRefused(replica.Update(update), grpc::StatusCode::INVALID_ARGUMENT, "transfer_timeout_ms");
+  update = FileUpdate(2, "x", "image");
+  update.mutable_chunks(0)->mutable_source()->set_length_bytes(uint64_t{2} << 30);
+  ExpectRefused(replica.Update(update), grpc::StatusCode::INVALID_ARGUMENT, "chunks[0].source.length_bytes");
+  update = FileUpdate(2, "x", "image");
+  update.mutable_manifest()->set_wire_dtype(v1::DTYPE_BFLOAT16);
+  ExpectRefused(replica.Update(update), grpc::StatusCode::UNIMPLEMENTED, "manifest.wire_dtype");
+  update = FileUpdate(2, "x", "image");
+  update.mutable_chunks(0)->set_already_pushed(true);
+  ExpectRefused(replica.Update(update), grpc::StatusCode::UNIMPLEMENTED, "already_pushed");
+  update = FileUpdate(2, "x", "image");
+  update.mutable_chunks(0)->set_dst_rank(0x80000000u);
+  ExpectRefused(replica.Update(update), grpc::StatusCode::UNIMPLEMENTED, "dst_rank");
+  *update.add_chunks() = update.chunks(0);
+  ExpectRefused(replica.Update(update), grpc::StatusCode::UNIMPLEMENTED, "chunks");
+  update = FileUpdate(2, "x", "image");
+  update.mutable_manifest()->set_total_bytes(7);
+  ExpectRefused(replica.Update(update), grpc::StatusCode::INVALID_ARGUMENT, "manifest.total_bytes");
+}
+
+// A libtorch exception on the scheduler thread fails the requests of that step with
+// INTERNAL naming the cause; the replica keeps serving.
+TEST(RolloutService, AnExceptionOnTheSchedulerFailsItsRequestsAndTheReplicaServesOn) {
+  ServedReplica replica("");
+  std::atomic<int> throws{1};
+  replica.core->SetFaultHookForTest([&] {
+    if (throws.fetch_sub(1) > 0) throw std::runtime_error("c10::Error: shape mismatch (injected)");
+  });
+  grpc::Status failed = replica.Batch(Request());
+  ExpectRefused(failed, grpc::StatusCode::INTERNAL, "shape mismatch (injected)");
+  v1::GenerateBatchResponse response;
+  grpc::Status after = replica.Batch(Request(), &response);
+  ASSERT_TRUE(after.ok()) << after.error_message();
+  EXPECT_EQ(response.completions_size(), 4);
+  EXPECT_TRUE(AwaitInfo(replica.core.get(), [](const auto& i) { return i.load().inflight_requests() == 0; }));
 }
 
 }  // namespace

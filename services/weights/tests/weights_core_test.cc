@@ -57,7 +57,9 @@ struct Fixture {
                                                                               : FakeDestination::Kind::kHealthy);
           made[address] = d.get();
           return d;
-        }) {}
+        }) {
+    core.SetFileRoot(std::getenv("TEST_TMPDIR"));  // (the trainer's --publish_dir)
+  }
   std::map<std::string, FakeDestination*> made;
   WeightsCore core;
 };
@@ -116,6 +118,7 @@ TEST(WeightsCore, AVersionIsVerifiedBeforeItIsPublished) {
   ASSERT_TRUE(f.core.RegisterDestination(reg, &registered).ok());
   EXPECT_EQ(registered.latest_version().version(), 2u);
   v1::SyncVersionRequest sync;
+  sync.set_commit(true);
   sync.set_replica_id("r");
   sync.set_version(1);
   v1::SyncVersionResponse synced;
@@ -210,6 +213,7 @@ TEST(WeightsCore, VersionsAreServedFromMemoryOverTheDataPlane) {
   transport::DescriptorFetcher fetcher(replica_side.get());
   std::string pulled;
   WeightsCore core(PullInto(&fetcher, &pulled), service_side.get());
+  core.SetFileRoot(std::getenv("TEST_TMPDIR"));
   v1::RegisterDestinationRequest reg;
   reg.set_replica_id("r");
   reg.set_grpc_address("r:1");
@@ -221,6 +225,7 @@ TEST(WeightsCore, VersionsAreServedFromMemoryOverTheDataPlane) {
   std::ifstream in(path, std::ios::binary);
   const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   v1::SyncVersionRequest sync;
+  sync.set_commit(true);
   sync.set_replica_id("r");
   v1::SyncVersionResponse synced;
   ASSERT_TRUE(core.SyncVersion(sync, &synced).ok());
@@ -264,6 +269,7 @@ struct RelayFixture {
                 return d;
               },
               service_side.get(), fanout) {
+    core.SetFileRoot(std::getenv("TEST_TMPDIR"));
     for (int i = 0; i < replicas; ++i) {
       v1::RegisterDestinationRequest reg;
       reg.set_replica_id(absl::StrCat("r", i));
@@ -279,6 +285,7 @@ struct RelayFixture {
   }
   v1::DestinationSyncStatus Sync(const std::string& id) {
     v1::SyncVersionRequest sync;
+    sync.set_commit(true);
     sync.set_replica_id(id);
     sync.set_timeout_ms(20000);
     v1::SyncVersionResponse synced;
@@ -412,6 +419,7 @@ TEST(WeightsCore, AShardedVersionFromTwoTrainerRanksIsAssembledWhole) {
   v1::RegisterDestinationResponse registered;
   ASSERT_TRUE(serving.RegisterDestination(reg, &registered).ok());
   v1::SyncVersionRequest sync;
+  sync.set_commit(true);
   sync.set_replica_id("r");
   v1::SyncVersionResponse synced;
   ASSERT_TRUE(serving.SyncVersion(sync, &synced).ok()) << synced.status().error();
@@ -625,6 +633,7 @@ struct PushFixture {
             },
             service_side.get(), fanout) {
     core.EnablePush(true, absl::Seconds(2));
+    core.SetFileRoot(std::getenv("TEST_TMPDIR"));
     for (int i = 0; i < replicas; ++i) {
       v1::RegisterDestinationRequest reg;
       reg.set_replica_id(absl::StrCat("r", i));
@@ -643,6 +652,7 @@ struct PushFixture {
   }
   std::map<std::string, v1::DestinationSyncStatus> SyncAll() {
     v1::SyncVersionRequest sync;  // (no replica_id: every destination)
+    sync.set_commit(true);
     sync.set_timeout_ms(30000);
     v1::SyncVersionResponse synced;
     absl::Status s = core.SyncVersion(sync, &synced);
@@ -730,6 +740,7 @@ TEST(WeightsPush, VersionsOlderThanTheKeptOnesAreRefusedByName) {
   PushFixture f(1, 1);
   for (uint64_t v : {4, 5, 6}) f.PublishImage(v);
   v1::SyncVersionRequest sync;
+  sync.set_commit(true);
   sync.set_replica_id("r0");
   sync.set_version(4);
   v1::SyncVersionResponse synced;
