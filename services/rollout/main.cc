@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   fetch.file_root = absl::GetFlag(FLAGS_publish_dir);
   fetch.file_root_flag = "--publish_dir";
   rlfleet::transport::DescriptorFetcher fetcher(data_plane->get(), fetch);
-  rlfleet::rollout::RolloutServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token},
+  rlfleet::rollout::RolloutServiceImpl service(core->get(), rlfleet::rpc::CallAuthFrom(options->auth),
                                                [&runner](bool serving) { runner.SetServing(serving); }, &fetcher,
                                                data_plane->get());
   if (absl::GetFlag(FLAGS_prefault_staging) && *data_plane != nullptr) {

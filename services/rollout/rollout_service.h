@@ -244,7 +244,9 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* c,
                                                            const v1::GenerateRequest* req) override {
     using Failed = rpc::FinishedStream<grpc::ServerWriteReactor<v1::GenerateResponse>>;
-    if (absl::Status s = rpc::CheckBearerToken(*c, auth_.token); !s.ok()) return new Failed(rpc::ToGrpcStatus(s));
+    if (absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "Generate"); !s.ok()) {
+      return new Failed(rpc::ToGrpcStatus(s));
+    }
     auto shared = std::make_shared<GenerateStream::Shared>();
     absl::StatusOr<std::shared_ptr<RolloutCore::Job>> job =
         core_->Generate(*req, GenerateStream::SinkFor(shared), CallDeadline(*c));

@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     }
     weights = std::make_unique<rlfleet::trainer::GrpcWeightsSink>(*channel, *client_options, "rlfleet-trainer");
   }
-  rlfleet::trainer::TrainerServiceImpl service(core->get(), rlfleet::rpc::CallAuth{options->auth.token}, publish,
+  rlfleet::trainer::TrainerServiceImpl service(core->get(), rlfleet::rpc::CallAuthFrom(options->auth), publish,
                                                weights.get());
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);

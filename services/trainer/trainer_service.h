@@ -37,11 +37,14 @@ class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
   }
   grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* c, const v1::SaveCheckpointRequest* req,
                                            v1::SaveCheckpointResponse* resp) override {
-    return rpc::HandleUnary(c, auth_, [&] { return core_->SaveCheckpoint(*req, resp); });
+    // Names a path: controller-only when roles are on (libs/rpc/auth.h).
+    return rpc::HandleUnary(c, auth_, rpc::Role::kController, "SaveCheckpoint",
+                            [&] { return core_->SaveCheckpoint(*req, resp); });
   }
   grpc::ServerUnaryReactor* LoadCheckpoint(grpc::CallbackServerContext* c, const v1::LoadCheckpointRequest* req,
                                            v1::LoadCheckpointResponse* resp) override {
-    return rpc::HandleUnary(c, auth_, [&] { return core_->LoadCheckpoint(*req, resp); });
+    return rpc::HandleUnary(c, auth_, rpc::Role::kController, "LoadCheckpoint",
+                            [&] { return core_->LoadCheckpoint(*req, resp); });
   }
   grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* c, const v1::PublishWeightsRequest* req,
                                            v1::PublishWeightsResponse* resp) override {

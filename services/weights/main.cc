@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_prefault_mib) > 0) {
     core.PrefaultVersionMemory(static_cast<uint64_t>(absl::GetFlag(FLAGS_prefault_mib)) << 20);
   }
-  rlfleet::weights::WeightsServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token});
+  rlfleet::weights::WeightsServiceImpl service(&core, rlfleet::rpc::CallAuthFrom(options->auth));
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
   if (absl::Status s = runner.Start(); !s.ok()) {

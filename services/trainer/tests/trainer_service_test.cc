@@ -38,11 +38,12 @@ class FakeWeightsSink : public WeightsSink {
 // A trainer core behind its gRPC adapter on loopback.
 class Served {
  public:
-  explicit Served(uint64_t seed = 1, TrainerCore::PublishTarget publish = {}, WeightsSink* weights = nullptr) {
+  explicit Served(uint64_t seed = 1, TrainerCore::PublishTarget publish = {}, WeightsSink* weights = nullptr,
+                  rpc::CallAuth auth = {}) {
     auto core = TrainerCore::Create(model::TinyConfig(), "cpu", seed, nullptr, nullptr, getenv("TEST_TMPDIR"));
     EXPECT_TRUE(core.ok()) << core.status();
     core_ = std::move(*core);
-    service_ = std::make_unique<TrainerServiceImpl>(core_.get(), rpc::CallAuth{}, publish, weights);
+    service_ = std::make_unique<TrainerServiceImpl>(core_.get(), auth, publish, weights);
     rpc::ServerOptions options;
     options.host = "127.0.0.1";
     runner_ = std::make_unique<rpc::ServerRunner>(options);
@@ -53,8 +54,9 @@ class Served {
 
   template <typename Req, typename Resp>
   grpc::Status Call(grpc::Status (v1::TrainerService::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*),
-                    const Req& request, Resp* response) {
+                    const Req& request, Resp* response, const std::string& bearer = "") {
     grpc::ClientContext c;
+    if (!bearer.empty()) c.AddMetadata(rpc::kAuthorizationKey, "Bearer " + bearer);
     c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     return (stub_.get()->*rpc)(&c, request, response);
   }
@@ -353,6 +355,29 @@ TEST(TrainerService, PublishHonoursIdempotentTimeoutAndRefusesOtherWireDtypes) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(sink.versions.size(), 2u);
   EXPECT_EQ(sink.timeouts[1], TrainerServiceImpl::kDefaultHandOffTimeout);
+}
+
+// With roles on, checkpoint paths are the controller's to name: the fleet token trains
+// but cannot save or load a checkpoint; the admin token can.
+TEST(TrainerServiceTest, CheckpointRpcsAreControllerOnlyWhenRolesAreOn) {
+  Served served(1, {}, nullptr, rpc::CallAuth{"fleet", "admin", {}});
+  v1::SaveCheckpointRequest save;
+  save.set_path("by-fleet");
+  v1::SaveCheckpointResponse saved;
+  grpc::Status denied = served.Call(&v1::TrainerService::Stub::SaveCheckpoint, save, &saved, "fleet");
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED) << denied.error_message();
+  EXPECT_TRUE(absl::StrContains(denied.error_message(), "SaveCheckpoint")) << denied.error_message();
+  v1::LoadCheckpointRequest load;
+  load.set_path("by-fleet");
+  v1::LoadCheckpointResponse loaded;
+  EXPECT_EQ(served.Call(&v1::TrainerService::Stub::LoadCheckpoint, load, &loaded, "fleet").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::GetStateResponse state;
+  EXPECT_TRUE(served.Call(&v1::TrainerService::Stub::GetState, v1::GetStateRequest(), &state, "fleet").ok());
+
+  save.set_path("by-controller");
+  grpc::Status ok = served.Call(&v1::TrainerService::Stub::SaveCheckpoint, save, &saved, "admin");
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
 }
 
 }  // namespace
