@@ -62,7 +62,7 @@ try:
     t_pub = time.time() - t0
     mb = pub.location.length_bytes / 1e6
     for i, r in enumerate(rs):
-        call(w, "/rlfleet.v1.WeightsService/RegisterDestination", weights_pb2.RegisterDestinationRequest(replica_id="r%d" % i, grpc_address=r), weights_pb2.RegisterDestinationResponse)
+        call(w, "/rlfleet.v1.WeightsService/RegisterDestination", weights_pb2.RegisterDestinationRequest(replica_id="r%d" % i, grpc_address=r, can_relay=True), weights_pb2.RegisterDestinationResponse)
     VERSIONS = int(os.environ.get("VERSIONS", "3"))  # versions synced; the last one is reported
     for k in range(VERSIONS):
         if k > 0:  # the same bytes again as the next version, from the trainer's memory

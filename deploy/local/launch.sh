@@ -9,8 +9,12 @@
 # controller. Each service writes DIR/<name>.log. While it runs it keeps the rollout
 # replicas at the count `rlfleet scale rollout=N` asks for (a new one registers, gets
 # the current weights and is admitted; a removed one gets SIGTERM, deregisters and is
-# drained by the controller). Ctrl-C (or SIGTERM), or any core service dying, stops
-# everything it started, by pid, and leaves no process behind.
+# drained by the controller). A rollout replica that dies (a crash, kill -9) is
+# replaced; a core service that dies (redis, controller, reward, buffer, trainer,
+# weights) is restarted on the same port with the same flags, so the others find it
+# where they left it; one that keeps dying (more than RLFLEET_MAX_RESTARTS, default 5,
+# in 5 minutes) stops the fleet. Ctrl-C (or SIGTERM) stops everything it started, by
+# pid, and leaves no process behind.
 # Binaries come from $RLFLEET_BIN (default bazel-bin/services; build them first with
 # `bazel build //services/...`). MODEL FLAGS go to the rollout replicas and the
 # trainer (e.g. -- --d_model=64 --n_layers=2).
@@ -38,10 +42,16 @@ for bin in controller/rlfleet-controller controller/rlfleet reward/rlfleet-rewar
 done
 
 CORE_PIDS=()       # redis, controller, reward, buffer, trainer, weights
+CORE_NAMES=()      # their names, in the same order
 ROLLOUT_PIDS=()    # in start order
 ROLLOUT_NAMES=()
+declare -A CMD_OF=()       # name -> its command line (quoted), to restart it
+declare -A PORT_OF=()      # name -> its port
+declare -A RESTARTS_OF=()  # name -> start times (epoch seconds) of its recent restarts
+MAX_RESTARTS="${RLFLEET_MAX_RESTARTS:-5}"
 STOPPING=0
 stop_all() {
+  [[ $STOPPING -eq 1 ]] && return
   STOPPING=1
   local pid
   for pid in "${ROLLOUT_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
@@ -54,13 +64,17 @@ stop_all() {
   echo "launch.sh: stopped $(( ${#ROLLOUT_PIDS[@]} + ${#CORE_PIDS[@]} )) processes; logs in $DIR"
 }
 trap 'stop_all; exit 0' INT TERM
+trap 'stop_all' EXIT  # (also when this script itself fails: nothing is left orphaned)
 
-# start NAME COMMAND...: a service on a free loopback port; sets ADDR and PID.
+# start NAME COMMAND...: a service on a free loopback port (or on $START_PORT when set:
+# a restart); sets ADDR and PID, and remembers the command and port (restart NAME).
 start() {
   local name=$1
   shift
   rm -f "$DIR/$name.port"
-  "$@" --host=127.0.0.1 --port=0 --port_file="$DIR/$name.port" >"$DIR/$name.log" 2>&1 &
+  CMD_OF[$name]=$(printf '%q ' "$@")
+  [[ -f "$DIR/$name.log" ]] && cat "$DIR/$name.log" >>"$DIR/$name.log.prev"  # keep a dead one's log
+  "$@" --host=127.0.0.1 --port="${START_PORT:-0}" --port_file="$DIR/$name.port" >"$DIR/$name.log" 2>&1 &
   PID=$!
   for _ in $(seq 1 600); do
     [[ -s "$DIR/$name.port" ]] && break
@@ -68,9 +82,17 @@ start() {
     sleep 0.1
   done
   [[ -s "$DIR/$name.port" ]] || { echo "launch.sh: $name did not start"; return 1; }
-  ADDR="127.0.0.1:$(cat "$DIR/$name.port")"
+  PORT_OF[$name]=$(cat "$DIR/$name.port")
+  ADDR="127.0.0.1:${PORT_OF[$name]}"
   echo "launch.sh: $name on $ADDR (pid $PID, log $DIR/$name.log)"
   add_target "$name"
+}
+
+# restart NAME: starts NAME again with the command and port it had; sets PID.
+restart() {
+  local name=$1 cmd
+  eval "cmd=(${CMD_OF[$name]})"
+  START_PORT=${PORT_OF[$name]} start "$name" "${cmd[@]}"
 }
 
 # Prometheus: every service's /metrics address into DIR/prometheus/targets.json, and
@@ -100,14 +122,21 @@ fi
 
 fail() { echo "launch.sh: $*" >&2; stop_all; exit 1; }
 
+# The embedded redis-server on $REDIS_PORT (its AOF in DIR/redis survives a restart);
+# sets PID.
+start_redis() {
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$DIR/redis" --appendonly yes --save "" \
+    --daemonize no --loglevel warning >>"$DIR/redis.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
+  return 1
+}
+
 if [[ -z "$REDIS_URL" ]]; then
   REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   mkdir -p "$DIR/redis"
-  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$DIR/redis" --appendonly yes --save "" \
-    --daemonize no --loglevel warning >"$DIR/redis.log" 2>&1 &
-  CORE_PIDS+=($!)
-  for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-  redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 || fail "redis-server did not start: $(tail -3 "$DIR/redis.log")"
+  start_redis || fail "redis-server did not start: $(tail -3 "$DIR/redis.log")"
+  CORE_PIDS+=("$PID"); CORE_NAMES+=(redis)
   REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
   echo "launch.sh: redis-server on $REDIS_URL (pid ${CORE_PIDS[0]}, AOF in $DIR/redis)"
 fi
@@ -115,7 +144,7 @@ fi
 # runs find them through its registry (Redis-backed here).
 start controller "$BIN/controller/rlfleet-controller" --registry="$REDIS_URL/registry:" --scaler=launcher \
   --runs_dir="$DIR/runs" || fail "controller"
-CORE_PIDS+=("$PID"); CONTROLLER=$ADDR
+CORE_PIDS+=("$PID"); CORE_NAMES+=(controller); CONTROLLER=$ADDR
 # registered NAME: waits until NAME's log says it registered with the controller.
 registered() {
   for _ in $(seq 1 100); do grep -q "registered as" "$DIR/$1.log" && return 0; sleep 0.1; done
@@ -123,31 +152,31 @@ registered() {
   return 1
 }
 start reward "$BIN/reward/rlfleet-reward" --registry_address="$CONTROLLER" || fail "reward"
-CORE_PIDS+=("$PID")
+CORE_PIDS+=("$PID"); CORE_NAMES+=(reward)
 registered reward || fail "reward"
 start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" --registry_address="$CONTROLLER" ||
   fail "buffer"
-CORE_PIDS+=("$PID"); BUFFER=$ADDR
+CORE_PIDS+=("$PID"); CORE_NAMES+=(buffer); BUFFER=$ADDR
 registered buffer || fail "buffer"
 start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" "${MODEL[@]}" \
   --registry_address="$CONTROLLER" || fail "trainer"
-CORE_PIDS+=("$PID")
+CORE_PIDS+=("$PID"); CORE_NAMES+=(trainer)
 registered trainer || fail "trainer"
 # Versions are pushed to the replicas in two relay chains (each replica passing every
 # chunk on to the next as it arrives), so rlfleet-weights sends each at most twice
 # however many replicas there are.
 start weights "$BIN/weights/rlfleet-weights" --registry_address="$CONTROLLER" \
   --relay_fanout="${RLFLEET_RELAY_FANOUT:-2}" || fail "weights"
-CORE_PIDS+=("$PID")
+CORE_PIDS+=("$PID"); CORE_NAMES+=(weights)
 registered weights || fail "weights"
 
 NEXT_ROLLOUT=0
-add_rollout() {
-  start "rollout$NEXT_ROLLOUT" "$BIN/rollout/rlfleet-rollout" --registry_address="$CONTROLLER" "${MODEL[@]}" ||
-    fail "rollout$NEXT_ROLLOUT"
-  ROLLOUT_PIDS+=("$PID")
-  ROLLOUT_NAMES+=("rollout$NEXT_ROLLOUT")
+add_rollout() {  # returns 1 if it did not start
+  local name="rollout$NEXT_ROLLOUT"
   NEXT_ROLLOUT=$((NEXT_ROLLOUT + 1))
+  start "$name" "$BIN/rollout/rlfleet-rollout" --registry_address="$CONTROLLER" "${MODEL[@]}" || return 1
+  ROLLOUT_PIDS+=("$PID")
+  ROLLOUT_NAMES+=("$name")
 }
 remove_rollout() {  # the newest: SIGTERM, it deregisters and the controller drains it
   local last=$(( ${#ROLLOUT_PIDS[@]} - 1 ))
@@ -160,22 +189,62 @@ remove_rollout() {  # the newest: SIGTERM, it deregisters and the controller dra
   ROLLOUT_NAMES=("${ROLLOUT_NAMES[@]}")
   echo "launch.sh: rollout replica pid $pid stopped (scale down)"
 }
-for _ in $(seq 1 "$ROLLOUTS"); do add_rollout; done
+for _ in $(seq 1 "$ROLLOUTS"); do add_rollout || fail "rollout replica"; done
 "$BIN/controller/rlfleet" scale "rollout=$ROLLOUTS" --controller="$CONTROLLER" >/dev/null || fail "scale"
 echo "launch.sh: fleet up: controller $CONTROLLER (rlfleet run|status|scale|stop --controller=$CONTROLLER)"
 echo "launch.sh: metrics of every service: prometheus --config.file=$DIR/prometheus/prometheus.yml"
 
-# Keep the rollout count at the desired one; stop everything if a core service dies.
-while [[ $STOPPING -eq 0 ]]; do
-  for pid in "${CORE_PIDS[@]}"; do
-    kill -0 "$pid" 2>/dev/null || fail "a core service (pid $pid) exited; see the logs in $DIR"
+# restart_core I: core service I died; starts it again where it was (or stops the fleet
+# if it keeps dying).
+restart_core() {
+  local i=$1 name=${CORE_NAMES[$1]:-core$1} pid=${CORE_PIDS[$1]} rc now recent=() t
+  wait "$pid" 2>/dev/null
+  rc=$?
+  now=$(date +%s)
+  for t in ${RESTARTS_OF[$name]:-}; do (( now - t < 300 )) && recent+=("$t"); done
+  (( ${#recent[@]} >= MAX_RESTARTS )) &&
+    fail "$name (pid $pid) exited (status $rc) after ${#recent[@]} restarts in 5 minutes; see $DIR/$name.log"
+  RESTARTS_OF[$name]="${recent[*]} $now"
+  echo "launch.sh: $name (pid $pid) exited (status $rc); restarting it on the same port (log $DIR/$name.log)"
+  if [[ $name == redis ]]; then
+    start_redis || { echo "launch.sh: redis-server did not restart; trying again"; CORE_PIDS[$i]=$PID; return; }
+  else
+    restart "$name" || { echo "launch.sh: $name did not restart; trying again"; CORE_PIDS[$i]=$PID; return; }
+  fi
+  CORE_PIDS[$i]=$PID
+}
+
+# Replaces rollout replicas that died (they are not coming back).
+reap_rollouts() {
+  local k pid keep_pids=() keep_names=()
+  for k in "${!ROLLOUT_PIDS[@]}"; do
+    pid=${ROLLOUT_PIDS[$k]}
+    if kill -0 "$pid" 2>/dev/null; then
+      keep_pids+=("$pid"); keep_names+=("${ROLLOUT_NAMES[$k]}")
+    else
+      wait "$pid" 2>/dev/null
+      echo "launch.sh: rollout replica ${ROLLOUT_NAMES[$k]} (pid $pid) exited (status $?); replacing it"
+      remove_target "${ROLLOUT_NAMES[$k]}"
+    fi
   done
+  ROLLOUT_PIDS=("${keep_pids[@]}")
+  ROLLOUT_NAMES=("${keep_names[@]}")
+}
+
+# Keep every core service up and the rollout count at the desired one.
+DESIRED=$ROLLOUTS
+while [[ $STOPPING -eq 0 ]]; do
+  for i in "${!CORE_PIDS[@]}"; do
+    kill -0 "${CORE_PIDS[$i]}" 2>/dev/null || restart_core "$i"
+  done
+  reap_rollouts
   desired=$("$BIN/controller/rlfleet" status --controller="$CONTROLLER" 2>/dev/null |
             awk '$1 == "rollout" { for (i = 1; i < NF; i++) if ($i == "desired") print $(i + 1) }')
-  if [[ -n "$desired" ]]; then
-    while (( ${#ROLLOUT_PIDS[@]} < desired )); do add_rollout; done
-    while (( ${#ROLLOUT_PIDS[@]} > desired )); do remove_rollout; done
-  fi
+  [[ -n "$desired" ]] && DESIRED=$desired  # (the controller unreachable: the last count)
+  while (( ${#ROLLOUT_PIDS[@]} < DESIRED )); do
+    add_rollout || { echo "launch.sh: a rollout replica did not start; trying again"; break; }
+  done
+  while (( ${#ROLLOUT_PIDS[@]} > DESIRED )); do remove_rollout; done
   sleep 1 &
   wait $! 2>/dev/null
 done

@@ -40,6 +40,11 @@ ABSL_FLAG(int, max_staleness, 0,
           "loop/run: 0 = synchronous; k > 0 = the next step's generation overlaps training, and "
           "experiences up to k versions old are trained on.");
 
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "run: folder on the trainer's machine (under its checkpoint root) for the run's checkpoints; empty: none.");
+ABSL_FLAG(int, checkpoint_every, 0, "run: a checkpoint every this many steps (needs --checkpoint_dir); 0: at the end.");
+ABSL_FLAG(bool, checkpoint, false, "stop: save a checkpoint before stopping (the run needs a --checkpoint_dir).");
+
 namespace rlfleet::controller {
 namespace {
 
@@ -72,6 +77,8 @@ v1::RunConfig RunConfigFromFlags() {
   c.set_entropy_coef(static_cast<float>(absl::GetFlag(FLAGS_entropy_coef)));
   c.set_stop_at_exact_match(static_cast<float>(absl::GetFlag(FLAGS_stop_at)));
   c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
+  c.set_checkpoint_dir(absl::GetFlag(FLAGS_checkpoint_dir));
+  c.set_checkpoint_interval_steps(absl::GetFlag(FLAGS_checkpoint_every));
   return c;
 }
 
@@ -127,9 +134,12 @@ int StartRunAndWatch(ControllerClient& client) {
 
 int StopRun(ControllerClient& client) {
   v1::StopRunRequest request;
+  request.set_checkpoint(absl::GetFlag(FLAGS_checkpoint));
   auto stopped = client.StopRun(request);
   if (!stopped.ok()) return Fail(stopped.status(), "StopRun");
-  std::cout << "run " << v1::RunState_Name(stopped->state()) << " after " << stopped->step() << " steps\n";
+  std::cout << "run " << v1::RunState_Name(stopped->state()) << " after " << stopped->step() << " steps";
+  if (!stopped->checkpoint_path().empty()) std::cout << "; checkpoint " << stopped->checkpoint_path();
+  std::cout << "\n";
   return 0;
 }
 

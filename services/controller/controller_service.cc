@@ -3,10 +3,15 @@
 #include <optional>
 #include <thread>
 
+#include "libs/common/checks.h"
+#include "libs/common/status_macros.h"
 #include "libs/rpc/status_conversion.h"
 
 namespace rlfleet::controller {
 namespace {
+
+// Longest StopRun grace period, in ms (the call waits that long).
+constexpr int64_t kMaxGraceMs = 600000;
 
 absl::Status NoRuns() {
   return absl::FailedPreconditionError(
@@ -76,7 +81,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::ReplicaEvent> {
 grpc::ServerWriteReactor<v1::ReplicaEvent>* RegistryServiceImpl::WatchReplicas(
     grpc::CallbackServerContext* context, const v1::WatchReplicasRequest* request) {
   using Failed = rpc::FinishedStream<grpc::ServerWriteReactor<v1::ReplicaEvent>>;
-  if (absl::Status s = rpc::CheckBearerToken(*context, auth_.token); !s.ok()) {
+  if (absl::Status s = rpc::Authorize(*context, auth_, rpc::Role::kFleet, "WatchReplicas"); !s.ok()) {
     return new Failed(rpc::ToGrpcStatus(s));
   }
   absl::StatusOr<std::shared_ptr<registry::Subscription>> sub = core_->Watch(*request);
@@ -122,7 +127,7 @@ grpc::ServerUnaryReactor* ControllerServiceImpl::GetStatus(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ControllerServiceImpl::StartRun(grpc::CallbackServerContext* context,
                                                           const v1::StartRunRequest* request,
                                                           v1::StartRunResponse* response) {
-  return rpc::HandleUnary(context, auth_, [&]() -> absl::Status {
+  return rpc::HandleUnary(context, auth_, rpc::Role::kController, "StartRun", [&]() -> absl::Status {
     if (runs_ == nullptr) return NoRuns();
     absl::StatusOr<std::string> id = runs_->Start(request->config(), request->run_id());
     if (!id.ok()) return id.status();
@@ -135,22 +140,19 @@ grpc::ServerUnaryReactor* ControllerServiceImpl::StartRun(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* ControllerServiceImpl::StopRun(grpc::CallbackServerContext* context,
                                                          const v1::StopRunRequest* request,
                                                          v1::StopRunResponse* response) {
-  return rpc::HandleUnary(context, auth_, [&]() -> absl::Status {
+  return rpc::HandleUnary(context, auth_, rpc::Role::kController, "StopRun", [&]() -> absl::Status {
     if (runs_ == nullptr) return NoRuns();
-    if (request->checkpoint()) {
-      return absl::UnimplementedError("checkpoint: checkpoints at StopRun are not implemented yet");
-    }
-    if (request->grace_ms() < 0) return absl::InvalidArgumentError("grace_ms: negative");
-    const absl::Duration grace =
-        absl::Milliseconds(std::min<int64_t>(request->grace_ms() == 0 ? 30000 : request->grace_ms(), 120000));
-    return runs_->Stop(request->run_id(), grace, response);
+    RETURN_IF_ERROR(common::CheckInRange<int64_t>("grace_ms", request->grace_ms(), 0, kMaxGraceMs));
+    const absl::Duration grace = absl::Milliseconds(request->grace_ms() == 0 ? 30000 : request->grace_ms());
+    return runs_->Stop(request->run_id(), request->checkpoint(), grace, response);
   });
 }
 
 grpc::ServerUnaryReactor* ControllerServiceImpl::Scale(grpc::CallbackServerContext* context,
                                                        const v1::ScaleRequest* request,
                                                        v1::ScaleResponse* response) {
-  return rpc::HandleUnary(context, auth_, [&] { return core_->Scale(*request, response); });
+  return rpc::HandleUnary(context, auth_, rpc::Role::kController, "Scale",
+                          [&] { return core_->Scale(*request, response); });
 }
 
 }  // namespace rlfleet::controller

@@ -103,16 +103,19 @@ void RolloutDiscovery::Loop() {
     const std::string& address = event->replica().grpc_address();
     absl::Status s;
     if (event->type() == v1::REPLICA_EVENT_TYPE_ADDED) {
+      // No active run: nothing to do (a run lists the registry when it starts). Any
+      // other refusal (e.g. FAILED_PRECONDITION: the replica serves another run's
+      // version) is logged, not taken for "no run".
+      if (!runs_->HasActiveRun()) continue;
       auto replica = make_(address);
       s = replica.ok() ? runs_->AdmitRollout(std::move(*replica)) : replica.status();
+      if (absl::IsAlreadyExists(s)) s = absl::OkStatus();  // (already in the pool)
     } else if (event->type() == v1::REPLICA_EVENT_TYPE_REMOVED || event->type() == v1::REPLICA_EVENT_TYPE_EXPIRED) {
       s = runs_->RemoveRollout(address);
+      // No active run, or not in its pool: nothing to do.
+      if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) s = absl::OkStatus();
     }
-    // No active run (it lists the registry when it starts), or already in / out of
-    // the pool: nothing to do.
-    if (!s.ok() && !absl::IsFailedPrecondition(s) && !absl::IsAlreadyExists(s) && !absl::IsNotFound(s) && log_) {
-      log_(absl::StrCat("discovery: rollout replica ", address, ": ", s.ToString()));
-    }
+    if (!s.ok() && log_) log_(absl::StrCat("discovery: rollout replica ", address, ": ", s.ToString()));
   }
 }
 

@@ -52,12 +52,13 @@ int main(int argc, char** argv) {
   rlfleet::controller::ControllerCore core(registry->get(), clock);
   core.SetScaler(absl::GetFlag(FLAGS_scaler));
   core.StartWatching(absl::Milliseconds(200));  // WatchReplicas sees changes within this
-  const rlfleet::rpc::CallAuth auth{options->auth.token};
+  const rlfleet::rpc::CallAuth auth = rlfleet::rpc::CallAuthFrom(options->auth);
   rlfleet::controller::RegistryServiceImpl registry_service(&core, auth);
   // Runs: the RL loop over peers from the flags, else from the registry (services
   // started with --registry_address=<this controller>).
-  rlfleet::rpc::ClientOptions client;
+  rlfleet::rpc::ClientOptions client;  // to the run's peers: the controller's role when it holds the admin token
   client.auth.token = options->auth.token;
+  client.auth.admin_token = options->auth.admin_token;
   // The active run's route through the weights service (replicas discovered mid-run
   // install through it too); null without one. Set by the run's factory, read by the
   // discovery thread.

@@ -28,6 +28,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
@@ -155,18 +156,46 @@ int Fail(const grpc::Status& status, const std::string& what) {
   return rlfleet::controller::ReportRpcError(status, what);
 }
 
+// A usage error for `command` (exit code 2): a flag it needs is missing or out of range.
+int Usage(absl::string_view command, absl::string_view problem, absl::string_view usage) {
+  std::cerr << "rlfleet " << command << ": " << problem << "\nusage: " << usage << "\n";
+  return 2;
+}
+
+constexpr char kTryUsage[] =
+    "rlfleet try --rollout=HOST:PORT --reward=HOST:PORT [--buffer=HOST:PORT] [--prompt=reverse:123] [--samples=4]";
+constexpr char kTrainUsage[] = "rlfleet train --trainer=HOST:PORT [--groups=8]";
+
+// A channel to `target`, or the error that says why there is none.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ChannelTo(const rlfleet::rpc::ClientOptions& base,
+                                                         const std::string& target) {
+  rlfleet::rpc::ClientOptions o = base;
+  o.target = target;
+  return rlfleet::rpc::MakeChannel(o);
+}
+
 int Try(const rlfleet::rpc::ClientOptions& base) {
+  if (absl::GetFlag(FLAGS_rollout).empty()) return Usage("try", "--rollout is required (a rollout replica)", kTryUsage);
+  if (absl::GetFlag(FLAGS_reward).empty()) return Usage("try", "--reward is required (the reward service)", kTryUsage);
+  const int samples = absl::GetFlag(FLAGS_samples);
+  if (samples < 1 || samples > 64) {
+    return Usage("try", absl::StrCat("--samples=", samples, " is outside 1..64"), kTryUsage);
+  }
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   auto ids = rlfleet::model::Tokenizer::EncodePrompt(prompt);
   if (!ids.ok()) return Fail(ids.status());
-  auto channel = [&](const std::string& target) {
-    rlfleet::rpc::ClientOptions o = base;
-    o.target = target;
-    return *rlfleet::rpc::MakeChannel(o);
-  };
+  std::shared_ptr<grpc::Channel> rollout_channel, reward_channel, buffer_channel;
+  for (auto [flag, target, out] : {std::make_tuple("--rollout", absl::GetFlag(FLAGS_rollout), &rollout_channel),
+                                   std::make_tuple("--reward", absl::GetFlag(FLAGS_reward), &reward_channel),
+                                   std::make_tuple("--buffer", absl::GetFlag(FLAGS_buffer), &buffer_channel)}) {
+    if (target.empty()) continue;
+    auto channel = ChannelTo(base, target);
+    if (!channel.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat(flag, ": ", channel.status().message())));
+    *out = *channel;
+  }
   v1::GenerateBatchRequest gen;
   gen.set_request_id(rlfleet::common::NewId("try"));
-  gen.set_num_samples(absl::GetFlag(FLAGS_samples));
+  gen.set_num_samples(static_cast<uint32_t>(samples));
   gen.mutable_sampling()->set_temperature(1.0f);
   gen.mutable_sampling()->set_max_new_tokens(12);
   v1::BatchPrompt* bp = gen.add_prompts();
@@ -174,7 +203,7 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
   bp->set_task(prompt.substr(0, prompt.find(':')));
   for (int32_t id : *ids) bp->add_prompt_token_ids(id);
   v1::GenerateBatchResponse generated;
-  auto rollout = v1::RolloutService::NewStub(channel(absl::GetFlag(FLAGS_rollout)));
+  auto rollout = v1::RolloutService::NewStub(rollout_channel);
   if (auto s = rollout->GenerateBatch(Context(base).get(), gen, &generated); !s.ok()) return Fail(s, "GenerateBatch");
 
   v1::ScoreRequest score;
@@ -187,11 +216,18 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
         std::vector<int32_t>(e.response_token_ids().begin(), e.response_token_ids().end())));
   }
   v1::ScoreResponse scored;
-  auto reward = v1::RewardService::NewStub(channel(absl::GetFlag(FLAGS_reward)));
+  auto reward = v1::RewardService::NewStub(reward_channel);
   if (auto s = reward->Score(Context(base).get(), score, &scored); !s.ok()) return Fail(s, "Score");
+  if (scored.results_size() != score.items_size()) {
+    return Fail(absl::InternalError(absl::StrCat("Score: ", scored.results_size(), " results for ", score.items_size(),
+                                                 " samples")));
+  }
 
   std::cout << "prompt " << prompt << " (policy version "
-            << (generated.completions_size() ? generated.completions(0).token_policy_versions(0) : 0) << ")\n";
+            << (generated.completions_size() && generated.completions(0).token_policy_versions_size()
+                    ? generated.completions(0).token_policy_versions(0)
+                    : 0)
+            << ")\n";
   v1::PutExperiencesRequest put;
   for (int i = 0; i < generated.completions_size(); ++i) {
     v1::Experience e = generated.completions(i);
@@ -200,8 +236,8 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
                                  scored.results(i).reward());
     *put.add_experiences() = std::move(e);
   }
-  if (!absl::GetFlag(FLAGS_buffer).empty()) {
-    auto buffer = v1::BufferService::NewStub(channel(absl::GetFlag(FLAGS_buffer)));
+  if (buffer_channel != nullptr) {
+    auto buffer = v1::BufferService::NewStub(buffer_channel);
     v1::PutExperiencesResponse put_response;
     if (auto s = buffer->PutExperiences(Context(base).get(), put, &put_response); !s.ok()) {
       return Fail(s, "PutExperiences");
@@ -216,13 +252,16 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
 }
 
 int Train(const rlfleet::rpc::ClientOptions& base) {
-  rlfleet::rpc::ClientOptions o = base;
-  o.target = absl::GetFlag(FLAGS_trainer);
-  auto channel = rlfleet::rpc::MakeChannel(o);
+  if (absl::GetFlag(FLAGS_trainer).empty()) return Usage("train", "--trainer is required", kTrainUsage);
+  const int groups = absl::GetFlag(FLAGS_groups);
+  if (groups < 1 || groups > 1024) {
+    return Usage("train", absl::StrCat("--groups=", groups, " is outside 1..1024"), kTrainUsage);
+  }
+  auto channel = ChannelTo(base, absl::GetFlag(FLAGS_trainer));
   if (!channel.ok()) return Fail(channel.status());
   auto trainer = v1::TrainerService::NewStub(*channel);
   v1::TrainStepRequest request;
-  request.mutable_buffer()->set_num_groups(absl::GetFlag(FLAGS_groups));
+  request.mutable_buffer()->set_num_groups(static_cast<uint32_t>(groups));
   request.mutable_buffer()->set_min_groups(1);
   v1::TrainStepResponse response;
   if (auto s = trainer->TrainStep(Context(base).get(), request, &response); !s.ok()) return Fail(s, "TrainStep");

@@ -1,13 +1,17 @@
 #include "services/controller/run_loop.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <thread>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "libs/common/checks.h"
+#include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 #include "libs/metrics/metrics.h"
 #include "libs/model/tokenizer.h"
@@ -17,6 +21,13 @@ namespace rlfleet::controller {
 namespace {
 
 using model::Tokenizer;
+
+// Reward standard deviation at or below which a group has no learning signal (what the
+// loop configures the buffer with).
+constexpr float kZeroVarianceEpsilon = 1e-6f;
+// Longest task input (digits) and response a run may ask for.
+constexpr int kMaxTaskLen = 64;
+constexpr int kMaxNewTokens = 4096;
 
 // A replica that is dead, hung past the call deadline, or shutting down (its server
 // cancels the calls in flight when it stops: the pool never cancels its own calls).
@@ -33,7 +44,8 @@ absl::Status RolloutAndScore(const LoopConfig& config, RolloutPool& rollout, Rew
   gen.set_request_id(request_id);
   gen.set_num_samples(samples);
   gen.mutable_sampling()->set_temperature(temperature);
-  gen.mutable_sampling()->set_max_new_tokens(config.max_len + 3);
+  gen.mutable_sampling()->set_max_new_tokens(config.max_new_tokens > 0 ? config.max_new_tokens
+                                                                       : config.max_len + 3);
   gen.mutable_sampling()->set_seed(seed);
   for (size_t i = 0; i < examples.size(); ++i) {
     v1::BatchPrompt* p = gen.add_prompts();
@@ -54,13 +66,55 @@ absl::Status RolloutAndScore(const LoopConfig& config, RolloutPool& rollout, Rew
     item->set_response_text(
         Tokenizer::DecodeResponse({e.response_token_ids().begin(), e.response_token_ids().end()}));
   }
-  return common::Annotate(reward.Score(score, scored), "Score");
+  RETURN_IF_ERROR(common::Annotate(reward.Score(score, scored), "Score"));
+  if (scored->results_size() != score.items_size()) {
+    return absl::InternalError(absl::StrCat("Score: the reward service returned ", scored->results_size(),
+                                            " results for ", score.items_size(), " items"));
+  }
+  return absl::OkStatus();
+}
+
+// Whether any group of `samples` consecutive rewards varies (the buffer drops groups
+// whose rewards are all equal: nothing to learn from them).
+bool HasLearningSignal(const v1::PutExperiencesRequest& put, int samples) {
+  for (int g = 0; g + samples <= put.experiences_size(); g += samples) {
+    double sum = 0, sq = 0;
+    for (int i = g; i < g + samples; ++i) {
+      sum += put.experiences(i).reward();
+      sq += static_cast<double>(put.experiences(i).reward()) * put.experiences(i).reward();
+    }
+    const double mean = sum / samples;
+    if (std::sqrt(std::max(0.0, sq / samples - mean * mean)) > kZeroVarianceEpsilon) return true;
+  }
+  return false;
+}
+
+// Why the buffer took none of a step's experiences: the first reasons it gave.
+std::string PutRefusal(const v1::PutExperiencesResponse& r) {
+  std::string why = absl::StrCat("the buffer accepted none of them (", r.duplicates(), " duplicates, ",
+                                 r.rejected(), " rejected");
+  if (r.rejections_size() > 0) absl::StrAppend(&why, "; first: ", r.rejections(0).ShortDebugString());
+  return why + ")";
 }
 
 uint64_t VersionOf(const v1::GenerateBatchResponse& r) {
   return r.completions_size() > 0 && r.completions(0).token_policy_versions_size() > 0
              ? r.completions(0).token_policy_versions(0)
              : 0;
+}
+
+// A replica's answer to installing `request`, FAILED_PRECONDITION included: that is
+// OK only when the replica reports serving exactly the version (it had it already);
+// otherwise it holds another (newer) version or is installing one, and cannot serve
+// this version: FAILED_PRECONDITION saying which.
+absl::Status Installed(RolloutReplica& replica, const absl::Status& s, const v1::PrepareWeightsRequest& request) {
+  if (!absl::IsFailedPrecondition(s)) return s;
+  const uint64_t want = request.manifest().version().version();
+  absl::StatusOr<uint64_t> has = replica.InstalledVersion();
+  if (!has.ok()) return common::Annotate(has.status(), absl::StrCat("after it refused version ", want, " (", s.message(), ")"));
+  if (*has == want) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("refused version ", want, " (", s.message(), ") and serves version ",
+                                                    *has, ": it cannot serve this run's policy"));
 }
 
 }  // namespace
@@ -218,21 +272,30 @@ absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request
   }
   const std::vector<absl::Status> installed =
       peers.empty() ? std::vector<absl::Status>() : peers[0]->UpdateWeightsTogether(peers, request);
-  absl::Status fatal;
+  absl::Status fatal, dropped;
   for (size_t i = 0; i < alive.size(); ++i) {
-    const absl::Status& s = i < installed.size() ? installed[i] : absl::InternalError("no status for the replica");
-    if (s.ok() || absl::IsFailedPrecondition(s)) continue;  // installed, or had it already
+    const absl::Status s = Installed(*alive[i]->peer,
+                                     i < installed.size() ? installed[i] : absl::InternalError("no status for the replica"),
+                                     request);
+    if (s.ok()) continue;  // installed, or serving it already
+    if (absl::IsFailedPrecondition(s)) {  // another version: it gets no work in this run
+      Drop(*alive[i], s, "");
+      dropped = common::Annotate(s, absl::StrCat("rollout replica ", alive[i]->peer->address()));
+      continue;
+    }
     if (!ReplicaFailure(s)) {
       if (fatal.ok()) fatal = s;
       continue;
     }
     Drop(*alive[i], s, "");
+    dropped = common::Annotate(s, absl::StrCat("rollout replica ", alive[i]->peer->address()));
   }
   if (!fatal.ok()) return fatal;
   for (const Replica& r : replicas_) {
     if (r.alive) return absl::OkStatus();
   }
-  return absl::UnavailableError("no rollout replica left");
+  return absl::UnavailableError(
+      absl::StrCat("no rollout replica left", dropped.ok() ? "" : absl::StrCat(" (last: ", dropped.message(), ")")));
 }
 
 absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
@@ -248,8 +311,8 @@ absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
     waiting_.push_back(std::move(replica));
     return absl::OkStatus();
   }
-  absl::Status s = replica->UpdateWeights(*weights_);
-  if (!s.ok() && !absl::IsFailedPrecondition(s)) {  // (FAILED_PRECONDITION: it had them)
+  absl::Status s = Installed(*replica, replica->UpdateWeights(*weights_), *weights_);
+  if (!s.ok()) {
     return common::Annotate(s, absl::StrCat("installing version ", weights_->manifest().version().version(),
                                             " on joining replica ", address));
   }
@@ -296,22 +359,41 @@ absl::Status ValidateLoopConfig(const LoopConfig& c) {
   if (tasks::FindTask(c.task) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("task: unknown task '", c.task, "'"));
   }
-  if (c.min_len < 1 || c.max_len < c.min_len) {
-    return absl::InvalidArgumentError(absl::StrCat("min_len / max_len: need 1 <= min_len <= max_len, got ",
-                                                   c.min_len, " / ", c.max_len));
+  if (c.min_len < 1 || c.max_len < c.min_len || c.max_len > kMaxTaskLen) {
+    return absl::InvalidArgumentError(absl::StrCat("min_len / max_len: need 1 <= min_len <= max_len <= ", kMaxTaskLen,
+                                                   ", got ", c.min_len, " / ", c.max_len));
   }
   if (c.prompts < 1 || c.prompts > 1024) return absl::InvalidArgumentError("prompts: must be in 1..1024");
   if (c.samples < 2 || c.samples > 64) return absl::InvalidArgumentError("samples: must be in 2..64 (GRPO groups)");
   if (c.steps < 1) return absl::InvalidArgumentError("steps: must be >= 1");
   if (c.eval_every < 0) return absl::InvalidArgumentError("eval_every: must be >= 0");
-  if (!(c.lr > 0)) return absl::InvalidArgumentError("lr: must be > 0");
+  if (c.held_out < 1 || c.held_out > 4096) return absl::InvalidArgumentError("held_out: must be in 1..4096");
+  if (!std::isfinite(c.lr) || !(c.lr > 0) || c.lr > 1) return absl::InvalidArgumentError("lr: must be in (0, 1]");
   if (c.ppo_epochs < 1 || c.ppo_epochs > 16) return absl::InvalidArgumentError("ppo_epochs: must be in 1..16");
-  if (c.entropy_coef < 0) return absl::InvalidArgumentError("entropy_coef: must be >= 0");
-  if (c.temperature < 0) return absl::InvalidArgumentError("temperature: must be >= 0");
+  RETURN_IF_ERROR(common::CheckFiniteInRange("entropy_coef", c.entropy_coef, 0, 10));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("temperature", c.temperature, 0, 10));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("clip_ratio", c.clip_ratio, 0, 1));
+  if (std::isnan(c.stop_at)) return absl::InvalidArgumentError("stop_at: is nan");
   if (c.max_staleness < 0 || c.max_staleness > 64) {
     return absl::InvalidArgumentError("max_staleness: must be in 0..64");
   }
+  RETURN_IF_ERROR(common::CheckInRange("max_new_tokens", c.max_new_tokens, 0, kMaxNewTokens));
+  RETURN_IF_ERROR(common::CheckInRange("checkpoint_every", c.checkpoint_every, 0, std::numeric_limits<int>::max()));
+  if (c.checkpoint_every > 0 && c.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError("checkpoint_every: set, but there is no checkpoint_dir");
+  }
+  if (c.unavailable_retry < absl::ZeroDuration()) return absl::InvalidArgumentError("unavailable_retry: negative");
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const std::string& dir, const std::string& name,
+                                               int step) {
+  v1::SaveCheckpointRequest request;
+  request.set_path(absl::StrCat(dir, dir.empty() || dir.back() == '/' ? "" : "/", name, "-step-", step));
+  v1::SaveCheckpointResponse response;
+  RETURN_IF_ERROR(common::Annotate(trainer.SaveCheckpoint(request, &response),
+                                   absl::StrCat("SaveCheckpoint ", request.path())));
+  return response.path().empty() ? request.path() : response.path();
 }
 
 absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward,
@@ -320,10 +402,18 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   RETURN_IF_ERROR(ValidateLoopConfig(config));
   const tasks::Task* task = tasks::FindTask(config.task);
   const tasks::TaskOptions lengths{config.min_len, config.max_len};
+  // New to this call: in every request id, so in every group and experience id. The
+  // buffer remembers the ids it has seen (durably, with Redis) and refuses them again:
+  // without this a second run on the same buffer sent the first run's ids, every
+  // experience was a duplicate and no step trained.
+  const std::string tag = common::NewId("r");
+  const std::string name = config.run_id.empty() ? tag : config.run_id;
   {
     v1::ConfigureRequest configure;
+    configure.set_run_id(config.run_id);
     configure.set_group_size(config.samples);
     configure.set_filter_zero_variance(true);
+    configure.set_zero_variance_epsilon(kZeroVarianceEpsilon);
     RETURN_IF_ERROR(common::Annotate(buffer.Configure(configure), "buffer Configure"));
   }
   // The rollout replicas start from the trainer's weights (behaviour == policy at step 1).
@@ -350,6 +440,8 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   for (int i = 0; i < config.held_out; ++i) held_out.push_back(task->Make(gen, lengths));
   const absl::Time start = absl::Now();
   LoopProgress progress;
+  int checkpointed_step = -1;
+  bool reached_target = false;
   // One step's rollouts: made on this thread (prompts come from one RNG in order),
   // generated and scored on this thread (sync) or on a helper thread (async).
   struct Produced {
@@ -361,8 +453,10 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   auto produce = [&](int step, std::vector<tasks::Example> examples) {
     auto p = std::make_shared<Produced>();
     const absl::Time begin = absl::Now();
+    // The sampling seed: the run's, mixed with the step's number.
+    const uint64_t seed = config.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step);
     p->status = RolloutAndScore(config, rollout, reward, examples, config.samples,
-                                static_cast<float>(config.temperature), step, absl::StrCat("s", step),
+                                static_cast<float>(config.temperature), seed, absl::StrCat(tag, "-s", step),
                                 &p->generated, &p->scored);
     p->seconds = absl::ToDoubleSeconds(absl::Now() - begin);
     return p;
@@ -403,6 +497,8 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     const v1::GenerateBatchResponse& generated = now->generated;
     const v1::ScoreResponse& scored = now->scored;
     v1::PutExperiencesRequest put;
+    put.set_run_id(config.run_id);
+    put.set_producer_id("controller");
     double reward_sum = 0;
     for (int i = 0; i < generated.completions_size(); ++i) {
       v1::Experience e = generated.completions(i);
@@ -410,23 +506,47 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       reward_sum += e.reward();
       *put.add_experiences() = std::move(e);
     }
-    RETURN_IF_ERROR(at_step(common::Annotate(buffer.PutExperiences(put), "PutExperiences")));
+    v1::PutExperiencesResponse put_reply;
+    RETURN_IF_ERROR(at_step(common::Annotate(buffer.PutExperiences(put, &put_reply), "PutExperiences")));
+    if (put_reply.accepted() == 0 && put.experiences_size() > 0) {
+      return at_step(absl::FailedPreconditionError(
+          absl::StrCat("PutExperiences: ", put.experiences_size(), " experiences, ", PutRefusal(put_reply))));
+    }
+    // Whether this step's batch can teach anything: TrainStep's UNAVAILABLE then means
+    // the trainer (or its buffer) is unreachable, not "nothing to learn".
+    const bool signal = HasLearningSignal(put, config.samples);
     v1::TrainStepRequest train;
     train.mutable_buffer()->set_num_groups(config.prompts);
     train.mutable_buffer()->set_min_groups(1);
     if (config.max_staleness > 0) train.mutable_buffer()->set_max_staleness(config.max_staleness);
     train.mutable_params()->set_algorithm(v1::ALGORITHM_GRPO);
     train.mutable_params()->set_ppo_epochs(config.ppo_epochs);
-    train.mutable_params()->set_clip_ratio(0.2f);
+    train.mutable_params()->set_clip_ratio(static_cast<float>(config.clip_ratio));
     train.mutable_params()->set_entropy_coef(static_cast<float>(config.entropy_coef));
     train.mutable_params()->mutable_optimizer()->set_learning_rate(static_cast<float>(config.lr));
     train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
     v1::TrainStepResponse trained;
     const absl::Time train_begin = absl::Now();
     absl::Status ts = trainer.TrainStep(train, &trained);
+    // UNAVAILABLE for a batch with a signal: the trainer is restarting or unreachable,
+    // or its buffer was slow. Retried (with back-off) until unavailable_retry, then the
+    // run fails. Without a signal it is the expected "nothing to learn" (idle step).
+    absl::Duration backoff = absl::Milliseconds(100);
+    while (signal && absl::IsUnavailable(ts) && !stop.load() &&
+           absl::Now() + backoff - train_begin <= config.unavailable_retry) {
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+      trained.Clear();
+      ts = trainer.TrainStep(train, &trained);
+    }
     progress.train_seconds = absl::ToDoubleSeconds(absl::Now() - train_begin);
-    // UNAVAILABLE: every group had zero variance; nothing to learn this step.
-    if (!ts.ok() && !absl::IsUnavailable(ts)) return at_step(common::Annotate(ts, "TrainStep"));
+    if (!ts.ok() && !(absl::IsUnavailable(ts) && !signal)) {
+      return at_step(common::Annotate(
+          ts, signal && absl::IsUnavailable(ts)
+                  ? absl::StrCat("TrainStep (the batch had a learning signal; still unavailable after ",
+                                 absl::FormatDuration(config.unavailable_retry), ")")
+                  : "TrainStep"));
+    }
     progress.sync_seconds = 0;
     if (ts.ok()) {
       progress.entropy = trained.metrics().entropy();
@@ -435,6 +555,12 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       progress.trained_sequences += trained.metrics().sequences();
       RETURN_IF_ERROR(at_step(publish()));
       progress.sync_seconds = sync_seconds;
+      if (config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
+        absl::StatusOr<std::string> saved = SaveStepCheckpoint(trainer, config.checkpoint_dir, name, step);
+        if (!saved.ok()) return at_step(saved.status());
+        progress.last_checkpoint = *saved;
+        checkpointed_step = step;
+      }
     } else {
       ++progress.idle_steps;
     }
@@ -458,7 +584,24 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     }
     progress.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (on_progress) on_progress(progress);
-    if (progress.held_out_exact && *progress.held_out_exact >= config.stop_at) break;
+    if (progress.held_out_exact && *progress.held_out_exact >= config.stop_at) {
+      reached_target = true;
+      break;
+    }
+  }
+  if (stop.load()) return absl::OkStatus();  // (StopRun decides about a checkpoint)
+  // Every step of a run that went its length idle: nothing was trained. Not a success.
+  if (!reached_target && progress.step > 0 && progress.idle_steps == progress.step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "every one of the ", progress.step, " steps was idle: no group had a learning signal (each group's rewards "
+        "were all equal), so nothing was trained (policy version ", progress.policy_version,
+        "); try a higher temperature, a larger group_size or an easier task"));
+  }
+  // Periodic checkpoints end with the final state (interval 0: only at StopRun).
+  if (config.checkpoint_every > 0 && checkpointed_step != progress.step && progress.step > 0) {
+    ASSIGN_OR_RETURN(progress.last_checkpoint,
+                     SaveStepCheckpoint(trainer, config.checkpoint_dir, name, progress.step));
+    if (on_progress) on_progress(progress);
   }
   return absl::OkStatus();
 }

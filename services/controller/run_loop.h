@@ -15,7 +15,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "rlfleet/v1/reward.pb.h"
 #include "rlfleet/v1/rollout.pb.h"
@@ -29,8 +31,11 @@ class RolloutReplica {
   virtual std::string address() const = 0;
   virtual absl::Status GenerateBatch(const v1::GenerateBatchRequest& request,
                                      v1::GenerateBatchResponse* response) = 0;
-  // FAILED_PRECONDITION when the replica already has the version.
+  // FAILED_PRECONDITION when the replica already has the version, a newer one, or is
+  // installing another (the pool then asks InstalledVersion which it is).
   virtual absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) = 0;
+  // The version the replica serves now (0 = none).
+  virtual absl::StatusOr<uint64_t> InstalledVersion() = 0;
   // Installs the version on `replicas` (this one among them), a status for each in
   // their order: together where their route can (one weights-service round, the
   // replicas chained), else one after the other.
@@ -50,22 +55,34 @@ class BufferPeer {
  public:
   virtual ~BufferPeer() = default;
   virtual absl::Status Configure(const v1::ConfigureRequest& request) = 0;
-  virtual absl::Status PutExperiences(const v1::PutExperiencesRequest& request) = 0;
+  // The reply says how many were accepted, duplicates and rejected (and why).
+  virtual absl::Status PutExperiences(const v1::PutExperiencesRequest& request,
+                                      v1::PutExperiencesResponse* response) = 0;
 };
 
 class TrainerPeer {
  public:
   virtual ~TrainerPeer() = default;
-  // UNAVAILABLE when the buffer had no group with a learning signal.
+  // UNAVAILABLE when the buffer had no group with a learning signal, or the trainer
+  // is unreachable or restarting: the loop tells these apart itself (it knows which
+  // groups it put had one) and retries within LoopConfig::unavailable_retry.
   virtual absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) = 0;
   virtual absl::Status PublishWeights(v1::PublishWeightsResponse* response) = 0;
+  // Writes the trainer's model, optimizer and step to request.path (a directory on the
+  // trainer's machine, under its checkpoint root).
+  virtual absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
+                                      v1::SaveCheckpointResponse* response) = 0;
 };
 
 // The rollout replicas of a run. Prompts are split evenly over the live replicas and
 // generated concurrently; a replica that fails with UNAVAILABLE (dead),
 // DEADLINE_EXCEEDED (hung past its call deadline) or CANCELLED (its server stopping) is
 // dropped and its prompts go to the others, so a run survives losing replicas as long as one is left. Other errors (a
-// request the replica rejects) are returned as they are. Thread-safe.
+// request the replica rejects) are returned as they are. A replica that refuses a
+// version with FAILED_PRECONDITION counts as installed only if it reports serving
+// exactly that version; otherwise (a newer version from another run, another install
+// in progress, shutting down) it cannot serve this run's policy and is dropped.
+// Thread-safe.
 class RolloutPool {
  public:
   using Log = std::function<void(const std::string&)>;
@@ -106,6 +123,8 @@ class RolloutPool {
 };
 
 struct LoopConfig {
+  // The run's id, given to the buffer (Configure / PutExperiences run_id); empty = none.
+  std::string run_id;
   std::string task = "reverse";
   int min_len = 3;
   int max_len = 5;
@@ -124,6 +143,16 @@ struct LoopConfig {
   // generation overlaps this step's training, and the trainer accepts experiences up to
   // k versions old (the buffer drops older ones).
   int max_staleness = 0;
+  int max_new_tokens = 0;  // response cap of the training rollouts; 0 = max_len + 3
+  double clip_ratio = 0.2;  // PPO clip epsilon
+  // Checkpoints: to checkpoint_dir/<run id or tag>-step-<N> on the trainer every
+  // checkpoint_every steps and, when the run completes, after its last step; 0 = none
+  // from the loop (RunManager saves one at StopRun when asked). Empty dir = none.
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  // How long TrainStep may answer UNAVAILABLE for a step whose batch had a learning
+  // signal (the trainer restarting, the buffer slow) before the run fails.
+  absl::Duration unavailable_retry = absl::Seconds(60);
 };
 
 struct LoopProgress {
@@ -142,13 +171,25 @@ struct LoopProgress {
   double tokens_per_s = 0;    // response tokens of this step's rollouts / generate_seconds
   float mean_staleness = 0;   // version lag of the trained batch (the trainer's figure)
   float loss = 0;             // of the last step that trained
+  std::string last_checkpoint;  // path of the last checkpoint written; empty = none
 };
 
 // INVALID_ARGUMENT naming the field for a config out of range or an unknown task.
 absl::Status ValidateLoopConfig(const LoopConfig& config);
 
 // Runs the loop until config.steps, config.stop_at, `stop`, or an error (annotated with
-// the step and the peer call). Calls `on_progress` after every step.
+// the step and the peer call). Calls `on_progress` after every step. Request, group and
+// experience ids carry a tag new to each call, so that a second run on the same buffer
+// is not refused as duplicates of the first. A step whose groups all have zero reward
+// variance has nothing to learn: TrainStep's UNAVAILABLE then makes it an idle step;
+// for a step with a signal UNAVAILABLE is retried until config.unavailable_retry, then
+// returned. FAILED_PRECONDITION if the buffer accepted none of a step's experiences, or
+// if every step of a run that went its length was idle (nothing was trained).
+// Saves a checkpoint of `trainer` as `dir`/`name`-step-`step` and returns its path.
+// The trainer's error (annotated) when it cannot.
+absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const std::string& dir,
+                                               const std::string& name, int step);
+
 absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward,
                      BufferPeer& buffer, TrainerPeer& trainer, const std::atomic<bool>& stop,
                      const std::function<void(const LoopProgress&)>& on_progress);

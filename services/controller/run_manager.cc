@@ -3,11 +3,16 @@
 #include <filesystem>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "absl/strings/str_split.h"
+#include "libs/common/checks.h"
+#include "libs/common/files.h"
 #include "libs/common/ids.h"
+#include "libs/common/status_macros.h"
 #include "services/controller/run_metrics.h"
 
 namespace rlfleet::controller {
@@ -20,6 +25,23 @@ bool Terminal(v1::RunState s) {
 
 absl::Status Field(const std::string& field, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat("config.", field, ": ", problem));
+}
+
+// Largest total_steps, eval and checkpoint interval (they become an int).
+constexpr uint64_t kMaxSteps = 1u << 30;
+
+// A checkpoint folder is a path on the trainer's machine, which resolves it under its
+// checkpoint root; here only its form is checked: printable, bounded, and no ".."
+// component (so it cannot climb out of that root whatever the trainer does).
+absl::Status ValidateCheckpointDir(const std::string& dir) {
+  if (dir.size() > 1024) return Field("checkpoint_dir", absl::StrCat(dir.size(), " bytes; at most 1024"));
+  for (char ch : dir) {
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) return Field("checkpoint_dir", "has a control character");
+  }
+  for (absl::string_view part : absl::StrSplit(dir, '/')) {
+    if (part == "..") return Field("checkpoint_dir", "has a `..` component");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -38,21 +60,51 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c) {
       return Field(absl::StrCat("task_params[", key, "]"), "unknown (min_len, max_len)");
     }
   }
-  if (c.algorithm() != v1::ALGORITHM_UNSPECIFIED && c.algorithm() != v1::ALGORITHM_GRPO) {
-    return Field("algorithm", "the controller's loop runs GRPO only so far");
+  if (c.has_model() && c.model().ByteSizeLong() > 0) {
+    return absl::UnimplementedError(
+        "config.model: a run cannot choose the model yet; it is the trainer's and the rollout replicas' "
+        "(--d_model, --n_layers, ... flags)");
   }
+  if (c.algorithm() != v1::ALGORITHM_UNSPECIFIED && c.algorithm() != v1::ALGORITHM_GRPO) {
+    return absl::UnimplementedError(absl::StrCat("config.algorithm: ", v1::Algorithm_Name(c.algorithm()),
+                                                 " is not implemented; the controller's loop runs GRPO only so far"));
+  }
+  // Each number in its own type before it becomes an int; NaN before any comparison.
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.group_size", c.group_size(), 0, 64));
+  if (c.group_size() == 1) return Field("group_size", "1; GRPO needs groups of 2..64 (0 = 8)");
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.batch_size", c.batch_size(), 0, 1024));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("config.learning_rate", c.learning_rate(), 0, 1));
+  RETURN_IF_ERROR(common::CheckInRange<uint64_t>("config.total_steps", c.total_steps(), 0, kMaxSteps));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.max_staleness", c.max_staleness(), 0, 64));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.rollout_replicas", c.rollout_replicas(), 0, 1024));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.eval_interval_steps", c.eval_interval_steps(), 0, kMaxSteps));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.max_new_tokens", c.max_new_tokens(), 0, 4096));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("config.temperature", c.temperature(), 0, 10));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.ppo_epochs", c.ppo_epochs(), 0, 16));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("config.clip_ratio", c.clip_ratio(), 0, 1));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.checkpoint_interval_steps", c.checkpoint_interval_steps(), 0,
+                                                 kMaxSteps));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("config.entropy_coef", c.entropy_coef(), 0, 10));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("config.stop_at_exact_match", c.stop_at_exact_match(), 0, 1));
   if (c.group_size() != 0) loop.samples = static_cast<int>(c.group_size());
   if (c.batch_size() != 0) loop.prompts = static_cast<int>(c.batch_size());
   if (c.learning_rate() != 0) loop.lr = c.learning_rate();
-  loop.steps = c.total_steps() == 0 ? std::numeric_limits<int>::max()
-                                     : static_cast<int>(std::min<uint64_t>(c.total_steps(), 1u << 30));
-  loop.max_staleness = static_cast<int>(std::min<uint32_t>(c.max_staleness(), 1000));
+  loop.steps = c.total_steps() == 0 ? std::numeric_limits<int>::max() : static_cast<int>(c.total_steps());
+  loop.max_staleness = static_cast<int>(c.max_staleness());
   if (c.seed() != 0) loop.seed = c.seed();
   loop.eval_every = static_cast<int>(c.eval_interval_steps());
+  loop.max_new_tokens = static_cast<int>(c.max_new_tokens());
   if (c.temperature() != 0) loop.temperature = c.temperature();
   if (c.ppo_epochs() != 0) loop.ppo_epochs = static_cast<int>(c.ppo_epochs());
+  if (c.clip_ratio() != 0) loop.clip_ratio = c.clip_ratio();
   loop.entropy_coef = c.entropy_coef();
   loop.stop_at = c.stop_at_exact_match() > 0 ? c.stop_at_exact_match() : 2.0;
+  if (!c.checkpoint_dir().empty()) RETURN_IF_ERROR(ValidateCheckpointDir(c.checkpoint_dir()));
+  if (c.checkpoint_interval_steps() > 0 && c.checkpoint_dir().empty()) {
+    return Field("checkpoint_interval_steps", "set, but checkpoint_dir is empty (where would they go?)");
+  }
+  loop.checkpoint_dir = c.checkpoint_dir();
+  loop.checkpoint_every = static_cast<int>(c.checkpoint_interval_steps());
   if (absl::Status s = ValidateLoopConfig(loop); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", s.message()));
   }
@@ -69,6 +121,9 @@ RunManager::~RunManager() {
 }
 
 absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const std::string& run_id) {
+  // The id names a folder (runs_dir/<id>) and goes to the buffer: one path component
+  // of a fixed alphabet, checked before anything else.
+  if (!run_id.empty()) RETURN_IF_ERROR(common::ValidatePathId("run_id", run_id));
   absl::StatusOr<LoopConfig> loop = LoopConfigFromRun(config);
   if (!loop.ok()) return loop.status();
   {
@@ -77,13 +132,30 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
       return absl::FailedPreconditionError(
           absl::StrCat("run ", run_id_, " is active; StopRun it first"));
     }
+    if (!run_id.empty() && used_ids_.contains(run_id)) {
+      return absl::AlreadyExistsError(absl::StrCat("run_id: ", run_id, " was used before"));
+    }
+  }
+  if (!run_id.empty() && !runs_dir_.empty()) {
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::path(runs_dir_) / run_id, ec)) {
+      return absl::AlreadyExistsError(absl::StrCat("run_id: ", run_id, " was used before (", runs_dir_, "/", run_id,
+                                                   " exists)"));
+    }
   }
   absl::StatusOr<RunPeers> peers = peers_();
   if (!peers.ok()) return peers.status();
+  if (config.rollout_replicas() > peers->rollouts.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("config.rollout_replicas: ", config.rollout_replicas(),
+                                                      " wanted, ", peers->rollouts.size(),
+                                                      " known (scale the rollout role up first)"));
+  }
   if (thread_.joinable()) thread_.join();  // the previous run's thread has finished
   const std::string id = run_id.empty() ? common::NewId("run") : run_id;
+  loop->run_id = id;
   {
     absl::MutexLock lock(&mu_);
+    used_ids_.insert(id);
     run_id_ = id;
     state_ = v1::RUN_STATE_STARTING;
     config_ = config;
@@ -93,6 +165,9 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
     error_.clear();
     run_dir_ = runs_dir_.empty() ? "" : (std::filesystem::path(runs_dir_) / id).string();
     stop_requested_ = false;
+    stop_checkpoint_ = false;
+    stop_timed_out_ = false;
+    checkpoint_path_.clear();
   }
   stop_ = false;
   thread_ = std::thread([this, l = *loop, p = std::move(*peers)]() mutable { Body(l, std::move(p)); });
@@ -110,6 +185,11 @@ absl::Status RunManager::RemoveRollout(const std::string& address) {
   absl::MutexLock lock(&pool_mu_);
   if (pool_ == nullptr) return absl::FailedPreconditionError("no active run");
   return pool_->Remove(address);
+}
+
+bool RunManager::HasActiveRun() {
+  absl::MutexLock lock(&pool_mu_);
+  return pool_ != nullptr;
 }
 
 std::vector<std::string> RunManager::RolloutAddresses() {
@@ -160,12 +240,36 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
     absl::MutexLock lock(&pool_mu_);
     pool_ = nullptr;
   }
+  // StopRun with checkpoint: the trainer's state after the last step, unless the loop
+  // saved that step already.
+  bool checkpoint = false;
+  int step = 0;
+  std::string saved;
+  {
+    absl::MutexLock lock(&mu_);
+    checkpoint = s.ok() && stop_requested_ && stop_checkpoint_;
+    step = progress_.step;
+    saved = progress_.last_checkpoint;
+  }
+  const std::string last_name = absl::StrCat(config.run_id, "-step-", step);
+  if (checkpoint && !(absl::EndsWith(saved, "/" + last_name) || saved == last_name)) {
+    absl::StatusOr<std::string> path = SaveStepCheckpoint(*peers.trainer, config.checkpoint_dir, config.run_id, step);
+    if (path.ok()) {
+      saved = *path;
+    } else {
+      s = common::Annotate(path.status(), "checkpoint at StopRun");
+    }
+  }
   std::string line;
   {
     absl::MutexLock lock(&mu_);
+    checkpoint_path_ = saved;
     if (!s.ok()) {
       state_ = v1::RUN_STATE_FAILED;
       error_ = s.ToString();
+    } else if (stop_timed_out_) {
+      state_ = v1::RUN_STATE_FAILED;
+      error_ = "StopRun: the run did not stop within its grace period";
     } else {
       state_ = stop_requested_ ? v1::RUN_STATE_STOPPED : v1::RUN_STATE_COMPLETED;
     }
@@ -176,24 +280,40 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
   if (write_metrics && log_) log_(metrics.Finish());
 }
 
-absl::Status RunManager::Stop(const std::string& run_id, absl::Duration grace,
+absl::Status RunManager::Stop(const std::string& run_id, bool checkpoint, absl::Duration grace,
                               v1::StopRunResponse* response) {
   {
     absl::MutexLock lock(&mu_);
     if (!run_id.empty() && run_id != run_id_) {
       return absl::NotFoundError(absl::StrCat("run_id: no run ", run_id, " (current: ", run_id_, ")"));
     }
+    if (checkpoint && !Terminal(state_) && config_.checkpoint_dir().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint: run ", run_id_, " has no config.checkpoint_dir to save a checkpoint into"));
+    }
+    if (checkpoint && Terminal(state_) && state_ != v1::RUN_STATE_IDLE && checkpoint_path_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint: run ", run_id_, " already ended (",
+                                                        v1::RunState_Name(state_), ") without a checkpoint"));
+    }
     if (!Terminal(state_)) {
       stop_requested_ = true;
+      stop_checkpoint_ = stop_checkpoint_ || checkpoint;
       state_ = v1::RUN_STATE_STOPPING;
     }
   }
   stop_ = true;
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return Terminal(state_); };
-  mu_.AwaitWithTimeout(absl::Condition(&done), grace);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done), grace)) {
+    // It ends FAILED when it does stop (the contract: a run that overruns its grace
+    // period is failed).
+    stop_timed_out_ = true;
+    return absl::DeadlineExceededError(absl::StrCat("run ", run_id_, " did not stop within ",
+                                                    absl::FormatDuration(grace), "; it is marked FAILED"));
+  }
   response->set_state(state_);
   response->set_step(progress_.step);
+  response->set_checkpoint_path(checkpoint_path_);
   return absl::OkStatus();
 }
 

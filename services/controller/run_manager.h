@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -41,13 +42,24 @@ class RunManager {
   RunManager(PeerFactory peers, std::function<void(const std::string&)> log, std::string runs_dir = "");
   ~RunManager();  // stops an active run and waits for it
 
-  // Starts a run; returns its id (`run_id`, or a new one). FAILED_PRECONDITION while a
-  // run is active; INVALID_ARGUMENT for the config; the factory's error when peers
-  // cannot be made.
+  // Starts a run; returns its id (`run_id`, or a new one). INVALID_ARGUMENT naming
+  // the field for a run_id that is not a path-safe id (ValidatePathId: it names the
+  // folder runs_dir/<id>) or for the config (every field is honoured or refused:
+  // UNIMPLEMENTED for model and for algorithms other than GRPO); ALREADY_EXISTS for a
+  // run_id used before; FAILED_PRECONDITION while a run is active or with fewer rollout
+  // replicas than config.rollout_replicas; the factory's error when peers cannot be
+  // made. Checkpoints (config.checkpoint_dir, a folder on the trainer's machine): every
+  // checkpoint_interval_steps steps and after the last one when the run completes
+  // (interval 0: none), and at StopRun with checkpoint; each to
+  // <checkpoint_dir>/<run id>-step-<N>.
   absl::StatusOr<std::string> Start(const v1::RunConfig& config, const std::string& run_id);
-  // Asks the active run to stop after its current step and waits up to `grace`.
-  // NOT_FOUND for a run_id that is not the current one; OK when none is active.
-  absl::Status Stop(const std::string& run_id, absl::Duration grace, v1::StopRunResponse* response);
+  // Asks the active run to stop after its current step (and, with `checkpoint`, to save
+  // one then) and waits up to `grace`. NOT_FOUND for a run_id that is not the current
+  // one; FAILED_PRECONDITION for `checkpoint` without config.checkpoint_dir, or on a run
+  // that already ended without one; DEADLINE_EXCEEDED when it has not stopped within
+  // `grace` (it then ends FAILED); OK when none is active.
+  absl::Status Stop(const std::string& run_id, bool checkpoint, absl::Duration grace,
+                    v1::StopRunResponse* response);
   // Fills the run fields of a status reply: run_id, state, step, metrics, config,
   // started_at_unix_ms, error.
   void Fill(v1::GetStatusResponse* response);
@@ -57,6 +69,8 @@ class RunManager {
   // FAILED_PRECONDITION without an active run.
   absl::Status AdmitRollout(std::unique_ptr<RolloutReplica> replica);
   absl::Status RemoveRollout(const std::string& address);
+  // Whether a run's loop is running (its pool takes AdmitRollout / RemoveRollout).
+  bool HasActiveRun();
   // The active run's rollout replicas (empty without one).
   std::vector<std::string> RolloutAddresses();
 
@@ -78,6 +92,10 @@ class RunManager {
   std::string error_ ABSL_GUARDED_BY(mu_);
   std::string run_dir_ ABSL_GUARDED_BY(mu_);
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_checkpoint_ ABSL_GUARDED_BY(mu_) = false;  // StopRun asked for a checkpoint
+  bool stop_timed_out_ ABSL_GUARDED_BY(mu_) = false;   // StopRun's grace ran out: ends FAILED
+  std::string checkpoint_path_ ABSL_GUARDED_BY(mu_);   // the run's last checkpoint
+  absl::flat_hash_set<std::string> used_ids_ ABSL_GUARDED_BY(mu_);  // run ids started here
   // The active run's pool while its loop runs (a mutex of its own: scaling waits for
   // the pool's current call, and must not hold up GetStatus meanwhile).
   absl::Mutex pool_mu_;

@@ -1,9 +1,11 @@
 #include "services/controller/run_metrics.h"
 
-#include <cstdlib>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "libs/common/files.h"
 
 namespace rlfleet::controller {
 
@@ -27,33 +29,52 @@ void RunMetrics::Add(const LoopProgress& p) {
        << std::flush;
 }
 
+namespace {
+
+// `path` as a gnuplot single-quoted string (a quote inside is doubled); nullopt for a
+// path with a control character (it could end the script's line).
+std::optional<std::string> GnuplotQuoted(const std::string& path) {
+  std::string out = "'";
+  for (char c : path) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return std::nullopt;
+    out += c;
+    if (c == '\'') out += '\'';
+  }
+  return out + "'";
+}
+
+}  // namespace
+
 std::string RunMetrics::Finish() {
   csv_.close();
   const std::string csv = (dir_ / "metrics.csv").string();
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  if (!common::ProgramInPath("gnuplot")) {
     return absl::StrCat("metrics: ", csv, " (no gnuplot: apt-get install gnuplot-nox for the curve)");
   }
   const std::filesystem::path script = dir_ / "reward_curve.gp";
+  const std::optional<std::string> data = GnuplotQuoted(csv), png = GnuplotQuoted((dir_ / "reward_curve.png").string()),
+                                   txt = GnuplotQuoted((dir_ / "reward_curve.txt").string());
+  if (!data || !png || !txt) return absl::StrCat("metrics: ", csv, " (no curve: the folder's name has a control character)");
   std::ofstream gp(script);
   gp << "set datafile separator ','\n"
      << "set key autotitle columnhead bottom right\n"
      << "set yrange [-0.2:1.05]\n"
      << "set terminal pngcairo size 1100,450 noenhanced\n"
-     << "set output '" << (dir_ / "reward_curve.png").string() << "'\n"
+     << "set output " << *png << "\n"
      << "set multiplot layout 1,2\n"
      << "set xlabel 'step'\n"
-     << "plot '" << csv << "' using 1:4 with lines lw 1, '' using 1:7 with linespoints lw 2 pt 7\n"
+     << "plot " << *data << " using 1:4 with lines lw 1, '' using 1:7 with linespoints lw 2 pt 7\n"
      << "set xlabel 'seconds'\n"
-     << "plot '" << csv << "' using 2:4 with lines lw 1, '' using 2:7 with linespoints lw 2 pt 7\n"
+     << "plot " << *data << " using 2:4 with lines lw 1, '' using 2:7 with linespoints lw 2 pt 7\n"
      << "unset multiplot\n"
      << "set terminal dumb size 100,24\n"
-     << "set output '" << (dir_ / "reward_curve.txt").string() << "'\n"
+     << "set output " << *txt << "\n"
      << "set xlabel 'step'\n"
-     << "plot '" << csv << "' using 1:4 with lines, '' using 1:7 with points pt '*'\n";
+     << "plot " << *data << " using 1:4 with lines, '' using 1:7 with points pt '*'\n";
   gp.close();
-  const std::string cmd = absl::StrCat("gnuplot '", script.string(), "' >/dev/null 2>&1");
-  if (std::system(cmd.c_str()) != 0) {
-    return absl::StrCat("metrics: ", csv, " (gnuplot failed on ", script.string(), ")");
+  // Exec'd with the script as its one argument: no shell reads any of these paths.
+  if (absl::Status s = common::RunProgram({"gnuplot", script.string()}, absl::Seconds(60)); !s.ok()) {
+    return absl::StrCat("metrics: ", csv, " (gnuplot failed on ", script.string(), ": ", s.message(), ")");
   }
   return absl::StrCat("metrics: ", csv, "\ncurve:   ", (dir_ / "reward_curve.png").string(), " (text: ",
                       (dir_ / "reward_curve.txt").string(), ")");

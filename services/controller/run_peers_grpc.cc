@@ -46,6 +46,11 @@ class GrpcRolloutReplica : public RolloutReplica, Peer<v1::RolloutService> {
     v1::CommitWeightsResponse response;
     return rpc::ToAbslStatus(stub_->UpdateWeights(Context().get(), request, &response));
   }
+  absl::StatusOr<uint64_t> InstalledVersion() override {
+    v1::GetInfoResponse info;
+    RETURN_IF_ERROR(rpc::ToAbslStatus(stub_->GetInfo(Context().get(), {}, &info)));
+    return info.installed_version().version();
+  }
   absl::Status Drain() override {
     v1::DrainRequest request;  // grace 0: the pool has nothing in flight on it
     v1::DrainResponse response;
@@ -71,9 +76,9 @@ class GrpcBufferPeer : public BufferPeer, Peer<v1::BufferService> {
     v1::ConfigureResponse response;
     return rpc::ToAbslStatus(stub_->Configure(Context().get(), request, &response));
   }
-  absl::Status PutExperiences(const v1::PutExperiencesRequest& request) override {
-    v1::PutExperiencesResponse response;
-    return rpc::ToAbslStatus(stub_->PutExperiences(Context().get(), request, &response));
+  absl::Status PutExperiences(const v1::PutExperiencesRequest& request,
+                              v1::PutExperiencesResponse* response) override {
+    return rpc::ToAbslStatus(stub_->PutExperiences(Context().get(), request, response));
   }
 };
 
@@ -84,7 +89,15 @@ class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {
     return rpc::ToAbslStatus(stub_->TrainStep(Context().get(), request, response));
   }
   absl::Status PublishWeights(v1::PublishWeightsResponse* response) override {
-    return rpc::ToAbslStatus(stub_->PublishWeights(Context().get(), {}, response));
+    // Idempotent: a run starts by publishing the trainer's current version, which an
+    // earlier run may have published already.
+    v1::PublishWeightsRequest request;
+    request.set_idempotent(true);
+    return rpc::ToAbslStatus(stub_->PublishWeights(Context().get(), request, response));
+  }
+  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
+                              v1::SaveCheckpointResponse* response) override {
+    return rpc::ToAbslStatus(stub_->SaveCheckpoint(Context().get(), request, response));
   }
 };
 
@@ -96,6 +109,7 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     v1::RegisterDestinationRequest reg;
     reg.set_replica_id(replica_address);
     reg.set_grpc_address(replica_address);
+    reg.set_can_relay(true);  // rollout replicas serve what they installed to others
     v1::RegisterDestinationResponse registered;
     return rpc::ToAbslStatus(stub_->RegisterDestination(Context().get(), reg, &registered));
   }
@@ -124,8 +138,9 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     for (const v1::DestinationSyncStatus& d : synced.destinations()) {
       by_id[d.replica_id()] = d.phase() == v1::SYNC_PHASE_INSTALLED
                                   ? absl::OkStatus()
-                                  : absl::Status(d.error_code() != 0 ? static_cast<absl::StatusCode>(d.error_code())
-                                                                     : absl::StatusCode::kUnknown,
+                                  : absl::Status(d.error_code() > 0 && d.error_code() <= 16  // (a code gRPC knows)
+                                                     ? static_cast<absl::StatusCode>(d.error_code())
+                                                     : absl::StatusCode::kUnknown,
                                                  d.error());
     }
     for (size_t i = 0; i < replica_addresses.size(); ++i) {
@@ -159,6 +174,10 @@ class TrainerThroughWeights : public TrainerPeer {
     RETURN_IF_ERROR(inner_->PublishWeights(response));
     return common::Annotate(route_->Publish(*response), "weights service PublishVersion");
   }
+  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
+                              v1::SaveCheckpointResponse* response) override {
+    return inner_->SaveCheckpoint(request, response);
+  }
 
  private:
   const std::unique_ptr<TrainerPeer> inner_;
@@ -188,6 +207,7 @@ class ReplicaThroughWeights : public RolloutReplica {
     }
     return route_->InstallAll(addresses, request);
   }
+  absl::StatusOr<uint64_t> InstalledVersion() override { return inner_->InstalledVersion(); }
   absl::Status Drain() override { return inner_->Drain(); }
 
  private:

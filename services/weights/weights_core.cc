@@ -236,7 +236,7 @@ absl::Status WeightsCore::RegisterDestination(const v1::RegisterDestinationReque
   RETURN_IF_ERROR(CheckRegisterDestination(request));
   std::shared_ptr<Destination> d = factory_(request.grpc_address());
   absl::MutexLock lock(&mu_);
-  destinations_[request.replica_id()] = {request.grpc_address(), std::move(d), request.layout()};
+  destinations_[request.replica_id()] = {request.grpc_address(), std::move(d), request.layout(), request.can_relay()};
   if (!versions_.empty()) {
     const Version& latest = versions_.rbegin()->second;
     *response->mutable_latest_version() = latest.manifest.version();
@@ -534,7 +534,9 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Sync(const std::string& r
                           absl::ToDoubleMilliseconds(took), installed.status().ToString()));
       return installed.status();
     }
-    if (installed->has_relay_source() && installed->relay_source().has_segment()) {
+    auto registered = destinations_.find(replica_id);
+    const bool can_relay = registered != destinations_.end() && registered->second.can_relay;
+    if (can_relay && installed->has_relay_source() && installed->relay_source().has_segment()) {
       v->second.holders.push_back({replica_id, installed->relay_source()});
     }
     RecordInstalledLocked(version, s, from, *installed, took, /*pushed=*/false);
@@ -602,6 +604,30 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncAll(uint
   return SyncSome(version, {}, timeout);
 }
 
+std::vector<std::vector<std::string>> WeightsCore::ChainsOf(const std::vector<std::string>& ids) {
+  // Only a destination registered with can_relay forwards bytes: relays are spread over
+  // --relay_fanout chains; one that may not relay ends a chain, or is a chain of its own.
+  std::vector<std::string> relays, leaves;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : ids) {
+      auto d = destinations_.find(id);
+      (d != destinations_.end() && d->second.can_relay ? relays : leaves).push_back(id);
+    }
+  }
+  const size_t n = relay_fanout_ > 0 ? std::min<size_t>(relays.size(), relay_fanout_) : relays.size();
+  std::vector<std::vector<std::string>> chains(n);
+  for (size_t i = 0; i < relays.size(); ++i) chains[i % n].push_back(relays[i]);
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (i < n) {
+      chains[i].push_back(leaves[i]);
+    } else {
+      chains.push_back({leaves[i]});
+    }
+  }
+  return chains;
+}
+
 absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncSome(uint64_t version,
                                                                              std::vector<std::string> ids,
                                                                              absl::Duration timeout) {
@@ -617,9 +643,9 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncSome(uin
   if (push_ && !ids.empty()) {
     // Chains of replicas (--relay_fanout of them; 0: each replica its own), each pushed
     // in one round; the replicas a push missed pull the version instead.
-    const size_t chains = relay_fanout_ > 0 ? std::min<size_t>(ids.size(), relay_fanout_) : ids.size();
-    std::vector<std::vector<std::string>> members(chains), missed(chains);
-    for (size_t i = 0; i < ids.size(); ++i) members[i % chains].push_back(ids[i]);
+    std::vector<std::vector<std::string>> members = ChainsOf(ids);
+    const size_t chains = members.size();
+    std::vector<std::vector<std::string>> missed(chains);
     std::vector<std::thread> rounds;
     absl::Status spawned = absl::OkStatus();
     for (size_t c = 0; c < chains && spawned.ok(); ++c) {

@@ -191,9 +191,14 @@ class WeightsCore {
     std::string grpc_address;
     std::shared_ptr<Destination> destination;
     v1::ShardLayout layout;  // world_size 0: one rank holding everything
+    bool can_relay = false;  // may forward the bytes to other destinations
   };
   absl::StatusOr<v1::DestinationSyncStatus> Sync(const std::string& replica_id, uint64_t version,
                                                  absl::Duration timeout);
+  // The push chains for `ids` (each pushed in one round, its members relaying in order):
+  // destinations registered with can_relay spread over --relay_fanout chains (0: each
+  // its own); any other destination ends a chain or is a chain of its own.
+  std::vector<std::vector<std::string>> ChainsOf(const std::vector<std::string>& ids) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t Resolve(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The version a sync of `ids` means (0: the latest). NOT_FOUND for a version not
   // published or an id not registered.

@@ -212,6 +212,36 @@ TEST(ControllerBinary, BadFlagsExitWithAClearMessage) {
       << process.output();
 }
 
+// Issue 18: `rlfleet try` without --rollout aborted (a StatusOr of a channel to "" was
+// dereferenced). Missing or out-of-range flags are usage errors: a message naming the
+// flag, exit code 2, never a signal.
+TEST(Cli, MissingOrBadFlagsAreUsageErrorsNotAborts) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"try"}, "--rollout is required"},
+      {{"try", "--reward=127.0.0.1:1"}, "--rollout is required"},
+      {{"try", "--rollout=127.0.0.1:1"}, "--reward is required"},
+      {{"try", "--rollout=127.0.0.1:1", "--reward=127.0.0.1:1", "--samples=-1"}, "--samples=-1 is outside 1..64"},
+      {{"train"}, "--trainer is required"},
+      {{"train", "--trainer=127.0.0.1:1", "--groups=0"}, "--groups=0 is outside 1..1024"},
+  };
+  for (const Case& k : cases) {
+    Subprocess cli;
+    std::vector<std::string> argv = {RunfilePath("services/controller/rlfleet")};
+    argv.insert(argv.end(), k.args.begin(), k.args.end());
+    ASSERT_TRUE(cli.Start(argv).ok());
+    auto status = cli.Wait(absl::Seconds(20));
+    ASSERT_TRUE(status.ok());
+    ASSERT_TRUE(WIFEXITED(*status)) << "killed by signal " << WTERMSIG(*status) << ": " << cli.output();
+    EXPECT_EQ(WEXITSTATUS(*status), 2) << cli.output();
+    EXPECT_TRUE(absl::StrContains(cli.output(), k.says)) << cli.output();
+    EXPECT_TRUE(absl::StrContains(cli.output(), "usage: rlfleet")) << cli.output();
+  }
+}
+
 TEST(ControllerBinary, WatchReplicasStreamsChangesAndEndsOnCancel) {
   Subprocess process;
   const std::string address = StartController(process, {});

@@ -115,7 +115,9 @@ struct LoopFleet {
     b = Start(buffer, "services/buffer/rlfleet-buffer", {});
     for (int i = 0; i < rollouts; ++i) {
       rollout.push_back(std::make_unique<Subprocess>());
-      o.push_back(Start(*rollout.back(), "services/rollout/rlfleet-rollout", model));
+      std::vector<std::string> rollout_flags = model;  // (the trainer's files: read only under --publish_dir)
+      rollout_flags.push_back("--publish_dir=" + std::string(getenv("TEST_TMPDIR")) + "/" + name);
+      o.push_back(Start(*rollout.back(), "services/rollout/rlfleet-rollout", rollout_flags));
     }
     std::vector<std::string> trainer_flags = model;
     trainer_flags.push_back("--buffer=" + b);
@@ -338,6 +340,55 @@ TEST(Fleet, TheControllerRunsTheLoopAndStopsOnRequest) {
   fleet.Stop();
 }
 
+// Issue 18: a second run on the same fleet trained nothing (every step idle, the
+// policy version frozen) and still ended COMPLETED. The buffer refused the second run's
+// experiences as duplicates of the first's (the same request ids). Two runs, one after
+// the other, on one fleet: the second trains and its policy version moves on from the
+// first's.
+TEST(Fleet, ASecondRunOnTheSameFleetTrains) {
+  LoopFleet fleet("weights-twice", 1);
+  Subprocess controller;
+  const std::string runs = std::string(getenv("TEST_TMPDIR")) + "/runs-twice";
+  const std::string c = Start(controller, "services/controller/rlfleet-controller",
+                              {"--rollout=" + fleet.rollouts(), "--reward=" + fleet.r, "--buffer=" + fleet.b,
+                               "--trainer=" + fleet.t, "--runs_dir=" + runs});
+  ASSERT_TRUE(fleet.ok() && !c.empty());
+  // Each run's rows of metrics.csv: (policy_version, idle_steps) per step.
+  auto run = [&]() -> std::vector<std::pair<uint64_t, int>> {
+    Subprocess p;
+    EXPECT_TRUE(p.Start({RunfilePath("services/controller/rlfleet"), "run", "--controller=" + c, "--steps=3",
+                         "--eval_every=3", "--loop_prompts=4", "--loop_samples=4", "--max_len=3", "--timeout=60s"})
+                    .ok());
+    auto done = p.Wait(absl::Seconds(180));
+    EXPECT_TRUE(done.ok());
+    EXPECT_EQ(WEXITSTATUS(*done), 0) << p.output() << "\ncontroller:\n" << controller.output();
+    EXPECT_TRUE(absl::StrContains(p.output(), "RUN_STATE_COMPLETED")) << p.output();
+    const std::string started = p.output().substr(p.output().find("run ") + 4);
+    std::ifstream csv(runs + "/" + started.substr(0, started.find(' ')) + "/metrics.csv");
+    std::vector<std::pair<uint64_t, int>> rows;
+    std::string line;
+    std::getline(csv, line);  // header
+    while (std::getline(csv, line)) {
+      const std::vector<std::string> f = absl::StrSplit(line, ',');
+      uint64_t version = 0;
+      int idle = 0;
+      EXPECT_TRUE(f.size() > 5 && absl::SimpleAtoi(f[2], &version) && absl::SimpleAtoi(f[5], &idle)) << line;
+      rows.emplace_back(version, idle);
+    }
+    return rows;
+  };
+  const auto first = run();
+  const auto second = run();
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_EQ(second.size(), 3u);
+  EXPECT_LT(second.back().second, 3) << "every step of the second run was idle";
+  EXPECT_GE(second.front().first, first.back().first) << "the second run started from an older version";
+  EXPECT_GT(second.back().first, second.front().first) << "the second run's policy version did not move";
+  ASSERT_TRUE(controller.Signal(SIGTERM).ok());
+  ASSERT_TRUE(controller.Wait(absl::Seconds(30)).ok());
+  fleet.Stop();
+}
+
 // Rollout replicas found through the registry: one registers and the run uses it; a
 // second registers mid-run, gets the current weights, is admitted and generates; the
 // first leaves (SIGTERM: it deregisters) and the run goes on.
@@ -348,7 +399,9 @@ TEST(Fleet, RolloutReplicasJoinAndLeaveARunThroughTheRegistry) {
                               {"--reward=" + fleet.r, "--buffer=" + fleet.b, "--trainer=" + fleet.t, "--runs_dir="});
   ASSERT_TRUE(fleet.ok() && !c.empty());
   const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1",
-                                          "--registry_address=" + c};
+                                          "--registry_address=" + c,
+                                          // (the trainer's version files: read only under --publish_dir)
+                                          "--publish_dir=" + std::string(getenv("TEST_TMPDIR")) + "/scale"};
   auto registered = [](Subprocess& p) {
     return p.WaitForLine([](const std::string& l) { return absl::StrContains(l, "registered as "); },
                          absl::Seconds(60));

@@ -34,11 +34,12 @@ std::unique_ptr<grpc::ClientContext> Context(int seconds = 60) {
   return c;
 }
 
-// Registers the replica at `address` as destination `id`.
+// Registers the replica at `address` as destination `id`, one that may relay.
 void Register(v1::WeightsService::Stub& service, const std::string& id, const std::string& address) {
   v1::RegisterDestinationRequest reg;
   reg.set_replica_id(id);
   reg.set_grpc_address(address);
+  reg.set_can_relay(true);
   v1::RegisterDestinationResponse out;
   grpc::Status s = service.RegisterDestination(Context().get(), reg, &out);
   ASSERT_TRUE(s.ok()) << s.error_message();

@@ -18,114 +18,10 @@
 #include "libs/tasks/tasks.h"
 #include "services/controller/controller_core.h"
 #include "services/controller/discovery.h"
+#include "services/controller/tests/fake_peers.h"
 
 namespace rlfleet::controller {
 namespace {
-
-// Answers every prompt correctly; can be made to fail from its n-th call on.
-class FakeRollout : public RolloutReplica {
- public:
-  FakeRollout(std::string address, int fail_from_call = -1, absl::Status failure = absl::UnavailableError("gone"),
-              absl::Duration latency = absl::ZeroDuration())
-      : address_(std::move(address)), fail_from_(fail_from_call), failure_(std::move(failure)), latency_(latency) {}
-  std::string address() const override { return address_; }
-  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request,
-                             v1::GenerateBatchResponse* response) override {
-    absl::SleepFor(latency_);  // a slow (or loaded) replica
-    absl::MutexLock lock(&mu_);
-    if (fail_from_ >= 0 && calls_ >= fail_from_) return failure_;
-    ++calls_;
-    for (const auto& p : request.prompts()) {
-      ++prompts_;
-      const std::string answer = *tasks::FindTask(p.task())->Solve(p.prompt_id());
-      const std::vector<int32_t> tokens = *model::Tokenizer::EncodeResponse(answer);
-      for (uint32_t s = 0; s < request.num_samples(); ++s) {
-        v1::Experience* e = response->add_completions();
-        e->mutable_experience_id()->set_value(absl::StrCat(address_, "-", ids_++));
-        e->set_task(p.task());
-        e->set_group_id(p.group_id());
-        for (int32_t t : tokens) {
-          e->add_response_token_ids(t);
-          e->add_token_policy_versions(version_);
-        }
-      }
-    }
-    return absl::OkStatus();
-  }
-  absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    version_ = request.manifest().version().version();
-    ++updates_;
-    return absl::OkStatus();
-  }
-  absl::Status Drain() override {
-    absl::MutexLock lock(&mu_);
-    *drained_ = true;
-    return absl::OkStatus();
-  }
-  uint64_t version() {
-    absl::MutexLock lock(&mu_);
-    return version_;
-  }
-  // Whether it was drained; the flag outlives the replica (a pool that removes a
-  // replica destroys it).
-  std::shared_ptr<std::atomic<bool>> drained_flag() const { return drained_; }
-  int prompts() {
-    absl::MutexLock lock(&mu_);
-    return prompts_;
-  }
-
- private:
-  const std::string address_;
-  const int fail_from_;
-  const absl::Status failure_;
-  const absl::Duration latency_;
-  absl::Mutex mu_;
-  int calls_ = 0, prompts_ = 0, ids_ = 0, updates_ = 0;
-  uint64_t version_ = 0;
-  const std::shared_ptr<std::atomic<bool>> drained_ = std::make_shared<std::atomic<bool>>(false);
-};
-
-class FakeReward : public RewardPeer {
- public:
-  absl::Status Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) override {
-    for (const auto& item : request.items()) {
-      response->add_results()->set_reward(item.response_text() == item.reference_answer() ? 1.0f : 0.0f);
-    }
-    return absl::OkStatus();
-  }
-};
-
-class FakeBuffer : public BufferPeer {
- public:
-  absl::Status Configure(const v1::ConfigureRequest&) override { return absl::OkStatus(); }
-  absl::Status PutExperiences(const v1::PutExperiencesRequest& request) override {
-    experiences += request.experiences_size();
-    for (const auto& e : request.experiences()) {
-      EXPECT_TRUE(ids.insert(e.experience_id().value()).second) << "duplicate " << e.experience_id().value();
-    }
-    return absl::OkStatus();
-  }
-  int experiences = 0;
-  std::set<std::string> ids;
-};
-
-class FakeTrainer : public TrainerPeer {
- public:
-  absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) override {
-    last_max_staleness = request.buffer().max_staleness();
-    response->mutable_metrics()->set_entropy(0.5f);
-    ++steps;
-    return absl::OkStatus();
-  }
-  absl::Status PublishWeights(v1::PublishWeightsResponse* response) override {
-    response->mutable_manifest()->mutable_version()->set_version(++version);
-    return absl::OkStatus();
-  }
-  int steps = 0;
-  uint64_t version = 0;
-  uint32_t last_max_staleness = 0;
-};
 
 LoopConfig Small() {
   LoopConfig c;
@@ -184,6 +80,7 @@ TEST(RunLoop, AReplicaThatDiesLosesNothing) {
   EXPECT_EQ(*run.progress.back().held_out_exact, 1.0);
   // Replica a served everything after b died (b had one call: step 1's first share).
   EXPECT_GT(a->prompts(), 3 * 6);
+  EXPECT_EQ(run.buffer.duplicates, 0);
 }
 
 TEST(RolloutPool, EveryReplicaGetsWorkAndAFasterOneTakesMore) {
@@ -332,6 +229,162 @@ TEST(RunLoop, BadConfigAndRejectedRequestsAreClearErrors) {
   EXPECT_EQ(run.pool.live(), 2);
 }
 
+// Issue 18: a second run on the same fleet trained nothing. The buffer remembers every
+// experience id it has seen, and the loop's request ids (so the replicas' experience
+// ids) were the same in every run: the second run's experiences were all duplicates,
+// every step was idle, and the run still completed.
+TEST(RunLoop, ASecondRunOnTheSameBufferAndTrainerTrains) {
+  FakeBuffer buffer;
+  FakeTrainer trainer(&buffer);
+  FakeReward reward(FakeReward::Mode::kAlternate);
+  std::atomic<bool> stop{false};
+  uint64_t first_version = 0;
+  for (int run = 0; run < 2; ++run) {
+    RolloutPool pool(Pool(std::make_unique<FakeRollout>("a")), nullptr);
+    std::vector<LoopProgress> progress;
+    absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop,
+                             [&](const LoopProgress& p) { progress.push_back(p); });
+    ASSERT_TRUE(s.ok()) << "run " << run << ": " << s;
+    ASSERT_EQ(progress.size(), 3u);
+    EXPECT_EQ(progress.back().idle_steps, 0) << "run " << run;
+    EXPECT_EQ(buffer.duplicates, 0) << "run " << run;
+    if (run == 0) first_version = progress.back().policy_version;
+    if (run == 1) {
+      EXPECT_GT(progress.back().policy_version, first_version);
+    }
+  }
+  EXPECT_EQ(trainer.steps, 6);
+}
+
+TEST(RunLoop, ABufferThatTakesNoneOfAStepsExperiencesFailsTheRun) {
+  FakeRun run(Pool(std::make_unique<FakeRollout>("a")));
+  // A buffer that has seen every id (as the first run's ids were, to the second).
+  class Seen : public FakeBuffer {
+   public:
+    absl::Status PutExperiences(const v1::PutExperiencesRequest& request,
+                                v1::PutExperiencesResponse* response) override {
+      response->set_duplicates(request.experiences_size());
+      return absl::OkStatus();
+    }
+  } seen;
+  RolloutPool pool(Pool(std::make_unique<FakeRollout>("b")), nullptr);
+  std::atomic<bool> stop{false};
+  absl::Status s = RunLoop(Small(), pool, run.reward, seen, run.trainer, stop, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "step 1")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "accepted none")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "duplicates")) << s;
+}
+
+TEST(RunLoop, ARunWhoseEveryStepIsIdleFailsSayingWhy) {
+  FakeBuffer buffer;
+  FakeTrainer trainer(&buffer);
+  FakeReward reward(FakeReward::Mode::kConstant);  // no group ever varies
+  RolloutPool pool(Pool(std::make_unique<FakeRollout>("a")), nullptr);
+  std::atomic<bool> stop{false};
+  std::vector<LoopProgress> progress;
+  absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop,
+                           [&](const LoopProgress& p) { progress.push_back(p); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "every one of the 3 steps was idle")) << s;
+  ASSERT_EQ(progress.size(), 3u);
+  EXPECT_EQ(progress.back().idle_steps, 3);
+  EXPECT_EQ(trainer.steps, 0);
+  // Idle steps among trained ones are fine (UNAVAILABLE without a signal is not retried).
+  EXPECT_EQ(trainer.calls, 3);
+}
+
+TEST(RunLoop, TrainerUnavailableWithALearningSignalIsRetriedThenFails) {
+  {
+    FakeBuffer buffer;
+    FakeTrainer trainer(&buffer);
+    trainer.unavailable = 2;  // restarting: two refusals, then it answers
+    FakeReward reward(FakeReward::Mode::kAlternate);
+    RolloutPool pool(Pool(std::make_unique<FakeRollout>("a")), nullptr);
+    std::atomic<bool> stop{false};
+    std::vector<LoopProgress> progress;
+    LoopConfig c = Small();
+    c.unavailable_retry = absl::Seconds(30);
+    absl::Status s = RunLoop(c, pool, reward, buffer, trainer, stop,
+                             [&](const LoopProgress& p) { progress.push_back(p); });
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(trainer.steps, 3);
+    EXPECT_EQ(progress.back().idle_steps, 0);  // not "nothing to learn"
+  }
+  FakeBuffer buffer;
+  FakeTrainer trainer(&buffer);
+  trainer.unavailable = 1 << 30;  // gone for good
+  FakeReward reward(FakeReward::Mode::kAlternate);
+  RolloutPool pool(Pool(std::make_unique<FakeRollout>("a")), nullptr);
+  std::atomic<bool> stop{false};
+  LoopConfig c = Small();
+  c.unavailable_retry = absl::Milliseconds(300);
+  absl::Status s = RunLoop(c, pool, reward, buffer, trainer, stop, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "step 1")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "learning signal")) << s;
+  EXPECT_GT(trainer.calls, 1);
+}
+
+// A replica's FAILED_PRECONDITION to UpdateWeights is "installed" only when it serves
+// exactly that version; one that serves another cannot serve this run and is dropped.
+TEST(RolloutPool, AReplicaRefusingAVersionCountsAsInstalledOnlyIfItServesIt) {
+  auto same = std::make_unique<FakeRollout>("same");
+  auto newer = std::make_unique<FakeRollout>("newer");
+  auto busy = std::make_unique<FakeRollout>("busy");
+  same->SetVersion(5);    // has it already: FAILED_PRECONDITION, and serves 5
+  newer->SetVersion(9);   // from another run: FAILED_PRECONDITION, serves 9
+  busy->FailUpdates(absl::FailedPreconditionError("version 4 is being installed; retry after it"));
+  std::vector<std::string> logs;
+  RolloutPool pool(Pool(std::move(same), std::move(newer), std::move(busy)),
+                   [&](const std::string& l) { logs.push_back(l); });
+  v1::PrepareWeightsRequest update;
+  update.mutable_manifest()->mutable_version()->set_version(5);
+  ASSERT_TRUE(pool.UpdateWeights(update).ok());
+  EXPECT_EQ(pool.addresses(), (std::vector<std::string>{"same"}));
+  ASSERT_EQ(logs.size(), 2u);
+  EXPECT_TRUE(absl::StrContains(logs[0], "serves version 9")) << logs[0];
+  EXPECT_TRUE(absl::StrContains(logs[1], "being installed")) << logs[1];
+  // Joining works the same way.
+  auto stale = std::make_unique<FakeRollout>("stale");
+  stale->SetVersion(7);
+  absl::Status joined = pool.Admit(std::move(stale));
+  EXPECT_EQ(joined.code(), absl::StatusCode::kFailedPrecondition) << joined;
+  EXPECT_TRUE(absl::StrContains(joined.message(), "serves version 7")) << joined;
+  auto current = std::make_unique<FakeRollout>("current");
+  current->SetVersion(5);
+  EXPECT_TRUE(pool.Admit(std::move(current)).ok());
+  // None left that serves the run's version: the error says why.
+  auto only = std::make_unique<FakeRollout>("only");
+  only->SetVersion(50);
+  RolloutPool none(Pool(std::move(only)), nullptr);
+  absl::Status s = none.UpdateWeights(update);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "serves version 50")) << s;
+}
+
+TEST(RunLoop, RunFieldsReachThePeers) {
+  FakeRun run(Pool(std::make_unique<FakeRollout>("a")));
+  LoopConfig c = Small();
+  c.run_id = "run-fields";
+  c.clip_ratio = 0.3;
+  c.checkpoint_dir = "ckpt";
+  c.checkpoint_every = 2;
+  ASSERT_TRUE(run.Run(c).ok());
+  EXPECT_FLOAT_EQ(run.trainer.last_params.clip_ratio(), 0.3f);
+  ASSERT_EQ(run.buffer.configured.size(), 1u);
+  EXPECT_EQ(run.buffer.configured[0].run_id(), "run-fields");
+  // Every 2 steps, and at the end (step 3).
+  EXPECT_EQ(run.trainer.checkpoints, (std::vector<std::string>{"ckpt/run-fields-step-2", "ckpt/run-fields-step-3"}));
+  EXPECT_EQ(run.progress.back().last_checkpoint, "ckpt/run-fields-step-3");
+  // A checkpoint the trainer cannot write fails the run.
+  FakeRun failing(Pool(std::make_unique<FakeRollout>("a")));
+  failing.trainer.checkpoint_failure = absl::PermissionDeniedError("read-only file system");
+  absl::Status s = failing.Run(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "SaveCheckpoint ckpt/run-fields-step-2")) << s;
+}
+
 TEST(RunManager, RunConfigErrorsNameTheField) {
   v1::RunConfig c;
   c.set_max_staleness(500);
@@ -370,13 +423,13 @@ TEST(RunManager, StartRunsAndStopStops) {
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(runs.Start(c, "").status().code(), absl::StatusCode::kFailedPrecondition);
   v1::StopRunResponse stopped;
-  ASSERT_TRUE(runs.Stop("", absl::Seconds(30), &stopped).ok());
+  ASSERT_TRUE(runs.Stop("", false, absl::Seconds(30), &stopped).ok());
   EXPECT_EQ(stopped.state(), v1::RUN_STATE_STOPPED);
   v1::GetStatusResponse status;
   runs.Fill(&status);
   EXPECT_EQ(status.run_id(), *id);
   EXPECT_EQ(status.state(), v1::RUN_STATE_STOPPED);
-  EXPECT_EQ(runs.Stop("other", absl::Seconds(1), &stopped).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(runs.Stop("other", false, absl::Seconds(1), &stopped).code(), absl::StatusCode::kNotFound);
   // A finished run makes room for the next.
   c.set_total_steps(2);
   ASSERT_TRUE(runs.Start(c, "second").ok());
@@ -502,10 +555,65 @@ TEST(Discovery, RegisteredRolloutReplicasJoinTheActiveRunAndDeregisteredOnesLeav
   EXPECT_TRUE(*late_drained);
   EXPECT_TRUE(has("early:1"));
   v1::StopRunResponse stopped;
-  ASSERT_TRUE(runs.Stop("", absl::Seconds(30), &stopped).ok());
+  ASSERT_TRUE(runs.Stop("", false, absl::Seconds(30), &stopped).ok());
   discovery->reset();
   absl::MutexLock lock(&mu);
   EXPECT_TRUE(logs.empty()) << logs.front();
+}
+
+// A replica that registers mid-run but serves another version (FAILED_PRECONDITION to
+// the run's) is not taken for "no active run" and dropped silently: the refusal is
+// logged and it is not in the pool.
+TEST(Discovery, AJoiningReplicaThatServesAnotherVersionIsRefusedAndLogged) {
+  Registry r;
+  auto factory = []() -> absl::StatusOr<RunPeers> {
+    RunPeers peers;
+    peers.rollouts.push_back(std::make_unique<FakeRollout>("a"));
+    peers.reward = std::make_unique<FakeReward>();
+    peers.buffer = std::make_unique<FakeBuffer>();
+    peers.trainer = std::make_unique<FakeTrainer>();
+    return peers;
+  };
+  RunManager runs(factory, nullptr);
+  absl::Mutex mu;
+  std::vector<std::string> logs;
+  auto discovery = RolloutDiscovery::Start(
+      &r.core, &runs,
+      [](const std::string& address) -> absl::StatusOr<std::unique_ptr<RolloutReplica>> {
+        auto replica = std::make_unique<FakeRollout>(address);
+        replica->SetVersion(1000);  // another fleet's run
+        return replica;
+      },
+      [&](const std::string& line) {
+        absl::MutexLock lock(&mu);
+        logs.push_back(line);
+      });
+  ASSERT_TRUE(discovery.ok()) << discovery.status();
+  v1::RunConfig c;
+  c.set_total_steps(0);
+  c.set_batch_size(2);
+  c.set_group_size(2);
+  ASSERT_TRUE(runs.Start(c, "").ok());
+  // After its first step the run has installed weights: a joiner is checked at once.
+  ASSERT_TRUE(Eventually([&] {
+    v1::GetStatusResponse status;
+    runs.Fill(&status);
+    return status.step() >= 1;
+  }));
+  r.Add(v1::REPLICA_ROLE_ROLLOUT, "other:9");
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&mu);
+    return !logs.empty();
+  }));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(absl::StrContains(logs[0], "other:9")) << logs[0];
+    EXPECT_TRUE(absl::StrContains(logs[0], "serves version 1000")) << logs[0];
+  }
+  EXPECT_EQ(runs.RolloutAddresses(), (std::vector<std::string>{"a"}));
+  v1::StopRunResponse stopped;
+  ASSERT_TRUE(runs.Stop("", false, absl::Seconds(30), &stopped).ok());
+  discovery->reset();
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <thread>
 #include <iterator>
 
@@ -262,7 +263,8 @@ struct RelayingReplica : Destination {
 };
 
 struct RelayFixture {
-  explicit RelayFixture(int fanout, int replicas)
+  // Replicas r0..r<replicas-1>, each registered with can_relay unless named in no_relay.
+  explicit RelayFixture(int fanout, int replicas, std::set<std::string> no_relay = {})
       : core([this](const std::string& address) -> std::unique_ptr<Destination> {
                 auto d = std::make_unique<RelayingReplica>();
                 made[address] = d.get();
@@ -274,6 +276,7 @@ struct RelayFixture {
       v1::RegisterDestinationRequest reg;
       reg.set_replica_id(absl::StrCat("r", i));
       reg.set_grpc_address(absl::StrCat("r", i, ":1"));
+      reg.set_can_relay(!no_relay.count(reg.replica_id()));
       v1::RegisterDestinationResponse registered;
       EXPECT_TRUE(core.RegisterDestination(reg, &registered).ok());
     }
@@ -451,6 +454,17 @@ TEST(WeightsRelay, ParallelSyncsFormAChainAndEveryReplicaGetsEveryByte) {
   for (const auto& [sender, n] : served) EXPECT_LE(n, 1) << sender;
 }
 
+// A replica registered without can_relay never forwards bytes: it is never the source
+// of another replica's pull.
+TEST(WeightsRelay, AReplicaThatMayNotRelayIsNeverASource) {
+  RelayFixture f(/*fanout=*/1, /*replicas=*/3, /*no_relay=*/{"r0", "r1", "r2"});
+  for (const std::string id : {"r0", "r1", "r2"}) {
+    const v1::DestinationSyncStatus s = f.Sync(id);
+    EXPECT_EQ(s.phase(), v1::SYNC_PHASE_INSTALLED) << id;
+    EXPECT_EQ(s.relayed_from(), "") << id << " was fed by a replica that may not relay";
+  }
+}
+
 // Fan-out 2: the service feeds two, each replica at most two more.
 TEST(WeightsRelay, FanoutBoundsWhatEverySenderSends) {
   RelayFixture f(/*fanout=*/2, /*replicas=*/7);
@@ -624,7 +638,7 @@ std::map<std::string, model::TensorBlob> Tensors() {
 }
 
 struct PushFixture {
-  explicit PushFixture(int replicas, int fanout)
+  explicit PushFixture(int replicas, int fanout, std::set<std::string> no_relay = {})
       : core(
             [this](const std::string& address) -> std::unique_ptr<Destination> {
               auto d = std::make_unique<PushedReplica>();
@@ -638,6 +652,7 @@ struct PushFixture {
       v1::RegisterDestinationRequest reg;
       reg.set_replica_id(absl::StrCat("r", i));
       reg.set_grpc_address(absl::StrCat("r", i, ":1"));
+      reg.set_can_relay(!no_relay.count(reg.replica_id()));
       v1::RegisterDestinationResponse registered;
       EXPECT_TRUE(core.RegisterDestination(reg, &registered).ok());
     }
@@ -672,6 +687,20 @@ void ExpectEveryTensor(const PushedReplica& r, const std::string& id) {
     auto it = r.tensors.find(name);
     ASSERT_NE(it, r.tensors.end()) << id << " lacks " << name;
     EXPECT_EQ(it->second, blob.bytes) << id << ": " << name;
+  }
+}
+
+// In a push chain, a replica that may not relay comes last: r1 is fed, feeds nobody.
+TEST(WeightsPush, AReplicaThatMayNotRelayEndsItsChain) {
+  PushFixture f(3, 1, /*no_relay=*/{"r1"});
+  f.PublishImage(4);
+  auto status = f.SyncAll();
+  ASSERT_EQ(status.size(), 3u);
+  const std::map<std::string, std::string> parent = {{"r0", ""}, {"r2", "r0"}, {"r1", "r2"}};
+  for (const auto& [id, s] : status) {
+    EXPECT_EQ(s.phase(), v1::SYNC_PHASE_INSTALLED) << id << ": " << s.error();
+    EXPECT_EQ(s.relayed_from(), parent.at(id)) << id;
+    ExpectEveryTensor(*f.made[id + ":1"], id);
   }
 }
 
