@@ -4,8 +4,12 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#include <cerrno>
+#include <poll.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -41,6 +45,16 @@ Reply Convert(const redisReply* r) {
       out.type = Reply::Type::kNil;
   }
   return out;
+}
+
+// The first error reply in `r` or anywhere inside it (an EXEC's array), else null.
+// (hiredis nests at most 7 levels deep, so the recursion is bounded.)
+const Reply* FirstError(const Reply& r) {
+  if (r.type == Reply::Type::kError) return &r;
+  for (const Reply& e : r.elements) {
+    if (const Reply* found = FirstError(e); found != nullptr) return found;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -99,7 +113,8 @@ absl::Status Client::EnsureConnectedLocked() {
   return absl::OkStatus();
 }
 
-bool Client::SendLocked(const std::vector<std::vector<absl::string_view>>& commands) {
+bool Client::SendLocked(const std::vector<std::vector<absl::string_view>>& commands, size_t* sent) {
+  *sent = 0;
   // Pass 1: the framing (and arguments under 64 bytes) into headers_; each piece is a
   // range of headers_ (offset >= 0) or an argument's own bytes.
   struct Piece {
@@ -150,6 +165,7 @@ bool Client::SendLocked(const std::vector<std::vector<absl::string_view>>& comma
       if (errno == EINTR) continue;
       return false;
     }
+    *sent += static_cast<size_t>(n);
     size_t left = static_cast<size_t>(n);
     while (left > 0) {
       const size_t rest = pieces[next].length - skip;
@@ -167,34 +183,83 @@ bool Client::SendLocked(const std::vector<std::vector<absl::string_view>>& comma
 }
 
 absl::StatusOr<std::vector<Reply>> Client::RunLocked(
-    const std::vector<std::vector<absl::string_view>>& commands) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
+    const std::vector<std::vector<absl::string_view>> &commands) {
+  // A connection Redis closed while it sat idle (Redis restarted) is found before
+  // anything is sent on it and dialled again: that resend is safe, nothing of this call
+  // reached Redis. Once a byte is sent, a failure is returned and never resent: Redis
+  // may have applied the commands (INCRBY or APPEND twice would be wrong). The caller
+  // decides (the buffer's writes are idempotent by record id; the store says so).
+  for (int attempt = 0;; ++attempt) {
     RETURN_IF_ERROR(EnsureConnectedLocked());
-    bool broken = !SendLocked(commands);
-    std::vector<Reply> replies;
-    for (size_t i = 0; !broken && i < commands.size(); ++i) {
-      void* raw = nullptr;
-      if (redisGetReply(context_, &raw) != REDIS_OK || raw == nullptr) {
-        broken = true;
-        break;
-      }
-      auto* r = static_cast<redisReply*>(raw);
-      replies.push_back(Convert(r));
-      freeReplyObject(r);
+    if (!IdleConnectionAliveLocked()) {
+      DropConnectionLocked();
+      if (attempt == 0) continue;
+      return absl::UnavailableError(absl::StrCat("Redis at ", address(), " closed the connection"));
     }
-    if (!broken) {
-      for (const Reply& r : replies) {
-        if (r.type == Reply::Type::kError) {
-          return absl::InternalError(absl::StrCat("Redis error: ", r.str));
-        }
-      }
-      return replies;
+    size_t sent = 0;
+    if (!SendLocked(commands, &sent)) {
+      const int err = errno;
+      DropConnectionLocked();
+      if (sent == 0 && attempt == 0) continue;  // (nothing reached Redis: safe to send again)
+      return absl::UnavailableError(absl::StrCat("Redis at ", address(), ": sending failed after ", sent,
+                                                 " bytes (", strerror(err),
+                                                 "); the commands may or may not have been applied"));
     }
-    // The connection broke (e.g. Redis restarted): dial again once.
-    redisFree(context_);
-    context_ = nullptr;
+    break;
   }
-  return absl::UnavailableError(absl::StrCat("Redis at ", address(), " did not answer"));
+  std::vector<Reply> replies;
+  replies.reserve(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(context_, &raw) != REDIS_OK || raw == nullptr) {
+      const int err = errno;
+      bool timed_out = context_->err == REDIS_ERR_IO && (err == EAGAIN || err == EWOULDBLOCK);
+#ifdef REDIS_ERR_TIMEOUT
+      timed_out = timed_out || context_->err == REDIS_ERR_TIMEOUT;
+#endif
+      const std::string why = context_->errstr;
+      // The rest of this call's replies may still arrive on this connection: it is
+      // closed so that no later call reads them as its own.
+      DropConnectionLocked();
+      const std::string what = absl::StrCat("Redis at ", address(), " did not answer command ", i + 1, " of ",
+                                            commands.size(), " (", why,
+                                            "); the commands may or may not have been applied");
+      if (timed_out) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, ": no reply within ", absl::FormatDuration(timeout_)));
+      }
+      return absl::UnavailableError(what);
+    }
+    auto* r = static_cast<redisReply*>(raw);
+    replies.push_back(Convert(r));
+    freeReplyObject(r);
+  }
+  for (size_t i = 0; i < replies.size(); ++i) {
+    // EXEC answers with an array of the queued commands' replies: an error among them
+    // (e.g. WRONGTYPE at exec time) fails the call like a top-level error reply.
+    if (const Reply* error = FirstError(replies[i]); error != nullptr) {
+      return absl::InternalError(absl::StrCat("Redis error: ", error->str));
+    }
+    if (replies[i].is_nil() && !commands[i].empty() && absl::EqualsIgnoreCase(commands[i][0], "EXEC")) {
+      return absl::AbortedError("Redis aborted the transaction (EXEC answered nil)");
+    }
+  }
+  return replies;
+}
+
+bool Client::IdleConnectionAliveLocked() {
+  if (context_->reader != nullptr && context_->reader->len > context_->reader->pos) return false;  // stray bytes
+  pollfd p{context_->fd, POLLIN, 0};
+  const int ready = poll(&p, 1, 0);
+  if (ready == 0) return true;  // nothing to read: open as far as we can tell
+  if (ready < 0) return errno == EINTR;
+  // Readable while idle: EOF (Redis closed it), an error, or bytes nobody asked for.
+  return false;
+}
+
+void Client::DropConnectionLocked() {
+  if (context_ != nullptr) redisFree(context_);
+  context_ = nullptr;
 }
 
 namespace {

@@ -4,8 +4,11 @@
 // pointing at the caller's argument bytes (no copy of a large value: hiredis's own
 // command buffer copied every argument twice into fresh allocations whose pages the
 // kernel zeroed, a quarter of the buffer's durable-ingest profile); hiredis reads the
-// replies. A broken connection (Redis restarted) is re-dialled once per call; a Redis
-// that does not answer within the timeout is UNAVAILABLE, never a hang.
+// replies. A connection found closed before anything is sent on it (Redis restarted)
+// is dialled again; once a call's bytes are sent, a failure is returned and the call is
+// never resent (Redis may have applied it): UNAVAILABLE when the connection broke,
+// DEADLINE_EXCEEDED when Redis did not answer within the timeout (never a hang). Either
+// way the connection is closed (no late reply is read by a later call).
 //
 // Thread-safe (one connection under a mutex).
 #ifndef RLFLEET_LIBS_REDIS_REDIS_CLIENT_H_
@@ -53,11 +56,15 @@ class Client {
                                                          absl::Duration timeout = absl::Seconds(2));
   ~Client();
 
-  // One command. UNAVAILABLE if Redis cannot be reached; INTERNAL for an error reply
-  // (with Redis's message).
+  // One command. UNAVAILABLE if Redis cannot be reached or the connection broke;
+  // DEADLINE_EXCEEDED if it did not answer within the timeout (after either, the
+  // command may or may not have been applied: it is not resent); INTERNAL for an error
+  // reply (with Redis's message).
   absl::StatusOr<Reply> Command(const std::vector<std::string>& argv);
   // Several commands in one round trip; replies in order. Errors as for Command; an
-  // error reply to any command fails the whole call.
+  // error reply to any command, or an error element inside a reply (EXEC's array of the
+  // queued commands' replies: e.g. WRONGTYPE at exec time), fails the whole call
+  // (INTERNAL); EXEC answering nil (an aborted transaction) is ABORTED.
   absl::StatusOr<std::vector<Reply>> Pipeline(const std::vector<std::vector<std::string>>& commands);
   // The same over views: the bytes are sent from where they are (they must outlive
   // the call).
@@ -70,8 +77,14 @@ class Client {
   absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<Reply>> RunLocked(const std::vector<std::vector<absl::string_view>>& commands)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Encodes and sends `commands` on the connection; false if it broke.
-  bool SendLocked(const std::vector<std::vector<absl::string_view>>& commands) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Encodes and sends `commands` on the connection; false if it broke (errno says why),
+  // with `*sent` the bytes that went out before.
+  bool SendLocked(const std::vector<std::vector<absl::string_view>>& commands, size_t* sent)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the idle connection is still open: false if Redis closed it (or sent bytes
+  // nobody asked for), so that it is replaced before anything is sent on it.
+  bool IdleConnectionAliveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropConnectionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string host_;
   const int port_;

@@ -37,7 +37,8 @@ std::map<std::string, std::string> ProcessEnv() {
   return env;
 }
 
-absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Start(Options options, Fill fill, Log log) {
+absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Start(Options options, Fill fill, Log log,
+                                                            Rejoined rejoined) {
   if (options.replica.replica_id().empty()) {
     std::string role = v1::ReplicaRole_Name(options.replica.role());  // REPLICA_ROLE_ROLLOUT -> rollout
     if (role.rfind("REPLICA_ROLE_", 0) == 0) role = role.substr(13);
@@ -48,16 +49,18 @@ absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Start(Options options, Fil
     options.replica.set_started_at_unix_ms(absl::ToUnixMillis(absl::Now()));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, rpc::MakeChannel(options.client));
-  std::unique_ptr<Registrar> r(new Registrar(std::move(options), std::move(fill), std::move(log), channel));
+  std::unique_ptr<Registrar> r(
+      new Registrar(std::move(options), std::move(fill), std::move(log), std::move(rejoined), channel));
   RETURN_IF_ERROR(r->RegisterNow());
   r->thread_ = std::thread([p = r.get()] { p->Loop(); });
   return r;
 }
 
-Registrar::Registrar(Options options, Fill fill, Log log, std::shared_ptr<grpc::Channel> channel)
+Registrar::Registrar(Options options, Fill fill, Log log, Rejoined rejoined, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       fill_(std::move(fill)),
       log_(std::move(log)),
+      rejoined_(std::move(rejoined)),
       stub_(v1::RegistryService::NewStub(channel)) {}
 
 Registrar::~Registrar() {
@@ -79,6 +82,11 @@ Registrar::~Registrar() {
 bool Registrar::admitted() {
   absl::MutexLock lock(&mu_);
   return admitted_;
+}
+
+int Registrar::rejoins() {
+  absl::MutexLock lock(&mu_);
+  return rejoins_;
 }
 
 absl::Status Registrar::RegisterNow() {
@@ -119,15 +127,29 @@ void Registrar::Loop() {
       admitted_ = response.admitted();
       continue;
     }
-    // NOT_FOUND: the registry forgot the lease (it expired, or the registry restarted).
-    if (absl::IsNotFound(s)) s = RegisterNow();
+    // NOT_FOUND: the registry forgot the lease (it expired, e.g. while its Redis was
+    // down, or the registry restarted): register again under a new lease. The
+    // controller drained the replica when the old lease expired; `rejoined_` lets it
+    // take work again.
+    if (absl::IsNotFound(s)) {
+      s = RegisterNow();
+      if (s.ok()) {
+        {
+          absl::MutexLock lock(&mu_);
+          ++rejoins_;
+        }
+        if (log_) log_(absl::StrCat("registry ", options_.client.target, ": the lease was lost; registered again"));
+        if (rejoined_) rejoined_();
+        continue;
+      }
+    }
     if (!s.ok() && log_) log_(absl::StrCat("registry ", options_.client.target, ": ", s.message(), " (retrying)"));
   }
 }
 
 absl::StatusOr<std::unique_ptr<Registrar>> RegisterFromFlags(v1::ReplicaRole role, const std::string& grpc_address,
                                                              int metrics_port, Registrar::Fill fill,
-                                                             const std::string& name) {
+                                                             const std::string& name, Registrar::Rejoined rejoined) {
   const std::string address = absl::GetFlag(FLAGS_registry_address);
   if (address.empty()) return std::unique_ptr<Registrar>();
   auto client = rpc::ClientOptionsFromFlags(address);
@@ -137,9 +159,9 @@ absl::StatusOr<std::unique_ptr<Registrar>> RegisterFromFlags(v1::ReplicaRole rol
   o.replica.set_role(role);
   o.replica.set_grpc_address(grpc_address);
   if (metrics_port > 0) (*o.replica.mutable_labels())["metrics_port"] = std::to_string(metrics_port);
-  auto started = Registrar::Start(o, std::move(fill), [name](const std::string& line) {
-    std::cerr << name << ": " << line << std::endl;
-  });
+  auto started = Registrar::Start(
+      o, std::move(fill), [name](const std::string& line) { std::cerr << name << ": " << line << std::endl; },
+      std::move(rejoined));
   if (!started.ok()) return common::Annotate(started.status(), absl::StrCat("registering with ", address));
   std::cout << name << " registered as " << (*started)->replica_id() << std::endl;
   return started;

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/strings/escaping.h"
+#include "libs/common/checks.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 
@@ -79,26 +81,67 @@ BufferCore::Member BufferCore::MemberOf(const ExperienceFacts& facts) {
   return m;
 }
 
-absl::Status BufferCore::Recover() {
+absl::Status BufferCore::Recover(std::vector<std::string>* skipped) {
   if (store_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(BufferSnapshot snapshot, store_->Load());
+  std::vector<std::string> ignored;
+  if (skipped == nullptr) skipped = &ignored;
+  for (std::string& why : snapshot.skipped) skipped->push_back(std::move(why));
   absl::MutexLock lock(&mu_);
-  if (snapshot.config) config_ = *snapshot.config;  // (groups come back at the size they were taken at)
-  current_version_ = std::max(current_version_, snapshot.policy_version);
+  if (snapshot.config) {
+    // (groups come back at the size they were taken at; a stored configuration outside
+    // what Configure takes is not used)
+    if (absl::Status s = ValidConfig(*snapshot.config); s.ok()) {
+      config_ = *snapshot.config;
+    } else {
+      skipped->push_back(absl::StrCat("the stored configuration: ", s.message(), " (the defaults apply)"));
+    }
+  }
+  if (snapshot.policy_version <= kMaxPolicyVersion) {
+    current_version_ = std::max(current_version_, snapshot.policy_version);
+  } else {
+    skipped->push_back(absl::StrCat("the stored policy version ", snapshot.policy_version, " is above ",
+                                    kMaxPolicyVersion));
+  }
   for (std::string& id : snapshot.seen_ids) seen_.insert(std::move(id));
   ExperienceReader reader;
   ExperienceFacts facts;
   for (StoredExperience& stored : snapshot.experiences) {
     reader.Read(stored.bytes, &facts);
-    if (std::string why = InvalidExperience(facts); !why.empty()) {
-      return absl::DataLossError(absl::StrCat("a stored experience (segment ", stored.segment, ", id `", facts.id,
-                                              "`) does not load: ", why));
+    std::string why = InvalidExperience(facts);
+    if (why.empty() && facts.newest_version > kMaxPolicyVersion) {
+      why = absl::StrCat("token_policy_versions: ", facts.newest_version, " is above ", kMaxPolicyVersion);
+    }
+    if (why.empty() && config_.group_size() > 1 && facts.group_id.empty()) why = "group_id: empty";
+    if (!why.empty()) {
+      skipped->push_back(absl::StrCat("a stored experience (segment ", stored.segment, ", id `",
+                                      absl::CHexEscape(facts.id.substr(0, 128)), "`) does not load: ", why));
+      continue;
     }
     Member m = MemberOf(facts);
     m.bytes = std::move(stored.bytes);
     m.segment = stored.segment;
     const std::string group = config_.group_size() > 1 ? facts.group_id : m.id;
     AddLocked(std::move(m), group, facts);
+  }
+  // A group written before replies were bounded that no reply can hold would stay at
+  // the front of the queue for good: left out.
+  auto too_large = [&](const std::string& id, const Group& g) {
+    if (ReplyBytes(id, g.prompt_id, g.bytes, g.members.size()) <= kMaxReplyBytes) return false;
+    skipped->push_back(absl::StrCat("group `", absl::CHexEscape(id.substr(0, 128)), "` (", g.members.size(),
+                                    " experiences, ", g.bytes, " bytes) does not fit in one SampleBatch reply"));
+    bytes_ -= g.bytes;
+    return true;
+  };
+  for (auto it = ready_.begin(); it != ready_.end();) {
+    it = too_large(it->first, it->second) ? ready_.erase(it) : it + 1;
+  }
+  for (auto it = filling_.begin(); it != filling_.end();) {
+    if (too_large(it->first, it->second)) {
+      filling_.erase(it++);
+    } else {
+      ++it;
+    }
   }
   auto counter = [&](const char* name) { return snapshot.counters[name]; };
   accepted_total_ = counter("accepted_total");
@@ -110,18 +153,26 @@ absl::Status BufferCore::Recover() {
   return absl::OkStatus();
 }
 
+absl::Status BufferCore::ValidConfig(const v1::ConfigureRequest& request) {
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("group_size", request.group_size(), 1, 1024));
+  if (request.capacity_bytes() != 0) {  // (0: the default)
+    RETURN_IF_ERROR(common::CheckInRange<uint64_t>("capacity_bytes", request.capacity_bytes(), kMinCapacityBytes,
+                                                   kMaxCapacityBytes));
+  }
+  RETURN_IF_ERROR(common::CheckFiniteInRange("zero_variance_epsilon", request.zero_variance_epsilon(), 0, 1e30));
+  if (request.default_lease_ttl_ms() != 0) {  // (0: the default)
+    RETURN_IF_ERROR(common::CheckInRange<int64_t>("default_lease_ttl_ms", request.default_lease_ttl_ms(),
+                                                  kMinLeaseTtlMs, kMaxLeaseTtlMs));
+  }
+  if (request.run_id().size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("run_id is ", request.run_id().size(), " bytes; at most 256"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BufferCore::Configure(const v1::ConfigureRequest& request,
                                    v1::ConfigureResponse* response) {
-  if (request.group_size() < 1 || request.group_size() > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("group_size ", request.group_size(), " is outside 1..1024"));
-  }
-  if (request.capacity_bytes() != 0 && request.capacity_bytes() < kMinCapacityBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("capacity_bytes ", request.capacity_bytes(),
-                                                   " is below 1 MiB"));
-  }
-  if (request.default_lease_ttl_ms() < 0) {
-    return absl::InvalidArgumentError("default_lease_ttl_ms is negative");
-  }
+  RETURN_IF_ERROR(ValidConfig(request));
   absl::MutexLock lock(&mu_);
   if (request.group_size() != config_.group_size() &&
       (!filling_.empty() || !ready_.empty() || !leases_.empty() || reserving_puts_ > 0)) {
@@ -130,7 +181,7 @@ absl::Status BufferCore::Configure(const v1::ConfigureRequest& request,
   v1::ConfigureRequest next = request;
   if (next.capacity_bytes() == 0) next.set_capacity_bytes(kDefaultCapacity);
   if (!next.has_filter_zero_variance()) next.set_filter_zero_variance(true);
-  if (next.zero_variance_epsilon() <= 0) next.set_zero_variance_epsilon(1e-6f);
+  if (next.zero_variance_epsilon() == 0) next.set_zero_variance_epsilon(1e-6f);
   if (next.default_lease_ttl_ms() == 0) next.set_default_lease_ttl_ms(kDefaultLeaseTtlMs);
   if (store_ != nullptr) {
     if (absl::Status s = store_->SaveConfig(next); !s.ok()) {
@@ -141,6 +192,26 @@ absl::Status BufferCore::Configure(const v1::ConfigureRequest& request,
   config_ = next;
   *response->mutable_config() = config_;
   return absl::OkStatus();
+}
+
+std::string BufferCore::BadVersionLocked(absl::string_view field, uint64_t version) const {
+  if (version > kMaxPolicyVersion) {
+    return absl::StrCat(field, " is ", version, "; a policy version is at most ", kMaxPolicyVersion);
+  }
+  // (0: no version known yet, e.g. a buffer without a store that just started; the
+  // first one seen is taken)
+  if (current_version_ > 0 && version > current_version_ + kMaxVersionLead) {
+    return absl::StrCat(field, " is ", version, ", more than ", kMaxVersionLead,
+                        " ahead of the newest policy version this buffer knows (", current_version_, ")");
+  }
+  return "";
+}
+
+uint64_t BufferCore::ReplyBytes(const std::string& group_id, const std::string& prompt_id, uint64_t member_bytes,
+                                size_t members) {
+  // Each member: a tag and a length of at most 5 bytes; the group: its ids with theirs,
+  // two floats, a version and its own tag and length (under 48 bytes).
+  return member_bytes + 6 * members + group_id.size() + prompt_id.size() + 64;
 }
 
 bool BufferCore::TooStaleLocked(uint64_t oldest_version, uint64_t current) const {
@@ -205,15 +276,15 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   if (!request->run_id().empty() && !config_.run_id().empty() && request->run_id() != config_.run_id()) {
     const std::string run = config_.run_id();
     mu_.Unlock();
-    return absl::InvalidArgumentError(absl::StrCat("run_id `", request->run_id(), "` is not this buffer's run `",
-                                                   run, "`"));
+    return absl::FailedPreconditionError(absl::StrCat("run_id `", request->run_id(),
+                                                      "` is not this buffer's run `", run, "`"));
   }
   ExpireLeasesLocked();
   const uint32_t group_size = config_.group_size();
   // First pass: decide; nothing changes unless the accepted ones fit.
   std::vector<int> accept;
   std::vector<std::string> groups(n);
-  absl::flat_hash_map<absl::string_view, int> adding_to_group;
+  absl::flat_hash_map<absl::string_view, Reserved> adding_to_group;
   uint64_t adding_bytes = 0;
   for (int i = 0; i < n; ++i) {
     const ExperienceFacts& f = facts[i];
@@ -236,6 +307,10 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
       Reject(response, i, id, v1::REJECT_REASON_NO_REWARD, "reward: not set (score it first)");
       continue;
     }
+    if (std::string why = BadVersionLocked("token_policy_versions", f.newest_version); !why.empty()) {
+      Reject(response, i, id, v1::REJECT_REASON_INVALID, why);
+      continue;
+    }
     if (TooStaleLocked(f.oldest_version, current_version_)) {
       Reject(response, i, id, v1::REJECT_REASON_STALE,
              absl::StrCat("token_policy_versions: oldest ", f.oldest_version, " is more than ",
@@ -253,15 +328,33 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
       const std::string& group = groups[i];
       auto it = filling_.find(group);
       auto reserved = reserved_groups_.find(group);
+      Reserved& adding = adding_to_group[group];
       const int have = (it == filling_.end() ? 0 : static_cast<int>(it->second.members.size())) +
-                       (reserved == reserved_groups_.end() ? 0 : reserved->second) + adding_to_group[group];
+                       (reserved == reserved_groups_.end() ? 0 : reserved->second.members) + adding.members;
       if (have >= static_cast<int>(group_size)) {
         Reject(response, i, id, v1::REJECT_REASON_GROUP_FULL,
                absl::StrCat("group_id `", group, "` already has ", group_size, " experiences"));
         continue;
       }
-      ++adding_to_group[group];
+      // A group that no SampleBatch reply could hold would never leave the queue.
+      const uint64_t group_bytes = (it == filling_.end() ? 0 : it->second.bytes) +
+                                   (reserved == reserved_groups_.end() ? 0 : reserved->second.bytes) +
+                                   adding.bytes + bytes;
+      if (ReplyBytes(group, f.prompt_id, group_bytes, have + 1) > kMaxReplyBytes) {
+        Reject(response, i, id, v1::REJECT_REASON_TOO_LARGE,
+               absl::StrCat("group_id `", group, "` would hold ", group_bytes, " bytes of experiences with this one; ",
+                            "a group must fit in one SampleBatch reply (", kMaxReplyBytes, " bytes)"));
+        continue;
+      }
+      ++adding.members;
+      adding.bytes += bytes;
     } else {
+      if (ReplyBytes(id, f.prompt_id, bytes, 1) > kMaxReplyBytes) {
+        Reject(response, i, id, v1::REJECT_REASON_TOO_LARGE,
+               absl::StrCat(bytes, " bytes; an experience must fit in one SampleBatch reply (", kMaxReplyBytes,
+                            " bytes)"));
+        continue;
+      }
       groups[i] = id;
     }
     seen_.insert(id);  // (reserved: taken back if the store write fails)
@@ -283,7 +376,11 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   dropped_.set_rejected(dropped_.rejected() + response->rejected());
   // Reserve: concurrent Puts see these ids as duplicates and these bytes as held.
   reserved_bytes_ += adding_bytes;
-  for (const auto& [group, k] : adding_to_group) reserved_groups_[group] += k;
+  for (const auto& [group, k] : adding_to_group) {
+    Reserved& r = reserved_groups_[group];
+    r.members += k.members;
+    r.bytes += k.bytes;
+  }
   ++reserving_puts_;
   mu_.Unlock();
 
@@ -308,7 +405,8 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   reserved_bytes_ -= adding_bytes;
   for (const auto& [group, k] : adding_to_group) {
     auto it = reserved_groups_.find(group);
-    if ((it->second -= k) == 0) reserved_groups_.erase(it);
+    it->second.bytes -= k.bytes;
+    if ((it->second.members -= k.members) == 0) reserved_groups_.erase(it);
   }
   --reserving_puts_;
   if (!stored.ok()) {
@@ -354,11 +452,20 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
   if (request.wait_ms() < 0 || request.wait_ms() > kMaxWaitMs) {
     return absl::InvalidArgumentError(absl::StrCat("wait_ms ", request.wait_ms(), " is outside 0..600000"));
   }
-  if (request.lease_ttl_ms() != 0 && (request.lease_ttl_ms() < 1000 || request.lease_ttl_ms() > 600000)) {
-    return absl::InvalidArgumentError(absl::StrCat("lease_ttl_ms ", request.lease_ttl_ms(), " is outside 1000..600000"));
+  if (request.lease_ttl_ms() != 0) {  // (0: the configured default)
+    RETURN_IF_ERROR(
+        common::CheckInRange<int64_t>("lease_ttl_ms", request.lease_ttl_ms(), kMinLeaseTtlMs, kMaxLeaseTtlMs));
+  }
+  if (request.consumer_id().size() > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("consumer_id is ", request.consumer_id().size(), " bytes; at most 256"));
   }
   const uint32_t want = std::max<uint32_t>(request.min_groups(), 1);
   absl::MutexLock lock(&mu_);
+  if (std::string why = BadVersionLocked("current_policy_version", request.current_policy_version());
+      !why.empty()) {
+    return absl::InvalidArgumentError(why);
+  }
   ExpireLeasesLocked();
   // Wait (real time, bounded) until enough complete groups are ready.
   auto enough = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_.size() >= want; };
@@ -374,7 +481,13 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
   const bool staleness_override = request.has_max_staleness();
   LeaseState lease;
   std::vector<std::pair<std::string, Group>> unrecorded;  // drops the store did not take
+  uint64_t reply_bytes = 256;  // (the lease id, its expiry and the drop counts)
   while (!ready_.empty() && lease.groups.size() < request.num_groups()) {
+    const uint64_t group_reply_bytes = ReplyBytes(ready_.front().first, ready_.front().second.prompt_id,
+                                                  ready_.front().second.bytes, ready_.front().second.members.size());
+    // The reply stays under the message limit: the group waits for the next call (every
+    // group fits in one reply on its own: Put and Recover see to it).
+    if (!lease.groups.empty() && reply_bytes + group_reply_bytes > kMaxReplyBytes) break;
     auto [id, group] = std::move(ready_.front());
     ready_.pop_front();
     uint64_t oldest = UINT64_MAX;
@@ -426,6 +539,7 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     out->set_reward_mean(static_cast<float>(mean));
     out->set_reward_std(static_cast<float>(stddev));
     out->set_min_policy_version(oldest);
+    reply_bytes += group_reply_bytes;
     lease.groups.emplace_back(std::move(id), std::move(group));
   }
   for (auto it = unrecorded.rbegin(); it != unrecorded.rend(); ++it) ready_.push_front(std::move(*it));
@@ -440,6 +554,7 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
 }
 
 absl::Status BufferCore::Ack(const v1::AckBatchRequest& request, v1::AckBatchResponse* response) {
+  if (request.lease_id().empty()) return absl::InvalidArgumentError("lease_id is empty");
   absl::MutexLock lock(&mu_);
   ExpireLeasesLocked();
   if (acked_leases_.count(request.lease_id())) {
@@ -472,8 +587,13 @@ absl::Status BufferCore::Ack(const v1::AckBatchRequest& request, v1::AckBatchRes
 }
 
 absl::Status BufferCore::Nack(const v1::NackBatchRequest& request, v1::NackBatchResponse* response) {
+  if (request.lease_id().empty()) return absl::InvalidArgumentError("lease_id is empty");
   absl::MutexLock lock(&mu_);
   ExpireLeasesLocked();
+  if (acked_leases_.count(request.lease_id())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("lease `", request.lease_id(), "` was acked: its groups are consumed"));
+  }
   auto it = leases_.find(request.lease_id());
   if (it == leases_.end()) {
     return absl::NotFoundError(absl::StrCat("lease `", request.lease_id(), "` is unknown, acked or expired"));

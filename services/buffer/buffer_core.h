@@ -36,7 +36,19 @@ namespace rlfleet::buffer {
 inline constexpr int kMaxExperiencesPerPut = 1024;
 inline constexpr int kMaxGroupsPerSample = 1024;
 inline constexpr uint64_t kMinCapacityBytes = 1 << 20;
+inline constexpr uint64_t kMaxCapacityBytes = uint64_t{1} << 40;
 inline constexpr int64_t kMaxWaitMs = 600000;
+inline constexpr int64_t kMinLeaseTtlMs = 1000;
+inline constexpr int64_t kMaxLeaseTtlMs = 600000;
+// A SampleBatch reply stays under this (gRPC's default receive limit, buffer.proto's
+// contract); a group that could never fit in one is refused at Put.
+inline constexpr uint64_t kMaxReplyBytes = 4 << 20;
+// Policy versions: none above kMaxPolicyVersion; and once the buffer knows a version
+// (from SampleBatch, the experiences it took or its store), an experience or a
+// SampleBatch more than kMaxVersionLead ahead of it is refused, so that one caller
+// cannot move the version every staleness check is measured against to an absurd value.
+inline constexpr uint64_t kMaxPolicyVersion = uint64_t{1} << 48;
+inline constexpr uint64_t kMaxVersionLead = 16;
 
 class BufferCore {
  public:
@@ -46,15 +58,20 @@ class BufferCore {
 
   // Reloads what the store holds (call once, before serving): the last configuration,
   // then the experiences into their groups; ids seen before stay duplicates. No-op
-  // without a store.
-  absl::Status Recover();
+  // without a store. A stored record that does not load (garbled, not a valid
+  // experience, a group too large for a reply) is left out, one line naming its key
+  // added to `*skipped` (if given); errors are the store's only (UNAVAILABLE).
+  absl::Status Recover(std::vector<std::string>* skipped = nullptr);
 
-  // INVALID_ARGUMENT naming the field for group_size outside 1..1024 or capacity
-  // below 1 MiB. Changing group_size while experiences are held is FAILED_PRECONDITION.
+  // INVALID_ARGUMENT naming the field for group_size outside 1..1024, capacity_bytes
+  // outside 1 MiB..1 TiB (0: the default), zero_variance_epsilon not finite or negative,
+  // default_lease_ttl_ms outside 1000..600000 (0: the default). Changing group_size
+  // while experiences are held is FAILED_PRECONDITION.
   // With a store the configuration is recorded first (UNAVAILABLE if it cannot be).
   absl::Status Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response);
 
-  // INVALID_ARGUMENT for an empty or oversized batch or a run_id mismatch;
+  // INVALID_ARGUMENT for an empty or oversized batch; FAILED_PRECONDITION for a run_id
+  // that is not the configured run's;
   // RESOURCE_EXHAUSTED (nothing taken) when the acceptable experiences do not fit in
   // the capacity; UNAVAILABLE (nothing taken) when the store cannot record them. Per-experience problems are rejections in the response, not errors.
   // Experiences with a remote_payload are fetched through the payload fetcher first;
@@ -72,12 +89,16 @@ class BufferCore {
   void SetPayloadFetcher(transport::DescriptorFetcher* fetcher) { fetcher_ = fetcher; }
 
   // INVALID_ARGUMENT for num_groups outside 1..1024, min_groups > num_groups, wait_ms
-  // outside 0..600000 or a bad lease TTL. Fewer groups than min_groups after wait_ms is
-  // not an error: the response holds what there was (an empty lease id if none).
+  // outside 0..600000, a bad lease TTL, or a current_policy_version above
+  // kMaxPolicyVersion or more than kMaxVersionLead ahead of the version the buffer
+  // knows. Fewer groups than min_groups after wait_ms is not an error: the response
+  // holds what there was (an empty lease id if none). The reply holds fewer groups than
+  // asked when the next would take it over kMaxReplyBytes.
   absl::Status SampleBatch(const v1::SampleBatchRequest& request, v1::SampleBatchResponse* response);
 
-  // NOT_FOUND for an unknown or expired lease (its groups are back in the buffer);
-  // UNAVAILABLE if the store cannot record the consumption (the lease stays open).
+  // INVALID_ARGUMENT for an empty lease_id; NOT_FOUND for an unknown or expired lease
+  // (its groups are back in the buffer); UNAVAILABLE if the store cannot record the
+  // consumption (the lease stays open). Nack of an acked lease is FAILED_PRECONDITION.
   absl::Status Ack(const v1::AckBatchRequest& request, v1::AckBatchResponse* response);
   absl::Status Nack(const v1::NackBatchRequest& request, v1::NackBatchResponse* response);
 
@@ -105,9 +126,17 @@ class BufferCore {
     absl::Time expires_at;
   };
 
+  // OK if Configure would take `request`, else INVALID_ARGUMENT naming the field.
+  static absl::Status ValidConfig(const v1::ConfigureRequest& request);
   // Returns expired leases' groups to the front of the ready queue.
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TooStaleLocked(uint64_t oldest_version, uint64_t current) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Empty if `version` (from `field`) is one the buffer may take (see kMaxVersionLead),
+  // else why not, naming the field.
+  std::string BadVersionLocked(absl::string_view field, uint64_t version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a group adds to a SampleBatch reply, in bytes (its members and framing).
+  static uint64_t ReplyBytes(const std::string& group_id, const std::string& prompt_id, uint64_t member_bytes,
+                             size_t members);
 
   // Adds an accepted experience to its group (no store writes; its id is in seen_
   // already).
@@ -137,7 +166,11 @@ class BufferCore {
   // What Puts between their decision and their store write hold back.
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int reserving_puts_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<std::string, int> reserved_groups_ ABSL_GUARDED_BY(mu_);  // group -> members being added
+  struct Reserved {
+    int members = 0;
+    uint64_t bytes = 0;
+  };
+  absl::flat_hash_map<std::string, Reserved> reserved_groups_ ABSL_GUARDED_BY(mu_);  // group -> being added
   uint64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t accepted_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t consumed_total_ ABSL_GUARDED_BY(mu_) = 0;

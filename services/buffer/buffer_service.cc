@@ -124,7 +124,7 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::StreamExperiences(grpc::CallbackServerContext* c,
                                                                               grpc::ByteBuffer* resp) {
-  if (absl::Status s = rpc::CheckBearerToken(*c, auth_.token); !s.ok()) {
+  if (absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "StreamExperiences"); !s.ok()) {
     return new rpc::FinishedStream<grpc::ServerReadReactor<grpc::ByteBuffer>>(rpc::ToGrpcStatus(s));
   }
   return new IngestReactor(core_, resp, full_wait_);

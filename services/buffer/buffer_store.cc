@@ -1,6 +1,7 @@
 #include "services/buffer/buffer_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 
 #include "absl/container/flat_hash_map.h"
@@ -175,26 +176,38 @@ class RedisBufferStore : public BufferStore {
           "the store under `", prefix_, "` holds experiences in the layout before segments (hash `", prefix_,
           "exp`): drain them with the rlfleet-buffer that wrote them, or use a new prefix"));
     }
+    // A record that does not read is skipped and named in snapshot.skipped: one bad
+    // record must not keep the buffer from starting (what it held is lost either way).
     BufferSnapshot snapshot;
+    auto skip = [&snapshot](std::string what) { snapshot.skipped.push_back(std::move(what)); };
     if (!r[4].is_nil()) {
       v1::ConfigureRequest config;
-      if (!config.ParseFromString(r[4].str)) {
-        return absl::DataLossError(absl::StrCat("`", prefix_, "config` is not a ConfigureRequest"));
+      if (config.ParseFromString(r[4].str)) {
+        snapshot.config = std::move(config);
+      } else {
+        skip(absl::StrCat("`", prefix_, "config` is not a ConfigureRequest (the defaults apply)"));
       }
-      snapshot.config = std::move(config);
     }
     if (!r[5].is_nil()) {
       double version = 0;
-      (void)absl::SimpleAtod(r[5].str, &version);
-      snapshot.policy_version = static_cast<uint64_t>(version);
+      // (a double holds every integer up to 2^53 exactly; beyond, it is no version we wrote)
+      if (absl::SimpleAtod(r[5].str, &version) && version >= 0 && version <= 9007199254740992.0 &&
+          version == std::floor(version)) {
+        snapshot.policy_version = static_cast<uint64_t>(version);
+      } else {
+        skip(absl::StrCat("`", version_key_, "` holds `", r[5].str.substr(0, 64), "`, not a policy version"));
+      }
     }
     for (size_t i = 0; i + 1 < r[3].elements.size(); i += 2) {
       uint64_t v = 0;
-      (void)absl::SimpleAtoi(r[3].elements[i + 1].str, &v);
-      snapshot.counters[r[3].elements[i].str] = v;
+      if (absl::SimpleAtoi(r[3].elements[i + 1].str, &v)) {
+        snapshot.counters[r[3].elements[i].str] = v;
+      } else {
+        skip(absl::StrCat("`", counters_key_, "` field `", r[3].elements[i].str.substr(0, 64), "` is not a count"));
+      }
     }
-    ASSIGN_OR_RETURN(std::vector<uint64_t> live, Numbers(r[1], segs_key_));
-    ASSIGN_OR_RETURN(std::vector<uint64_t> done, Numbers(r[2], done_key_));
+    const std::vector<uint64_t> live = Numbers(r[1], segs_key_, &snapshot.skipped);
+    const std::vector<uint64_t> done = Numbers(r[2], done_key_, &snapshot.skipped);
     std::vector<std::vector<std::string>> gets;
     for (uint64_t n : live) {
       gets.push_back({"GET", SegmentKey(n)});
@@ -204,19 +217,20 @@ class RedisBufferStore : public BufferStore {
     ASSIGN_OR_RETURN(std::vector<redis::Reply> data, client_->Pipeline(gets));
     // Every removal, by id (the first record of an id counts).
     absl::flat_hash_map<std::string, char> removed;
-    auto read_gone = [&](absl::string_view log, uint64_t n) -> absl::Status {
+    auto read_gone = [&](absl::string_view log, uint64_t n) {
       absl::string_view record;
       bool bad = false;
-      while (GetRecord(&log, &record, &bad)) {
-        if (record.empty() || ReasonCounter(record[0]) == nullptr) bad = true;
-        if (bad) break;
+      for (int index = 0; GetRecord(&log, &record, &bad); ++index) {
+        if (record.empty() || ReasonCounter(record[0]) == nullptr) {
+          skip(absl::StrCat("`", GoneKey(n), "` record ", index, " has no known reason"));
+          continue;
+        }
         removed.emplace(record.substr(1), record[0]);
       }
-      if (bad) return absl::DataLossError(absl::StrCat("`", GoneKey(n), "` is corrupt"));
-      return absl::OkStatus();
+      if (bad) skip(absl::StrCat("`", GoneKey(n), "` is cut or garbled after its valid records (the rest skipped)"));
     };
-    for (size_t s = 0; s < live.size(); ++s) RETURN_IF_ERROR(read_gone(data[2 * s + 1].str, live[s]));
-    for (size_t d = 0; d < done.size(); ++d) RETURN_IF_ERROR(read_gone(data[2 * live.size() + d].str, done[d]));
+    for (size_t s = 0; s < live.size(); ++s) read_gone(data[2 * s + 1].str, live[s]);
+    for (size_t d = 0; d < done.size(); ++d) read_gone(data[2 * live.size() + d].str, done[d]);
     absl::flat_hash_set<std::string> seen;
     for (const auto& [id, reason] : removed) seen.insert(id);
     for (const auto& [id, reason] : removed) ++snapshot.counters[ReasonCounter(reason)];
@@ -230,11 +244,11 @@ class RedisBufferStore : public BufferStore {
       absl::string_view record;
       bool bad = false;
       uint32_t count = 0;
-      while (GetRecord(&records, &record, &bad)) {
+      for (int index = 0; GetRecord(&records, &record, &bad); ++index) {
         reader.Read(record, &facts);
         if (!facts.parsed) {
-          bad = true;
-          break;
+          skip(absl::StrCat("`", SegmentKey(live[s]), "` record ", index, " is not a serialized Experience"));
+          continue;
         }
         // Taken once: not removed, and not a second copy of an id (a commit whose reply
         // was lost, retried into a later segment).
@@ -242,7 +256,9 @@ class RedisBufferStore : public BufferStore {
         snapshot.experiences.push_back({live[s], std::string(record)});
         ++count;
       }
-      if (bad) return absl::DataLossError(absl::StrCat("segment `", SegmentKey(live[s]), "` is corrupt"));
+      if (bad) {
+        skip(absl::StrCat("`", SegmentKey(live[s]), "` is cut or garbled after its valid records (the rest skipped)"));
+      }
       if (count > 0) {
         live_[live[s]] = count;
       } else {
@@ -291,12 +307,15 @@ class RedisBufferStore : public BufferStore {
         return nullptr;
     }
   }
-  absl::StatusOr<std::vector<uint64_t>> Numbers(const redis::Reply& members, const std::string& key) const {
+  // The segment numbers in `members`; a member that is not one is named in `*skipped`.
+  std::vector<uint64_t> Numbers(const redis::Reply& members, const std::string& key,
+                                std::vector<std::string>* skipped) const {
     std::vector<uint64_t> numbers;
     for (const redis::Reply& m : members.elements) {
       uint64_t n = 0;
       if (!absl::SimpleAtoi(m.str, &n)) {
-        return absl::DataLossError(absl::StrCat("`", key, "` holds `", m.str, "`, not a segment number"));
+        skipped->push_back(absl::StrCat("`", key, "` holds `", m.str.substr(0, 64), "`, not a segment number"));
+        continue;
       }
       numbers.push_back(n);
     }

@@ -47,6 +47,9 @@ struct BufferSnapshot {
   std::vector<StoredExperience> experiences;  // accepted and not yet consumed or dropped
   std::vector<std::string> seen_ids;          // every id ever accepted
   std::map<std::string, uint64_t> counters;   // accepted_total, consumed_total, dropped_*
+  // Records that did not read and were left out, each naming its key ("`p:seg:7`
+  // record 3 is not a serialized Experience").
+  std::vector<std::string> skipped;
 };
 
 // Thread-safe in every implementation.
@@ -70,8 +73,10 @@ class BufferStore {
   virtual absl::Status SavePolicyVersion(uint64_t version) = 0;
   // Adds to a counter without removing anything (e.g. "dropped_duplicate").
   virtual absl::Status Count(const std::string& counter, uint64_t n) = 0;
-  // What the store holds (the bytes as they were added; removed ones left out).
-  // DATA_LOSS names a segment whose records are malformed.
+  // What the store holds (the bytes as they were added; removed ones left out). A
+  // record that does not read (a garbled segment, gone log, segment number, counter,
+  // configuration or version) is left out and named in `skipped`, never an error:
+  // errors are only the store's (UNAVAILABLE) or a layout it does not know.
   virtual absl::StatusOr<BufferSnapshot> Load() = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/ids.h"
 #include "services/buffer/varint.h"
@@ -31,6 +32,23 @@ void Common(const Message& m, ExperienceFacts* facts) {
   Versions(m.token_policy_versions(), facts);
   facts->has_remote_payload = m.has_remote_payload();
   if (facts->has_remote_payload) facts->remote_payload = m.remote_payload();
+  if (m.has_reward() && !std::isfinite(m.reward())) {
+    facts->non_finite = absl::StrCat("reward is ", m.reward());
+    return;
+  }
+  for (const auto& [name, value] : m.reward_components()) {
+    if (!std::isfinite(value)) {
+      facts->non_finite = absl::StrCat("reward_components[\"", absl::CHexEscape(name.substr(0, 64)), "\"] is ", value);
+      return;
+    }
+  }
+}
+
+// Notes the first non-finite logprob (at `index` within the field) unless an earlier
+// field already was.
+void NonFiniteLogprob(int64_t index, float value, ExperienceFacts* facts) {
+  if (index < 0 || !facts->non_finite.empty()) return;
+  facts->non_finite = absl::StrCat("response_logprobs[", index, "] is ", value);
 }
 
 }  // namespace
@@ -69,6 +87,16 @@ bool CountPackedVarints(absl::string_view packed, uint64_t* count) {
   return true;
 }
 
+int64_t FirstNonFiniteFloat(absl::string_view packed) {
+  const size_t n = packed.size() / 4;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, packed.data() + 4 * i, 4);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return static_cast<int64_t>(i);  // exponent all ones: inf or NaN
+  }
+  return -1;
+}
+
 void ExperienceReader::Read(absl::string_view bytes, ExperienceFacts* facts) {
   *facts = ExperienceFacts();
   if (ReadView(bytes, facts)) {
@@ -89,6 +117,8 @@ bool ExperienceReader::ReadView(absl::string_view bytes, ExperienceFacts* facts)
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
   const uint8_t* const end = p + bytes.size();
   uint64_t prompt_tokens = 0;
+  int64_t first_bad_logprob = -1;
+  float first_bad_value = 0;
   while (p < end) {
     const uint8_t* const field = p;
     uint64_t tag = 0;
@@ -119,6 +149,10 @@ bool ExperienceReader::ReadView(absl::string_view bytes, ExperienceFacts* facts)
         }
         if (number == 7) {
           if (length % 4 != 0) return false;
+          if (const int64_t bad = FirstNonFiniteFloat(value); bad >= 0 && first_bad_logprob < 0) {
+            first_bad_logprob = static_cast<int64_t>(facts->response_logprobs) + bad;
+            std::memcpy(&first_bad_value, value.data() + 4 * bad, 4);
+          }
           facts->response_logprobs += length / 4;
           continue;
         }
@@ -133,6 +167,7 @@ bool ExperienceReader::ReadView(absl::string_view bytes, ExperienceFacts* facts)
   if (!view_.ParseFromString(rest_)) return false;
   if (!view_.GetReflection()->GetUnknownFields(view_).empty()) return false;
   Common(view_, facts);
+  NonFiniteLogprob(first_bad_logprob, first_bad_value, facts);
   return true;
 }
 
@@ -141,6 +176,12 @@ void ExperienceReader::ReadFull(absl::string_view bytes, ExperienceFacts* facts)
   Common(full_, facts);
   facts->response_tokens = full_.response_token_ids_size();
   facts->response_logprobs = full_.response_logprobs_size();
+  for (int i = 0; i < full_.response_logprobs_size(); ++i) {
+    if (!std::isfinite(full_.response_logprobs(i))) {
+      NonFiniteLogprob(i, full_.response_logprobs(i), facts);
+      break;
+    }
+  }
 }
 
 std::string InvalidExperience(const ExperienceFacts& f) {
@@ -155,7 +196,7 @@ std::string InvalidExperience(const ExperienceFacts& f) {
   if (f.token_policy_versions != 0 && f.token_policy_versions != n) {
     return absl::StrCat("token_policy_versions: ", f.token_policy_versions, " entries, want ", n);
   }
-  if (f.has_reward && !std::isfinite(f.reward)) return "reward: not finite";
+  if (!f.non_finite.empty()) return absl::StrCat(f.non_finite, "; it must be a finite number");
   return "";
 }
 

@@ -31,6 +31,9 @@ struct ExperienceFacts {
   uint64_t token_policy_versions = 0;
   bool has_remote_payload = false;
   v1::TransferDescriptor remote_payload;  // when has_remote_payload
+  // The first number that is not finite (NaN or infinite), named with its field
+  // ("response_logprobs[3] is nan"); empty when every float is finite.
+  std::string non_finite;
 };
 
 class ExperienceReader {
@@ -50,13 +53,19 @@ class ExperienceReader {
   uint64_t fast_reads_ = 0;
 };
 
-// Empty if `facts` describe a valid experience, else the reason naming the field.
-// (Rules that depend on the buffer's configuration are the caller's.)
+// Empty if `facts` describe a valid experience, else the reason naming the field: a
+// malformed id, per-token counts that disagree, or a reward, reward component or
+// response logprob that is not a finite number (NaN would turn every advantage of its
+// group into NaN). (Rules that depend on the buffer's configuration are the caller's.)
 std::string InvalidExperience(const ExperienceFacts& facts);
 
 // The number of varints in `packed` (a packed repeated varint field's bytes); false if
 // they are not well-formed (a varint longer than 10 bytes or cut off at the end).
 bool CountPackedVarints(absl::string_view packed, uint64_t* count);
+
+// The index of the first float in `packed` (a packed repeated float field's bytes,
+// little-endian fixed32) that is NaN or infinite, or -1 if all are finite.
+int64_t FirstNonFiniteFloat(absl::string_view packed);
 
 }  // namespace rlfleet::buffer
 

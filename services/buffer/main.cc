@@ -52,9 +52,15 @@ int main(int argc, char** argv) {
   fetch.file_root = absl::GetFlag(FLAGS_payload_dir);
   rlfleet::transport::DescriptorFetcher fetcher(data_plane->get(), fetch);
   core.SetPayloadFetcher(&fetcher);
-  if (absl::Status s = core.Recover(); !s.ok()) {
+  std::vector<std::string> skipped;  // stored records that did not load
+  if (absl::Status s = core.Recover(&skipped); !s.ok()) {
     std::cerr << "rlfleet-buffer: recovering from --store: " << s << "\n";
     return 1;
+  }
+  for (const std::string& why : skipped) std::cerr << "rlfleet-buffer: recovery skipped " << why << "\n";
+  if (!skipped.empty()) {
+    std::cerr << "rlfleet-buffer: recovery skipped " << skipped.size() << " stored record(s) that did not load"
+              << std::endl;
   }
   // Prometheus: the buffer's stats, read at each scrape (core outlives the runner).
   auto stat = [&core](auto field) {
@@ -64,6 +70,10 @@ int main(int argc, char** argv) {
     };
   };
   auto& registry = rlfleet::metrics::Global();
+  const double skipped_count = static_cast<double>(skipped.size());
+  registry.AddCallbackGauge("rlfleet_buffer_recovery_skipped_records",
+                            "Stored records left out at start-up because they did not load (logged by key).", {},
+                            [skipped_count] { return skipped_count; });
   using Stats = rlfleet::v1::GetStatsResponse;
   registry.AddCallbackGauge("rlfleet_buffer_depth_experiences", "Experiences held and not leased.", {},
                             stat([](const Stats& s) { return s.depth_experiences(); }));
@@ -94,7 +104,7 @@ int main(int argc, char** argv) {
                                   return 0;
                                 }));
   }
-  rlfleet::buffer::BufferServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token},
+  rlfleet::buffer::BufferServiceImpl service(&core, rlfleet::rpc::CallAuthFrom(options->auth),
                                              absl::GetFlag(FLAGS_stream_full_wait));
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);

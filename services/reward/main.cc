@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  rlfleet::reward::RewardServiceImpl service(&core, rlfleet::rpc::CallAuth{options->auth.token});
+  rlfleet::reward::RewardServiceImpl service(&core, rlfleet::rpc::CallAuthFrom(options->auth));
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
   if (absl::Status s = runner.Start(); !s.ok()) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "libs/common/checks.h"
 #include "libs/common/status_macros.h"
 #include "libs/tasks/tasks.h"
 
@@ -144,6 +145,17 @@ absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreRespons
     result->set_reward_function(name);
     absl::Status s = fn(item, result);
     if (!s.ok()) return common::Annotate(s, where);
+    // A NaN reward passes every `<` check downstream and turns every advantage of its
+    // group into NaN: a function (a diverged reward model) that produced one fails the
+    // call, naming the item and the field, instead of answering with it.
+    absl::Status finite = common::CheckFinite(absl::StrCat(where, ".reward"), result->reward());
+    for (const auto& [component, value] : result->components()) {
+      if (!finite.ok()) break;
+      finite = common::CheckFinite(absl::StrCat(where, ".components[\"", component, "\"]"), value);
+    }
+    if (!finite.ok()) {
+      return absl::InternalError(absl::StrCat("reward function `", name, "` answered ", finite.message()));
+    }
   }
   response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   return absl::OkStatus();

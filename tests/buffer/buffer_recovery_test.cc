@@ -6,7 +6,9 @@
 //     policy;
 //   - kill -9 of Redis mid-run (appendfsync always), restarted on its AOF: ingest and
 //     acks resume after UNAVAILABLE, nothing acknowledged is lost (a buffer restarted
-//     from that Redis reports the same accounting).
+//     from that Redis reports the same accounting);
+//   - records garbled in Redis by hand: the buffer still starts, recovers what reads and
+//     names each record it skipped.
 // Producers resend what they have not seen acknowledged, as the API tells them to.
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -26,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "libs/redis/redis_client.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "tests/util/subprocess.h"
 
@@ -406,6 +409,44 @@ TEST_F(BufferRecovery, RedisKilledMidRunLosesNothingAcknowledged) {
   EXPECT_EQ(recovered.dropped().stale(), before.dropped().stale());
   EXPECT_EQ(recovered.dropped().zero_variance(), before.dropped().zero_variance());
   EXPECT_EQ(recovered.depth_experiences(), 0u);
+  Kill(buffer_);
+  Kill(redis_);
+}
+
+// One bad stored record must not keep the buffer from starting: it is skipped, counted
+// and logged naming its key; every record that reads comes back.
+TEST_F(BufferRecovery, CorruptStoredRecordsAreSkippedNotFatal) {
+  StartRedis("everysec");
+  StartBuffer();
+  Configure();
+  auto context = Context();
+  v1::PutExperiencesResponse put;
+  ASSERT_TRUE(endpoint_.Stub()->PutExperiences(context.get(), Message(0), &put).ok());
+  const uint32_t accepted = put.accepted();
+  ASSERT_GT(accepted, 0u);
+  Kill(buffer_);
+
+  auto redis = redis::Client::Connect("127.0.0.1", redis_port_);
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  auto segments = (*redis)->Command({"SMEMBERS", "recovery:segs"});
+  ASSERT_TRUE(segments.ok());
+  ASSERT_EQ(segments->elements.size(), 1u);
+  const std::string segment = "recovery:seg:" + segments->elements[0].str;
+  ASSERT_TRUE((*redis)->Command({"APPEND", segment, std::string("\x03\xff\xff\xff", 4)}).ok());
+  ASSERT_TRUE((*redis)->Command({"SET", "recovery:seg:999999", std::string("\x7f\x01", 2)}).ok());
+  ASSERT_TRUE((*redis)->Command({"SADD", "recovery:segs", "999999", "not-a-segment"}).ok());
+
+  StartBuffer();  // (before: "recovering from --store: DATA_LOSS", exit 1)
+  const std::string& log = buffer_->output();
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("`", segment, "` record ", accepted, " is not a serialized")))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "`recovery:seg:999999` is cut or garbled")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "not-a-segment")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "recovery skipped 3 stored record(s)")) << log;
+  const v1::GetStatsResponse stats = Stats();
+  EXPECT_EQ(stats.accepted_total(), accepted);
+  EXPECT_EQ(stats.depth_experiences(), accepted);
+  EXPECT_EQ(stats.config().group_size(), 2u);
   Kill(buffer_);
   Kill(redis_);
 }

@@ -3,11 +3,22 @@
 // large, however many pieces.
 #include "libs/redis/redis_client.h"
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/common/ids.h"
 
@@ -74,6 +85,151 @@ TEST_F(RedisClientTest, AnErrorReplyIsInternalWithRedisMessage) {
   auto ping = client_->Command({"PING"});
   ASSERT_TRUE(ping.ok()) << ping.status();
   EXPECT_EQ(ping->str, "PONG");
+}
+
+// EXEC answers with one reply per queued command; Redis runs them all even when one
+// fails at exec time (WRONGTYPE). That error must fail the call, or a caller acks what
+// Redis did not store.
+TEST_F(RedisClientTest, AnErrorInsideExecFailsTheWholeCall) {
+  const std::string text = prefix_ + "text", list = prefix_ + "list";
+  ASSERT_TRUE(client_->Command({"SET", text, "not a list"}).ok());
+  auto r = client_->Pipeline({{"MULTI"}, {"SET", list + "-other", "v"}, {"LPUSH", text, "x"}, {"EXEC"}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "WRONGTYPE")) << r.status();
+  // A clean transaction still answers with its replies.
+  auto ok = client_->Pipeline({{"MULTI"}, {"SET", list + "-other", "w"}, {"GET", list + "-other"}, {"EXEC"}});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ((*ok)[3].elements.size(), 2u);
+  EXPECT_EQ((*ok)[3].elements[1].str, "w");
+}
+
+// A Redis of the test's own making on a loopback port, serving one connection at a time
+// (the next is accepted once the previous one is closed): PING answers +PONG; every
+// other command is counted and, unless `answer` says so, left unanswered (a Redis that
+// applied it but whose reply is late).
+class FakeRedis {
+ public:
+  explicit FakeRedis(bool close_after_first_ping = false) : close_after_first_ping_(close_after_first_ping) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    listen(listen_fd_, 8);
+    socklen_t len = sizeof(addr);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeRedis() {
+    stop_ = true;
+    thread_.join();
+    close(listen_fd_);
+  }
+  int port() const { return port_; }
+  int commands(const std::string& name) const { return name == "INCR" ? incrs_.load() : 0; }
+  int connections() const { return connections_.load(); }
+  // Once the first connection is closed on the server's side.
+  bool WaitFirstClosed() { return first_closed_.WaitForNotificationWithTimeout(absl::Seconds(10)); }
+
+ private:
+  // Waits for `fd` to be readable; false when stopping.
+  bool Readable(int fd) {
+    while (!stop_) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 50) > 0) return true;
+    }
+    return false;
+  }
+  void Serve() {
+    while (Readable(listen_fd_)) {
+      const int fd = accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) continue;
+      ++connections_;
+      std::string in;
+      char buf[4096];
+      bool open = true;
+      while (open && Readable(fd)) {
+        const ssize_t n = read(fd, buf, sizeof(buf));
+        if (n <= 0) break;
+        in.append(buf, n);
+        std::vector<std::string> argv;
+        while (open && Parse(&in, &argv)) {
+          if (argv[0] == "PING") {
+            (void)!write(fd, "+PONG\r\n", 7);
+            if (close_after_first_ping_ && connections_ == 1) open = false;
+          } else if (argv[0] == "INCR") {
+            ++incrs_;
+          }
+        }
+      }
+      close(fd);
+      if (!first_closed_.HasBeenNotified()) first_closed_.Notify();
+    }
+  }
+  // One RESP array of bulk strings off the front of `*in` (false: not complete yet).
+  static bool Parse(std::string* in, std::vector<std::string>* argv) {
+    argv->clear();
+    size_t pos = 0;
+    auto line = [&](std::string* out) {
+      const size_t end = in->find("\r\n", pos);
+      if (end == std::string::npos) return false;
+      *out = in->substr(pos, end - pos);
+      pos = end + 2;
+      return true;
+    };
+    std::string header;
+    int count = 0;
+    if (!line(&header) || header.empty() || header[0] != '*' || !absl::SimpleAtoi(header.substr(1), &count)) {
+      return false;
+    }
+    for (int i = 0; i < count; ++i) {
+      size_t size = 0;
+      if (!line(&header) || !absl::SimpleAtoi(header.substr(1), &size) || in->size() < pos + size + 2) return false;
+      argv->push_back(in->substr(pos, size));
+      pos += size + 2;
+    }
+    in->erase(0, pos);
+    return true;
+  }
+
+  const bool close_after_first_ping_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> incrs_{0}, connections_{0};
+  absl::Notification first_closed_;
+  std::thread thread_;
+};
+
+// A pipeline whose reply does not come within the timeout may have been applied: it is
+// DEADLINE_EXCEEDED for the caller to decide, never sent again behind its back (an INCR
+// or APPEND applied twice).
+TEST(RedisClientFaults, ATimedOutPipelineIsNotResent) {
+  FakeRedis redis;
+  auto client = Client::Connect("127.0.0.1", redis.port(), absl::Milliseconds(300));
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto r = (*client)->Pipeline({{"INCR", "k"}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "may or may not have been applied")) << r.status();
+  // The next call dials again (the fake serves one connection at a time: it has read
+  // everything of the earlier ones by the time it answers).
+  auto ping = (*client)->Command({"PING"});
+  ASSERT_TRUE(ping.ok()) << ping.status();
+  EXPECT_EQ(redis.commands("INCR"), 1);
+}
+
+// A connection Redis closed while it was idle (a restart) is replaced before anything
+// is sent on it: the call succeeds on a new connection.
+TEST(RedisClientFaults, AConnectionClosedWhileIdleIsDialledAgain) {
+  FakeRedis redis(/*close_after_first_ping=*/true);
+  auto client = Client::Connect("127.0.0.1", redis.port(), absl::Seconds(2));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(redis.WaitFirstClosed());
+  auto ping = (*client)->Command({"PING"});
+  ASSERT_TRUE(ping.ok()) << ping.status();
+  EXPECT_EQ(ping->str, "PONG");
+  EXPECT_EQ(redis.connections(), 2);
 }
 
 }  // namespace

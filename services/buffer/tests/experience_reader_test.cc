@@ -4,6 +4,8 @@
 // encodings a producer may legally choose (unpacked, split packed fields).
 #include "services/buffer/experience_reader.h"
 
+#include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -202,11 +204,53 @@ TEST(InvalidExperience, NamesTheField) {
   f.token_policy_versions = 1;
   EXPECT_EQ(InvalidExperience(f), "token_policy_versions: 1 entries, want 3");
   f.token_policy_versions = 0;
-  f.has_reward = true;
-  f.reward = std::nanf("");
-  EXPECT_EQ(InvalidExperience(f), "reward: not finite");
-  f.reward = 1;
   EXPECT_EQ(InvalidExperience(f), "");
+}
+
+// NaN passes every `< 0` check: a reward, reward component or logprob that is not a
+// finite number is refused naming the field and the index, on the fast path and on
+// the full parse alike.
+TEST(InvalidExperience, NonFiniteNumbersAreNamed) {
+  auto base = [] {
+    v1::Experience e;
+    e.mutable_experience_id()->set_value("x");
+    e.set_reward(1);
+    for (int i = 0; i < 4; ++i) {
+      e.add_response_token_ids(5);
+      e.add_response_logprobs(-0.5f);
+    }
+    return e;
+  };
+  ExperienceReader reader;
+  ExperienceFacts f;
+  auto why = [&](const std::string& bytes) {
+    reader.Read(bytes, &f);
+    return InvalidExperience(f);
+  };
+  v1::Experience e = base();
+  EXPECT_EQ(why(e.SerializeAsString()), "");
+  e.set_reward(std::nanf(""));
+  EXPECT_EQ(why(e.SerializeAsString()), "reward is nan; it must be a finite number");
+  e = base();
+  (*e.mutable_reward_components())["partial"] = -INFINITY;
+  EXPECT_EQ(why(e.SerializeAsString()), "reward_components[\"partial\"] is -inf; it must be a finite number");
+  e = base();
+  e.set_response_logprobs(2, std::nanf(""));
+  const uint64_t fast = reader.fast_reads();
+  EXPECT_EQ(why(e.SerializeAsString()), "response_logprobs[2] is nan; it must be a finite number");
+  EXPECT_EQ(reader.fast_reads(), fast + 1);
+  // The same logprobs sent unpacked (one fixed32 field each) take the full parse.
+  v1::Experience no_logprobs = base();
+  no_logprobs.clear_response_logprobs();
+  std::string unpacked = no_logprobs.SerializeAsString();
+  for (float v : {-0.5f, -0.5f, INFINITY, -0.5f}) {
+    unpacked.push_back(static_cast<char>((7 << 3) | 5));
+    char bytes[4];
+    std::memcpy(bytes, &v, 4);
+    unpacked.append(bytes, 4);
+  }
+  EXPECT_EQ(why(unpacked), "response_logprobs[2] is inf; it must be a finite number");
+  EXPECT_EQ(reader.fast_reads(), fast + 1);
 }
 
 }  // namespace

@@ -83,16 +83,17 @@ TEST(RemotePayload, FromAFileWithItsDigestAndEveryBadDescriptorRejectedByName) {
       {bad([](auto& d) { d.clear_digest(); }), "e1", "digest: required"},
       {bad([](auto& d) { d.set_length_bytes(0); }), "e1", "length_bytes: 0"},
       {bad([](auto& d) { d.set_length_bytes(uint64_t{1} << 40); }), "e1", "exceeds the limit"},
-      {bad([](auto& d) { d.set_offset_bytes(1 << 20); }), "e1", "holds 0 of the"},
+      {bad([](auto& d) { d.set_offset_bytes(1 << 20); }), "e1", "offset_bytes + length_bytes: past the end"},
       {bad([](auto& d) { d.mutable_segment()->set_backend(v1::TRANSFER_BACKEND_NCCL); }), "e1",
        "TRANSFER_BACKEND_NCCL is not one the buffer fetches from"},
       {bad([](auto& d) { d.mutable_segment()->set_backend(v1::TRANSFER_BACKEND_UCX); }), "e1",
        "no data-plane transport"},
-      {bad([](auto& d) { d.mutable_segment()->set_worker_address("/nonexistent"); }), "e1", "cannot open"},
+      {bad([](auto& d) { d.mutable_segment()->set_worker_address("/nonexistent"); }), "e1",
+       "is outside the configured root"},
       {bad([](auto& d) { d.mutable_segment()->set_worker_address("/etc/hostname"); }), "e1",
-       "is not under the payload directory"},
+       "is outside the configured root"},
       {bad([&](auto& d) { d.mutable_segment()->set_worker_address(path + "/../../../etc/hostname"); }), "e1",
-       "cannot open"},
+       "is outside the configured root"},
       {good, "e2", "the fetched experience is `e1`, not `e2`"},
   };
   for (const Case& c : cases) {
@@ -112,7 +113,7 @@ TEST(RemotePayload, FromAFileWithItsDigestAndEveryBadDescriptorRejectedByName) {
     v1::PutExperiencesResponse r;
     ASSERT_TRUE(strict.Put(Request({Sent("e1", good)}), &r).ok());
     ASSERT_EQ(r.rejections_size(), 1);
-    EXPECT_TRUE(absl::StrContains(r.rejections(0).message(), "FILE payloads are not accepted here"))
+    EXPECT_TRUE(absl::StrContains(r.rejections(0).message(), "FILE descriptors are not accepted here"))
         << r.rejections(0).message();
   }
   // The good one, next to an inline one: both accepted; what the trainer samples is the

@@ -1,6 +1,10 @@
 // RewardCore's rewards, checked by hand, and the gRPC adapter on a loopback server.
 #include <grpcpp/create_channel.h>
 
+#include <cmath>
+#include <tuple>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "libs/rpc/server_runner.h"
@@ -132,6 +136,42 @@ TEST(RewardService, ScoresOverGrpcWithAuth) {
   status = stub->Score(&bad, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(status.error_message(), "juggle"));
+}
+
+// A reward function that produces NaN or infinity (a diverged reward model) fails the
+// Score call naming the item and the field; no NaN reaches the buffer's advantages.
+TEST(RewardService, ANonFiniteRewardIsNeverAnswered) {
+  RewardCore core;
+  for (const auto& [name, reward, component] :
+       std::vector<std::tuple<std::string, float, float>>{{"nan_reward", std::nanf(""), 0.0f},
+                                                         {"inf_component", 1.0f, -INFINITY}}) {
+    v1::RewardFunctionInfo info;
+    info.set_name(name);
+    const float r = reward, c = component;
+    ASSERT_TRUE(core.Register(info, [r, c](const v1::ScoreItem&, v1::ScoreResult* result) {
+                      result->set_reward(r);
+                      (*result->mutable_components())["value"] = c;
+                      return absl::OkStatus();
+                    }).ok());
+  }
+  RewardServiceImpl service(&core, rpc::CallAuth{});
+  rpc::ServerRunner runner(rpc::ServerOptions{});
+  runner.AddService(&service);
+  ASSERT_TRUE(runner.Start().ok());
+  auto stub = v1::RewardService::NewStub(grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
+  for (const auto& [function, want] : std::vector<std::pair<std::string, std::string>>{
+           {"nan_reward", "items[1].reward is nan"}, {"inf_component", "items[1].components[\"value\"] is -inf"}}) {
+    v1::ScoreRequest request;
+    *request.add_items() = Item("add", "add:2+2", "4");
+    *request.add_items() = Item("add", "add:2+2", "4", function);
+    v1::ScoreResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status status = stub->Score(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL) << status.error_message();
+    EXPECT_TRUE(absl::StrContains(status.error_message(), want)) << status.error_message();
+    EXPECT_EQ(response.results_size(), 0);
+  }
 }
 
 }  // namespace
