@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -18,6 +19,20 @@ ABSL_FLAG(std::string, config, "",
           "Path of a config file of `flag = value` lines; command-line flags override it.");
 
 namespace rlfleet::common {
+namespace {
+
+// `line` up to its comment: a `#` at the start of the line or right after whitespace
+// (so `ab#cd` is a value, `7000  # port` is 7000 and a comment).
+absl::string_view StripComment(absl::string_view line) {
+  for (size_t i = 0; i < line.size(); ++i) {
+    if (line[i] == '#' && (i == 0 || absl::ascii_isspace(static_cast<unsigned char>(line[i - 1])))) {
+      return line.substr(0, i);
+    }
+  }
+  return line;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text,
                                                          absl::string_view origin) {
@@ -26,9 +41,7 @@ absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text,
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
-    if (size_t hash = line.find('#'); hash != absl::string_view::npos) {
-      line = line.substr(0, hash);
-    }
+    line = StripComment(line);
     line = absl::StripAsciiWhitespace(line);
     if (line.empty()) continue;
     const size_t eq = line.find('=');

@@ -1,7 +1,10 @@
 // Configuration: command-line flags (absl) plus an optional config file.
 //
 // A config file holds `name = value` lines, one flag per line, where `name` is a flag's
-// name without dashes; `#` starts a comment; blank lines are ignored. Values from the
+// name without dashes; blank lines are ignored. A `#` starts a comment only at the start
+// of a line or right after whitespace (a space or tab): `auth_token = ab#cd` sets the
+// value `ab#cd`, `port = 7000  # the port` sets `7000`. A value therefore cannot hold a
+// `#` that follows whitespace. Whitespace around names and values is dropped. Values from the
 // file become the flags' values, and flags given on the command line override them:
 //
 //   # controller.conf

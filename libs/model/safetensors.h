@@ -14,6 +14,16 @@
 
 namespace rlfleet::model {
 
+// Bounds on what a parser of untrusted safetensors bytes accepts (anything past them is
+// DATA_LOSS): the JSON header's length (the format's own 100 MB), how deep containers
+// nest inside it (__metadata__ or unknown keys), how many tensors it names, how many
+// dimensions a shape has, and the size of a file ReadSafetensors reads.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100 << 20;
+inline constexpr size_t kMaxSafetensorsJsonDepth = 64;
+inline constexpr size_t kMaxSafetensorsTensors = 1 << 20;
+inline constexpr size_t kMaxSafetensorsRank = 16;
+inline constexpr uint64_t kMaxSafetensorsFileBytes = uint64_t{1} << 40;
+
 struct TensorBlob {
   std::string dtype = "F32";  // safetensors dtype name: F32, BF16, F16, I64, I32, U8, ...
   std::vector<int64_t> shape;
@@ -44,8 +54,13 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
 // Writes atomically (temporary file + rename): a crash never leaves a half file.
 absl::Status WriteSafetensors(const std::string& path, const std::map<std::string, TensorBlob>& tensors);
 
-// NOT_FOUND for a missing file; DATA_LOSS naming what is wrong for a malformed one
-// (header length, JSON, offsets outside the file, size not matching dtype x shape).
+// NOT_FOUND for a missing file; INVALID_ARGUMENT for one that is not a regular file (a
+// FIFO or /dev/zero is refused before a byte is read) or is larger than
+// kMaxSafetensorsFileBytes; DATA_LOSS naming what is wrong for a malformed one (header
+// length, JSON, nesting deeper than kMaxSafetensorsJsonDepth, a tensor named twice or
+// missing dtype / shape / data_offsets, an unknown dtype, a negative dimension, a
+// dtype x shape product that overflows, offsets outside the file, size not matching
+// dtype x shape, bytes after the header's object other than padding spaces).
 absl::StatusOr<std::map<std::string, TensorBlob>> ReadSafetensors(const std::string& path);
 // The same over bytes already in memory (`name` names them in errors).
 absl::StatusOr<std::map<std::string, TensorBlob>> ParseSafetensors(const std::string& bytes, const std::string& name);

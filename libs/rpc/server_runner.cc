@@ -31,6 +31,9 @@ ABSL_FLAG(int, max_message_bytes, rlfleet::rpc::kDefaultMaxMessageBytes,
           "Largest gRPC message accepted or sent, in bytes.");
 ABSL_FLAG(int, metrics_port, 0,
           "Prometheus /metrics over HTTP on --host: 0 picks a free port (printed), -1 serves none.");
+ABSL_FLAG(std::string, metrics_bind, "",
+          "IPv4 address /metrics binds (e.g. 127.0.0.1 to keep it local while gRPC serves "
+          "0.0.0.0); empty: the --host address.");
 
 namespace rlfleet::rpc {
 namespace {
@@ -87,6 +90,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   ServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_bind);
   options.handle_signals = true;
   options.port = absl::GetFlag(FLAGS_port);
   options.port_file = absl::GetFlag(FLAGS_port_file);
@@ -137,7 +141,7 @@ absl::Status ServerRunner::Start() {
   if (options_.handle_signals) RETURN_IF_ERROR(InstallSignalHandlers());
   if (!options_.port_file.empty()) RETURN_IF_ERROR(WritePortFile(options_.port_file, port_));
   if (options_.metrics_port >= 0) {
-    std::string host = options_.host;
+    std::string host = options_.metrics_host.empty() ? options_.host : options_.metrics_host;
     if (host == "::" || host == "[::]") host = "0.0.0.0";
     if (host == "::1" || host == "[::1]") host = "127.0.0.1";
     auto& registry = metrics::Global();
@@ -148,7 +152,8 @@ absl::Status ServerRunner::Start() {
     if (!served.ok()) return served.status();
     metrics_ = std::move(*served);
     std::cout << program_invocation_short_name << " metrics on http://"
-              << (host == "0.0.0.0" ? "127.0.0.1" : host) << ":" << metrics_->port() << "/metrics" << std::endl;
+              << (metrics_->host() == "0.0.0.0" ? "127.0.0.1" : metrics_->host()) << ":" << metrics_->port()
+              << "/metrics" << std::endl;
   }
   return absl::OkStatus();
 }

@@ -34,6 +34,7 @@ ABSL_DECLARE_FLAG(std::string, port_file);
 ABSL_DECLARE_FLAG(absl::Duration, drain_timeout);
 ABSL_DECLARE_FLAG(int, max_message_bytes);
 ABSL_DECLARE_FLAG(int, metrics_port);
+ABSL_DECLARE_FLAG(std::string, metrics_bind);
 
 #include "libs/metrics/http_server.h"
 
@@ -56,13 +57,15 @@ struct ServerOptions {
   // Prometheus /metrics over HTTP on `host`: 0 picks a free port (printed at Start as
   // "metrics on http://HOST:PORT/metrics"), -1 serves none.
   int metrics_port = -1;
+  // IPv4 address /metrics binds; empty binds `host` (:: as 0.0.0.0, ::1 as 127.0.0.1).
+  std::string metrics_host;
   // Catch SIGTERM / SIGINT from Start() on (binaries: a signal that arrives between
   // Start and WaitForTermination is then a graceful stop, not the default kill).
   bool handle_signals = false;
 };
 
 // Reads --host, --port, --port_file, --drain_timeout, --max_message_bytes,
-// --metrics_port and the auth flags (auth.h).
+// --metrics_port, --metrics_bind and the auth flags (auth.h).
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
 
 class ServerRunner {

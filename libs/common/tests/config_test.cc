@@ -26,6 +26,32 @@ TEST(ConfigText, ParsesPairsCommentsAndBlankLines) {
   EXPECT_EQ((*entries)[1].value, "a b");
 }
 
+// A `#` inside a token is part of it; only one at a line's start or after whitespace
+// starts a comment.
+TEST(ConfigText, AHashInsideAValueIsPartOfIt) {
+  auto entries = ParseConfigText(
+      "auth_token = ab#cd\nurl = redis://h:1/#frag   # the url\n\t# indented comment\n"
+      "tabbed = x\t#comment\nlast = a#b#c#\n",
+      "t.conf");
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  ASSERT_EQ(entries->size(), 4u);
+  EXPECT_EQ((*entries)[0].key, "auth_token");
+  EXPECT_EQ((*entries)[0].value, "ab#cd");
+  EXPECT_EQ((*entries)[1].value, "redis://h:1/#frag");
+  EXPECT_EQ((*entries)[2].key, "tabbed");
+  EXPECT_EQ((*entries)[2].value, "x");
+  EXPECT_EQ((*entries)[3].key, "last");
+  EXPECT_EQ((*entries)[3].value, "a#b#c#");
+}
+
+TEST(ConfigText, AValueMadeOfAHashAfterEqualsIsKept) {
+  auto entries = ParseConfigText("hash=#x\nspaced = #y\n", "t.conf");
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  ASSERT_EQ(entries->size(), 2u);
+  EXPECT_EQ((*entries)[0].value, "#x");
+  EXPECT_EQ((*entries)[1].value, "");  // `#` after whitespace: a comment, an empty value
+}
+
 TEST(ConfigText, RejectsMalformedLinesWithTheirLineNumber) {
   auto no_eq = ParseConfigText("port = 1\njust words\n", "t.conf");
   ASSERT_FALSE(no_eq.ok());

@@ -3,6 +3,7 @@
 // zeroed and sized.
 #include "libs/model/safetensors.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -70,6 +71,136 @@ TEST(Safetensors, AMalformedImageIsDataLossInEveryParse) {
   EXPECT_EQ(ParseSafetensorsViews(image, "cut").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseSafetensorsHeader(image, "cut").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseSafetensors("short", "tiny").status().code(), absl::StatusCode::kDataLoss);
+}
+
+// An image of `header` (padded to 8 bytes) followed by `data`.
+std::string Image(std::string header, const std::string& data) {
+  while (header.size() % 8 != 0) header += ' ';
+  const uint64_t n = header.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &n, 8);
+  return out + header + data;
+}
+
+absl::StatusCode ParseCode(const std::string& image) {
+  const absl::StatusCode code = ParseSafetensorsViews(image, "image").status().code();
+  EXPECT_EQ(ParseSafetensorsHeader(image, "image").status().code(), code);
+  return code;
+}
+
+TEST(Safetensors, DeeplyNestedMetadataIsDataLossNotAStackOverflow) {
+  // A million open brackets: a recursive reader would overflow its stack.
+  const std::string deep(1 << 20, '[');
+  EXPECT_EQ(ParseCode(Image("{\"__metadata__\":" + deep + "}", "")), absl::StatusCode::kDataLoss);
+  const std::string objects = [] {
+    std::string s;
+    for (int i = 0; i < 100000; ++i) s += "{\"k\":";
+    return s;
+  }();
+  EXPECT_EQ(ParseCode(Image("{\"t\":{\"extra\":" + objects + "1}}", "")), absl::StatusCode::kDataLoss);
+  // Nesting within the bound (the metadata object is one level) is skipped, as are
+  // unknown keys.
+  std::string nested =
+      std::string(kMaxSafetensorsJsonDepth - 1, '[') + "1" + std::string(kMaxSafetensorsJsonDepth - 1, ']');
+  auto ok = ParseSafetensorsViews(
+      Image("{\"__metadata__\":{\"a\":" + nested + ",\"b\":{}},\"x\":{\"dtype\":\"U8\",\"shape\":[2],"
+            "\"data_offsets\":[0,2],\"note\":{\"k\":[\"v\",{}]}}}",
+            "ab"),
+      "image");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)["x"].bytes, "ab");
+  std::string too_deep =
+      std::string(kMaxSafetensorsJsonDepth + 1, '[') + std::string(kMaxSafetensorsJsonDepth + 1, ']');
+  EXPECT_EQ(ParseCode(Image("{\"__metadata__\":" + too_deep + "}", "")), absl::StatusCode::kDataLoss);
+}
+
+TEST(Safetensors, AShapeWhoseProductOverflowsIsRefused) {
+  // 2^62 x 2^2 x 4 bytes wraps to 0 in 64 bits: it must not match data_offsets [0,0].
+  EXPECT_EQ(ParseCode(Image("{\"t\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],"
+                            "\"data_offsets\":[0,0]}}",
+                            "")),
+            absl::StatusCode::kDataLoss);
+  // 2^61 x 8 wraps to 0 as well; so does a product wrapping to exactly the span.
+  EXPECT_EQ(ParseCode(Image("{\"t\":{\"dtype\":\"F64\",\"shape\":[2305843009213693952],"
+                            "\"data_offsets\":[0,0]}}",
+                            "")),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseCode(Image("{\"t\":{\"dtype\":\"U8\",\"shape\":[4294967297,4294967297],"
+                            "\"data_offsets\":[0,1]}}",  // (2^32+1)^2 = 2^64 + 2^33 + 1
+                            "x")),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseCode(Image("{\"t\":{\"dtype\":\"U8\",\"shape\":[-1,-1],\"data_offsets\":[0,1]}}", "x")),
+            absl::StatusCode::kDataLoss);
+  // A zero dimension makes an empty tensor, however large the others.
+  auto empty = ParseSafetensorsViews(
+      Image("{\"t\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,0],\"data_offsets\":[0,0]}}", ""),
+      "image");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE((*empty)["t"].bytes.empty());
+  // More dimensions than kMaxSafetensorsRank.
+  std::string dims = "1";
+  for (size_t i = 0; i < kMaxSafetensorsRank; ++i) dims += ",1";
+  EXPECT_EQ(ParseCode(Image("{\"t\":{\"dtype\":\"U8\",\"shape\":[" + dims + "],\"data_offsets\":[0,1]}}", "x")),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(Safetensors, OffsetsHeaderLengthAndFieldsAreChecked) {
+  auto with = [](const std::string& tensor) { return Image("{\"t\":{" + tensor + "}}", "abcd"); };
+  // Within the file and matching dtype x shape: fine.
+  EXPECT_EQ(ParseCode(with("\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]")), absl::StatusCode::kOk);
+  for (const std::string bad : {
+           "\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[3,5]",                    // past the end
+           "\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[9223372036854775807,1]",  // reversed
+           "\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[-2,0]",
+           "\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2,4]",
+           "\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,99999999999999999999]",  // not an int64
+           "\"dtype\":\"X9\",\"shape\":[2],\"data_offsets\":[0,2]",                    // unknown dtype
+           "\"shape\":[2],\"data_offsets\":[0,2]",                                        // no dtype
+           "\"dtype\":\"U8\",\"data_offsets\":[0,2]",                                   // no shape
+           "\"dtype\":\"U8\",\"shape\":[2]",                                            // no offsets
+           "\"dtype\":\"U8\",\"shape\":[2],\"shape\":[4],\"data_offsets\":[0,2]",      // twice
+       }) {
+    EXPECT_EQ(ParseCode(with(bad)), absl::StatusCode::kDataLoss) << bad;
+  }
+  // A tensor named twice; trailing bytes after the object.
+  EXPECT_EQ(ParseCode(Image("{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+                            "\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+                            "ab")),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseCode(Image("{} {}", "")), absl::StatusCode::kDataLoss);
+  // A header length past the file or past the format's bound, including one that
+  // would wrap 8 + length.
+  for (uint64_t n : {uint64_t{100}, kMaxSafetensorsHeaderBytes + 1, ~uint64_t{0}, ~uint64_t{0} - 7}) {
+    std::string image(8, '\0');
+    std::memcpy(image.data(), &n, 8);
+    image += "{}      ";
+    EXPECT_EQ(ParseCode(image), absl::StatusCode::kDataLoss) << n;
+  }
+}
+
+TEST(Safetensors, ReadingAFileThatIsNotRegularIsRefusedBeforeReading) {
+  // /dev/zero would never end; a directory is not a file.
+  EXPECT_EQ(ReadSafetensors("/dev/zero").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadSafetensors("/").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadSafetensors("/nonexistent/x.safetensors").status().code(), absl::StatusCode::kNotFound);
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/w.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, Blobs()).ok());
+  auto read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ((*read)["b"].bytes, Blobs()["b"].bytes);
+}
+
+// Found by fuzz/safetensors_header_fuzzer: a name holding `"` or `\` was written
+// unescaped, so the image did not parse back.
+TEST(Safetensors, NamesWithQuotesAndBackslashesRoundTrip) {
+  std::map<std::string, TensorBlob> t;
+  t["q\"uote\\back"] = {"U8", {2}, "ab"};
+  t["\\"] = {"U8", {1}, "c"};
+  auto parsed = ParseSafetensors(SerializeSafetensors(t), "image");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 2u);
+  EXPECT_EQ((*parsed)["q\"uote\\back"].bytes, "ab");
+  EXPECT_EQ((*parsed)["\\"].bytes, "c");
 }
 
 TEST(HugeString, IsZeroedAndSizedLargeOrSmall) {
