@@ -126,7 +126,7 @@ bool Client::SendLocked(const std::vector<std::vector<absl::string_view>>& comma
   headers_.clear();
   std::vector<Piece> pieces;
   int64_t open = 0;  // start of the headers_ range not yet made a piece
-  auto close_range = [&] {
+  auto close_range = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (static_cast<int64_t>(headers_.size()) > open) {
       pieces.push_back({open, headers_.size() - static_cast<size_t>(open), nullptr});
     }

@@ -126,7 +126,7 @@ absl::Status BufferCore::Recover(std::vector<std::string>* skipped) {
   }
   // A group written before replies were bounded that no reply can hold would stay at
   // the front of the queue for good: left out.
-  auto too_large = [&](const std::string& id, const Group& g) {
+  auto too_large = [&](const std::string& id, const Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ReplyBytes(id, g.prompt_id, g.bytes, g.members.size()) <= kMaxReplyBytes) return false;
     skipped->push_back(absl::StrCat("group `", absl::CHexEscape(id.substr(0, 128)), "` (", g.members.size(),
                                     " experiences, ", g.bytes, " bytes) does not fit in one SampleBatch reply"));
@@ -488,7 +488,9 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     // The reply stays under the message limit: the group waits for the next call (every
     // group fits in one reply on its own: Put and Recover see to it).
     if (!lease.groups.empty() && reply_bytes + group_reply_bytes > kMaxReplyBytes) break;
-    auto [id, group] = std::move(ready_.front());
+    // (named variables, not a structured binding: C++17 lambdas below capture them)
+    std::string id = std::move(ready_.front().first);
+    Group group = std::move(ready_.front().second);
     ready_.pop_front();
     uint64_t oldest = UINT64_MAX;
     double sum = 0, sq = 0;

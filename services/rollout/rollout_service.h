@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -431,10 +432,25 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
     if (!receive_mu_.TryLock()) {
       return absl::FailedPreconditionError("a pushed version is being received; retry after it");
     }
-    struct Unlock {
-      absl::Mutex* mu;
-      ~Unlock() { mu->Unlock(); }
-    } unlock{&receive_mu_};
+    absl::Status received = ReceiveAndInstallLocked(req, deadline, most, version, resp);
+    receive_mu_.Unlock();
+    return received;
+  }
+
+  // UpdateFromRound's part under receive_mu_ (held by a TryLock: one push at a time).
+  // Never throws: libtorch's exceptions become INTERNAL here, so the lock is released.
+  absl::Status ReceiveAndInstallLocked(const v1::PrepareWeightsRequest& req, absl::Time deadline, uint64_t most,
+                                       uint64_t version, v1::CommitWeightsResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_mu_) {
+    try {
+      return ReceiveAndInstallLockedOrThrow(req, deadline, most, version, resp);
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("installing the pushed version: ", e.what()));
+    }
+  }
+  absl::Status ReceiveAndInstallLockedOrThrow(const v1::PrepareWeightsRequest& req, absl::Time deadline,
+                                              uint64_t most, uint64_t version, v1::CommitWeightsResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_mu_) {
     const absl::Time start = absl::Now();
     absl::StatusOr<reshard::ShardReceiver::Received> received = receiver_->Receive(req.reshard(), deadline, most);
     if (!received.ok()) return common::Annotate(received.status(), "reshard: receiving the pushed version");

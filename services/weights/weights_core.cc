@@ -57,8 +57,9 @@ std::vector<reshard::TensorSpec> TensorsOf(const std::string& bytes) {
   auto header = model::ParseSafetensorsHeader(bytes, "the version");
   if (!header.ok()) return out;
   for (const auto& [name, blob] : *header) {
+    const std::string& dtype = blob.dtype;  // (C++17 lambdas cannot capture a structured binding)
     const auto* known = std::find_if(std::begin(kSafetensorsDTypes), std::end(kSafetensorsDTypes),
-                                     [&](const auto& d) { return blob.dtype == d.second; });
+                                     [&](const auto& d) { return dtype == d.second; });
     if (known == std::end(kSafetensorsDTypes)) return {};
     reshard::TensorSpec spec{name, blob.shape, known->first};
     if (spec.shape.empty()) spec.shape = {1};
@@ -439,7 +440,7 @@ uint64_t WeightsCore::Resolve(uint64_t version) {
 }
 
 int WeightsCore::PickSourceLocked(uint64_t version, absl::Time deadline) {
-  auto pick = [&](bool wait) -> std::optional<int> {
+  auto pick = [&](bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<int> {
     auto v = versions_.find(version);
     if (v == versions_.end()) return -1;  // (retired: the caller finds out)
     if (v->second.root_children < relay_fanout_) return -1;
