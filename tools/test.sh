@@ -3,8 +3,10 @@
 #   1. installs the apt packages it needs (tools/setup.sh; quiet when present),
 #   2. starts the servers the tests use (redis-server on a random loopback port),
 #   3. runs `bazel test //...` without the `gpu`-tagged tests,
-#   4. prints `N passed, M failed` counted from the test cases' results,
-#   5. stops what it started (by pid) and shuts the Bazel server down.
+#   4. runs the checks beyond unit tests (thread-safety analysis, fuzzers over their
+#      corpora, the library tests under ASan + UBSan),
+#   5. prints `N passed, M failed` counted from the test cases' and checks' results,
+#   6. stops what it started (by pid) and shuts the Bazel server down.
 # Exits non-zero if any test failed or anything did not build.
 # Extra arguments go to `bazel test` (e.g. a narrower target pattern after `--`).
 set -uo pipefail
@@ -59,8 +61,61 @@ rm -f /tmp/rlfleet_count.$$
 if [[ $BAZEL_RC -ne 0 && $COUNT_RC -eq 0 ]]; then
   # Something failed that is not a test case (e.g. a non-test target did not build).
   echo "bazel test exited $BAZEL_RC with no failing test case: counting the build as failed"
-  SUMMARY=$(echo "$SUMMARY" | awk -F', ' '{split($2,f," "); $2=(f[1]+1)" failed"; print $1", "$2}')
+  SUMMARY=$(python3 -c 'import sys; w=sys.argv[1].split(", "); p=int(w[0].split()[0]); f=int(w[1].split()[0])+1; print(", ".join([f"{p} passed", f"{f} failed"]+w[2:]))' "$SUMMARY")
   COUNT_RC=1
 fi
+
+# Checks beyond the unit tests, each counted as results too (skipped with arguments,
+# which narrow the run, or with RLFLEET_QUICK=1):
+#   thread-safety   clang's -Wthread-safety over every .cc (tools/thread_safety.sh)
+#   fuzz-sources    fuzz/harnesses.txt against the Bazel targets
+#   fuzz/<harness>  each libFuzzer harness over its corpus plus 2000 runs
+#   asan            the unit tests of the libraries and of the buffer and weights
+#                   services under ASan + UBSan, counted per test case
+EXTRA_P=0
+EXTRA_F=0
+extra() {  # extra NAME COMMAND...: one result
+  local name=$1
+  shift
+  if "$@"; then EXTRA_P=$((EXTRA_P + 1)); echo "$name: passed"; else EXTRA_F=$((EXTRA_F + 1)); echo "FAILED: $name"; fi
+}
+if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
+  echo "== thread safety (clang -Wthread-safety)"
+  extra thread-safety bash tools/thread_safety.sh
+  echo "== fuzzing (clang libFuzzer, ASan + UBSan)"
+  extra fuzz-sources bash tools/check_fuzz_sources.sh
+  FUZZ_OUT_LOG=$(bash tools/fuzz.sh --ci 2000 2>&1)
+  FUZZ_RC=$?
+  echo "$FUZZ_OUT_LOG" | grep -E ' execs=[0-9]+ crashes=[0-9]+$'
+  harnesses=$(echo "$FUZZ_OUT_LOG" | grep -cE ' execs=[0-9]+ crashes=0$')
+  crashed=$(echo "$FUZZ_OUT_LOG" | grep -E ' execs=[0-9]+ crashes=[0-9]+$' | grep -cv 'crashes=0$')
+  EXTRA_P=$((EXTRA_P + harnesses))
+  EXTRA_F=$((EXTRA_F + crashed))
+  if [[ $FUZZ_RC -ne 0 && $crashed -eq 0 ]]; then
+    echo "$FUZZ_OUT_LOG" | tail -20
+    extra fuzz-build false
+  fi
+  echo "== unit tests under ASan + UBSan"
+  ASAN_TARGETS=(//libs/common/... //libs/transport/... //libs/reshard/... //libs/redis/... //libs/registry/...
+                //libs/rpc/... //libs/metrics/... //services/buffer/... //services/weights/...)
+  bazel test --config=asan "${ASAN_TARGETS[@]}" --test_tag_filters=-gpu --disk_cache="$DISK_CACHE" --keep_going \
+    >/tmp/rlfleet_asan.$$ 2>&1
+  ASAN_RC=$?
+  grep -E '^//.*(FAILED|NO STATUS)|^ERROR' /tmp/rlfleet_asan.$$ | head -20
+  ASAN_LOGS=$(bazel info --config=asan bazel-testlogs 2>/dev/null)
+  ASAN_TESTS=$(bazel query "tests(set(${ASAN_TARGETS[*]})) except attr(tags, 'gpu', tests(set(${ASAN_TARGETS[*]})))" 2>/dev/null)
+  ASAN_SUMMARY=$(python3 "$ROOT/tools/count_test_results.py" "$ASAN_LOGS" $ASAN_TESTS | tail -1)
+  echo "asan: $ASAN_SUMMARY"
+  EXTRA_P=$((EXTRA_P + $(echo "$ASAN_SUMMARY" | awk '{print $1}')))
+  EXTRA_F=$((EXTRA_F + $(echo "$ASAN_SUMMARY" | awk -F', ' '{split($2, f, " "); print f[1]}')))
+  [[ $ASAN_RC -ne 0 && "$ASAN_SUMMARY" == *", 0 failed"* ]] && extra asan-build false
+  rm -f /tmp/rlfleet_asan.$$
+fi
+
+SUMMARY=$(python3 -c 'import sys
+w = sys.argv[1].split(", ")
+p = int(w[0].split()[0]) + int(sys.argv[2]); f = int(w[1].split()[0]) + int(sys.argv[3])
+print(", ".join([f"{p} passed", f"{f} failed"] + w[2:]))' "$SUMMARY" "$EXTRA_P" "$EXTRA_F")
+[[ $EXTRA_F -ne 0 ]] && COUNT_RC=1
 echo "$SUMMARY"
 exit $COUNT_RC

@@ -42,18 +42,6 @@ constexpr uint64_t kVersion = 5;        // what most experiences were generated 
 constexpr uint64_t kSampleVersion = 6;  // the trainer's version when it samples
 constexpr uint32_t kMaxStaleness = 2;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // What a group is made to be: trained on, dropped for zero variance, dropped as stale
 // when sampled (version 3: within the bound at Put, beyond it at version 6), or
 // rejected at Put (version 1: beyond the bound already).
@@ -265,7 +253,7 @@ class BufferRecovery : public ::testing::Test {
  protected:
   void StartRedis(const std::string& fsync) {
     if (redis_port_ == 0) {
-      redis_port_ = FreePort();
+      redis_port_ = rlfleet::testing::FreeLoopbackPort();
       dir_ = absl::StrCat(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp", "/redis-", redis_port_);
       ASSERT_EQ(system(absl::StrCat("mkdir -p ", dir_).c_str()), 0);
     }

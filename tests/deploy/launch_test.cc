@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/util/local_fleet.h"
 #include "tests/util/subprocess.h"
 
 namespace rlfleet {
@@ -51,17 +52,9 @@ bool AwaitRollouts(const std::string& controller, int registered) {
 TEST(Launcher, UpScaleUpScaleDownAndCtrlCLeavesNothing) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/fleet";
   Subprocess launcher;
-  ASSERT_TRUE(launcher
-                  .Start({"/usr/bin/env", "RLFLEET_BIN=" + RunfilePath("services"), "/bin/bash",
-                          RunfilePath("deploy/local/launch.sh"), "--rollouts=1", "--dir=" + dir, "--",
-                          "--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"})
-                  .ok());
-  auto up = launcher.WaitForLine([](const std::string& l) { return absl::StrContains(l, "fleet up: controller "); },
-                                 absl::Seconds(180));
-  ASSERT_TRUE(up.ok()) << up.status() << launcher.output();
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(*up, m, std::regex("controller (127\\.0\\.0\\.1:[0-9]+)")));
-  const std::string controller = m[1];
+  absl::StatusOr<std::string> started = testing::StartLocalFleet(&launcher, dir);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string controller = *started;
   ASSERT_TRUE(AwaitRollouts(controller, 1));
   // Every service's /metrics is in the Prometheus targets file (reward, buffer, trainer,
   // controller, the rollout replica).

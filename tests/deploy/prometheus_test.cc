@@ -40,16 +40,6 @@ int RunTool(const std::vector<std::string>& argv, std::string* output) {
   return status.ok() ? WEXITSTATUS(*status) : -1;
 }
 
-int FreePort() {
-  std::string out;
-  RunTool({"/usr/bin/python3", "-c",
-       "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"},
-      &out);
-  int port = 0;
-  (void)absl::SimpleAtoi(out.substr(0, out.find('\n')), &port);
-  return port;
-}
-
 TEST(Prometheus, PromtoolAcceptsTheRulesAndTheirTests) {
   std::string out;
   EXPECT_EQ(RunTool({"/usr/bin/promtool", "check", "rules", RunfilePath("deploy/prometheus/alerts.yml")}, &out), 0)
@@ -95,7 +85,7 @@ TEST(Prometheus, ScrapesASmallFleetAndAnswersQueries) {
   }
   std::string out;
   ASSERT_EQ(RunTool({"/usr/bin/promtool", "check", "config", dir + "/prometheus.yml"}, &out), 0) << out;
-  const int port = FreePort();
+  const int port = rlfleet::testing::FreeLoopbackPort();
   ASSERT_GT(port, 0);
   Subprocess prometheus;
   ASSERT_TRUE(prometheus

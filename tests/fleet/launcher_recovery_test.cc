@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/util/local_fleet.h"
 #include "tests/util/subprocess.h"
 
 namespace rlfleet {
@@ -43,17 +44,9 @@ pid_t PidIn(const std::string& line, const std::string& pattern) {
 TEST(Launcher, ReplacesAKilledRolloutReplicaAndRestartsACrashedService) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/fleet";
   Subprocess launcher;
-  ASSERT_TRUE(launcher
-                  .Start({"/usr/bin/env", "RLFLEET_BIN=" + RunfilePath("services"), "/bin/bash",
-                          RunfilePath("deploy/local/launch.sh"), "--rollouts=1", "--dir=" + dir, "--",
-                          "--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"})
-                  .ok());
-  auto up = launcher.WaitForLine([](const std::string& l) { return absl::StrContains(l, "fleet up: controller "); },
-                                 absl::Seconds(180));
-  ASSERT_TRUE(up.ok()) << up.status() << launcher.output();
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(*up, m, std::regex("controller (127\\.0\\.0\\.1:[0-9]+)")));
-  const std::string controller = m[1];
+  absl::StatusOr<std::string> started = testing::StartLocalFleet(&launcher, dir);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string controller = *started;
   const std::string out = launcher.output();
   const pid_t rollout0 = PidIn(out, "rollout0 on [0-9.:]+ \\(pid ([0-9]+)");
   const pid_t reward = PidIn(out, "reward on [0-9.:]+ \\(pid ([0-9]+)");

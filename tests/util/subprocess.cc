@@ -1,5 +1,9 @@
 #include "tests/util/subprocess.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -153,6 +157,22 @@ absl::StatusOr<std::string> StartService(Subprocess& process, const std::string&
   if (!line.ok()) return line.status();
   std::string rest = line->substr(line->find(kListening) + strlen(kListening));
   return rest.substr(0, rest.find(' '));
+}
+
+int FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
 }
 
 }  // namespace rlfleet::testing

@@ -68,6 +68,10 @@ absl::StatusOr<std::string> StartService(Subprocess& process, const std::string&
                                          const std::vector<std::string>& flags,
                                          absl::Duration timeout = absl::Seconds(60));
 
+// A TCP port on 127.0.0.1 free at the time of the call (the kernel's pick), for a
+// server a test starts itself (redis-server, a fleet binary with a fixed port).
+int FreeLoopbackPort();
+
 }  // namespace rlfleet::testing
 
 #endif  // RLFLEET_TESTS_UTIL_SUBPROCESS_H_

@@ -28,18 +28,6 @@
 namespace rlfleet::registry {
 namespace {
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // What the controller's RegistryService does with Register / Heartbeat / Deregister,
 // over any Registry.
 class RegistryServiceOver final : public v1::RegistryService::Service {
@@ -92,7 +80,7 @@ class RegistrarRedisRestart : public ::testing::Test {
     ASSERT_TRUE(redis_->Signal(SIGKILL).ok());
     ASSERT_TRUE(redis_->Wait(absl::Seconds(10)).ok());
   }
-  const int port_ = FreePort();
+  const int port_ = rlfleet::testing::FreeLoopbackPort();
   std::unique_ptr<testing::Subprocess> redis_;
 };
 

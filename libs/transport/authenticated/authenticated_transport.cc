@@ -76,7 +76,7 @@ absl::Status VerifyDescriptor(const std::string& secret, const v1::RemoteMemoryD
 
 AuthenticatedTransport::AuthenticatedTransport(std::unique_ptr<Transport> inner, std::string secret,
                                                absl::Duration ttl)
-    : inner_(std::move(inner)), secret_(std::move(secret)), ttl_(ttl) {
+    : ForwardingTransport(std::move(inner)), secret_(std::move(secret)), ttl_(ttl) {
   if (secret_.size() < kMinDataPlaneSecretBytes) {  // a programmer error: callers validate the flag
     std::cerr << "AuthenticatedTransport: data-plane secret shorter than " << kMinDataPlaneSecretBytes << " bytes"
               << std::endl;

@@ -30,7 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "libs/transport/transport.h"
+#include "libs/transport/forwarding_transport.h"
 
 namespace rlfleet::transport {
 
@@ -47,28 +47,15 @@ void SignDescriptor(const std::string& secret, absl::Duration ttl, v1::RemoteMem
 absl::Status VerifyDescriptor(const std::string& secret, const v1::RemoteMemoryDescriptor& descriptor,
                               absl::Time now = absl::Now());
 
-class AuthenticatedTransport : public Transport {
+class AuthenticatedTransport : public ForwardingTransport {
  public:
-  // `secret` must be at least kMinDataPlaneSecretBytes (CHECKed: callers validate the
-  // flag first). Descriptors it issues expire `ttl` after Describe().
+  // `secret` must be at least kMinDataPlaneSecretBytes (aborts otherwise: callers
+  // validate the flag first). Descriptors it issues expire `ttl` after Describe().
   AuthenticatedTransport(std::unique_ptr<Transport> inner, std::string secret,
                          absl::Duration ttl = absl::Hours(24));
 
-  Transport* inner() { return inner_.get(); }
-
   Capabilities GetCapabilities() const override;
-  std::string LocalAddress() const override { return inner_->LocalAddress(); }
-  absl::StatusOr<PeerId> Connect(absl::string_view a) override { return inner_->Connect(a); }
-  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind,
-                                              int device) override {
-    return inner_->RegisterMemory(base, length, kind, device);
-  }
-  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind, int device) override {
-    return inner_->AllocateMemory(length, kind, device);
-  }
-  absl::Status DeregisterMemory(const MemoryHandle& h) override { return inner_->DeregisterMemory(h); }
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& handle) override;
-
   std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                   const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
                                   uint64_t length) override;
@@ -76,22 +63,10 @@ class AuthenticatedTransport : public Transport {
   std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                   const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
                                   uint64_t length) override;
-  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
-                                   uint64_t length) override {
-    return inner_->Send(peer, tag, local, offset, length);
-  }
-  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
-                                   uint64_t capacity) override {
-    return inner_->Recv(peer, tag, local, offset, capacity);
-  }
   absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(PeerId peer,
                                                            const v1::RemoteMemoryDescriptor& remote) override;
-  std::unique_ptr<Completion> SendRecvBatch(const std::vector<TwoSidedOp>& ops) override {
-    return inner_->SendRecvBatch(ops);
-  }
 
  private:
-  std::unique_ptr<Transport> inner_;
   const std::string secret_;
   const absl::Duration ttl_;
 };

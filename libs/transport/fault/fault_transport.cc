@@ -92,7 +92,7 @@ class BlackHole : public Completion {
 }  // namespace
 
 FaultTransport::FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan)
-    : inner_(std::move(inner)), plan_(plan), gen_(std::seed_seq{plan.seed}) {}
+    : ForwardingTransport(std::move(inner)), plan_(plan), gen_(std::seed_seq{plan.seed}) {}
 
 void FaultTransport::SetPlan(const FaultPlan& plan) {
   absl::MutexLock lock(&mu_);

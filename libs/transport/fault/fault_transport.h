@@ -15,7 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
-#include "libs/transport/transport.h"
+#include "libs/transport/forwarding_transport.h"
 
 namespace rlfleet::transport {
 
@@ -45,29 +45,14 @@ struct FaultCounters {
   uint64_t failed = 0;
 };
 
-class FaultTransport : public Transport {
+class FaultTransport : public ForwardingTransport {
  public:
   FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan = {});
 
   void SetPlan(const FaultPlan& plan);
   FaultCounters counters();
-  Transport* inner() { return inner_.get(); }
 
   Capabilities GetCapabilities() const override;
-  std::string LocalAddress() const override { return inner_->LocalAddress(); }
-  absl::StatusOr<PeerId> Connect(absl::string_view a) override { return inner_->Connect(a); }
-  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind,
-                                              int device) override {
-    return inner_->RegisterMemory(base, length, kind, device);
-  }
-  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind,
-                                              int device) override {
-    return inner_->AllocateMemory(length, kind, device);
-  }
-  absl::Status DeregisterMemory(const MemoryHandle& h) override { return inner_->DeregisterMemory(h); }
-  absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& h) override {
-    return inner_->Describe(h);
-  }
   std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                   const v1::RemoteMemoryDescriptor& remote,
                                   uint64_t remote_offset, uint64_t length) override;
@@ -78,6 +63,18 @@ class FaultTransport : public Transport {
                                    uint64_t offset, uint64_t length) override;
   std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
                                    uint64_t offset, uint64_t capacity) override;
+  // Batches go op by op through the faulty Put / Send / Recv above (Transport's
+  // defaults), and a peer's memory is never mapped past the faults.
+  std::unique_ptr<Completion> PutBatch(PeerId peer, const std::vector<PutOp>& ops) override {
+    return Transport::PutBatch(peer, ops);
+  }
+  std::unique_ptr<Completion> SendRecvBatch(const std::vector<TwoSidedOp>& ops) override {
+    return Transport::SendRecvBatch(ops);
+  }
+  absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(PeerId peer,
+                                                           const v1::RemoteMemoryDescriptor& remote) override {
+    return Transport::MapRemote(peer, remote);
+  }
 
  private:
   enum class Fate { kPass, kDrop, kFail, kCorrupt };
@@ -96,7 +93,6 @@ class FaultTransport : public Transport {
       const MemoryHandle& local, uint64_t offset, uint64_t length, uint64_t corrupt_at,
       const std::function<std::unique_ptr<Completion>(const MemoryHandle&)>& submit);
 
-  const std::unique_ptr<Transport> inner_;
   absl::Mutex mu_;
   FaultPlan plan_ ABSL_GUARDED_BY(mu_);
   FaultCounters counters_ ABSL_GUARDED_BY(mu_);

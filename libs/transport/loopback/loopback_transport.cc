@@ -138,6 +138,10 @@ void LoopbackTransport::Close() {
       table->clear();
     }
     node_->registrations.clear();
+    // Peers hold each other (shared_ptr both ways): a closed node lets go of its own,
+    // or two connected transports would keep each other alive for good (found by ASan).
+    node_->peers.clear();
+    node_->peer_by_address.clear();
   }
   fabric_->Remove(node_->node_id);
   // Receives that other nodes posted for messages from this one, and sends this node

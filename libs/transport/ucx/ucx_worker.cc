@@ -226,6 +226,11 @@ void Impl::Shutdown() {
   (void)!write(wake_fd_, &one, sizeof(one));
   thread_.join();
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  // Ops UCX never called back for (a peer killed mid-transfer) are finished above; with
+  // the worker gone no callback can reach them any more, so they are freed here (ASan
+  // found them leaked).
+  for (Op* op : ops_) delete op;
+  ops_.clear();
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) close(wake_fd_);
   worker_ = nullptr;
