@@ -181,6 +181,20 @@ uint64_t Plan::RangeCount() const {
   return n;
 }
 
+absl::StatusOr<uint64_t> CheckedElements(absl::string_view what, absl::Span<const int64_t> shape) {
+  if (shape.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " has no dimensions"));
+  uint64_t elements = 1;
+  for (int64_t d : shape) {
+    if (d <= 0) return absl::InvalidArgumentError(absl::StrCat(what, " has a non-positive dimension ", d));
+    // (overflow-checked: numel() and every byte offset multiply these)
+    if (static_cast<uint64_t>(d) > kMaxPlanElements / elements) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " has more than 2^40 elements"));
+    }
+    elements *= static_cast<uint64_t>(d);
+  }
+  return elements;
+}
+
 double PlanCost(const std::vector<TensorSpec>& tensors, const Layout& src, const Layout& dst) {
   // Intervals one rank's part of a tensor has: a row per outer index for columns.
   auto pieces = [](const TensorSpec& t, Split split) -> double {
@@ -212,21 +226,8 @@ absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layo
     }
   }
   for (const TensorSpec& t : tensors) {
-    if (t.shape.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no dimensions"));
-    }
-    uint64_t elements = 1;
-    for (int64_t d : t.shape) {
-      if (d <= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor '", t.name, "' has a non-positive dimension ", d));
-      }
-      // (overflow-checked: numel() and every byte offset below multiply these)
-      if (static_cast<uint64_t>(d) > kMaxPlanElements / elements) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has more than 2^40 elements"));
-      }
-      elements *= static_cast<uint64_t>(d);
-    }
+    absl::StatusOr<uint64_t> elements = CheckedElements(absl::StrCat("tensor '", t.name, "'"), t.shape);
+    if (!elements.ok()) return elements.status();
   }
   if (absl::Status s = CheckLayout("source", src, tensors); !s.ok()) return s;
   if (absl::Status s = CheckLayout("destination", dst, tensors); !s.ok()) return s;

@@ -28,6 +28,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace rlfleet::reshard {
 
@@ -111,6 +113,12 @@ inline constexpr int kMaxPlanRanks = 1 << 16;
 inline constexpr size_t kMaxPlanTensors = 1 << 16;
 inline constexpr uint64_t kMaxPlanElements = uint64_t{1} << 40;
 inline constexpr uint64_t kMaxPlanCost = uint64_t{1} << 26;
+
+// The number of elements of `shape` if every dimension is >= 1 and the product is at
+// most kMaxPlanElements (checked before each multiplication, so it cannot overflow);
+// INVALID_ARGUMENT "`what`: ..." otherwise. An empty shape is refused (callers that
+// allow scalars pass {1}).
+absl::StatusOr<uint64_t> CheckedElements(absl::string_view what, absl::Span<const int64_t> shape);
 
 // An upper estimate of MakePlan's work (interval steps, about the ranges and parts it
 // allocates): grows with ranks x ranks x tensors, and with the rows of column splits.

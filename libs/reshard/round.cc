@@ -28,7 +28,6 @@ constexpr int kMaxSourceRanks = 1024;
 constexpr int kMaxDestinationRanks = 64;
 // What a round may describe at most: a tensor's elements, a model's bytes (sizes come
 // from the network: checked before anything is allocated or multiplied further).
-constexpr uint64_t kMaxElements = uint64_t{1} << 40;
 constexpr uint64_t kMaxModelBytes = uint64_t{1} << 40;  // 1 TiB
 constexpr uint64_t kMinChunkBytes = 256, kMaxChunkBytes = uint64_t{1} << 30;
 constexpr uint64_t kMaxChunks = uint64_t{1} << 20;  // chunks of the whole plan
@@ -93,14 +92,8 @@ absl::StatusOr<ModelLayout> ModelLayoutFromProto(const v1::ShardLayout& proto, a
     }
     TensorSpec spec{name, {t.spec().shape().begin(), t.spec().shape().end()}, *dtype};
     if (spec.shape.empty()) spec.shape = {1};  // a scalar
-    uint64_t elements = 1;
-    for (int64_t d : spec.shape) {
-      if (d < 1 || static_cast<uint64_t>(d) > kMaxElements / elements) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ".tensors[", i, "].spec.shape: `", name,
-                                                       "` has a dimension < 1 or more than 2^40 elements"));
-      }
-      elements *= static_cast<uint64_t>(d);
-    }
+    ASSIGN_OR_RETURN(const uint64_t elements,
+                     CheckedElements(absl::StrCat(field, ".tensors[", i, "].spec.shape: `", name, "`"), spec.shape));
     model_bytes += elements * DTypeSize(*dtype);
     if (model_bytes > kMaxModelBytes) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".tensors: more than 1 TiB of tensors"));

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/common/checks.h"
+#include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 #include "libs/tasks/tasks.h"
 
@@ -117,6 +118,19 @@ absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreRespons
           where, ": prompt_text is required (token ids need the shared tokenizer) and texts are at most ",
           kMaxTextBytes, " bytes"));
     }
+    if (item.item_id().size() > common::kMaxIdBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".item_id is ", item.item_id().size(),
+                                                     " bytes; the limit is ", common::kMaxIdBytes));
+    }
+    if (item.metadata_size() > kMaxMetadataEntries) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".metadata has ", item.metadata_size(),
+                                                     " entries; the limit is ", kMaxMetadataEntries));
+    }
+    // The functions score text: token ids alone would be scored as an empty response.
+    if (item.response_text().empty() && item.response_token_ids_size() > 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          where, ".response_token_ids: this reward service scores text; send response_text (it does not detokenize)"));
+    }
     RewardFn fn;
     std::string name = item.reward_function();
     {
@@ -163,14 +177,29 @@ absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreRespons
 
 absl::Status RewardCore::List(const v1::ListRewardFunctionsRequest& request,
                               v1::ListRewardFunctionsResponse* response) {
+  // Pages in name order; a page token is the last name of the page before.
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("page.page_size", request.page().page_size(), 0, 1000));
+  const size_t page_size = request.page().page_size() == 0 ? 100 : request.page().page_size();
   absl::MutexLock lock(&mu_);
-  for (const auto& [name, entry] : functions_) {
-    const auto& tasks = entry.info.tasks();
+  auto it = functions_.begin();
+  if (!request.page().page_token().empty()) {
+    it = functions_.find(request.page().page_token());
+    if (it == functions_.end()) {
+      return absl::InvalidArgumentError("page.page_token is not one this server issued (or its function is gone)");
+    }
+    ++it;
+  }
+  for (; it != functions_.end(); ++it) {
+    const auto& tasks = it->second.info.tasks();
     if (!request.task().empty() &&
         std::find(tasks.begin(), tasks.end(), request.task()) == tasks.end()) {
       continue;
     }
-    *response->add_functions() = entry.info;
+    if (static_cast<size_t>(response->functions_size()) == page_size) {
+      response->set_next_page_token(response->functions(response->functions_size() - 1).name());
+      break;
+    }
+    *response->add_functions() = it->second.info;
   }
   return absl::OkStatus();
 }

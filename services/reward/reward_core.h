@@ -23,6 +23,7 @@ namespace rlfleet::reward {
 
 inline constexpr int kMaxItemsPerRequest = 1024;
 inline constexpr size_t kMaxTextBytes = 64 << 10;
+inline constexpr int kMaxMetadataEntries = 32;  // ScoreItem.metadata
 
 // Scores one item into `result` (reward, components, parsed). Returns INVALID_ARGUMENT
 // for an item it cannot score (e.g. a prompt of another task).

@@ -341,6 +341,21 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
       return absl::OkStatus();
     });
   }
+  // Two-phase installs are not offered: UpdateWeights stages and installs in one call.
+  // Refused with a message (an RPC left to gRPC's default answers UNIMPLEMENTED with none).
+  grpc::ServerUnaryReactor* PrepareWeights(grpc::CallbackServerContext* c, const v1::PrepareWeightsRequest*,
+                                           v1::PrepareWeightsResponse*) override {
+    return rpc::HandleUnary(c, auth_, [] {
+      return absl::UnimplementedError("PrepareWeights: use UpdateWeights, which stages and installs in one call");
+    });
+  }
+  grpc::ServerUnaryReactor* CommitWeights(grpc::CallbackServerContext* c, const v1::CommitWeightsRequest*,
+                                          v1::CommitWeightsResponse*) override {
+    return rpc::HandleUnary(c, auth_, [] {
+      return absl::UnimplementedError("CommitWeights: use UpdateWeights, which stages and installs in one call");
+    });
+  }
+
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* c, const v1::DrainRequest* req,
                                   v1::DrainResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] {

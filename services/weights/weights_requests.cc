@@ -181,6 +181,9 @@ absl::Status CheckRegisterDestination(const v1::RegisterDestinationRequest& requ
         return absl::InvalidArgumentError(absl::StrCat(field, ".spec.shape: ", t.spec().shape_size(),
                                                        " dimensions; at most 8"));
       }
+      if (t.spec().shape_size() > 0) {  // (where given, a shape must be one a plan can hold)
+        RETURN_IF_ERROR(reshard::CheckedElements(absl::StrCat(field, ".spec.shape"), t.spec().shape()).status());
+      }
     }
   } else if (request.layout().world_size() > 1) {
     return absl::InvalidArgumentError(

@@ -48,6 +48,14 @@ class WeightsServiceImpl final : public v1::WeightsService::CallbackService {
     return rpc::HandleUnary(c, auth_, [&] { return core_->GetSyncStatus(*req, resp); });
   }
 
+  // Not offered yet: refused with a message (gRPC's default UNIMPLEMENTED has none).
+  grpc::ServerWriteReactor<v1::VersionEvent>* WatchVersions(grpc::CallbackServerContext* c,
+                                                             const v1::WatchVersionsRequest*) override {
+    absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "WatchVersions");
+    if (s.ok()) s = absl::UnimplementedError("WatchVersions: not offered yet; poll GetSyncStatus");
+    return new rpc::FinishedStream<grpc::ServerWriteReactor<v1::VersionEvent>>(rpc::ToGrpcStatus(s));
+  }
+
  private:
   WeightsCore* const core_;
   const rpc::CallAuth auth_;

@@ -104,6 +104,56 @@ TEST(RewardCore, BadItemsNameTheItemAndTheProblem) {
   EXPECT_TRUE(absl::StrContains(core.Score(big, &response).message(), "limit is 1024"));
 }
 
+// Limits the contract states are enforced, and token ids the service would not read
+// are refused rather than scored as an empty response.
+TEST(RewardCore, ContractLimitsAndUnreadFieldsAreRefused) {
+  RewardCore core;
+  v1::ScoreResponse response;
+  auto score = [&](const v1::ScoreItem& item) {
+    v1::ScoreRequest request;
+    *request.add_items() = item;
+    return core.Score(request, &response);
+  };
+  v1::ScoreItem long_id = Item("reverse", "reverse:12", "21");
+  long_id.set_item_id(std::string(129, 'i'));
+  EXPECT_TRUE(absl::StrContains(score(long_id).message(), "items[0].item_id")) << score(long_id);
+  v1::ScoreItem metadata = Item("reverse", "reverse:12", "21");
+  for (int i = 0; i <= kMaxMetadataEntries; ++i) (*metadata.mutable_metadata())[absl::StrCat("k", i)] = "v";
+  EXPECT_TRUE(absl::StrContains(score(metadata).message(), "items[0].metadata")) << score(metadata);
+  v1::ScoreItem ids_only = Item("reverse", "reverse:12", "");
+  ids_only.add_response_token_ids(-5);
+  absl::Status unread = score(ids_only);
+  EXPECT_EQ(unread.code(), absl::StatusCode::kUnimplemented) << unread;
+  EXPECT_TRUE(absl::StrContains(unread.message(), "items[0].response_token_ids")) << unread;
+}
+
+TEST(RewardCore, FunctionsListInPages) {
+  RewardCore core;
+  v1::ListRewardFunctionsRequest request;
+  v1::ListRewardFunctionsResponse all;
+  ASSERT_TRUE(core.List(request, &all).ok());
+  ASSERT_GE(all.functions_size(), 3);
+  EXPECT_TRUE(all.next_page_token().empty());
+  request.mutable_page()->set_page_size(2);
+  std::vector<std::string> paged;
+  for (int pages = 0; pages < 100; ++pages) {
+    v1::ListRewardFunctionsResponse page;
+    ASSERT_TRUE(core.List(request, &page).ok());
+    EXPECT_LE(page.functions_size(), 2);
+    for (const auto& f : page.functions()) paged.push_back(f.name());
+    if (page.next_page_token().empty()) break;
+    request.mutable_page()->set_page_token(page.next_page_token());
+  }
+  ASSERT_EQ(paged.size(), static_cast<size_t>(all.functions_size()));
+  for (int i = 0; i < all.functions_size(); ++i) EXPECT_EQ(paged[i], all.functions(i).name());
+  v1::ListRewardFunctionsResponse ignored;
+  request.mutable_page()->set_page_token("garbage");
+  EXPECT_EQ(core.List(request, &ignored).code(), absl::StatusCode::kInvalidArgument);
+  request.mutable_page()->clear_page_token();
+  request.mutable_page()->set_page_size(1001);
+  EXPECT_EQ(core.List(request, &ignored).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RewardService, ScoresOverGrpcWithAuth) {
   RewardCore core;
   RewardServiceImpl service(&core, rpc::CallAuth{"tok"});

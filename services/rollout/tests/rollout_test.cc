@@ -126,6 +126,14 @@ TEST(RolloutService, GeneratesOverGrpcAndHealthFollowsTheState) {
   runner.AddService(&service);
   ASSERT_TRUE(runner.Start().ok());
   auto stub = v1::RolloutService::NewStub(grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
+  {  // RPCs not offered say so, with a message (gRPC's default has none)
+    grpc::ClientContext c0;
+    c0.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::CommitWeightsResponse committed;
+    grpc::Status refused = stub->CommitWeights(&c0, v1::CommitWeightsRequest(), &committed);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+    EXPECT_TRUE(absl::StrContains(refused.error_message(), "use UpdateWeights")) << refused.error_message();
+  }
   grpc::ClientContext c1;
   c1.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::GenerateBatchResponse response;

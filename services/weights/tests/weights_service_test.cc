@@ -265,6 +265,43 @@ TEST(WeightsService, EveryNumberIsCheckedInItsOwnTypeAndEverySizeBeforeItIsAlloc
   ExpectRefused(big.Sync(sync), grpc::StatusCode::INVALID_ARGUMENT, "replica_ids[0]");
 }
 
+// A destination layout's shape that no plan can hold is refused when registered, not
+// accepted and found out at the first sync.
+TEST(WeightsService, ADestinationShapeThatOverflowsIsRefusedAtRegistration) {
+  Served served("");
+  v1::RegisterDestinationRequest reg;
+  reg.set_replica_id("r");
+  reg.set_grpc_address("127.0.0.1:1");
+  v1::TensorLayout* t = reg.mutable_layout()->add_tensors();
+  reg.mutable_layout()->set_world_size(1);
+  t->mutable_spec()->set_name("w");
+  t->mutable_spec()->set_dtype(v1::DTYPE_FLOAT32);
+  t->mutable_spec()->add_shape(int64_t{1} << 62);
+  t->mutable_spec()->add_shape(int64_t{1} << 62);
+  t->set_kind(v1::LAYOUT_KIND_REPLICATED);
+  grpc::Status s = served.Register(reg);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "layout.tensors[0].spec.shape")) << s.error_message();
+  t->mutable_spec()->set_shape(0, -3);
+  EXPECT_EQ(served.Register(reg).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  t->mutable_spec()->set_shape(0, 4);
+  t->mutable_spec()->set_shape(1, 4);
+  EXPECT_TRUE(served.Register(reg).ok());
+}
+
+// An RPC the service does not offer says so, with a message naming what to use.
+TEST(WeightsService, AnRpcNotOfferedIsRefusedWithAMessage) {
+  Served served("");
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto reader = served.stub->WatchVersions(&context, v1::WatchVersionsRequest());
+  v1::VersionEvent event;
+  EXPECT_FALSE(reader->Read(&event));
+  grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "WatchVersions")) << s.error_message();
+}
+
 TEST(WeightsService, NoThreadForASyncIsResourceExhaustedNotTerminate) {
   const std::string root = MakeRoot("threads");
   const std::string image(4096, 't');
