@@ -1,4 +1,5 @@
 #include "services/buffer/buffer_core.h"
+#include "services/buffer/tests/test_experience.h"
 
 #include <grpcpp/create_channel.h>
 
@@ -18,20 +19,6 @@
 namespace rlfleet::buffer {
 namespace {
 
-v1::Experience Exp(const std::string& id, const std::string& group, float reward,
-                   uint64_t version = 1, int tokens = 4) {
-  v1::Experience e;
-  e.mutable_experience_id()->set_value(id);
-  e.set_group_id(group);
-  e.set_prompt_id(group);
-  e.set_reward(reward);
-  for (int i = 0; i < tokens; ++i) {
-    e.add_response_token_ids(5 + i);
-    e.add_response_logprobs(-0.5f);
-    e.add_token_policy_versions(version);
-  }
-  return e;
-}
 
 class BufferCoreTest : public ::testing::Test {
  protected:
