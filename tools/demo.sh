@@ -73,7 +73,8 @@ registered reward
 start buffer buffer/rlfleet-buffer --store=memory:// --registry_address="$ADDR_controller"
 registered buffer
 # (no --publish_dir: the trainer keeps each version in memory on its UCX data plane)
-start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --registry_address="$ADDR_controller"
+start trainer trainer/rlfleet-trainer --buffer="$ADDR_buffer" --registry_address="$ADDR_controller" \
+  --checkpoint_root="$RUN_DIR/checkpoints"
 registered trainer
 # Every version the trainer publishes goes through the weights service, which checks
 # its digest and pushes it to the rollout replicas (with RLFLEET_DEMO_ROLLOUTS > 1,

@@ -159,7 +159,7 @@ start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" --registr
 CORE_PIDS+=("$PID"); CORE_NAMES+=(buffer); BUFFER=$ADDR
 registered buffer || fail "buffer"
 start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" "${MODEL[@]}" \
-  --registry_address="$CONTROLLER" || fail "trainer"
+  --registry_address="$CONTROLLER" --checkpoint_root="$DIR/checkpoints" || fail "trainer"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(trainer)
 registered trainer || fail "trainer"
 # Versions are pushed to the replicas in two relay chains (each replica passing every
