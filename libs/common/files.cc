@@ -16,52 +16,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "libs/common/ids.h"
+#include "libs/common/status_macros.h"
 
 extern char** environ;
 
 namespace rlfleet::common {
 namespace fs = std::filesystem;
-namespace {
-
-// Closes a descriptor when it goes out of scope.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// Opens `path` for reading and checks it is a regular file of at most `max_bytes`.
-absl::StatusOr<uint64_t> OpenChecked(absl::string_view field, const fs::path& path, uint64_t max_bytes,
-                                     int* fd_out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(field, ": cannot open ", path.string(), ": ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path.string(), " is not a regular file"));
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size > max_bytes) {
-    ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", path.string(), " is ", size, " bytes; the limit is ", max_bytes));
-  }
-  *fd_out = fd;
-  return size;
-}
-
-}  // namespace
-
 absl::Status ValidatePathId(absl::string_view field, absl::string_view id) {
   if (absl::Status s = ValidateId(field, id); !s.ok()) return s;
   if (id.front() == '.') {
@@ -102,29 +62,58 @@ absl::StatusOr<fs::path> ResolveUnderRoot(absl::string_view field, const fs::pat
   return resolved;
 }
 
-absl::StatusOr<uint64_t> RegularFileSize(absl::string_view field, const fs::path& path, uint64_t max_bytes) {
-  int raw = -1;
-  absl::StatusOr<uint64_t> size = OpenChecked(field, path, max_bytes, &raw);
-  Fd fd(raw);
-  return size;
+RegularFile::RegularFile(RegularFile&& other) noexcept
+    : fd_(other.fd_), size_(other.size_), name_(std::move(other.name_)) {
+  other.fd_ = -1;
 }
 
-absl::StatusOr<std::string> ReadRegularFile(absl::string_view field, const fs::path& path, uint64_t max_bytes) {
-  int raw = -1;
-  absl::StatusOr<uint64_t> size = OpenChecked(field, path, max_bytes, &raw);
-  if (!size.ok()) return size.status();
-  Fd fd(raw);
-  std::string bytes(*size, '\0');
+RegularFile::~RegularFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status RegularFile::ReadAt(absl::string_view field, uint64_t offset, char* dst, uint64_t length) const {
   uint64_t done = 0;
-  while (done < *size) {
-    const ssize_t n = ::read(fd.get(), bytes.data() + done, *size - done);
+  while (done < length) {
+    const ssize_t n = ::pread(fd_, dst + done, length - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      return absl::DataLossError(absl::StrCat(field, ": short read of ", path.string(), " at byte ", done, " of ",
-                                              *size));
+      return absl::DataLossError(
+          absl::StrCat(field, ": short read of ", name_, " at byte ", done, " of the ", length, " asked for"));
     }
     done += static_cast<uint64_t>(n);
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegularFile> OpenRegularFile(absl::string_view field, const fs::path& path, uint64_t max_bytes,
+                                            bool no_follow) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY | (no_follow ? O_NOFOLLOW : 0));
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(field, ": cannot open ", path.string(), ": ", std::strerror(errno)));
+  }
+  RegularFile file(fd, 0, path.string());
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path.string(), " is not a regular file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", path.string(), " is ", size, " bytes; the limit is ", max_bytes));
+  }
+  file.size_ = size;
+  return file;
+}
+
+absl::StatusOr<uint64_t> RegularFileSize(absl::string_view field, const fs::path& path, uint64_t max_bytes) {
+  ASSIGN_OR_RETURN(RegularFile file, OpenRegularFile(field, path, max_bytes));
+  return file.size();
+}
+
+absl::StatusOr<std::string> ReadRegularFile(absl::string_view field, const fs::path& path, uint64_t max_bytes) {
+  ASSIGN_OR_RETURN(RegularFile file, OpenRegularFile(field, path, max_bytes));
+  std::string bytes(file.size(), '\0');
+  RETURN_IF_ERROR(file.ReadAt(field, 0, bytes.data(), bytes.size()));
   return bytes;
 }
 

@@ -36,6 +36,40 @@ absl::StatusOr<std::filesystem::path> ResolveUnderRoot(absl::string_view field,
                                                        const std::filesystem::path& root,
                                                        absl::string_view path);
 
+// A regular file open for reading: its descriptor (closed with the object) and the size
+// fstat gave for it. Move-only.
+class RegularFile;
+absl::StatusOr<RegularFile> OpenRegularFile(absl::string_view field, const std::filesystem::path& path,
+                                            uint64_t max_bytes, bool no_follow);
+
+class RegularFile {
+ public:
+  RegularFile(int fd, uint64_t size, std::string name) : fd_(fd), size_(size), name_(std::move(name)) {}
+  RegularFile(RegularFile&& other) noexcept;
+  RegularFile& operator=(RegularFile&&) = delete;
+  RegularFile(const RegularFile&) = delete;
+  ~RegularFile();
+  uint64_t size() const { return size_; }
+  // Reads exactly `length` bytes at `offset` into `dst`. DATA_LOSS naming `field` if
+  // the file ends (or fails) first.
+  absl::Status ReadAt(absl::string_view field, uint64_t offset, char* dst, uint64_t length) const;
+
+ private:
+  friend absl::StatusOr<RegularFile> OpenRegularFile(absl::string_view, const std::filesystem::path&, uint64_t,
+                                                     bool);
+  int fd_;
+  uint64_t size_;
+  std::string name_;  // the path, for messages
+};
+
+// Opens `path` as ReadRegularFile does: O_NONBLOCK (opening a FIFO does not block),
+// fstat'ed, refused unless regular and at most `max_bytes`. With `no_follow`, a final
+// symlink is refused too (for a path resolved already, e.g. by ResolveUnderRoot, so a
+// link swapped in since is not followed). NOT_FOUND if it cannot be opened,
+// INVALID_ARGUMENT naming `field` otherwise.
+absl::StatusOr<RegularFile> OpenRegularFile(absl::string_view field, const std::filesystem::path& path,
+                                            uint64_t max_bytes, bool no_follow = false);
+
 // Reads a whole regular file of at most `max_bytes`. The descriptor is opened
 // O_NONBLOCK (opening a FIFO does not block), fstat'ed, and refused unless it is a
 // regular file; the size comes from that fstat, so what is checked is what is read. NOT_FOUND if it

@@ -1,11 +1,6 @@
 #include "libs/transport/descriptor_fetcher.h"
 
-#include <fcntl.h>
-#include <limits.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 
@@ -78,34 +73,17 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescr
   // The real path must lie under the root: no "..", no symlink out of it.
   ASSIGN_OR_RETURN(const std::filesystem::path resolved,
                    common::ResolveUnderRoot("segment.worker_address", options_.file_root, path));
-  // O_NONBLOCK: opening a FIFO does not wait for a writer; O_NOFOLLOW: the last
-  // component was resolved above, so a link swapped in since is refused.
-  const int fd = open(resolved.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("segment.worker_address: cannot open ", path));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("segment.worker_address: ", path, " is not a regular file"));
-  }
-  // The range must lie in the file before a byte is allocated (what is checked is the
-  // open descriptor: what is read). The file's size is not echoed.
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (d.offset_bytes() > size || d.length_bytes() > size - d.offset_bytes()) {
-    close(fd);
+  // No size limit at the open: the range is checked against the size of the open
+  // descriptor (what is read) below, before a byte is allocated, and the file's size is
+  // not echoed. no_follow: the last component was resolved above, so a link swapped in
+  // since is refused.
+  ASSIGN_OR_RETURN(const common::RegularFile file,
+                   common::OpenRegularFile("segment.worker_address", resolved, UINT64_MAX, /*no_follow=*/true));
+  if (d.offset_bytes() > file.size() || d.length_bytes() > file.size() - d.offset_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("offset_bytes + length_bytes: past the end of ", path));
   }
   std::string bytes = common::NewHugeString(d.length_bytes());
-  uint64_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = pread(fd, bytes.data() + done, bytes.size() - done, d.offset_bytes() + done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += n;
-  }
-  close(fd);
-  if (done != bytes.size()) {
-    return absl::DataLossError(absl::StrCat(path, " was shorter than its descriptor when read"));
-  }
+  RETURN_IF_ERROR(file.ReadAt("segment.worker_address", d.offset_bytes(), bytes.data(), bytes.size()));
   return bytes;
 }
 
