@@ -21,6 +21,7 @@
 #include "libs/model/tokenizer.h"
 #include "libs/tasks/tasks.h"
 #include "services/controller/run_loop.h"
+#include "services/controller/run_manager.h"
 
 namespace rlfleet::controller {
 
@@ -224,6 +225,16 @@ class FakeTrainer : public TrainerPeer {
  private:
   FakeBuffer* const buffer_;
 };
+
+// Run peers for a RunManager: one fake rollout replica ("a"), reward, buffer and trainer.
+inline absl::StatusOr<RunPeers> OneReplicaFakePeers() {
+  RunPeers peers;
+  peers.rollouts.push_back(std::make_unique<FakeRollout>("a"));
+  peers.reward = std::make_unique<FakeReward>();
+  peers.buffer = std::make_unique<FakeBuffer>();
+  peers.trainer = std::make_unique<FakeTrainer>();
+  return peers;
+}
 
 }  // namespace rlfleet::controller
 

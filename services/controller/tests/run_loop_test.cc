@@ -405,15 +405,7 @@ TEST(RunManager, RunConfigErrorsNameTheField) {
 }
 
 TEST(RunManager, StartRunsAndStopStops) {
-  auto factory = []() -> absl::StatusOr<RunPeers> {
-    RunPeers peers;
-    peers.rollouts.push_back(std::make_unique<FakeRollout>("a"));
-    peers.reward = std::make_unique<FakeReward>();
-    peers.buffer = std::make_unique<FakeBuffer>();
-    peers.trainer = std::make_unique<FakeTrainer>();
-    return peers;
-  };
-  RunManager runs(factory, nullptr);
+  RunManager runs(OneReplicaFakePeers, nullptr);
   v1::RunConfig c;
   c.set_total_steps(0);  // until stopped
   c.set_batch_size(2);
@@ -566,15 +558,7 @@ TEST(Discovery, RegisteredRolloutReplicasJoinTheActiveRunAndDeregisteredOnesLeav
 // logged and it is not in the pool.
 TEST(Discovery, AJoiningReplicaThatServesAnotherVersionIsRefusedAndLogged) {
   Registry r;
-  auto factory = []() -> absl::StatusOr<RunPeers> {
-    RunPeers peers;
-    peers.rollouts.push_back(std::make_unique<FakeRollout>("a"));
-    peers.reward = std::make_unique<FakeReward>();
-    peers.buffer = std::make_unique<FakeBuffer>();
-    peers.trainer = std::make_unique<FakeTrainer>();
-    return peers;
-  };
-  RunManager runs(factory, nullptr);
+  RunManager runs(OneReplicaFakePeers, nullptr);
   absl::Mutex mu;
   std::vector<std::string> logs;
   auto discovery = RolloutDiscovery::Start(
