@@ -12,7 +12,8 @@
 # drained by the controller). A rollout replica that dies (a crash, kill -9) is
 # replaced; a core service that dies (redis, controller, reward, buffer, trainer,
 # weights) is restarted on the same port with the same flags, so the others find it
-# where they left it; one that keeps dying (more than RLFLEET_MAX_RESTARTS, default 5,
+# where they left it (the controller resumes its active run from the record it keeps
+# in Redis, the trainer from its newest checkpoint: --resume=latest); one that keeps dying (more than RLFLEET_MAX_RESTARTS, default 5,
 # in 5 minutes) stops the fleet. Ctrl-C (or SIGTERM) stops everything it started, by
 # pid, and leaves no process behind.
 # Binaries come from $RLFLEET_BIN (default bazel-bin/services; build them first with
@@ -159,7 +160,7 @@ start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" --registr
 CORE_PIDS+=("$PID"); CORE_NAMES+=(buffer); BUFFER=$ADDR
 registered buffer || fail "buffer"
 start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" "${MODEL[@]}" \
-  --registry_address="$CONTROLLER" --checkpoint_root="$DIR/checkpoints" || fail "trainer"
+  --registry_address="$CONTROLLER" --checkpoint_root="$DIR/checkpoints" --resume=latest || fail "trainer"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(trainer)
 registered trainer || fail "trainer"
 # Versions are pushed to the replicas in two relay chains (each replica passing every

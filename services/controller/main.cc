@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/common/clock.h"
 #include "libs/common/config.h"
@@ -13,6 +14,7 @@
 #include "services/controller/discovery.h"
 #include "services/controller/run_manager.h"
 #include "services/controller/run_peers_grpc.h"
+#include "services/controller/run_store.h"
 
 ABSL_FLAG(std::string, registry, "memory://",
           "Replica registry: memory:// (in-process) or redis://host:port.");
@@ -31,6 +33,12 @@ ABSL_FLAG(std::string, runs_dir, "rlfleet-runs",
 ABSL_FLAG(std::string, scaler, "",
           "What acts on Scale (the desired counts GetStatus reports): \"launcher\" when "
           "deploy/local/launch.sh started this controller; empty: Scale is FAILED_PRECONDITION.");
+ABSL_FLAG(std::string, run_store, "registry",
+          "Where the active run's record is kept, so that a restarted controller resumes the run from its "
+          "last step: redis://host:port[/prefix]; \"registry\" (default): the --registry's Redis when it "
+          "is one; empty: nowhere (a restarted controller forgets its run).");
+ABSL_FLAG(absl::Duration, resume_within, absl::Minutes(5),
+          "A resumed run waits this long for its peers (its rollout replicas registered) before it fails.");
 ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(120), "Deadline of each call a run makes.");
 
 int main(int argc, char** argv) {
@@ -99,8 +107,19 @@ int main(int argc, char** argv) {
     weights_route = weights.ok() ? route_of_run : nullptr;
     return peers;
   };
+  std::string run_store_url = absl::GetFlag(FLAGS_run_store);
+  if (run_store_url == "registry") {
+    const std::string registry_url = absl::GetFlag(FLAGS_registry);
+    run_store_url = absl::StartsWith(registry_url, "redis://") ? registry_url : "";
+  }
+  auto run_store = rlfleet::controller::OpenRunStore(run_store_url);
+  if (!run_store.ok()) {
+    std::cerr << "rlfleet-controller: --run_store: " << run_store.status() << "\n";
+    return 2;
+  }
   rlfleet::controller::RunManager runs(
-      factory, [](const std::string& line) { std::cout << line << std::endl; }, absl::GetFlag(FLAGS_runs_dir));
+      factory, [](const std::string& line) { std::cout << line << std::endl; }, absl::GetFlag(FLAGS_runs_dir),
+      run_store->get());
   rlfleet::controller::ControllerServiceImpl controller_service(&core, &runs, auth);
   auto discovery = rlfleet::controller::RolloutDiscovery::Start(
       &core, &runs,
@@ -127,6 +146,10 @@ int main(int argc, char** argv) {
   if (absl::Status status = runner.Start(); !status.ok()) {
     std::cerr << "rlfleet-controller: " << status << "\n";
     return 1;
+  }
+  // (after the server: the run's peers find this controller while it waits for them)
+  if (absl::Status s = runs.Recover(absl::GetFlag(FLAGS_resume_within)); !s.ok()) {
+    std::cerr << "rlfleet-controller: no run resumed: " << s << "\n";
   }
   std::cout << "rlfleet-controller listening on " << runner.address()
             << (options->auth.token.empty() ? "" : " (bearer token required)")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -35,9 +36,28 @@ bool ReplicaFailure(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s);
 }
 
+// Calls `call` again while it answers UNAVAILABLE (a peer restarting: its supervisor
+// brings it back on the same address), with back-off, until config.unavailable_retry
+// has passed or `stop` is set; returns its last answer. *retried: whether it was called
+// more than once (an earlier attempt may have landed).
+absl::Status RetryUnavailable(const LoopConfig& config, const std::atomic<bool>& stop,
+                              const std::function<absl::Status()>& call, bool* retried = nullptr) {
+  const absl::Time begin = absl::Now();
+  absl::Duration backoff = absl::Milliseconds(100);
+  absl::Status s = call();
+  if (retried != nullptr) *retried = false;
+  while (absl::IsUnavailable(s) && !stop.load() && absl::Now() + backoff - begin <= config.unavailable_retry) {
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+    if (retried != nullptr) *retried = true;
+    s = call();
+  }
+  return s;
+}
+
 // Generates for `examples` and scores the completions with the reward service.
-absl::Status RolloutAndScore(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward,
-                             const std::vector<tasks::Example>& examples, int samples,
+absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& stop, RolloutPool& rollout,
+                             RewardPeer& reward, const std::vector<tasks::Example>& examples, int samples,
                              float temperature, uint64_t seed, const std::string& request_id,
                              v1::GenerateBatchResponse* out, v1::ScoreResponse* scored) {
   v1::GenerateBatchRequest gen;
@@ -66,7 +86,12 @@ absl::Status RolloutAndScore(const LoopConfig& config, RolloutPool& rollout, Rew
     item->set_response_text(
         Tokenizer::DecodeResponse({e.response_token_ids().begin(), e.response_token_ids().end()}));
   }
-  RETURN_IF_ERROR(common::Annotate(reward.Score(score, scored), "Score"));
+  RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
+                                                    [&] {
+                                                      scored->Clear();
+                                                      return reward.Score(score, scored);
+                                                    }),
+                                   "Score"));
   if (scored->results_size() != score.items_size()) {
     return absl::InternalError(absl::StrCat("Score: the reward service returned ", scored->results_size(),
                                             " results for ", score.items_size(), " items"));
@@ -355,6 +380,17 @@ std::vector<std::string> RolloutPool::addresses() {
   return out;
 }
 
+uint64_t RolloutPool::NewestInstalledVersion() {
+  absl::MutexLock lock(&mu_);
+  uint64_t newest = 0;
+  for (const Replica& r : replicas_) {
+    if (!r.alive) continue;
+    absl::StatusOr<uint64_t> v = r.peer->InstalledVersion();
+    if (v.ok()) newest = std::max(newest, *v);
+  }
+  return newest;
+}
+
 absl::Status ValidateLoopConfig(const LoopConfig& c) {
   if (tasks::FindTask(c.task) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("task: unknown task '", c.task, "'"));
@@ -386,12 +422,22 @@ absl::Status ValidateLoopConfig(const LoopConfig& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const std::string& dir, const std::string& name,
-                                               int step) {
+absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const LoopConfig& config,
+                                               const std::atomic<bool>& stop, const std::string& name, int step) {
+  const std::string& dir = config.checkpoint_dir;
   v1::SaveCheckpointRequest request;
   request.set_path(absl::StrCat(dir, dir.empty() || dir.back() == '/' ? "" : "/", name, "-step-", step));
+  // (a retry finds the step's checkpoint written when the first attempt landed: the
+  // same step's state, so it is replaced)
   v1::SaveCheckpointResponse response;
-  RETURN_IF_ERROR(common::Annotate(trainer.SaveCheckpoint(request, &response),
+  bool retried = false;
+  RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
+                                                    [&] {
+                                                      if (retried) request.set_overwrite(true);
+                                                      retried = true;
+                                                      response.Clear();
+                                                      return trainer.SaveCheckpoint(request, &response);
+                                                    }),
                                    absl::StrCat("SaveCheckpoint ", request.path())));
   return response.path().empty() ? request.path() : response.path();
 }
@@ -406,7 +452,9 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   // buffer remembers the ids it has seen (durably, with Redis) and refuses them again:
   // without this a second run on the same buffer sent the first run's ids, every
   // experience was a duplicate and no step trained.
-  const std::string tag = common::NewId("r");
+  // A resumed run keeps its tag: the steps it runs again make the same ids, so what an
+  // earlier attempt stored is not stored twice.
+  const std::string tag = config.resume && !config.resume->tag.empty() ? config.resume->tag : common::NewId("r");
   const std::string name = config.run_id.empty() ? tag : config.run_id;
   {
     v1::ConfigureRequest configure;
@@ -414,11 +462,16 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     configure.set_group_size(config.samples);
     configure.set_filter_zero_variance(true);
     configure.set_zero_variance_epsilon(kZeroVarianceEpsilon);
-    RETURN_IF_ERROR(common::Annotate(buffer.Configure(configure), "buffer Configure"));
+    RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop, [&] { return buffer.Configure(configure); }),
+                                     "buffer Configure"));
   }
-  // The rollout replicas start from the trainer's weights (behaviour == policy at step 1).
+  // The newest version this run installed on its replicas. Every publish after a step
+  // that trained asks for a number above it (PublishWeightsRequest.min_version): a
+  // trainer restarted from an older checkpoint must not reuse a number the replicas
+  // hold for other weights.
+  uint64_t installed = config.resume ? config.resume->published_version : 0;
   double sync_seconds = 0;  // the last publish's
-  auto publish = [&]() -> absl::Status {
+  auto publish = [&](uint64_t min_version) -> absl::Status {
     const absl::Time begin = absl::Now();
     auto timed = [&](absl::Status s) {
       sync_seconds = absl::ToDoubleSeconds(absl::Now() - begin);
@@ -427,19 +480,43 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       if (s.ok()) sync_metric->Observe(sync_seconds);
       return s;
     };
+    v1::PublishWeightsRequest request;
+    request.set_idempotent(true);  // (a retry, or a run's start, finds it published)
+    request.set_min_version(min_version);
     v1::PublishWeightsResponse published;
-    RETURN_IF_ERROR(common::Annotate(trainer.PublishWeights(&published), "PublishWeights"));
+    RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
+                                                      [&] {
+                                                        published.Clear();
+                                                        return trainer.PublishWeights(request, &published);
+                                                      }),
+                                     "PublishWeights"));
     v1::PrepareWeightsRequest update;
     *update.mutable_manifest() = published.manifest();
     *update.add_chunks()->mutable_source() = published.location();
-    return timed(common::Annotate(rollout.UpdateWeights(update), "UpdateWeights"));
+    RETURN_IF_ERROR(timed(common::Annotate(rollout.UpdateWeights(update), "UpdateWeights")));
+    installed = std::max(installed, published.manifest().version().version());
+    return absl::OkStatus();
   };
-  RETURN_IF_ERROR(publish());
+  // The rollout replicas start from the trainer's weights (behaviour == policy at step
+  // 1). Their number is new unless the replicas' newest is the trainer's own: a number
+  // names one set of weights, so then they are the same.
+  {
+    const uint64_t newest = std::max(installed, rollout.NewestInstalledVersion());
+    absl::StatusOr<uint64_t> current = trainer.PolicyVersion();
+    RETURN_IF_ERROR(publish(current.ok() && *current >= newest ? 0 : newest + 1));
+  }
   absl::BitGen gen(std::seed_seq{config.seed});
   std::vector<tasks::Example> held_out;
   for (int i = 0; i < config.held_out; ++i) held_out.push_back(task->Make(gen, lengths));
-  const absl::Time start = absl::Now();
   LoopProgress progress;
+  if (config.resume) {
+    progress = *config.resume;
+    progress.held_out_exact.reset();
+  }
+  progress.tag = tag;
+  const int first_step = progress.step + 1;
+  // (the time a resumed run had run before counts on)
+  const absl::Time start = absl::Now() - absl::Seconds(progress.seconds);
   int checkpointed_step = -1;
   bool reached_target = false;
   // One step's rollouts: made on this thread (prompts come from one RNG in order),
@@ -455,7 +532,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     const absl::Time begin = absl::Now();
     // The sampling seed: the run's, mixed with the step's number.
     const uint64_t seed = config.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step);
-    p->status = RolloutAndScore(config, rollout, reward, examples, config.samples,
+    p->status = RolloutAndScore(config, stop, rollout, reward, examples, config.samples,
                                 static_cast<float>(config.temperature), seed, absl::StrCat(tag, "-s", step),
                                 &p->generated, &p->scored);
     p->seconds = absl::ToDoubleSeconds(absl::Now() - begin);
@@ -475,7 +552,9 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     std::function<void()> f;
     ~Joiner() { f(); }
   } joiner{join_ahead};
-  for (int step = 1; step <= config.steps && !stop.load(); ++step) {
+  // A resumed run's prompts go on where they were: the steps done drew theirs first.
+  for (int step = 1; step < first_step; ++step) (void)make_examples();
+  for (int step = first_step; step <= config.steps && !stop.load(); ++step) {
     auto at_step = [&](const absl::Status& s) {
       return common::Annotate(s, absl::StrCat("step ", step));
     };
@@ -483,7 +562,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     if (config.max_staleness == 0) {
       now = produce(step, make_examples());
     } else {
-      if (step == 1) next = produce(step, make_examples());
+      if (step == first_step) next = produce(step, make_examples());
       join_ahead();
       now = next;
       if (step < config.steps && !stop.load()) {
@@ -507,14 +586,28 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       *put.add_experiences() = std::move(e);
     }
     v1::PutExperiencesResponse put_reply;
-    RETURN_IF_ERROR(at_step(common::Annotate(buffer.PutExperiences(put, &put_reply), "PutExperiences")));
-    if (put_reply.accepted() == 0 && put.experiences_size() > 0) {
+    bool put_retried = false;
+    RETURN_IF_ERROR(at_step(common::Annotate(RetryUnavailable(config, stop,
+                                                              [&] {
+                                                                put_reply.Clear();
+                                                                return buffer.PutExperiences(put, &put_reply);
+                                                              },
+                                                              &put_retried),
+                                             "PutExperiences")));
+    // Duplicates of a retried put, or of a resumed run's first step, are this step's
+    // own experiences stored by the earlier attempt.
+    const bool again = put_retried || (step == first_step && config.resume.has_value());
+    const uint64_t stored = put_reply.accepted() + (again ? put_reply.duplicates() : 0);
+    progress.accepted_experiences += stored;
+    if (stored == 0 && put.experiences_size() > 0) {
       return at_step(absl::FailedPreconditionError(
           absl::StrCat("PutExperiences: ", put.experiences_size(), " experiences, ", PutRefusal(put_reply))));
     }
     // Whether this step's batch can teach anything: TrainStep's UNAVAILABLE then means
-    // the trainer (or its buffer) is unreachable, not "nothing to learn".
-    const bool signal = HasLearningSignal(put, config.samples);
+    // the trainer (or its buffer) is unreachable, not "nothing to learn". A resumed
+    // step's stored batch may have been trained already: its UNAVAILABLE is idle.
+    const bool signal = HasLearningSignal(put, config.samples) &&
+                        !(step == first_step && config.resume.has_value() && put_reply.accepted() == 0);
     v1::TrainStepRequest train;
     train.mutable_buffer()->set_num_groups(config.prompts);
     train.mutable_buffer()->set_min_groups(1);
@@ -553,10 +646,10 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       progress.loss = trained.metrics().loss();
       progress.mean_staleness = trained.metrics().mean_staleness();
       progress.trained_sequences += trained.metrics().sequences();
-      RETURN_IF_ERROR(at_step(publish()));
+      RETURN_IF_ERROR(at_step(publish(installed + 1)));
       progress.sync_seconds = sync_seconds;
       if (config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
-        absl::StatusOr<std::string> saved = SaveStepCheckpoint(trainer, config.checkpoint_dir, name, step);
+        absl::StatusOr<std::string> saved = SaveStepCheckpoint(trainer, config, stop, name, step);
         if (!saved.ok()) return at_step(saved.status());
         progress.last_checkpoint = *saved;
         checkpointed_step = step;
@@ -575,7 +668,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     if (config.eval_every > 0 && step % config.eval_every == 0) {
       v1::GenerateBatchResponse eval;
       v1::ScoreResponse eval_scored;
-      RETURN_IF_ERROR(at_step(RolloutAndScore(config, rollout, reward, held_out, 1, 0.0f, 0,
+      RETURN_IF_ERROR(at_step(RolloutAndScore(config, stop, rollout, reward, held_out, 1, 0.0f, 0,
                                               absl::StrCat("eval", step), &eval, &eval_scored)));
       int exact = 0;
       for (const auto& r : eval_scored.results()) exact += r.reward() >= 1.0f;
@@ -583,6 +676,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       progress.policy_version = VersionOf(eval);
     }
     progress.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    progress.published_version = installed;
     if (on_progress) on_progress(progress);
     if (progress.held_out_exact && *progress.held_out_exact >= config.stop_at) {
       reached_target = true;
@@ -599,8 +693,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   }
   // Periodic checkpoints end with the final state (interval 0: only at StopRun).
   if (config.checkpoint_every > 0 && checkpointed_step != progress.step && progress.step > 0) {
-    ASSIGN_OR_RETURN(progress.last_checkpoint,
-                     SaveStepCheckpoint(trainer, config.checkpoint_dir, name, progress.step));
+    ASSIGN_OR_RETURN(progress.last_checkpoint, SaveStepCheckpoint(trainer, config, stop, name, progress.step));
     if (on_progress) on_progress(progress);
   }
   return absl::OkStatus();

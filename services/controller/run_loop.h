@@ -67,7 +67,13 @@ class TrainerPeer {
   // is unreachable or restarting: the loop tells these apart itself (it knows which
   // groups it put had one) and retries within LoopConfig::unavailable_retry.
   virtual absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) = 0;
-  virtual absl::Status PublishWeights(v1::PublishWeightsResponse* response) = 0;
+  // The loop asks for request.min_version (the fleet's newest version + 1 after a step
+  // trained; see PublishWeightsRequest) and idempotent at a run's start.
+  virtual absl::Status PublishWeights(const v1::PublishWeightsRequest& request,
+                                      v1::PublishWeightsResponse* response) = 0;
+  // The version of the trainer's current weights (GetState). UNIMPLEMENTED by default:
+  // the loop then asks for a new number at a run's start.
+  virtual absl::StatusOr<uint64_t> PolicyVersion() { return absl::UnimplementedError("PolicyVersion"); }
   // Writes the trainer's model, optimizer and step to request.path (a directory on the
   // trainer's machine, under its checkpoint root).
   virtual absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
@@ -105,6 +111,9 @@ class RolloutPool {
   absl::Status Remove(const std::string& address);
   // Addresses of the live replicas.
   std::vector<std::string> addresses();
+  // The newest version any live replica reports serving (0: none, or none answered):
+  // what a run that starts or resumes must not reuse for other weights.
+  uint64_t NewestInstalledVersion();
 
  private:
   struct Replica {
@@ -120,6 +129,32 @@ class RolloutPool {
   std::vector<std::unique_ptr<RolloutReplica>> waiting_ ABSL_GUARDED_BY(mu_);  // for the first weights
   std::optional<v1::PrepareWeightsRequest> weights_ ABSL_GUARDED_BY(mu_);     // last installed
   Log log_;
+};
+
+struct LoopProgress {
+  int step = 0;
+  double seconds = 0;
+  uint64_t policy_version = 0;  // of the rollouts this step (eval's at eval steps)
+  double train_reward = 0;      // mean over the step's samples
+  float entropy = 0;            // of the last step that trained
+  int idle_steps = 0;           // steps whose every group had zero reward variance
+  uint64_t trained_sequences = 0;  // summed over the steps that trained
+  std::optional<double> held_out_exact;
+  // This step's phases: generating and scoring its rollouts (in async mode that
+  // overlapped the previous step's training), TrainStep, and the weight sync
+  // (PublishWeights + every replica installing the version).
+  double generate_seconds = 0, train_seconds = 0, sync_seconds = 0;
+  double tokens_per_s = 0;    // response tokens of this step's rollouts / generate_seconds
+  float mean_staleness = 0;   // version lag of the trained batch (the trainer's figure)
+  float loss = 0;             // of the last step that trained
+  std::string last_checkpoint;  // path of the last checkpoint written; empty = none
+  // Experiences the buffer took from this run (accepted, and on a retried or resumed
+  // put the duplicates of what an earlier attempt stored).
+  uint64_t accepted_experiences = 0;
+  // For a resume: the tag in this run's ids (RunLoop's) and the newest version the run
+  // installed on its replicas.
+  std::string tag;
+  uint64_t published_version = 0;
 };
 
 struct LoopConfig {
@@ -150,32 +185,25 @@ struct LoopConfig {
   // from the loop (RunManager saves one at StopRun when asked). Empty dir = none.
   std::string checkpoint_dir;
   int checkpoint_every = 0;
-  // How long TrainStep may answer UNAVAILABLE for a step whose batch had a learning
-  // signal (the trainer restarting, the buffer slow) before the run fails.
+  // How long a peer may answer UNAVAILABLE (restarting: the trainer, buffer, reward or
+  // weights service; Redis behind the buffer) before the run fails; TrainStep's for a
+  // step whose batch had a learning signal (without one it means "nothing to learn").
   absl::Duration unavailable_retry = absl::Seconds(60);
-};
-
-struct LoopProgress {
-  int step = 0;
-  double seconds = 0;
-  uint64_t policy_version = 0;  // of the rollouts this step (eval's at eval steps)
-  double train_reward = 0;      // mean over the step's samples
-  float entropy = 0;            // of the last step that trained
-  int idle_steps = 0;           // steps whose every group had zero reward variance
-  uint64_t trained_sequences = 0;  // summed over the steps that trained
-  std::optional<double> held_out_exact;
-  // This step's phases: generating and scoring its rollouts (in async mode that
-  // overlapped the previous step's training), TrainStep, and the weight sync
-  // (PublishWeights + every replica installing the version).
-  double generate_seconds = 0, train_seconds = 0, sync_seconds = 0;
-  double tokens_per_s = 0;    // response tokens of this step's rollouts / generate_seconds
-  float mean_staleness = 0;   // version lag of the trained batch (the trainer's figure)
-  float loss = 0;             // of the last step that trained
-  std::string last_checkpoint;  // path of the last checkpoint written; empty = none
+  // Resumes a run (a restarted controller's) after resume->step: the same tag in its
+  // ids, the prompts of the steps after it, its progress so far. The first step again
+  // may find its experiences already stored (their ids are duplicates): they count as
+  // accepted, and its TrainStep's UNAVAILABLE as idle (they may be trained already).
+  std::optional<LoopProgress> resume;
 };
 
 // INVALID_ARGUMENT naming the field for a config out of range or an unknown task.
 absl::Status ValidateLoopConfig(const LoopConfig& config);
+
+// Saves a checkpoint of `trainer` as config.checkpoint_dir/`name`-step-`step` and
+// returns its path (UNAVAILABLE retried as RunLoop does, until `stop`). The trainer's
+// error (annotated) when it cannot.
+absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const LoopConfig& config,
+                                               const std::atomic<bool>& stop, const std::string& name, int step);
 
 // Runs the loop until config.steps, config.stop_at, `stop`, or an error (annotated with
 // the step and the peer call). Calls `on_progress` after every step. Request, group and
@@ -183,13 +211,10 @@ absl::Status ValidateLoopConfig(const LoopConfig& config);
 // is not refused as duplicates of the first. A step whose groups all have zero reward
 // variance has nothing to learn: TrainStep's UNAVAILABLE then makes it an idle step;
 // for a step with a signal UNAVAILABLE is retried until config.unavailable_retry, then
-// returned. FAILED_PRECONDITION if the buffer accepted none of a step's experiences, or
-// if every step of a run that went its length was idle (nothing was trained).
-// Saves a checkpoint of `trainer` as `dir`/`name`-step-`step` and returns its path.
-// The trainer's error (annotated) when it cannot.
-absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const std::string& dir,
-                                               const std::string& name, int step);
-
+// returned, as are the other peers' (Score, PutExperiences, PublishWeights,
+// SaveCheckpoint: each safe to repeat). FAILED_PRECONDITION if the buffer accepted
+// none of a step's experiences, or if every step of a run that went its length was
+// idle (nothing was trained).
 absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward,
                      BufferPeer& buffer, TrainerPeer& trainer, const std::atomic<bool>& stop,
                      const std::function<void(const LoopProgress&)>& on_progress);

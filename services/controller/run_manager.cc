@@ -112,10 +112,115 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c) {
 }
 
 RunManager::RunManager(PeerFactory peers, std::function<void(const std::string&)> log,
-                       std::string runs_dir)
-    : peers_(std::move(peers)), log_(std::move(log)), runs_dir_(std::move(runs_dir)) {}
+                       std::string runs_dir, RunStore* store)
+    : peers_(std::move(peers)), log_(std::move(log)), runs_dir_(std::move(runs_dir)), store_(store) {}
+
+void RunManager::Persist() {
+  if (store_ == nullptr) return;
+  absl::MutexLock store_lock(&store_mu_);
+  RunRecord record;
+  {
+    absl::MutexLock lock(&mu_);
+    if (run_id_.empty()) return;
+    record.run_id = run_id_;
+    record.config = config_;
+    record.state = state_;
+    record.started_unix_ms = absl::ToUnixMillis(started_);
+    record.run_dir = run_dir_;
+    record.error = error_;
+    record.stop_requested = stop_requested_;
+    record.last_exact = last_exact_;
+    record.resumes = resumes_;
+    record.progress = progress_;
+    if (record.progress.last_checkpoint.empty()) record.progress.last_checkpoint = checkpoint_path_;
+  }
+  const absl::Status saved = store_->Save(record);
+  if (!saved.ok() && !store_failing_ && log_) {
+    log_(absl::StrCat("run ", record.run_id, ": cannot save the run's record (", saved.ToString(),
+                      "); a controller restarted now would resume it from an earlier step"));
+  }
+  if (saved.ok() && store_failing_ && log_) log_(absl::StrCat("run ", record.run_id, ": its record is saved again"));
+  store_failing_ = !saved.ok();
+}
+
+absl::Status RunManager::Recover(absl::Duration peers_within) {
+  if (store_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::optional<RunRecord>> loaded = store_->Load();
+  if (!loaded.ok()) return common::Annotate(loaded.status(), "reading the run's record");
+  if (!loaded->has_value()) return absl::OkStatus();
+  RunRecord& r = **loaded;
+  const bool resume = !Terminal(r.state) && !r.stop_requested;
+  absl::StatusOr<LoopConfig> loop = LoopConfigFromRun(r.config);
+  {
+    absl::MutexLock lock(&mu_);
+    run_id_ = r.run_id;
+    used_ids_.insert(r.run_id);
+    config_ = r.config;
+    state_ = r.state;
+    progress_ = r.progress;
+    last_exact_ = r.last_exact;
+    started_ = absl::FromUnixMillis(r.started_unix_ms);
+    error_ = r.error;
+    run_dir_ = r.run_dir;
+    checkpoint_path_ = r.progress.last_checkpoint;
+    resumes_ = r.resumes;
+    stop_requested_ = r.stop_requested;
+    if (!Terminal(r.state) && r.stop_requested) {
+      state_ = v1::RUN_STATE_STOPPED;  // (it was stopping when the controller died)
+    } else if (resume && !loop.ok()) {
+      state_ = v1::RUN_STATE_FAILED;
+      error_ = absl::StrCat("cannot resume: ", loop.status().ToString());
+    } else if (resume) {
+      state_ = v1::RUN_STATE_STARTING;
+      ++resumes_;
+    }
+  }
+  Persist();
+  if (!resume || !loop.ok()) {
+    if (log_ && !Terminal(r.state)) log_(absl::StrCat("run ", r.run_id, " was active; it is now ", v1::RunState_Name(r.state)));
+    return absl::OkStatus();
+  }
+  loop->run_id = r.run_id;
+  loop->resume = r.progress;
+  if (log_) log_(absl::StrCat("run ", r.run_id, " resumes after step ", r.progress.step, " (policy v",
+                              r.progress.published_version, "); waiting for its peers"));
+  stop_ = false;
+  thread_ = std::thread([this, l = *loop, peers_within, replicas = r.config.rollout_replicas()]() mutable {
+    const absl::Time deadline = absl::Now() + peers_within;
+    absl::StatusOr<RunPeers> peers = absl::UnavailableError("not tried");
+    while (!stop_.load()) {
+      peers = peers_();
+      if (peers.ok() && peers->rollouts.size() < std::max<size_t>(1, replicas)) {
+        peers = absl::FailedPreconditionError(absl::StrCat("config.rollout_replicas: ", replicas, " wanted, ",
+                                                           peers->rollouts.size(), " known"));
+      }
+      if (peers.ok() || absl::Now() >= deadline) break;
+      absl::SleepFor(absl::Seconds(1));
+    }
+    if (shutting_down_.load()) return;  // (still active in the store: the next controller resumes it)
+    if (!peers.ok() || stop_.load()) {
+      std::string line;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_requested_) {
+          state_ = v1::RUN_STATE_STOPPED;  // (StopRun while it waited)
+        } else {
+          state_ = v1::RUN_STATE_FAILED;
+          error_ = absl::StrCat("resuming: the run's peers: ", peers.status().ToString());
+        }
+        line = absl::StrCat("run ", run_id_, " ", v1::RunState_Name(state_), " before it resumed: ", error_);
+      }
+      Persist();
+      if (log_) log_(line);
+      return;
+    }
+    Body(std::move(l), std::move(*peers));
+  });
+  return absl::OkStatus();
+}
 
 RunManager::~RunManager() {
+  shutting_down_ = true;
   stop_ = true;
   if (thread_.joinable()) thread_.join();
 }
@@ -168,8 +273,10 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
     stop_checkpoint_ = false;
     stop_timed_out_ = false;
     checkpoint_path_.clear();
+    resumes_ = 0;
   }
   stop_ = false;
+  Persist();
   thread_ = std::thread([this, l = *loop, p = std::move(*peers)]() mutable { Body(l, std::move(p)); });
   if (log_) log_(absl::StrCat("run ", id, " started: ", config.ShortDebugString()));
   return id;
@@ -208,7 +315,7 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
       dir = run_dir_;
     }
     if (!dir.empty()) {
-      absl::Status opened = metrics.Open(dir);
+      absl::Status opened = metrics.Open(dir, /*append=*/config.resume.has_value());
       write_metrics = opened.ok();
       if (!opened.ok() && log_) log_(absl::StrCat("run metrics: ", opened.message()));
     }
@@ -224,6 +331,7 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
       if (p.held_out_exact) last_exact_ = static_cast<float>(*p.held_out_exact);
       id = run_id_;
     }
+    Persist();
     // Outside the lock (a slow stdout must not stall GetStatus), and at most every 5 s.
     if (log_ && p.held_out_exact && absl::Now() - last_log >= absl::Seconds(5)) {
       last_log = absl::Now();
@@ -240,6 +348,19 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
     absl::MutexLock lock(&pool_mu_);
     pool_ = nullptr;
   }
+  if (shutting_down_.load()) {
+    // The controller is stopping (not the run): its record stays as of its last step,
+    // active, and the next controller resumes it.
+    bool asked_to_stop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      asked_to_stop = stop_requested_;
+    }
+    if (!asked_to_stop) {
+      if (log_) log_(absl::StrCat("run ", config.run_id, " left active for the next controller to resume"));
+      return;
+    }
+  }
   // StopRun with checkpoint: the trainer's state after the last step, unless the loop
   // saved that step already.
   bool checkpoint = false;
@@ -253,7 +374,7 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
   }
   const std::string last_name = absl::StrCat(config.run_id, "-step-", step);
   if (checkpoint && !(absl::EndsWith(saved, "/" + last_name) || saved == last_name)) {
-    absl::StatusOr<std::string> path = SaveStepCheckpoint(*peers.trainer, config.checkpoint_dir, config.run_id, step);
+    absl::StatusOr<std::string> path = SaveStepCheckpoint(*peers.trainer, config, stop_, config.run_id, step);
     if (path.ok()) {
       saved = *path;
     } else {
@@ -276,6 +397,7 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
     line = absl::StrCat("run ", run_id_, " ", v1::RunState_Name(state_), " after ", progress_.step, " steps",
                         s.ok() ? "" : ": " + error_);
   }
+  Persist();
   if (log_) log_(line);
   if (write_metrics && log_) log_(metrics.Finish());
 }
@@ -327,6 +449,7 @@ void RunManager::Fill(v1::GetStatusResponse* response) {
   response->set_started_at_unix_ms(absl::ToUnixMillis(started_));
   response->set_error(error_);
   response->set_run_dir(run_dir_);
+  response->set_resumes(static_cast<uint32_t>(resumes_));
   v1::MetricsSummary* m = response->mutable_metrics();
   m->set_reward_mean(static_cast<float>(progress_.train_reward));
   m->set_eval_exact_match(last_exact_);
@@ -336,6 +459,9 @@ void RunManager::Fill(v1::GetStatusResponse* response) {
   m->set_weight_sync_ms(progress_.sync_seconds * 1e3);
   m->set_mean_staleness(progress_.mean_staleness);
   m->set_loss(progress_.loss);
+  m->set_experiences_accepted(progress_.accepted_experiences);
+  m->set_trained_sequences(progress_.trained_sequences);
+  m->set_idle_steps(static_cast<uint32_t>(progress_.idle_steps));
   if (progress_.policy_version > response->policy_version().version()) {
     response->mutable_policy_version()->set_version(progress_.policy_version);
   }

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "rlfleet/v1/controller.pb.h"
 #include "services/controller/run_loop.h"
+#include "services/controller/run_store.h"
 
 namespace rlfleet::controller {
 
@@ -38,9 +39,20 @@ class RunManager {
  public:
   // `log` gets one line per event (run started / finished, replica dropped, eval).
   // With `runs_dir`, each run writes its metrics and curves (run_metrics.h) into
-  // runs_dir/<run id>.
-  RunManager(PeerFactory peers, std::function<void(const std::string&)> log, std::string runs_dir = "");
-  ~RunManager();  // stops an active run and waits for it
+  // runs_dir/<run id>. With `store` (not owned), the run is saved there when it starts,
+  // after every step and when it ends, and Recover resumes it.
+  RunManager(PeerFactory peers, std::function<void(const std::string&)> log, std::string runs_dir = "",
+             RunStore* store = nullptr);
+  ~RunManager();  // stops an active run and waits for it (its record stays active)
+
+  // Once, at start: reads the store's record. A run that had ended is reported by Fill
+  // as the last run; one that was active when the previous controller died resumes
+  // after its last saved step (LoopConfig::resume) as soon as its peers can be made
+  // (with at least config.rollout_replicas rollout replicas, retried every second up
+  // to `peers_within`; then it ends FAILED saying why); one that was stopping ends
+  // STOPPED. Returns the store's error when the record cannot be read (no run is
+  // resumed then).
+  absl::Status Recover(absl::Duration peers_within = absl::Minutes(5));
 
   // Starts a run; returns its id (`run_id`, or a new one). INVALID_ARGUMENT naming
   // the field for a run_id that is not a path-safe id (ValidatePathId: it names the
@@ -76,11 +88,20 @@ class RunManager {
 
  private:
   void Body(LoopConfig config, RunPeers peers);
+  // Saves the run's record (when there is a store); a failure is logged, once per
+  // outage, and the run goes on.
+  void Persist();
 
   const PeerFactory peers_;
   const std::function<void(const std::string&)> log_;
   const std::string runs_dir_;
+  RunStore* const store_;
+  // Saves one at a time, each of the state as it is then (a Stop's record is never
+  // overwritten by an older step's).
+  absl::Mutex store_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  bool store_failing_ ABSL_GUARDED_BY(store_mu_) = false;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> shutting_down_{false};  // the destructor: the run is left to resume
   std::thread thread_;
   absl::Mutex mu_;
   std::string run_id_ ABSL_GUARDED_BY(mu_);
@@ -95,6 +116,7 @@ class RunManager {
   bool stop_checkpoint_ ABSL_GUARDED_BY(mu_) = false;  // StopRun asked for a checkpoint
   bool stop_timed_out_ ABSL_GUARDED_BY(mu_) = false;   // StopRun's grace ran out: ends FAILED
   std::string checkpoint_path_ ABSL_GUARDED_BY(mu_);   // the run's last checkpoint
+  int resumes_ ABSL_GUARDED_BY(mu_) = 0;               // times Recover resumed it
   absl::flat_hash_set<std::string> used_ids_ ABSL_GUARDED_BY(mu_);  // run ids started here
   // The active run's pool while its loop runs (a mutex of its own: scaling waits for
   // the pool's current call, and must not hold up GetStatus meanwhile).

@@ -9,12 +9,15 @@
 
 namespace rlfleet::controller {
 
-absl::Status RunMetrics::Open(const std::filesystem::path& dir) {
+absl::Status RunMetrics::Open(const std::filesystem::path& dir, bool append) {
   dir_ = dir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  csv_.open(dir / "metrics.csv");
+  const bool had_rows = append && std::filesystem::file_size(dir / "metrics.csv", ec) > 0 && !ec;
+  ec.clear();
+  csv_.open(dir / "metrics.csv", had_rows ? std::ios::app : std::ios::trunc);
   if (ec || !csv_) return absl::InternalError(absl::StrCat("cannot write ", (dir / "metrics.csv").string()));
+  if (had_rows) return absl::OkStatus();
   csv_ << "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact,generate_s,train_s,sync_s,"
           "tokens_per_s,mean_staleness\n"
        << std::flush;

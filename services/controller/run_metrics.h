@@ -16,8 +16,10 @@ namespace rlfleet::controller {
 
 class RunMetrics {
  public:
-  // Creates `dir` and metrics.csv in it. INTERNAL naming the path when it cannot.
-  absl::Status Open(const std::filesystem::path& dir);
+  // Creates `dir` and metrics.csv in it; with `append` (a resumed run), a metrics.csv
+  // already there keeps its rows and gets the new ones after them. INTERNAL naming
+  // the path when it cannot.
+  absl::Status Open(const std::filesystem::path& dir, bool append = false);
   void Add(const LoopProgress& progress);
   // Closes the CSV and draws the curves. Returns a line for the user: where the files
   // are, or why there is no plot (no gnuplot installed).

@@ -88,12 +88,13 @@ class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {
   absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) override {
     return rpc::ToAbslStatus(stub_->TrainStep(Context().get(), request, response));
   }
-  absl::Status PublishWeights(v1::PublishWeightsResponse* response) override {
-    // Idempotent: a run starts by publishing the trainer's current version, which an
-    // earlier run may have published already.
-    v1::PublishWeightsRequest request;
-    request.set_idempotent(true);
+  absl::Status PublishWeights(const v1::PublishWeightsRequest& request, v1::PublishWeightsResponse* response) override {
     return rpc::ToAbslStatus(stub_->PublishWeights(Context().get(), request, response));
+  }
+  absl::StatusOr<uint64_t> PolicyVersion() override {
+    v1::GetStateResponse state;
+    RETURN_IF_ERROR(rpc::ToAbslStatus(stub_->GetState(Context().get(), v1::GetStateRequest(), &state)));
+    return state.policy_version().version();
   }
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
                               v1::SaveCheckpointResponse* response) override {
@@ -170,10 +171,11 @@ class TrainerThroughWeights : public TrainerPeer {
   absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) override {
     return inner_->TrainStep(request, response);
   }
-  absl::Status PublishWeights(v1::PublishWeightsResponse* response) override {
-    RETURN_IF_ERROR(inner_->PublishWeights(response));
+  absl::Status PublishWeights(const v1::PublishWeightsRequest& request, v1::PublishWeightsResponse* response) override {
+    RETURN_IF_ERROR(inner_->PublishWeights(request, response));
     return common::Annotate(route_->Publish(*response), "weights service PublishVersion");
   }
+  absl::StatusOr<uint64_t> PolicyVersion() override { return inner_->PolicyVersion(); }
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
                               v1::SaveCheckpointResponse* response) override {
     return inner_->SaveCheckpoint(request, response);

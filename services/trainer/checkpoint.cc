@@ -2,6 +2,7 @@
 
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "libs/common/files.h"
@@ -115,6 +116,36 @@ absl::Status RemoveCheckpoint(const fs::path& dir) {
   fs::remove(dir, ec);  // an empty directory only
   if (ec) return absl::InternalError(absl::StrCat("cannot remove ", dir.string(), ": ", ec.message()));
   return absl::OkStatus();
+}
+
+std::optional<fs::path> FindLatestCheckpoint(const fs::path& root, int max_depth) {
+  std::optional<fs::path> best;
+  fs::file_time_type best_time;
+  std::error_code ec;
+  // Breadth-first over real directories (links are not followed), `max_depth` deep.
+  std::vector<fs::path> level = {root};
+  for (int depth = 0; depth <= max_depth && !level.empty(); ++depth) {
+    std::vector<fs::path> next;
+    for (const fs::path& dir : level) {
+      const std::string name = dir.filename().string();
+      // (a save in progress, or the one an overwrite moved aside)
+      if (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos) continue;
+      if (depth > 0 && CheckIsCheckpoint(dir).ok()) {
+        const fs::file_time_type t = fs::last_write_time(dir / kStateFile, ec);
+        if (!ec && (!best.has_value() || t > best_time)) {
+          best = dir;
+          best_time = t;
+        }
+        continue;
+      }
+      for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+        if (entry.symlink_status(ec).type() == fs::file_type::directory) next.push_back(entry.path());
+      }
+      ec.clear();
+    }
+    level = std::move(next);
+  }
+  return best;
 }
 
 }  // namespace rlfleet::trainer

@@ -53,6 +53,12 @@ absl::Status CheckIsCheckpoint(const std::filesystem::path& dir);
 // directory (never a recursive remove).
 absl::Status RemoveCheckpoint(const std::filesystem::path& dir);
 
+// The checkpoint under `root` (at most `max_depth` directories down, links not
+// followed) whose state.txt was written last; nullopt when there is none. Directories
+// that CheckIsCheckpoint refuses are not candidates, nor the `.tmp-` folders a save
+// writes into before it renames them, nor the `.old-` ones an overwrite moves aside.
+std::optional<std::filesystem::path> FindLatestCheckpoint(const std::filesystem::path& root, int max_depth = 4);
+
 }  // namespace rlfleet::trainer
 
 #endif  // RLFLEET_SERVICES_TRAINER_CHECKPOINT_H_

@@ -46,6 +46,10 @@ ABSL_FLAG(std::string, checkpoint_root, "checkpoints",
           "SaveCheckpoint / LoadCheckpoint paths (absolute, or relative to this directory) must lie inside this "
           "directory (relative: to the working directory; made at the first save); empty: no checkpoints. "
           "Overwrite replaces only checkpoints this trainer wrote.");
+ABSL_FLAG(std::string, resume, "none",
+          "At start: \"latest\" loads the checkpoint written last under --checkpoint_root (a trainer "
+          "restarted by its supervisor goes on from there; none yet: it starts fresh), \"none\" starts from "
+          "the initial weights.");
 ABSL_FLAG(std::string, publish_dir, "",
           "PublishWeights writes policy-v<N>.safetensors here (one machine); empty: versions are kept in memory "
           "on this trainer's data plane (--data_plane) and pulled from there by the weights service or the replicas.");
@@ -162,6 +166,23 @@ int main(int argc, char** argv) {
                                                     buffer.get(), group.get(), absl::GetFlag(FLAGS_checkpoint_root));
   if (!core.ok()) {
     std::cerr << "rlfleet-trainer: " << core.status() << "\n";
+    return 2;
+  }
+  if (const std::string resume = absl::GetFlag(FLAGS_resume); resume == "latest" && (world <= 1 || rank == 0)) {
+    // (rank 0 loads and the other ranks follow it, as for LoadCheckpoint)
+    rlfleet::v1::LoadCheckpointResponse loaded;
+    absl::StatusOr<std::string> from = (*core)->ResumeLatest(&loaded);
+    if (from.ok()) {
+      std::cout << "rlfleet-trainer: resumed from " << *from << " (step " << loaded.step() << ", version "
+                << loaded.policy_version().version() << ")" << std::endl;
+    } else if (absl::IsNotFound(from.status())) {
+      std::cout << "rlfleet-trainer: --resume=latest: " << from.status().message() << "; starting fresh" << std::endl;
+    } else {
+      std::cerr << "rlfleet-trainer: --resume=latest: " << from.status() << "\n";
+      return 2;
+    }
+  } else if (resume != "latest" && resume != "none") {
+    std::cerr << "rlfleet-trainer: --resume=" << resume << ": expected latest or none\n";
     return 2;
   }
   if (publish.data_plane != nullptr) (*core)->PrefaultPublishMemory();

@@ -624,6 +624,18 @@ absl::Status TrainerCore::LoadCheckpoint(const v1::LoadCheckpointRequest& reques
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> TrainerCore::ResumeLatest(v1::LoadCheckpointResponse* response) {
+  if (checkpoint_root_.empty()) return absl::NotFoundError("no checkpoint root (--checkpoint_root)");
+  const std::optional<fs::path> latest = FindLatestCheckpoint(checkpoint_root_);
+  if (!latest.has_value()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint under ", checkpoint_root_.string()));
+  }
+  v1::LoadCheckpointRequest request;
+  request.set_path(latest->string());
+  RETURN_IF_ERROR(common::Annotate(LoadCheckpoint(request, response), latest->string()));
+  return latest->string();
+}
+
 absl::Status TrainerCore::InstallLocked(CheckpointContents contents, v1::LoadCheckpointResponse* response) {
   if (!contents.config.empty() && contents.config != ConfigLine(policy_->config())) {
     // (the file's line is not echoed)
@@ -670,7 +682,14 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
     return absl::FailedPreconditionError(
         "this trainer has neither --publish_dir nor a data plane (--data_plane=ucx) to publish weights through");
   }
+  RETURN_IF_ERROR(common::CheckInRange<uint64_t>("min_version", request.min_version(), 0, kMaxVersion));
   absl::MutexLock lock(&mu_);
+  if (request.min_version() > version_) {
+    // Restarted from an older checkpoint than the fleet's newest weights: these weights
+    // get a number of their own (replicas hold other weights under the old ones).
+    version_ = request.min_version();
+    version_metric_->Set(static_cast<double>(version_));
+  }
   if (request.idempotent() && last_publish_.has_value() && last_publish_->version().version() == version_) {
     *response = *last_publish_;  // (still where it was: the file, or the latest version in memory)
     if (republished != nullptr) *republished = true;

@@ -90,6 +90,10 @@ class TrainerCore {
   // one whose state.txt names a file outside it, not regular or too large. The files
   // are read and checked before the trainer's lock is taken.
   absl::Status LoadCheckpoint(const v1::LoadCheckpointRequest& request, v1::LoadCheckpointResponse* response);
+  // Loads the checkpoint written last under the checkpoint root (FindLatestCheckpoint),
+  // as LoadCheckpoint would (`response`: its step and version), and returns its path.
+  // NOT_FOUND when there is none (or no root); LoadCheckpoint's errors otherwise.
+  absl::StatusOr<std::string> ResumeLatest(v1::LoadCheckpointResponse* response);
 
   // Where published versions go: a directory (a safetensors file per version, written
   // atomically: TRANSFER_BACKEND_FILE, for one machine), or else this trainer's data
@@ -106,6 +110,8 @@ class TrainerCore {
   // Publishes the current weights (a safetensors image with its XXH64 digest) and
   // describes where they are. With request.idempotent and the current version already
   // published, returns that publication again and sets *republished (nothing written).
+  // A request.min_version above the current version renumbers the current weights to
+  // it first (a trainer resumed from an older checkpoint than the replicas' weights).
   // INVALID_ARGUMENT for a wire_dtype that is not a float type or a timeout_ms out of
   // 0..3600000; UNIMPLEMENTED for BFLOAT16 / FLOAT16 (replicas install float32);
   // FAILED_PRECONDITION with neither a directory nor a data plane; the data plane's
@@ -149,6 +155,7 @@ class TrainerCore {
   };
   static constexpr size_t kMaxUnackedLeases = 64;
   static constexpr int64_t kMaxPublishTimeoutMs = 3600000;
+  static constexpr uint64_t kMaxVersion = uint64_t{1} << 48;  // (the buffer's bound too)
 
   // A version published in memory.
   struct Published {

@@ -122,6 +122,7 @@ class FakeReward : public RewardPeer {
   absl::Status Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) override {
     for (int i = 0; i < request.items_size(); ++i) {
       const auto& item = request.items(i);
+      scored_prompts.push_back(item.prompt_text());
       const float exact = item.response_text() == item.reference_answer() ? 1.0f : 0.0f;
       response->add_results()->set_reward(mode_ == Mode::kConstant                 ? 0.0f
                                           : mode_ == Mode::kAlternate && i % 2 == 1 ? 0.5f
@@ -129,6 +130,7 @@ class FakeReward : public RewardPeer {
     }
     return absl::OkStatus();
   }
+  std::vector<std::string> scored_prompts;  // every item's prompt, in order
 
  private:
   const Mode mode_;
@@ -201,11 +203,14 @@ class FakeTrainer : public TrainerPeer {
     ++version;
     return absl::OkStatus();
   }
-  absl::Status PublishWeights(v1::PublishWeightsResponse* response) override {
+  absl::Status PublishWeights(const v1::PublishWeightsRequest& request, v1::PublishWeightsResponse* response) override {
+    if (request.min_version() > version) version = request.min_version();  // (renumbered, as the trainer does)
+    last_min_version = request.min_version();
     response->mutable_manifest()->mutable_version()->set_version(version);
     ++publishes;
     return absl::OkStatus();
   }
+  absl::StatusOr<uint64_t> PolicyVersion() override { return version; }
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
                               v1::SaveCheckpointResponse* response) override {
     if (!checkpoint_failure.ok()) return checkpoint_failure;
@@ -217,6 +222,7 @@ class FakeTrainer : public TrainerPeer {
   int steps = 0, calls = 0, publishes = 0;
   int unavailable = 0;  // UNAVAILABLE answers to give first
   uint64_t version = 1;
+  uint64_t last_min_version = 0;
   uint32_t last_max_staleness = 0;
   v1::AlgorithmParams last_params;
   std::vector<std::string> checkpoints;

@@ -160,6 +160,57 @@ TEST(TrainerCore, CheckpointRoundTripRestoresWeightsAndState) {
   EXPECT_EQ((*core)->LoadCheckpoint(load, &loaded).code(), absl::StatusCode::kNotFound);
 }
 
+// A trainer restarted by its supervisor (--resume=latest) goes on from the checkpoint
+// written last under its root, and numbers its weights past the fleet's newest when
+// asked (PublishWeights.min_version): no version number ever names two sets of weights.
+TEST(TrainerCore, ResumesFromTheLatestCheckpointAndRenumbersPastTheFleetsVersion) {
+  const std::string root = Root() + "/resume-root";
+  std::filesystem::create_directories(root + "/run-a");
+  auto fresh = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  v1::LoadCheckpointResponse loaded;
+  EXPECT_EQ((*fresh)->ResumeLatest(&loaded).status().code(), absl::StatusCode::kNotFound);
+
+  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  v1::TrainStepRequest request;
+  for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
+  v1::TrainStepResponse response;
+  v1::SaveCheckpointResponse saved;
+  for (const char* path : {"run-a/step-1", "run-a/step-2"}) {
+    ASSERT_TRUE((*core)->TrainStep(request, &response).ok());
+    v1::SaveCheckpointRequest save;
+    save.set_path(path);
+    ASSERT_TRUE((*core)->SaveCheckpoint(save, &saved).ok());
+  }
+  // A save in progress (a crash mid-write) and a file that is no checkpoint are no candidates.
+  std::filesystem::copy(root + "/run-a/step-2", root + "/run-a/step-3.tmp-99");
+  std::ofstream(root + "/run-a/step-3.tmp-99/state.txt", std::ios::app) << "\n";
+  const std::vector<std::vector<int32_t>> probe = {*model::Tokenizer::EncodePrompt("reverse:12")};
+  const auto at_step_2 = *(*core)->policy()->Logits(probe);
+
+  auto restarted = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  absl::StatusOr<std::string> from = (*restarted)->ResumeLatest(&loaded);
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_TRUE(absl::EndsWith(*from, "run-a/step-2")) << *from;
+  EXPECT_EQ(loaded.step(), 2u);
+  EXPECT_EQ(loaded.policy_version().version(), 3u);
+  EXPECT_EQ(*(*restarted)->policy()->Logits(probe), at_step_2);
+
+  // The replicas already serve version 7 (trained after that checkpoint): the resumed
+  // weights are published as 8, and a lower floor changes nothing.
+  const std::string publish_dir = Root() + "/resume-publish";
+  v1::PublishWeightsRequest publish;
+  publish.set_min_version(8);
+  v1::PublishWeightsResponse published;
+  ASSERT_TRUE((*restarted)->Publish({publish_dir}, publish, &published).ok());
+  EXPECT_EQ(published.manifest().version().version(), 8u);
+  publish.set_min_version(5);
+  publish.set_idempotent(true);
+  ASSERT_TRUE((*restarted)->Publish({publish_dir}, publish, &published).ok());
+  EXPECT_EQ(published.manifest().version().version(), 8u);
+  publish.set_min_version((uint64_t{1} << 48) + 1);
+  EXPECT_EQ((*restarted)->Publish({publish_dir}, publish, &published).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherModels) {
   const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/ckpt-opt";
   v1::TrainStepRequest request;
