@@ -16,6 +16,8 @@
 # in Redis, the trainer from its newest checkpoint: --resume=latest); one that keeps dying (more than RLFLEET_MAX_RESTARTS, default 5,
 # in 5 minutes) stops the fleet. Ctrl-C (or SIGTERM) stops everything it started, by
 # pid, and leaves no process behind.
+# RLFLEET_PEER_TIMEOUT (default 120s) is the deadline of each call a run makes (a hung
+# replica is dropped after it).
 # Binaries come from $RLFLEET_BIN (default bazel-bin/services; build them first with
 # `bazel build //services/...`). MODEL FLAGS go to the rollout replicas and the
 # trainer (e.g. -- --d_model=64 --n_layers=2).
@@ -144,7 +146,7 @@ fi
 # The controller first: the other services register with it (--registry_address) and
 # runs find them through its registry (Redis-backed here).
 start controller "$BIN/controller/rlfleet-controller" --registry="$REDIS_URL/registry:" --scaler=launcher \
-  --runs_dir="$DIR/runs" || fail "controller"
+  --runs_dir="$DIR/runs" --peer_timeout="${RLFLEET_PEER_TIMEOUT:-120s}" || fail "controller"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(controller); CONTROLLER=$ADDR
 # registered NAME: waits until NAME's log says it registered with the controller.
 registered() {

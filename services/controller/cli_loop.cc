@@ -98,9 +98,28 @@ int StartRunAndWatch(ControllerClient& client) {
   const int eval_every = absl::GetFlag(FLAGS_eval_every);
   const bool live = isatty(STDOUT_FILENO) != 0;  // plain lines when not a terminal
   uint64_t printed = 0;
+  // The controller may restart mid-run (its supervisor brings it back and it resumes
+  // the run): an unreachable controller is waited for, up to 5 minutes.
+  absl::Time unreachable_since = absl::InfiniteFuture();
   for (;;) {
     auto status = client.GetStatus();
+    if (absl::IsUnavailable(status.status()) || absl::IsDeadlineExceeded(status.status())) {
+      if (unreachable_since == absl::InfiniteFuture()) {
+        unreachable_since = absl::Now();
+        std::cout << (live ? "\r\033[K" : "") << "controller unreachable (" << status.status().message()
+                  << "); waiting for it (5 min)\n" << std::flush;
+      }
+      if (absl::Now() - unreachable_since > absl::Minutes(5)) return Fail(status.status(), "GetStatus");
+      absl::SleepFor(absl::Seconds(1));
+      continue;
+    }
     if (!status.ok()) return Fail(status.status(), "GetStatus");
+    if (unreachable_since != absl::InfiniteFuture()) {
+      std::cout << "controller back after " << absl::FormatDuration(absl::Trunc(absl::Now() - unreachable_since, absl::Seconds(1)))
+                << (status->resumes() > 0 ? absl::StrCat("; run resumed (", status->resumes(), " time(s))") : "")
+                << "\n" << std::flush;
+      unreachable_since = absl::InfiniteFuture();
+    }
     if (status->run_id() != run_id) return Fail(absl::AbortedError("another run replaced this one"), "watch");
     const bool ended = status->state() == v1::RUN_STATE_COMPLETED || status->state() == v1::RUN_STATE_STOPPED ||
                        status->state() == v1::RUN_STATE_FAILED;

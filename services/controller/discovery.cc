@@ -61,14 +61,24 @@ absl::StatusOr<std::shared_ptr<registry::Subscription>> WatchRollouts(Controller
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RolloutDiscovery>> RolloutDiscovery::Start(ControllerCore* core, RunManager* runs,
-                                                                          MakeReplica make, Log log) {
+                                                                          MakeReplica make, Log log,
+                                                                          absl::Duration reconcile_every,
+                                                                          absl::Duration retry_after) {
   ASSIGN_OR_RETURN(std::shared_ptr<registry::Subscription> sub, WatchRollouts(core, /*snapshot=*/false));
-  return std::unique_ptr<RolloutDiscovery>(new RolloutDiscovery(core, sub, runs, std::move(make), std::move(log)));
+  return std::unique_ptr<RolloutDiscovery>(
+      new RolloutDiscovery(core, sub, runs, std::move(make), std::move(log), reconcile_every, retry_after));
 }
 
 RolloutDiscovery::RolloutDiscovery(ControllerCore* core, std::shared_ptr<registry::Subscription> sub,
-                                   RunManager* runs, MakeReplica make, Log log)
-    : core_(core), sub_(std::move(sub)), runs_(runs), make_(std::move(make)), log_(std::move(log)) {
+                                   RunManager* runs, MakeReplica make, Log log, absl::Duration reconcile_every,
+                                   absl::Duration retry_after)
+    : core_(core),
+      sub_(std::move(sub)),
+      runs_(runs),
+      make_(std::move(make)),
+      log_(std::move(log)),
+      reconcile_every_(reconcile_every),
+      retry_after_(retry_after) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -81,8 +91,37 @@ RolloutDiscovery::~RolloutDiscovery() {
   thread_.join();
 }
 
+void RolloutDiscovery::Reconcile() {
+  if (!runs_->HasActiveRun()) {
+    offered_.clear();
+    return;
+  }
+  const std::vector<std::string> live = runs_->RolloutAddresses();
+  const std::set<std::string> in_run(live.begin(), live.end());
+  const absl::Time now = absl::Now();
+  for (const v1::ReplicaInfo& r : Registered(*core_, v1::REPLICA_ROLE_ROLLOUT)) {
+    const std::string& address = r.grpc_address();
+    if (in_run.count(address) > 0) continue;
+    auto [it, fresh] = offered_.try_emplace(address, now);
+    if (!fresh && now - it->second < retry_after_) continue;
+    it->second = now;
+    auto replica = make_(address);
+    absl::Status s = replica.ok() ? runs_->AdmitRollout(std::move(*replica)) : replica.status();
+    if (absl::IsAlreadyExists(s)) continue;
+    if (log_) {
+      log_(absl::StrCat("discovery: registered rollout replica ", address, " was not in the run: ",
+                        s.ok() ? "admitted" : s.ToString()));
+    }
+  }
+}
+
 void RolloutDiscovery::Loop() {
+  absl::Time last_reconcile = absl::Now();
   while (!stopping_) {
+    if (absl::Now() - last_reconcile >= reconcile_every_) {
+      last_reconcile = absl::Now();
+      Reconcile();
+    }
     std::shared_ptr<registry::Subscription> sub;
     {
       absl::MutexLock lock(&mu_);

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/registry/watch.h"
 #include "services/controller/controller_core.h"
@@ -40,15 +41,21 @@ class RolloutDiscovery {
   // Watches `core` for rollout replicas on a thread of its own: ADDED -> the active
   // run admits the replica (with its current weights), REMOVED / EXPIRED -> it leaves
   // drained. Without an active run nothing happens (a run lists the registry when it
-  // starts). Other failures go to `log`. `core` and `runs` must outlive it.
+  // starts). Every `reconcile_every` it also offers the active run each registered
+  // replica that is not live in it (one the run dropped when it hung or failed, and
+  // that came back without registering again), at most once per `retry_after` each.
+  // Other failures go to `log`. `core` and `runs` must outlive it.
   static absl::StatusOr<std::unique_ptr<RolloutDiscovery>> Start(ControllerCore* core, RunManager* runs,
-                                                                 MakeReplica make, Log log);
+                                                                 MakeReplica make, Log log,
+                                                                 absl::Duration reconcile_every = absl::Seconds(5),
+                                                                 absl::Duration retry_after = absl::Seconds(30));
   ~RolloutDiscovery();  // stops watching and joins
 
  private:
   RolloutDiscovery(ControllerCore* core, std::shared_ptr<registry::Subscription> sub, RunManager* runs,
-                   MakeReplica make, Log log);
+                   MakeReplica make, Log log, absl::Duration reconcile_every, absl::Duration retry_after);
   void Loop();
+  void Reconcile();  // (on the loop's thread)
 
   ControllerCore* const core_;
   absl::Mutex mu_;
@@ -56,6 +63,8 @@ class RolloutDiscovery {
   RunManager* const runs_;
   const MakeReplica make_;
   const Log log_;
+  const absl::Duration reconcile_every_, retry_after_;
+  absl::flat_hash_map<std::string, absl::Time> offered_;  // (the loop's thread only) address -> last offer
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -75,7 +75,13 @@ absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& 
     ASSIGN_OR_RETURN(std::vector<int32_t> ids, Tokenizer::EncodePrompt(examples[i].prompt));
     for (int32_t t : ids) p->add_prompt_token_ids(t);
   }
-  RETURN_IF_ERROR(common::Annotate(rollout.Generate(gen, out), "GenerateBatch"));
+  // (no replica left: one may be admitted meanwhile, e.g. the launcher's replacement)
+  RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
+                                                    [&] {
+                                                      out->Clear();
+                                                      return rollout.Generate(gen, out);
+                                                    }),
+                                   "GenerateBatch"));
   v1::ScoreRequest score;
   for (int i = 0; i < out->completions_size(); ++i) {
     const v1::Experience& e = out->completions(i);
@@ -324,29 +330,49 @@ absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request
 }
 
 absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
-  absl::MutexLock lock(&mu_);
   const std::string address = replica->address();
-  for (const Replica& r : replicas_) {
-    if (r.alive && r.peer->address() == address) {
-      return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " is in the pool"));
+  // The joining replica installs the run's weights outside the pool's lock (a slow or
+  // hung one must not hold up the run's generation); if the run installed a newer
+  // version meanwhile, it installs that one too before it is admitted.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    v1::PrepareWeightsRequest weights;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const Replica& r : replicas_) {
+        if (r.alive && r.peer->address() == address) {
+          return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " is in the pool"));
+        }
+      }
+      for (const auto& w : waiting_) {
+        if (w->address() == address) {
+          return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " waits to join the pool"));
+        }
+      }
+      if (!weights_) {
+        if (log_) log_(absl::StrCat("rollout replica ", address, " waits for the run's first weights"));
+        waiting_.push_back(std::move(replica));
+        return absl::OkStatus();
+      }
+      weights = *weights_;
     }
-  }
-  if (!weights_) {
-    if (log_) log_(absl::StrCat("rollout replica ", address, " waits for the run's first weights"));
-    waiting_.push_back(std::move(replica));
+    const uint64_t version = weights.manifest().version().version();
+    absl::Status s = Installed(*replica, replica->UpdateWeights(weights), weights);
+    if (!s.ok()) {
+      return common::Annotate(s, absl::StrCat("installing version ", version, " on joining replica ", address));
+    }
+    absl::MutexLock lock(&mu_);
+    if (weights_->manifest().version().version() != version) continue;  // (a newer one: install it too)
+    for (const Replica& r : replicas_) {
+      if (r.alive && r.peer->address() == address) {
+        return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " is in the pool"));
+      }
+    }
+    replicas_.push_back({std::move(replica), true});
+    if (log_) log_(absl::StrCat("rollout replica ", address, " admitted with version ", version));
     return absl::OkStatus();
   }
-  absl::Status s = Installed(*replica, replica->UpdateWeights(*weights_), *weights_);
-  if (!s.ok()) {
-    return common::Annotate(s, absl::StrCat("installing version ", weights_->manifest().version().version(),
-                                            " on joining replica ", address));
-  }
-  replicas_.push_back({std::move(replica), true});
-  if (log_) {
-    log_(absl::StrCat("rollout replica ", address, " admitted with version ",
-                      weights_->manifest().version().version()));
-  }
-  return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("rollout replica ", address,
+                                         ": the run installed a newer version each time it caught up; try again"));
 }
 
 absl::Status RolloutPool::Remove(const std::string& address) {
@@ -493,7 +519,8 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     v1::PrepareWeightsRequest update;
     *update.mutable_manifest() = published.manifest();
     *update.add_chunks()->mutable_source() = published.location();
-    RETURN_IF_ERROR(timed(common::Annotate(rollout.UpdateWeights(update), "UpdateWeights")));
+    RETURN_IF_ERROR(timed(common::Annotate(
+        RetryUnavailable(config, stop, [&] { return rollout.UpdateWeights(update); }), "UpdateWeights")));
     installed = std::max(installed, published.manifest().version().version());
     return absl::OkStatus();
   };

@@ -2,6 +2,7 @@
 
 #include <grpcpp/client_context.h>
 
+#include <algorithm>
 #include <map>
 
 #include "libs/common/status_macros.h"
@@ -25,6 +26,13 @@ class Peer {
 
  protected:
   std::unique_ptr<grpc::ClientContext> Context() const { return rpc::NewCallContext(options_, timeout_); }
+  // What a call may ask the peer to spend on work it waits for in turn (a sync round
+  // over replicas): less than the call's own deadline, so that the peer answers with
+  // what it knows (which replica missed its deadline) before this call runs out.
+  int64_t InnerBudgetMs() const {
+    const absl::Duration margin = std::min(absl::Seconds(5), timeout_ / 5);
+    return std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout_ - margin));
+  }
   std::unique_ptr<typename Service::Stub> stub_;
 
  private:
@@ -128,6 +136,8 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     v1::SyncVersionRequest sync;
     sync.set_version(request.manifest().version().version());
     sync.set_commit(true);
+    // (a replica that hangs fails alone: the others' statuses come back in time)
+    sync.set_timeout_ms(InnerBudgetMs());
     for (size_t i = 0; i < replica_addresses.size(); ++i) {
       out[i] = Register(replica_addresses[i]);
       if (out[i].ok()) sync.add_replica_ids(replica_addresses[i]);
@@ -158,6 +168,7 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     v1::SyncVersionRequest sync;
     sync.set_replica_id(replica_address);
     sync.set_version(request.manifest().version().version());
+    sync.set_timeout_ms(InnerBudgetMs());
     sync.set_commit(true);
     v1::SyncVersionResponse synced;
     return rpc::ToAbslStatus(stub_->SyncVersion(Context().get(), sync, &synced));

@@ -7,10 +7,17 @@
 
 namespace rlfleet::testing {
 
-absl::StatusOr<std::string> StartLocalFleet(Subprocess* launcher, const std::string& dir) {
-  absl::Status started = launcher->Start({"/usr/bin/env", "RLFLEET_BIN=" + RunfilePath("services"), "/bin/bash",
-                                          RunfilePath("deploy/local/launch.sh"), "--rollouts=1", "--dir=" + dir, "--",
-                                          "--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"});
+absl::StatusOr<std::string> StartLocalFleet(Subprocess* launcher, const std::string& dir, int rollouts,
+                                            const std::vector<std::string>& env) {
+  std::vector<std::string> argv = {"/usr/bin/env", "RLFLEET_BIN=" + RunfilePath("services")};
+  argv.insert(argv.end(), env.begin(), env.end());
+  for (const std::string& arg : {std::string("/bin/bash"), RunfilePath("deploy/local/launch.sh"),
+                                 absl::StrCat("--rollouts=", rollouts), "--dir=" + dir, std::string("--"),
+                                 std::string("--d_model=32"), std::string("--n_layers=2"), std::string("--n_heads=4"),
+                                 std::string("--threads=1")}) {
+    argv.push_back(arg);
+  }
+  absl::Status started = launcher->Start(argv);
   if (!started.ok()) return started;
   absl::StatusOr<std::string> up = launcher->WaitForLine(
       [](const std::string& l) { return absl::StrContains(l, "fleet up: controller "); }, absl::Seconds(180));

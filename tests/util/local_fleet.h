@@ -4,6 +4,7 @@
 #define RLFLEET_TESTS_UTIL_LOCAL_FLEET_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "tests/util/subprocess.h"
@@ -11,10 +12,12 @@
 namespace rlfleet::testing {
 
 // Starts the launcher in `launcher` (binaries and launch.sh from the test's runfiles:
-// data deps //deploy/local:launch.sh and //services:fleet_binaries) with one rollout
-// replica, logs in `dir`, and waits (180 s) for "fleet up". Returns the controller's
-// address; the error carries the launcher's output.
-absl::StatusOr<std::string> StartLocalFleet(Subprocess* launcher, const std::string& dir);
+// data deps //deploy/local:launch.sh and //services:fleet_binaries) with `rollouts`
+// rollout replicas, logs in `dir`, and waits (180 s) for "fleet up". `env`: extra
+// NAME=VALUE settings for the launcher (e.g. RLFLEET_PEER_TIMEOUT=20s). Returns the
+// controller's address; the error carries the launcher's output.
+absl::StatusOr<std::string> StartLocalFleet(Subprocess* launcher, const std::string& dir, int rollouts = 1,
+                                            const std::vector<std::string>& env = {});
 
 }  // namespace rlfleet::testing
 

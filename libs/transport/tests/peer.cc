@@ -177,6 +177,7 @@ class ProcessPeer : public Peer {
   explicit ProcessPeer(std::unique_ptr<rlfleet::testing::Subprocess> process)
       : process_(std::move(process)) {}
   ~ProcessPeer() override = default;
+  pid_t pid() const override { return process_->pid(); }
 
   absl::StatusOr<std::string> Address() override {
     ASSIGN_OR_RETURN(std::string hex, Call("ADDRESS"));

@@ -5,6 +5,8 @@
 #ifndef RLFLEET_LIBS_TRANSPORT_TESTS_PEER_H_
 #define RLFLEET_LIBS_TRANSPORT_TESTS_PEER_H_
 
+#include <sys/types.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -39,6 +41,8 @@ class Peer {
   virtual absl::Status WaitSend(int send, absl::Duration timeout) = 0;
   // Dies without cleaning up (SIGKILL for a process; Close() in process where possible).
   virtual void Kill() = 0;
+  // The peer's process (to stop and continue it); 0 for a peer in this process.
+  virtual pid_t pid() const { return 0; }
 };
 
 // A Peer over a Transport in this process. Not thread-safe (one test thread).

@@ -1,5 +1,7 @@
 // The conformance suite over UCX: tcp and shared memory, with the peer in this process
 // (a second worker) and in another process (transport_peer).
+#include <signal.h>
+
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -120,6 +122,48 @@ TEST(UcxRevokeTest, ADeregisterDoesNotWaitForAPeerThatNeverConnectedBack) {
     EXPECT_TRUE((*owner)->DeregisterMemory(*region).ok());
     EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   }
+}
+
+// A peer that is connected but hung (SIGSTOP: a replica past its deadline) lets the
+// first revoke time out; later deregisters do not wait for it again (each used to wait
+// the whole revoke timeout: every version a trainer or relay retired cost 5 s while a
+// stopped replica stayed connected); an ack from it makes it waited for again.
+TEST(UcxRevokeTest, AHungPeerIsWaitedForOnceNotOnEveryDeregister) {
+  UcxOptions options;
+  options.tls = "tcp";
+  options.revoke_timeout = absl::Seconds(2);
+  auto owner = UcxTransport::Create(options);
+  ASSERT_TRUE(owner.ok());
+  std::unique_ptr<Peer> peer = StartProcessPeer(
+      {rlfleet::testing::RunfilePath("libs/transport/tests/transport_peer"), "--backend=ucx", "--ucx_tls=tcp"});
+  ASSERT_NE(peer, nullptr);
+  ASSERT_GT(peer->pid(), 0);
+  auto address = (*owner)->LocalAddress();
+  ASSERT_TRUE(peer->ConnectTo(address).ok());
+  auto peer_address = peer->Address();
+  ASSERT_TRUE(peer_address.ok());
+  ASSERT_TRUE((*owner)->Connect(*peer_address).ok());
+  std::vector<std::vector<uint8_t>> memory(4, std::vector<uint8_t>(1 << 16));
+  std::vector<MemoryHandle> regions;
+  for (auto& m : memory) {
+    auto region = (*owner)->RegisterMemory(m.data(), m.size(), MemoryKind::kHost, 0);
+    ASSERT_TRUE(region.ok());
+    ASSERT_TRUE((*owner)->Describe(*region).ok());
+    regions.push_back(*region);
+  }
+  auto timed_deregister = [&](const MemoryHandle& region) {
+    const absl::Time start = absl::Now();
+    EXPECT_TRUE((*owner)->DeregisterMemory(region).ok());
+    return absl::Now() - start;
+  };
+  // Responsive: its ack ends the deregister.
+  EXPECT_LT(timed_deregister(regions[0]), absl::Seconds(1));
+  ASSERT_EQ(kill(peer->pid(), SIGSTOP), 0);
+  EXPECT_GE(timed_deregister(regions[1]), absl::Seconds(2));  // waited once
+  EXPECT_LT(timed_deregister(regions[2]), absl::Seconds(1));  // not again
+  ASSERT_EQ(kill(peer->pid(), SIGCONT), 0);
+  // Continued, it answers the revokes it missed; deregisters stay quick.
+  EXPECT_LT(timed_deregister(regions[3]), absl::Seconds(1));
 }
 
 // With a fleet secret, control messages (hello, revoke, revoke ack) carry a MAC: a peer

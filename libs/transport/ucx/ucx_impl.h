@@ -135,6 +135,10 @@ class UcxTransport::Impl {
     bool watch_pid = false;          // liveness by pid (no UCX peer-failure handling)
     bool peer_failure_mode = false;  // endpoint created with UCP_ERR_HANDLING_MODE_PEER
     bool failed = false;
+    // It let a revoke time out (hung or stopped, yet connected): later revokes are
+    // still sent to it but do not wait for its ack (each used to wait revoke_timeout,
+    // so every version a trainer or relay retired cost 5 s) until it acks one again.
+    bool unresponsive = false;
     absl::Status error;
     std::map<uint64_t, ucp_rkey_h> rkeys;  // remote registration id -> unpacked key
     std::set<uint64_t> revoked;

@@ -170,7 +170,7 @@ absl::Status UcxTransport::DeregisterMemory(const MemoryHandle& handle) {
         AppendU64(&msg, seq);
         for (auto& [id, peer] : impl->peers_) {
           if (peer->failed || peer->ep == nullptr) continue;
-          wait->waiting.insert(peer->instance);
+          if (!peer->unresponsive) wait->waiting.insert(peer->instance);
           impl->SendAm(peer.get(), kAmRevoke, msg);
         }
         if (wait->waiting.empty()) wait->done.Notify();
@@ -182,7 +182,12 @@ absl::Status UcxTransport::DeregisterMemory(const MemoryHandle& handle) {
   (void)(*wait)->done.WaitForNotificationWithTimeout(impl->options_.revoke_timeout);
   // 3. Unmap.
   const uint64_t seq = (*wait)->seq;
-  return impl->RunSync<bool>([impl, handle, seq]() -> absl::StatusOr<bool> {
+  return impl->RunSync<bool>([impl, handle, seq, wait = *wait]() -> absl::StatusOr<bool> {
+           // Peers that did not ack in time are not waited for again until they answer.
+           for (uint64_t instance : wait->waiting) {
+             auto peer = impl->by_instance_.find(instance);
+             if (peer != impl->by_instance_.end()) peer->second->unresponsive = true;
+           }
            impl->revokes_.erase(seq);
            auto it = impl->registrations_.find(handle.id);
            if (it == impl->registrations_.end()) {

@@ -401,6 +401,7 @@ void Impl::HandleRevoke(uint64_t owner, uint64_t registration, uint64_t seq) {
 }
 
 void Impl::HandleRevokeAck(uint64_t from_instance, uint64_t seq) {
+  if (auto peer = by_instance_.find(from_instance); peer != by_instance_.end()) peer->second->unresponsive = false;
   auto it = revokes_.find(seq);
   if (it == revokes_.end()) return;
   if (it->second->waiting.erase(from_instance) && it->second->waiting.empty()) {

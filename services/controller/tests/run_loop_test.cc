@@ -8,6 +8,7 @@
 #include <map>
 
 #include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
@@ -206,10 +207,30 @@ TEST(RunLoop, StopsWhenAskedAndWhenNoReplicaIsLeft) {
     EXPECT_EQ(run.progress.size(), 0u);
   }
   FakeRun run(Pool(std::make_unique<FakeRollout>("a", 0)));
-  absl::Status s = run.Run(Small());
+  LoopConfig config = Small();
+  config.unavailable_retry = absl::Milliseconds(300);  // (no replica joins within it)
+  absl::Status s = run.Run(config);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "step 1")) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "no rollout replica left")) << s;
+}
+
+// Every replica gone (killed together): the run waits for one to join (the launcher's
+// replacement) within unavailable_retry instead of failing, and loses nothing.
+TEST(RunLoop, ARunWithNoReplicaLeftWaitsForOneToJoin) {
+  FakeRun run(Pool(std::make_unique<FakeRollout>("a", 2)));
+  std::atomic<bool> joined{false};
+  std::thread joiner([&] {
+    absl::SleepFor(absl::Milliseconds(300));  // (a replacement that starts a while later)
+    joined = run.pool.Admit(std::make_unique<FakeRollout>("b")).ok();
+  });
+  absl::Status s = run.Run(Small());
+  joiner.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(joined.load());
+  ASSERT_EQ(run.progress.size(), 3u);
+  EXPECT_EQ(run.buffer.experiences, 3 * 6 * 2);
+  EXPECT_EQ(run.pool.addresses(), std::vector<std::string>{"b"});
 }
 
 TEST(RunLoop, BadConfigAndRejectedRequestsAreClearErrors) {

@@ -160,18 +160,18 @@ TEST(RunResume, ARestartedControllerResumesTheRunFromItsRecord) {
   EXPECT_GE((*left)->progress.step, 2);
   EXPECT_LT((*left)->progress.step, 8);
 
-  RunManager restarted(OneReplicaFakePeers, nullptr, "", &store);
-  ASSERT_TRUE(restarted.Recover().ok());
-  v1::StopRunResponse stopped;
-  // (Stop of an ended run waits for nothing; here it waits for the resumed run's end)
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   v1::GetStatusResponse status;
-  while (absl::Now() < deadline) {
-    status.Clear();
-    restarted.Fill(&status);
-    if (status.state() == v1::RUN_STATE_COMPLETED || status.state() == v1::RUN_STATE_FAILED) break;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  {
+    RunManager restarted(OneReplicaFakePeers, nullptr, "", &store);
+    ASSERT_TRUE(restarted.Recover().ok());
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      status.Clear();
+      restarted.Fill(&status);
+      if (status.state() == v1::RUN_STATE_COMPLETED || status.state() == v1::RUN_STATE_FAILED) break;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }  // (its run's thread has saved the end)
   EXPECT_EQ(status.state(), v1::RUN_STATE_COMPLETED) << status.error();
   EXPECT_EQ(status.run_id(), id);
   EXPECT_EQ(status.step(), 8u);
