@@ -131,7 +131,13 @@ start_redis() {
   redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$DIR/redis" --appendonly yes --save "" \
     --daemonize no --loglevel warning >>"$DIR/redis.log" 2>&1 &
   PID=$!
-  for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
+  for _ in $(seq 1 100); do
+    if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+      echo "launch.sh: redis-server on redis://127.0.0.1:$REDIS_PORT (pid $PID, AOF in $DIR/redis)"
+      return 0
+    fi
+    sleep 0.1
+  done
   return 1
 }
 
@@ -141,7 +147,6 @@ if [[ -z "$REDIS_URL" ]]; then
   start_redis || fail "redis-server did not start: $(tail -3 "$DIR/redis.log")"
   CORE_PIDS+=("$PID"); CORE_NAMES+=(redis)
   REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
-  echo "launch.sh: redis-server on $REDIS_URL (pid ${CORE_PIDS[0]}, AOF in $DIR/redis)"
 fi
 # The controller first: the other services register with it (--registry_address) and
 # runs find them through its registry (Redis-backed here).

@@ -441,6 +441,21 @@ void BufferCore::ExpireLeasesLocked() {
   }
 }
 
+void BufferCore::ReleaseEarlierIncarnationsLocked(const std::string& consumer, const std::string& incarnation) {
+  if (incarnation.empty()) return;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.consumer == consumer && !it->second.incarnation.empty() &&
+        it->second.incarnation != incarnation) {
+      for (auto g = it->second.groups.rbegin(); g != it->second.groups.rend(); ++g) {
+        ready_.push_front(std::move(*g));
+      }
+      it = leases_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
                                      v1::SampleBatchResponse* response) {
   if (request.num_groups() < 1 || request.num_groups() > kMaxGroupsPerSample) {
@@ -467,6 +482,12 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     return absl::InvalidArgumentError(why);
   }
   ExpireLeasesLocked();
+  std::string consumer, incarnation;
+  if (const size_t hash = request.consumer_id().rfind('#'); hash != std::string::npos) {
+    consumer = request.consumer_id().substr(0, hash);
+    incarnation = request.consumer_id().substr(hash + 1);
+    ReleaseEarlierIncarnationsLocked(consumer, incarnation);
+  }
   // Wait (real time, bounded) until enough complete groups are ready.
   auto enough = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_.size() >= want; };
   mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Milliseconds(request.wait_ms()));
@@ -548,6 +569,8 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
   if (lease.groups.empty()) return absl::OkStatus();
   const int64_t ttl_ms = request.lease_ttl_ms() ? request.lease_ttl_ms() : config_.default_lease_ttl_ms();
   lease.expires_at = clock_->Now() + absl::Milliseconds(ttl_ms);
+  lease.consumer = std::move(consumer);
+  lease.incarnation = std::move(incarnation);
   const std::string lease_id = common::NewId("lease");
   response->set_lease_id(lease_id);
   response->set_lease_expires_at_unix_ms(absl::ToUnixMillis(lease.expires_at));

@@ -124,12 +124,17 @@ class BufferCore {
   struct LeaseState {
     std::vector<std::pair<std::string, Group>> groups;  // by group id
     absl::Time expires_at;
+    std::string consumer, incarnation;  // from consumer_id `name#incarnation` (else empty)
   };
 
   // OK if Configure would take `request`, else INVALID_ARGUMENT naming the field.
   static absl::Status ValidConfig(const v1::ConfigureRequest& request);
   // Returns expired leases' groups to the front of the ready queue.
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for the open leases of `consumer`'s incarnations other than `incarnation`
+  // (a restarted trainer's predecessor holds them and will never ack).
+  void ReleaseEarlierIncarnationsLocked(const std::string& consumer, const std::string& incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TooStaleLocked(uint64_t oldest_version, uint64_t current) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty if `version` (from `field`) is one the buffer may take (see kMaxVersionLead),
   // else why not, naming the field.

@@ -210,6 +210,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "rlfleet-trainer listening on " << runner.address() << std::endl;
+  (*core)->SetConsumerName("trainer@" + runner.address());
   auto registrar = rlfleet::registry::RegisterFromFlags(rlfleet::v1::REPLICA_ROLE_TRAINER, runner.address(),
                                                         runner.metrics_port(), nullptr, "rlfleet-trainer");
   if (!registrar.ok()) {

@@ -377,7 +377,9 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
     if (request.buffer().has_max_staleness()) sample.set_max_staleness(request.buffer().max_staleness());
     sample.set_wait_ms(request.buffer().wait_ms());
     sample.set_current_policy_version(version_);
-    sample.set_consumer_id("trainer-0");
+    // name#incarnation: this process's first sample ends the leases a predecessor under
+    // the same name (this trainer before a restart) left open.
+    sample.set_consumer_id(absl::StrCat(consumer_name_, "#", incarnation_));
     for (int attempt = 0;; ++attempt) {
       sampled.Clear();
       exps.clear();

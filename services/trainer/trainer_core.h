@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/common/ids.h"
 #include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
 #include "libs/transport/transport.h"
@@ -80,6 +81,13 @@ class TrainerCore {
   absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response);
 
   absl::Status GetState(v1::GetStateResponse* response);
+  // The name this trainer samples the buffer under (SampleBatch consumer_id, with a
+  // nonce of this process): stable across restarts, e.g. "trainer@<address>", so that a
+  // restarted trainer's first sample frees the groups its predecessor leased.
+  void SetConsumerName(std::string name) {
+    absl::MutexLock lock(&mu_);
+    consumer_name_ = std::move(name);
+  }
   // The path (absolute, or relative to the root) must resolve inside the checkpoint
   // root and not be the root itself: INVALID_ARGUMENT naming `path` otherwise, or
   // without a root. ALREADY_EXISTS unless overwrite; with overwrite, FAILED_PRECONDITION
@@ -177,6 +185,8 @@ class TrainerCore {
   std::deque<UnackedLease> unacked_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::PublishWeightsResponse> last_publish_ ABSL_GUARDED_BY(mu_);  // of the latest publication
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string consumer_name_ ABSL_GUARDED_BY(mu_) = "trainer-0";
+  const std::string incarnation_ = common::NewId("p");  // (this process's)
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;  // the initial weights are version 1
   v1::TrainMetrics last_ ABSL_GUARDED_BY(mu_);
   model::GradientGroup* const group_;  // null: one rank

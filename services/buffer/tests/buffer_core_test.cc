@@ -199,6 +199,37 @@ TEST_F(BufferCoreTest, LeasesAckNackAndExpire) {
   EXPECT_EQ(Stats().buffer_bytes(), 0u);
 }
 
+// A restarted trainer (a new incarnation under the same consumer name) gets the groups
+// its predecessor leased at its first sample, not after their lease ran out; another
+// consumer's leases, and leases without an incarnation, are left alone.
+TEST_F(BufferCoreTest, ANewIncarnationOfAConsumerTakesOverItsPredecessorsLeases) {
+  Configure(1);
+  Put({Exp("a", "", 1), Exp("b", "", 0), Exp("c", "", 1)});
+  auto sample_as = [&](const std::string& consumer, uint32_t n) {
+    v1::SampleBatchRequest req;
+    req.set_num_groups(n);
+    req.set_consumer_id(consumer);
+    v1::SampleBatchResponse resp;
+    EXPECT_TRUE(core_.SampleBatch(req, &resp).ok());
+    return resp;
+  };
+  auto old = sample_as("trainer@h:1#p1", 1);  // "a", then the trainer dies
+  ASSERT_EQ(old.groups_size(), 1);
+  auto other = sample_as("trainer@h:2#p7", 1);  // another trainer's lease: "b"
+  auto plain = sample_as("controller", 1);      // no incarnation: "c"
+  ASSERT_EQ(other.groups_size(), 1);
+  ASSERT_EQ(plain.groups_size(), 1);
+  EXPECT_EQ(Stats().open_leases(), 3u);
+  auto restarted = sample_as("trainer@h:1#p2", 3);
+  ASSERT_EQ(restarted.groups_size(), 1);
+  EXPECT_EQ(restarted.groups(0).experiences(0).experience_id().value(), "a");
+  EXPECT_EQ(Stats().open_leases(), 3u);  // (the old one ended, the new one opened)
+  v1::AckBatchRequest late;
+  late.set_lease_id(old.lease_id());
+  v1::AckBatchResponse late_response;
+  EXPECT_EQ(core_.Ack(late, &late_response).code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(BufferCoreTest, SampleWaitsForGroupsUpToItsDeadline) {
   Configure(1);
   const absl::Time start = absl::Now();

@@ -574,6 +574,57 @@ TEST(Discovery, RegisteredRolloutReplicasJoinTheActiveRunAndDeregisteredOnesLeav
   EXPECT_TRUE(logs.empty()) << logs.front();
 }
 
+// A replica the run dropped (it failed, or hung past the call deadline) but that stays
+// registered (it came back before its lease ran out: no new ADDED event) is offered to
+// the run again by discovery's reconciliation, and rejoins.
+TEST(Discovery, ARegisteredReplicaTheRunDroppedRejoins) {
+  Registry r;
+  r.Add(v1::REPLICA_ROLE_ROLLOUT, "flaky:1");
+  auto factory = [&]() -> absl::StatusOr<RunPeers> {
+    RunPeers peers;
+    peers.rollouts.push_back(std::make_unique<FakeRollout>("a"));
+    peers.rollouts.push_back(std::make_unique<FakeRollout>("flaky:1", 0, absl::DeadlineExceededError("hung")));
+    peers.reward = std::make_unique<FakeReward>();
+    peers.buffer = std::make_unique<FakeBuffer>();
+    peers.trainer = std::make_unique<FakeTrainer>();
+    return peers;
+  };
+  RunManager runs(factory, nullptr);
+  absl::Mutex mu;
+  std::vector<std::string> logs;
+  auto discovery = RolloutDiscovery::Start(
+      &r.core, &runs,
+      [](const std::string& address) -> absl::StatusOr<std::unique_ptr<RolloutReplica>> {
+        return std::make_unique<FakeRollout>(address);  // (answering again)
+      },
+      [&](const std::string& line) {
+        absl::MutexLock lock(&mu);
+        logs.push_back(line);
+      },
+      /*reconcile_every=*/absl::Milliseconds(50), /*retry_after=*/absl::Milliseconds(100));
+  ASSERT_TRUE(discovery.ok()) << discovery.status();
+  v1::RunConfig c;
+  c.set_total_steps(0);
+  c.set_batch_size(2);
+  c.set_group_size(2);
+  ASSERT_TRUE(runs.Start(c, "").ok());
+  auto has = [&](const std::string& a) {
+    auto all = runs.RolloutAddresses();
+    return std::find(all.begin(), all.end(), a) != all.end();
+  };
+  // Dropped at its first call, then offered again and admitted.
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&mu);
+    return std::any_of(logs.begin(), logs.end(),
+                       [](const std::string& l) { return absl::StrContains(l, "flaky:1 was not in the run: admitted"); });
+  }));
+  EXPECT_TRUE(has("flaky:1"));
+  EXPECT_TRUE(has("a"));
+  v1::StopRunResponse stopped;
+  ASSERT_TRUE(runs.Stop("", false, absl::Seconds(30), &stopped).ok());
+  discovery->reset();
+}
+
 // A replica that registers mid-run but serves another version (FAILED_PRECONDITION to
 // the run's) is not taken for "no active run" and dropped silently: the refusal is
 // logged and it is not in the pool.
