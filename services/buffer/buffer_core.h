@@ -1,5 +1,6 @@
 // BufferCore: the experience buffer without gRPC. It takes scored experiences exactly
-// once (by experience id), assembles GRPO groups of `group_size`, enforces the
+// once (by experience id: an id held, or among the newest SetRememberedRemovedIds
+// consumed or dropped, is a duplicate), assembles GRPO groups of `group_size`, enforces the
 // staleness bound (max policy-version lag) on the way in and on the way out, drops
 // zero-variance groups when asked, applies byte-capacity backpressure (a Put that
 // does not fit is RESOURCE_EXHAUSTED and nothing of it is taken, so nothing accepted
@@ -104,6 +105,14 @@ class BufferCore {
 
   absl::Status GetStats(v1::GetStatsResponse* response);
 
+  // How many consumed or dropped ids stay duplicates (the newest; ids held always are).
+  // Without a bound every id ever taken stayed in memory.
+  static constexpr size_t kDefaultRememberedRemovedIds = size_t{1} << 18;
+  void SetRememberedRemovedIds(size_t n) {
+    absl::MutexLock lock(&mu_);
+    remembered_removed_ids_ = n;
+  }
+
  private:
   // An accepted experience: its bytes as sent, and what grouping, sampling and the
   // store need of it.
@@ -166,7 +175,11 @@ class BufferCore {
   absl::flat_hash_map<std::string, Group> filling_ ABSL_GUARDED_BY(mu_);  // groups below group_size
   std::deque<std::pair<std::string, Group>> ready_ ABSL_GUARDED_BY(mu_);  // complete groups
   std::map<std::string, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> acked_leases_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> acked_leases_ ABSL_GUARDED_BY(mu_);  // (the newest kRememberedAckedLeases)
+  std::deque<std::string> acked_order_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kRememberedAckedLeases = 4096;
+  std::deque<std::string> removed_ids_ ABSL_GUARDED_BY(mu_);  // consumed or dropped, oldest first
+  size_t remembered_removed_ids_ ABSL_GUARDED_BY(mu_) = kDefaultRememberedRemovedIds;
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // What Puts between their decision and their store write hold back.
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -81,8 +81,12 @@ class BufferStore {
 };
 
 // nullptr for memory://. INVALID_ARGUMENT for an unknown scheme or malformed address;
-// UNAVAILABLE if Redis cannot be reached.
-absl::StatusOr<std::unique_ptr<BufferStore>> OpenBufferStore(absl::string_view connection);
+// UNAVAILABLE if Redis cannot be reached. The Redis store keeps the removal logs of
+// the newest `keep_retired` retired segments (one segment per group commit: what a
+// restarted buffer still refuses as duplicates) and folds older ones into its counters,
+// so that what it holds stays bounded on a long run.
+absl::StatusOr<std::unique_ptr<BufferStore>> OpenBufferStore(absl::string_view connection,
+                                                             size_t keep_retired = 1024);
 
 }  // namespace rlfleet::buffer
 

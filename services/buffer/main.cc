@@ -18,6 +18,12 @@ ABSL_FLAG(absl::Duration, stream_full_wait, absl::Seconds(30),
           "stream ends with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, payload_dir, "",
           "FILE payload descriptors may name files under this directory only; empty: FILE descriptors refused.");
+ABSL_FLAG(uint64_t, dedupe_ids, rlfleet::buffer::BufferCore::kDefaultRememberedRemovedIds,
+          "How many consumed or dropped experience ids are still refused as duplicates (the newest; ids "
+          "held always are): the window in which a producer's retry is recognised.");
+ABSL_FLAG(uint64_t, keep_retired_segments, 1024,
+          "Redis store: removal logs of this many retired segments (group commits) are kept, so that a "
+          "restarted buffer still refuses their ids; older ones are folded into the counters.");
 ABSL_FLAG(std::string, store, "memory://",
           "Where accepted experiences are kept: memory:// or redis://host:port[/prefix] "
           "(survives a restart).");
@@ -35,12 +41,13 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-buffer: " << options.status() << "\n";
     return 2;
   }
-  auto store = rlfleet::buffer::OpenBufferStore(absl::GetFlag(FLAGS_store));
+  auto store = rlfleet::buffer::OpenBufferStore(absl::GetFlag(FLAGS_store), absl::GetFlag(FLAGS_keep_retired_segments));
   if (!store.ok()) {
     std::cerr << "rlfleet-buffer: --store: " << store.status() << "\n";
     return 2;
   }
   rlfleet::buffer::BufferCore core(rlfleet::common::Clock::Real(), store->get());
+  core.SetRememberedRemovedIds(absl::GetFlag(FLAGS_dedupe_ids));
   // Payloads by descriptor: FILE under --payload_dir; memory over the data plane.
   auto data_plane = rlfleet::transport::OpenDataPlaneFromFlags(options->host, "rlfleet-buffer",
                                                                "remote payloads by FILE only");

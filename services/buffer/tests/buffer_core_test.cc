@@ -230,6 +230,28 @@ TEST_F(BufferCoreTest, ANewIncarnationOfAConsumerTakesOverItsPredecessorsLeases)
   EXPECT_EQ(core_.Ack(late, &late_response).code(), absl::StatusCode::kNotFound);
 }
 
+// Consumed ids stay duplicates for a window of the newest N, not for ever (every id
+// ever taken used to stay in memory: the buffer grew without bound on a long run).
+TEST_F(BufferCoreTest, ConsumedIdsStayDuplicatesForABoundedWindow) {
+  Configure(1);
+  core_.SetRememberedRemovedIds(3);
+  for (const char* id : {"a", "b", "c", "d", "e"}) {
+    Put({Exp(id, "", 1)});
+    auto s = Sample(1);
+    ASSERT_EQ(s.groups_size(), 1);
+    v1::AckBatchRequest ack;
+    ack.set_lease_id(s.lease_id());
+    v1::AckBatchResponse acked;
+    ASSERT_TRUE(core_.Ack(ack, &acked).ok());
+  }
+  // c, d, e are remembered: duplicates. a and b have left the window: taken again.
+  EXPECT_EQ(Put({Exp("e", "", 1)}).duplicates(), 1u);
+  EXPECT_EQ(Put({Exp("c", "", 1)}).duplicates(), 1u);
+  EXPECT_EQ(Put({Exp("a", "", 1)}).accepted(), 1u);
+  // Held ids are duplicates however many have gone since.
+  EXPECT_EQ(Put({Exp("a", "", 1)}).duplicates(), 1u);
+}
+
 TEST_F(BufferCoreTest, SampleWaitsForGroupsUpToItsDeadline) {
   Configure(1);
   const absl::Time start = absl::Now();

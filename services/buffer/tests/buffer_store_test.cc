@@ -83,6 +83,39 @@ TEST_F(BufferStoreTest, SegmentsComeBackAndRetireWhenEverythingInThemIsGone) {
   EXPECT_EQ(s->seen_ids.size(), 3u);
 }
 
+// On a long run the removal logs of retired segments are folded into the counters
+// (all but the newest few): Redis holds a bounded number of them, and the counts a
+// restarted buffer reads are exactly what they were.
+TEST_F(BufferStoreTest, OldRemovalLogsAreFoldedIntoTheCountsSoTheStoreStaysBounded) {
+  const char* port = std::getenv("RLFLEET_REDIS_PORT");
+  auto opened = OpenBufferStore(absl::StrCat("redis://127.0.0.1:", port, "/", prefix_), /*keep_retired=*/4);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  BufferStore& store = **opened;
+  for (int i = 0; i < 40; ++i) {
+    const std::string a = absl::StrCat("e", i, "a"), b = absl::StrCat("e", i, "b");
+    const std::string ba = Bytes(a), bb = Bytes(b);
+    auto segment = store.Added({{ba}, {bb}});
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    ASSERT_TRUE(store.Removed({{*segment, a}}, "consumed_total").ok());
+    ASSERT_TRUE(store.Removed({{*segment, b}}, i % 4 == 0 ? "dropped_stale" : "consumed_total").ok());
+  }
+  const std::string held = Bytes("held");
+  ASSERT_TRUE(store.Added({{held}}).ok());
+  auto done = redis_->Command({"SCARD", prefix_ + "done"});
+  ASSERT_TRUE(done.ok());
+  EXPECT_LE(done->integer, 5);  // (4 kept, compacted once more than a quarter over)
+  auto keys = redis_->Command({"KEYS", prefix_ + "gone:*"});
+  ASSERT_TRUE(keys.ok());
+  EXPECT_LE(keys->elements.size(), 5u);
+  auto s = store.Load();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->counters["accepted_total"], 81u);
+  EXPECT_EQ(s->counters["consumed_total"], 70u);
+  EXPECT_EQ(s->counters["dropped_stale"], 10u);
+  EXPECT_EQ(Ids(*s), (std::vector<std::string>{"held"}));
+  EXPECT_LE(s->seen_ids.size(), 11u);  // the held one and the kept segments' ids
+}
+
 // What a commit whose reply was lost leaves behind (the buffer said UNAVAILABLE, the
 // producer resent, the experience went into a second segment) and a removal recorded
 // twice (an ack retried after an error whose write did land): each id counts once.
