@@ -2,6 +2,7 @@
 // (a second worker) and in another process (transport_peer).
 #include <signal.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -121,6 +122,43 @@ TEST(UcxRevokeTest, ADeregisterDoesNotWaitForAPeerThatNeverConnectedBack) {
     const absl::Time start = absl::Now();
     EXPECT_TRUE((*owner)->DeregisterMemory(*region).ok());
     EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  }
+}
+
+// A receive posted after its message arrived completes inside ucp_tag_recv_nbx (UCX
+// calls back from within the call); the op must not then be kept as a pending receive:
+// it was, freed, and the transport's shutdown cancelled it (a SIGSEGV in
+// ucp_request_cancel when a rollout replica was stopped, then terminated; ASan: a
+// heap-use-after-free).
+TEST(UcxRecvTest, AReceivePostedAfterItsMessageArrivedCompletesAndShutsDownCleanly) {
+  for (const std::string tls : {"tcp", "posix,cma,self"}) {
+    SCOPED_TRACE(tls);
+    UcxOptions options;
+    options.tls = tls;
+    auto receiver = UcxTransport::Create(options);
+    auto sender = UcxTransport::Create(options);
+    ASSERT_TRUE(receiver.ok() && sender.ok());
+    auto to_receiver = (*sender)->Connect((*receiver)->LocalAddress());
+    auto to_sender = (*receiver)->Connect((*sender)->LocalAddress());
+    ASSERT_TRUE(to_receiver.ok() && to_sender.ok());
+    std::vector<uint8_t> out(64, 7), in(64, 0);
+    auto out_region = (*sender)->RegisterMemory(out.data(), out.size(), MemoryKind::kHost, 0);
+    auto in_region = (*receiver)->RegisterMemory(in.data(), in.size(), MemoryKind::kHost, 0);
+    ASSERT_TRUE(out_region.ok() && in_region.ok());
+    for (uint64_t tag = 1; tag <= 20; ++tag) {
+      ASSERT_TRUE((*sender)->Send(*to_receiver, tag, *out_region, 0, out.size())->Wait(absl::Seconds(10)).ok());
+    }
+    // (the eager messages reach the receiver's unexpected queue as its worker progresses)
+    absl::SleepFor(absl::Milliseconds(200));
+    for (uint64_t tag = 1; tag <= 20; ++tag) {
+      std::fill(in.begin(), in.end(), 0);
+      auto received = (*receiver)->Recv(*to_sender, tag, *in_region, 0, in.size());
+      ASSERT_TRUE(received->Wait(absl::Seconds(10)).ok()) << "tag " << tag;
+      EXPECT_EQ(in[63], 7) << "tag " << tag;
+    }
+    EXPECT_TRUE((*receiver)->DeregisterMemory(*in_region).ok());
+    EXPECT_TRUE((*sender)->DeregisterMemory(*out_region).ok());
+    receiver->reset();  // (shuts down: cancels the receives it still has pending)
   }
 }
 

@@ -121,6 +121,11 @@ class UcxTransport::Impl {
     absl::Status override;       // replaces CANCELLED when we cancel (peer died, shutdown)
     void* request = nullptr;     // receive request, for cancellation
     bool is_recv = false;
+    // Inside ucp_tag_recv_nbx: with UCP_OP_ATTR_FLAG_NO_IMM_CMPL, UCX 1.13 calls back
+    // from inside the call when the message is already there. FinishPart then leaves the
+    // op to its poster (finished = true), which frees it after the call returns.
+    bool posting = false;
+    bool finished = false;
     std::vector<uint64_t> rkey_registrations;  // remote registrations in use (Put / Get)
   };
 

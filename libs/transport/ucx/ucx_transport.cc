@@ -400,8 +400,19 @@ std::unique_ptr<Completion> UcxTransport::Recv(PeerId peer_id, uint64_t tag,
         param.cb.recv = &Impl::OnRecv;
         param.user_data = op;
         const ucp_tag_t ucx_tag = (uint64_t{peer->tag_id} << 32) | tag;
+        op->posting = true;
         void* request = ucp_tag_recv_nbx(impl->worker_, resolved->second, capacity, ucx_tag,
                                          ~ucp_tag_t{0}, &param);
+        op->posting = false;
+        if (op->finished) {
+          // The message was already there: OnRecv ran inside the call and finished the op
+          // (and freed the request). Recording it in peer->recvs used to leave a freed op
+          // there, which Shutdown then cancelled: a SIGSEGV in ucp_request_cancel when a
+          // replica stopped mid-transfer was terminated.
+          impl->ops_.erase(op);
+          delete op;
+          return;
+        }
         if (UCS_PTR_IS_ERR(request)) {
           return impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_tag_recv_nbx"));
         }

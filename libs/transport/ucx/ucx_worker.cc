@@ -442,6 +442,10 @@ void Impl::FinishPart(Op* op, absl::Status status) {
     }
   }
   op->completion->Finish(final_status, final_status.ok() || absl::IsDataLoss(final_status) ? op->bytes : 0);
+  if (op->posting) {  // (called back from inside the call that posts it: the poster frees it)
+    op->finished = true;
+    return;
+  }
   ops_.erase(op);
   delete op;
 }
