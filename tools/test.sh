@@ -72,6 +72,8 @@ fi
 #   fuzz/<harness>  each libFuzzer harness over its corpus plus 2000 runs
 #   asan            the unit tests of the libraries and of the buffer and weights
 #                   services under ASan + UBSan, counted per test case
+#   soak            bench/soak.sh --ci: the local fleet busy for 3 minutes, every
+#                   service's RSS and open fds flat after a minute's warm-up
 EXTRA_P=0
 EXTRA_F=0
 extra() {  # extra NAME COMMAND...: one result
@@ -80,6 +82,9 @@ extra() {  # extra NAME COMMAND...: one result
   if "$@"; then EXTRA_P=$((EXTRA_P + 1)); echo "$name: passed"; else EXTRA_F=$((EXTRA_F + 1)); echo "FAILED: $name"; fi
 }
 if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
+  # (first: the binaries bazel test built are where bazel-bin points until another config runs)
+  echo "== soak, CI form (bench/soak.sh --ci)"
+  extra soak env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash bench/soak.sh --ci --out="$(mktemp -d)"
   echo "== thread safety (clang -Wthread-safety)"
   extra thread-safety bash tools/thread_safety.sh
   echo "== fuzzing (clang libFuzzer, ASan + UBSan)"

@@ -17,7 +17,8 @@
 # in 5 minutes) stops the fleet. Ctrl-C (or SIGTERM) stops everything it started, by
 # pid, and leaves no process behind.
 # RLFLEET_PEER_TIMEOUT (default 120s) is the deadline of each call a run makes (a hung
-# replica is dropped after it).
+# replica is dropped after it); RLFLEET_BUFFER_FLAGS, extra flags for rlfleet-buffer
+# (e.g. --dedupe_ids=N).
 # Binaries come from $RLFLEET_BIN (default bazel-bin/services; build them first with
 # `bazel build //services/...`). MODEL FLAGS go to the rollout replicas and the
 # trainer (e.g. -- --d_model=64 --n_layers=2).
@@ -162,7 +163,9 @@ registered() {
 start reward "$BIN/reward/rlfleet-reward" --registry_address="$CONTROLLER" || fail "reward"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(reward)
 registered reward || fail "reward"
-start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" --registry_address="$CONTROLLER" ||
+# shellcheck disable=SC2086  # (RLFLEET_BUFFER_FLAGS: extra flags, split on spaces)
+start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" --registry_address="$CONTROLLER" \
+  ${RLFLEET_BUFFER_FLAGS:-} ||
   fail "buffer"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(buffer); BUFFER=$ADDR
 registered buffer || fail "buffer"
