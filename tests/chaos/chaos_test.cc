@@ -220,7 +220,7 @@ TEST_F(Chaos, TheRewardAndWeightsServicesKilledMidRun) {
 // deadline: the run goes on with the rest and loses nothing. (That a hung replica
 // rejoins once continued: Discovery.ARegisteredReplicaTheRunDroppedRejoins.)
 TEST_F(Chaos, AReplicaKilledAndAnotherHungPastTheDeadline) {
-  const std::string run = StartRun(40);
+  const std::string run = StartRun(60);
   KillAfterStep("rollout0", 4);
   if (HasFatalFailure()) return;
   v1::GetStatusResponse before = WaitForStep(8);
@@ -230,10 +230,11 @@ TEST_F(Chaos, AReplicaKilledAndAnotherHungPastTheDeadline) {
   ASSERT_EQ(kill(pid, SIGSTOP), 0);
   // Stopped for longer than a call may take: the run drops it and keeps stepping.
   v1::GetStatusResponse during = WaitForStep(before.step() + 4, absl::Seconds(90));
-  const bool progressed = during.step() >= before.step() + 4 && during.state() == v1::RUN_STATE_RUNNING;
+  // (it may even finish meanwhile on a fast machine: 4 more steps or the end)
+  const bool progressed = during.step() >= before.step() + 4 || during.state() == v1::RUN_STATE_COMPLETED;
   ASSERT_EQ(kill(pid, SIGCONT), 0);
   EXPECT_TRUE(progressed) << "the run stalled on a hung replica: " << during.ShortDebugString();
-  ExpectCompletedWithExactAccounting(run, 40);
+  ExpectCompletedWithExactAccounting(run, 60);
 }
 
 }  // namespace
