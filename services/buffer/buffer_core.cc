@@ -440,10 +440,9 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   return absl::OkStatus();
 }
 
-void BufferCore::ExpireLeasesLocked() {
-  const absl::Time now = clock_->Now();
+void BufferCore::EndLeasesLocked(const std::function<bool(const LeaseState&)>& ended) {
   for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.expires_at <= now) {
+    if (ended(it->second)) {
       for (auto g = it->second.groups.rbegin(); g != it->second.groups.rend(); ++g) {
         ready_.push_front(std::move(*g));
       }
@@ -454,19 +453,16 @@ void BufferCore::ExpireLeasesLocked() {
   }
 }
 
+void BufferCore::ExpireLeasesLocked() {
+  const absl::Time now = clock_->Now();
+  EndLeasesLocked([now](const LeaseState& lease) { return lease.expires_at <= now; });
+}
+
 void BufferCore::ReleaseEarlierIncarnationsLocked(const std::string& consumer, const std::string& incarnation) {
   if (incarnation.empty()) return;
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.consumer == consumer && !it->second.incarnation.empty() &&
-        it->second.incarnation != incarnation) {
-      for (auto g = it->second.groups.rbegin(); g != it->second.groups.rend(); ++g) {
-        ready_.push_front(std::move(*g));
-      }
-      it = leases_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  EndLeasesLocked([&](const LeaseState& lease) {
+    return lease.consumer == consumer && !lease.incarnation.empty() && lease.incarnation != incarnation;
+  });
 }
 
 absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,

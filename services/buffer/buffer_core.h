@@ -15,6 +15,7 @@
 #define RLFLEET_SERVICES_BUFFER_BUFFER_CORE_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -138,6 +139,8 @@ class BufferCore {
 
   // OK if Configure would take `request`, else INVALID_ARGUMENT naming the field.
   static absl::Status ValidConfig(const v1::ConfigureRequest& request);
+  // Ends the leases `ended` picks: their groups go back to the front of the ready queue.
+  void EndLeasesLocked(const std::function<bool(const LeaseState&)>& ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns expired leases' groups to the front of the ready queue.
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The same for the open leases of `consumer`'s incarnations other than `incarnation`

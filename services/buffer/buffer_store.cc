@@ -224,20 +224,10 @@ class RedisBufferStore : public BufferStore {
     ASSIGN_OR_RETURN(std::vector<redis::Reply> data, client_->Pipeline(gets));
     // Every removal, by id (the first record of an id counts).
     absl::flat_hash_map<std::string, char> removed;
-    auto read_gone = [&](absl::string_view log, uint64_t n) {
-      absl::string_view record;
-      bool bad = false;
-      for (int index = 0; GetRecord(&log, &record, &bad); ++index) {
-        if (record.empty() || ReasonCounter(record[0]) == nullptr) {
-          skip(absl::StrCat("`", GoneKey(n), "` record ", index, " has no known reason"));
-          continue;
-        }
-        removed.emplace(record.substr(1), record[0]);
-      }
-      if (bad) skip(absl::StrCat("`", GoneKey(n), "` is cut or garbled after its valid records (the rest skipped)"));
-    };
-    for (size_t s = 0; s < live.size(); ++s) read_gone(data[2 * s + 1].str, live[s]);
-    for (size_t d = 0; d < done.size(); ++d) read_gone(data[2 * live.size() + d].str, done[d]);
+    for (size_t s = 0; s < live.size(); ++s) ReadGoneLog(data[2 * s + 1].str, live[s], &removed, &snapshot.skipped);
+    for (size_t d = 0; d < done.size(); ++d) {
+      ReadGoneLog(data[2 * live.size() + d].str, done[d], &removed, &snapshot.skipped);
+    }
     absl::flat_hash_set<std::string> seen;
     for (const auto& [id, reason] : removed) seen.insert(id);
     for (const auto& [id, reason] : removed) ++snapshot.counters[ReasonCounter(reason)];
@@ -335,6 +325,25 @@ class RedisBufferStore : public BufferStore {
   }
   std::string GoneKey(uint64_t n) const { return absl::StrCat(prefix_, "gone:", n); }
 
+  // Adds the removals recorded in segment n's gone log to *removed (id -> reason; the
+  // first record of an id counts). A record with no known reason, or a log cut after
+  // its valid records, is named in *skipped (when given) and left out.
+  void ReadGoneLog(absl::string_view log, uint64_t n, absl::flat_hash_map<std::string, char>* removed,
+                   std::vector<std::string>* skipped) const {
+    absl::string_view record;
+    bool bad = false;
+    for (int index = 0; GetRecord(&log, &record, &bad); ++index) {
+      if (record.empty() || ReasonCounter(record[0]) == nullptr) {
+        if (skipped != nullptr) skipped->push_back(absl::StrCat("`", GoneKey(n), "` record ", index, " has no known reason"));
+        continue;
+      }
+      removed->emplace(record.substr(1), record[0]);
+    }
+    if (bad && skipped != nullptr) {
+      skipped->push_back(absl::StrCat("`", GoneKey(n), "` is cut or garbled after its valid records (the rest skipped)"));
+    }
+  }
+
   // Folds the gone logs of the oldest retired segments, all but the newest
   // keep_retired_, into the counters hash (accepted_total and a count per reason) and
   // deletes them, in one MULTI/EXEC. Without this the logs (and the ids a restarted
@@ -349,13 +358,7 @@ class RedisBufferStore : public BufferStore {
     for (uint64_t n : oldest) gets.push_back({"GET", GoneKey(n)});
     ASSIGN_OR_RETURN(std::vector<redis::Reply> logs, client_->Pipeline(gets));
     absl::flat_hash_map<std::string, char> removed;  // (an id counts once, as in Load)
-    for (const redis::Reply& log : logs) {
-      absl::string_view rest = log.str, record;
-      bool bad = false;
-      while (GetRecord(&rest, &record, &bad)) {
-        if (!record.empty() && ReasonCounter(record[0]) != nullptr) removed.emplace(record.substr(1), record[0]);
-      }
-    }
+    for (size_t i = 0; i < logs.size(); ++i) ReadGoneLog(logs[i].str, oldest[i], &removed, nullptr);
     std::map<std::string, uint64_t> counts;
     for (const auto& [id, reason] : removed) ++counts[ReasonCounter(reason)];
     counts["accepted_total"] = removed.size();

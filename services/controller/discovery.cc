@@ -91,6 +91,11 @@ RolloutDiscovery::~RolloutDiscovery() {
   thread_.join();
 }
 
+absl::Status RolloutDiscovery::Offer(const std::string& address) {
+  auto replica = make_(address);
+  return replica.ok() ? runs_->AdmitRollout(std::move(*replica)) : replica.status();
+}
+
 void RolloutDiscovery::Reconcile() {
   if (!runs_->HasActiveRun()) {
     offered_.clear();
@@ -105,8 +110,7 @@ void RolloutDiscovery::Reconcile() {
     auto [it, fresh] = offered_.try_emplace(address, now);
     if (!fresh && now - it->second < retry_after_) continue;
     it->second = now;
-    auto replica = make_(address);
-    absl::Status s = replica.ok() ? runs_->AdmitRollout(std::move(*replica)) : replica.status();
+    const absl::Status s = Offer(address);
     if (absl::IsAlreadyExists(s)) continue;
     if (log_) {
       log_(absl::StrCat("discovery: registered rollout replica ", address, " was not in the run: ",
@@ -146,8 +150,7 @@ void RolloutDiscovery::Loop() {
       // other refusal (e.g. FAILED_PRECONDITION: the replica serves another run's
       // version) is logged, not taken for "no run".
       if (!runs_->HasActiveRun()) continue;
-      auto replica = make_(address);
-      s = replica.ok() ? runs_->AdmitRollout(std::move(*replica)) : replica.status();
+      s = Offer(address);
       if (absl::IsAlreadyExists(s)) s = absl::OkStatus();  // (already in the pool)
     } else if (event->type() == v1::REPLICA_EVENT_TYPE_REMOVED || event->type() == v1::REPLICA_EVENT_TYPE_EXPIRED) {
       s = runs_->RemoveRollout(address);

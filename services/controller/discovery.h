@@ -56,6 +56,9 @@ class RolloutDiscovery {
                    MakeReplica make, Log log, absl::Duration reconcile_every, absl::Duration retry_after);
   void Loop();
   void Reconcile();  // (on the loop's thread)
+  // Makes a replica for `address` and asks the active run to admit it: AdmitRollout's
+  // answer (ALREADY_EXISTS when it is in the run), or why it could not be made.
+  absl::Status Offer(const std::string& address);
 
   ControllerCore* const core_;
   absl::Mutex mu_;

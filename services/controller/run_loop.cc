@@ -647,18 +647,14 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
     v1::TrainStepResponse trained;
     const absl::Time train_begin = absl::Now();
-    absl::Status ts = trainer.TrainStep(train, &trained);
     // UNAVAILABLE for a batch with a signal: the trainer is restarting or unreachable,
     // or its buffer was slow. Retried (with back-off) until unavailable_retry, then the
     // run fails. Without a signal it is the expected "nothing to learn" (idle step).
-    absl::Duration backoff = absl::Milliseconds(100);
-    while (signal && absl::IsUnavailable(ts) && !stop.load() &&
-           absl::Now() + backoff - train_begin <= config.unavailable_retry) {
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(2));
+    auto train_step = [&] {
       trained.Clear();
-      ts = trainer.TrainStep(train, &trained);
-    }
+      return trainer.TrainStep(train, &trained);
+    };
+    const absl::Status ts = signal ? RetryUnavailable(config, stop, train_step) : train_step();
     progress.train_seconds = absl::ToDoubleSeconds(absl::Now() - train_begin);
     if (!ts.ok() && !(absl::IsUnavailable(ts) && !signal)) {
       return at_step(common::Annotate(
