@@ -40,16 +40,24 @@ class BufferCoreTest : public ::testing::Test {
     if (status) *status = s; else EXPECT_TRUE(s.ok()) << s;
     return resp;
   }
-  v1::SampleBatchResponse Sample(uint32_t n, uint64_t current = 0, int64_t wait_ms = 0, uint32_t min = 0) {
+  v1::SampleBatchResponse Sample(uint32_t n, uint64_t current = 0, int64_t wait_ms = 0, uint32_t min = 0,
+                                 const std::string& consumer = "") {
     v1::SampleBatchRequest req;
     req.set_num_groups(n);
     req.set_min_groups(min);
     req.set_current_policy_version(current);
     req.set_wait_ms(wait_ms);
+    req.set_consumer_id(consumer);
     v1::SampleBatchResponse resp;
     absl::Status s = core_.SampleBatch(req, &resp);
     EXPECT_TRUE(s.ok()) << s;
     return resp;
+  }
+  absl::Status Ack(const std::string& lease_id) {
+    v1::AckBatchRequest ack;
+    ack.set_lease_id(lease_id);
+    v1::AckBatchResponse acked;
+    return core_.Ack(ack, &acked);
   }
   v1::GetStatsResponse Stats() {
     v1::GetStatsResponse s;
@@ -205,14 +213,7 @@ TEST_F(BufferCoreTest, LeasesAckNackAndExpire) {
 TEST_F(BufferCoreTest, ANewIncarnationOfAConsumerTakesOverItsPredecessorsLeases) {
   Configure(1);
   Put({Exp("a", "", 1), Exp("b", "", 0), Exp("c", "", 1)});
-  auto sample_as = [&](const std::string& consumer, uint32_t n) {
-    v1::SampleBatchRequest req;
-    req.set_num_groups(n);
-    req.set_consumer_id(consumer);
-    v1::SampleBatchResponse resp;
-    EXPECT_TRUE(core_.SampleBatch(req, &resp).ok());
-    return resp;
-  };
+  auto sample_as = [&](const std::string& consumer, uint32_t n) { return Sample(n, 0, 0, 0, consumer); };
   auto old = sample_as("trainer@h:1#p1", 1);  // "a", then the trainer dies
   ASSERT_EQ(old.groups_size(), 1);
   auto other = sample_as("trainer@h:2#p7", 1);  // another trainer's lease: "b"
@@ -224,10 +225,7 @@ TEST_F(BufferCoreTest, ANewIncarnationOfAConsumerTakesOverItsPredecessorsLeases)
   ASSERT_EQ(restarted.groups_size(), 1);
   EXPECT_EQ(restarted.groups(0).experiences(0).experience_id().value(), "a");
   EXPECT_EQ(Stats().open_leases(), 3u);  // (the old one ended, the new one opened)
-  v1::AckBatchRequest late;
-  late.set_lease_id(old.lease_id());
-  v1::AckBatchResponse late_response;
-  EXPECT_EQ(core_.Ack(late, &late_response).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Ack(old.lease_id()).code(), absl::StatusCode::kNotFound);
 }
 
 // Consumed ids stay duplicates for a window of the newest N, not for ever (every id
@@ -239,10 +237,7 @@ TEST_F(BufferCoreTest, ConsumedIdsStayDuplicatesForABoundedWindow) {
     Put({Exp(id, "", 1)});
     auto s = Sample(1);
     ASSERT_EQ(s.groups_size(), 1);
-    v1::AckBatchRequest ack;
-    ack.set_lease_id(s.lease_id());
-    v1::AckBatchResponse acked;
-    ASSERT_TRUE(core_.Ack(ack, &acked).ok());
+    ASSERT_TRUE(Ack(s.lease_id()).ok());
   }
   // c, d, e are remembered: duplicates. a and b have left the window: taken again.
   EXPECT_EQ(Put({Exp("e", "", 1)}).duplicates(), 1u);

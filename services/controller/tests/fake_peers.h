@@ -7,7 +7,9 @@
 #ifndef RLFLEET_SERVICES_CONTROLLER_TESTS_FAKE_PEERS_H_
 #define RLFLEET_SERVICES_CONTROLLER_TESTS_FAKE_PEERS_H_
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -231,6 +233,37 @@ class FakeTrainer : public TrainerPeer {
  private:
   FakeBuffer* const buffer_;
 };
+
+// The loop over given rollout replicas and fake reward, buffer and trainer; every
+// step's progress is kept in `progress`.
+struct FakeRun {
+  explicit FakeRun(std::vector<std::unique_ptr<RolloutReplica>> replicas, RolloutPool::Log log = nullptr)
+      : pool(std::move(replicas), std::move(log)) {}
+  absl::Status Run(const LoopConfig& config, bool stopped = false) {
+    std::atomic<bool> stop{stopped};
+    return RunLoop(config, pool, reward, buffer, trainer, stop,
+                   [this](const LoopProgress& p) { progress.push_back(p); });
+  }
+  // Runs until `stop_after` says so after a step (a controller that goes away then).
+  absl::Status RunUntil(const LoopConfig& config, const std::function<bool(const LoopProgress&)>& stop_after) {
+    std::atomic<bool> stop{false};
+    return RunLoop(config, pool, reward, buffer, trainer, stop, [&](const LoopProgress& p) {
+      progress.push_back(p);
+      if (stop_after(p)) stop = true;
+    });
+  }
+  RolloutPool pool;
+  FakeReward reward;
+  FakeBuffer buffer;
+  FakeTrainer trainer;
+  std::vector<LoopProgress> progress;
+};
+
+// Whether `address` is a live rollout replica of `runs`' active run.
+inline bool InRun(RunManager& runs, const std::string& address) {
+  const std::vector<std::string> all = runs.RolloutAddresses();
+  return std::find(all.begin(), all.end(), address) != all.end();
+}
 
 // Run peers for a RunManager: one fake rollout replica ("a"), reward, buffer and trainer.
 inline absl::StatusOr<RunPeers> OneReplicaFakePeers() {

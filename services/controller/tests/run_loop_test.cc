@@ -43,21 +43,6 @@ std::vector<std::unique_ptr<RolloutReplica>> Pool(std::unique_ptr<Replicas>... r
   return out;
 }
 
-// The loop over given rollout replicas and fake reward, buffer and trainer.
-struct FakeRun {
-  explicit FakeRun(std::vector<std::unique_ptr<RolloutReplica>> replicas, RolloutPool::Log log = nullptr)
-      : pool(std::move(replicas), std::move(log)) {}
-  absl::Status Run(const LoopConfig& config, bool stopped = false) {
-    std::atomic<bool> stop{stopped};
-    return RunLoop(config, pool, reward, buffer, trainer, stop,
-                   [this](const LoopProgress& p) { progress.push_back(p); });
-  }
-  RolloutPool pool;
-  FakeReward reward;
-  FakeBuffer buffer;
-  FakeTrainer trainer;
-  std::vector<LoopProgress> progress;
-};
 
 TEST(RunLoop, AReplicaThatDiesLosesNothing) {
   auto replica_a = std::make_unique<FakeRollout>("a");
@@ -543,10 +528,7 @@ TEST(Discovery, RegisteredRolloutReplicasJoinTheActiveRunAndDeregisteredOnesLeav
   c.set_group_size(2);
   c.set_eval_interval_steps(1);
   ASSERT_TRUE(runs.Start(c, "").ok());
-  auto has = [&](const std::string& a) {
-    auto all = runs.RolloutAddresses();
-    return std::find(all.begin(), all.end(), a) != all.end();
-  };
+  auto has = [&](const std::string& a) { return InRun(runs, a); };
   ASSERT_TRUE(Eventually([&] { return has("a") && has("early:1"); }));
   // Registered during the run: joins it with the run's weights.
   r.Add(v1::REPLICA_ROLE_ROLLOUT, "late:2");
@@ -608,10 +590,7 @@ TEST(Discovery, ARegisteredReplicaTheRunDroppedRejoins) {
   c.set_batch_size(2);
   c.set_group_size(2);
   ASSERT_TRUE(runs.Start(c, "").ok());
-  auto has = [&](const std::string& a) {
-    auto all = runs.RolloutAddresses();
-    return std::find(all.begin(), all.end(), a) != all.end();
-  };
+  auto has = [&](const std::string& a) { return InRun(runs, a); };
   // Dropped at its first call, then offered again and admitted.
   ASSERT_TRUE(Eventually([&] {
     absl::MutexLock lock(&mu);

@@ -41,29 +41,15 @@ std::vector<std::unique_ptr<RolloutReplica>> TwoReplicas(FakeRollout** a, FakeRo
 TEST(RunResume, GoesOnAfterItsLastStepWithTheSamePromptsAndStoresNothingTwice) {
   // The reference: 6 steps without interruption.
   FakeRollout *a = nullptr, *b = nullptr;
-  RolloutPool reference_pool(TwoReplicas(&a, &b), nullptr);
-  FakeReward reference_reward;
-  FakeBuffer reference_buffer;
-  FakeTrainer reference_trainer;
-  std::atomic<bool> never{false};
-  ASSERT_TRUE(RunLoop(Config(6), reference_pool, reference_reward, reference_buffer, reference_trainer, never,
-                      nullptr)
-                  .ok());
+  FakeRun reference(TwoReplicas(&a, &b));
+  ASSERT_TRUE(reference.Run(Config(6)).ok());
 
   // The controller dies during step 4: the record says step 3, but step 4's
   // experiences reached the buffer already.
-  RolloutPool pool(TwoReplicas(&a, &b), nullptr);
-  FakeReward reward;
-  FakeBuffer buffer;
-  FakeTrainer trainer;
-  std::atomic<bool> stop{false};
-  std::vector<LoopProgress> saved;
-  ASSERT_TRUE(RunLoop(Config(6), pool, reward, buffer, trainer, stop, [&](const LoopProgress& p) {
-                saved.push_back(p);
-                if (p.step == 4) stop = true;
-              }).ok());
-  ASSERT_EQ(saved.size(), 4u);
-  const LoopProgress record = saved[2];  // step 3
+  FakeRun run(TwoReplicas(&a, &b));
+  ASSERT_TRUE(run.RunUntil(Config(6), [](const LoopProgress& p) { return p.step == 4; }).ok());
+  ASSERT_EQ(run.progress.size(), 4u);
+  const LoopProgress record = run.progress[2];  // step 3
   EXPECT_EQ(record.accepted_experiences, 3u * 4 * 2);
   EXPECT_GT(record.published_version, 0u);
   EXPECT_FALSE(record.tag.empty());
@@ -71,37 +57,34 @@ TEST(RunResume, GoesOnAfterItsLastStepWithTheSamePromptsAndStoresNothingTwice) {
   // The restarted controller's loop: over the same peers, from the record.
   LoopConfig resumed = Config(6);
   resumed.resume = record;
-  std::vector<LoopProgress> after;
-  std::atomic<bool> go{false};
-  absl::Status s = RunLoop(resumed, pool, reward, buffer, trainer, go, [&](const LoopProgress& p) { after.push_back(p); });
+  run.progress.clear();
+  absl::Status s = run.Run(resumed);
   ASSERT_TRUE(s.ok()) << s;
+  const std::vector<LoopProgress>& after = run.progress;
   ASSERT_EQ(after.size(), 3u);  // steps 4, 5, 6
   EXPECT_EQ(after.front().step, 4);
   EXPECT_EQ(after.back().step, 6);
   EXPECT_EQ(after.back().tag, record.tag);
   // Step 4 again: its experiences were duplicates (stored by the first attempt) and
   // count once; the buffer holds each experience once.
-  EXPECT_EQ(buffer.duplicates, 4 * 2);
-  EXPECT_EQ(buffer.experiences, 6 * 4 * 2);
+  EXPECT_EQ(run.buffer.duplicates, 4 * 2);
+  EXPECT_EQ(run.buffer.experiences, 6 * 4 * 2);
   EXPECT_EQ(after.back().accepted_experiences, 6u * 4 * 2);
   // The same prompts as the uninterrupted run, step by step (step 4's twice).
-  const std::vector<std::string>& ref = reference_reward.scored_prompts;
+  const std::vector<std::string>& ref = reference.reward.scored_prompts;
   ASSERT_EQ(ref.size(), 6u * 4 * 2);
   std::vector<std::string> expected(ref.begin(), ref.begin() + 4 * 4 * 2);
   expected.insert(expected.end(), ref.begin() + 3 * 4 * 2, ref.end());
-  ASSERT_EQ(reward.scored_prompts.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(reward.scored_prompts[i], expected[i]) << "item " << i;
-  EXPECT_EQ(pool.live(), 2);
+  ASSERT_EQ(run.reward.scored_prompts.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(run.reward.scored_prompts[i], expected[i]) << "item " << i;
+  EXPECT_EQ(run.pool.live(), 2);
 }
 
 TEST(RunResume, ATrainerBehindTheReplicasPublishesUnderANewNumber) {
   FakeRollout *a = nullptr, *b = nullptr;
-  RolloutPool pool(TwoReplicas(&a, &b), nullptr);
-  FakeReward reward;
-  FakeBuffer buffer;
-  FakeTrainer trainer;
-  std::atomic<bool> go{false};
-  ASSERT_TRUE(RunLoop(Config(3), pool, reward, buffer, trainer, go, nullptr).ok());
+  FakeRun run(TwoReplicas(&a, &b));
+  FakeTrainer& trainer = run.trainer;
+  ASSERT_TRUE(run.Run(Config(3)).ok());
   const uint64_t served = a->version();
   ASSERT_EQ(served, trainer.version);
   // The trainer restarts from an older checkpoint: it is at version 2 with other weights.
@@ -109,8 +92,8 @@ TEST(RunResume, ATrainerBehindTheReplicasPublishesUnderANewNumber) {
   // A new run (or a resumed one): the replicas keep serving and install a version past theirs.
   LoopConfig next = Config(2);
   next.run_id = "run-next";
-  ASSERT_TRUE(RunLoop(next, pool, reward, buffer, trainer, go, nullptr).ok());
-  EXPECT_EQ(pool.live(), 2);
+  ASSERT_TRUE(run.Run(next).ok());
+  EXPECT_EQ(run.pool.live(), 2);
   EXPECT_GT(a->version(), served);
   EXPECT_EQ(a->version(), b->version());
   EXPECT_EQ(a->version(), trainer.version);
@@ -121,7 +104,7 @@ TEST(RunResume, ATrainerBehindTheReplicasPublishesUnderANewNumber) {
   trainer.version = a->version();
   LoopConfig again = Config(1);
   again.run_id = "run-again";
-  ASSERT_TRUE(RunLoop(again, pool, reward, buffer, trainer, go, nullptr).ok());
+  ASSERT_TRUE(run.Run(again).ok());
   EXPECT_EQ(trainer.publishes, publishes + 2);  // the start's and step 1's
 }
 
