@@ -329,6 +329,20 @@ absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request
       absl::StrCat("no rollout replica left", dropped.ok() ? "" : absl::StrCat(" (last: ", dropped.message(), ")")));
 }
 
+absl::Status RolloutPool::JoinedLocked(const std::string& address) {
+  for (const Replica& r : replicas_) {
+    if (r.alive && r.peer->address() == address) {
+      return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " is in the pool"));
+    }
+  }
+  for (const auto& w : waiting_) {
+    if (w->address() == address) {
+      return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " waits to join the pool"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
   const std::string address = replica->address();
   // The joining replica installs the run's weights outside the pool's lock (a slow or
@@ -338,16 +352,7 @@ absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
     v1::PrepareWeightsRequest weights;
     {
       absl::MutexLock lock(&mu_);
-      for (const Replica& r : replicas_) {
-        if (r.alive && r.peer->address() == address) {
-          return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " is in the pool"));
-        }
-      }
-      for (const auto& w : waiting_) {
-        if (w->address() == address) {
-          return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " waits to join the pool"));
-        }
-      }
+      RETURN_IF_ERROR(JoinedLocked(address));
       if (!weights_) {
         if (log_) log_(absl::StrCat("rollout replica ", address, " waits for the run's first weights"));
         waiting_.push_back(std::move(replica));
@@ -362,11 +367,7 @@ absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
     }
     absl::MutexLock lock(&mu_);
     if (weights_->manifest().version().version() != version) continue;  // (a newer one: install it too)
-    for (const Replica& r : replicas_) {
-      if (r.alive && r.peer->address() == address) {
-        return absl::AlreadyExistsError(absl::StrCat("rollout replica ", address, " is in the pool"));
-      }
-    }
+    RETURN_IF_ERROR(JoinedLocked(address));  // (another Admit of it may have won meanwhile)
     replicas_.push_back({std::move(replica), true});
     if (log_) log_(absl::StrCat("rollout replica ", address, " admitted with version ", version));
     return absl::OkStatus();

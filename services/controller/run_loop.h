@@ -122,6 +122,8 @@ class RolloutPool {
   };
   void Drop(Replica& replica, const absl::Status& why, const std::string& what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ALREADY_EXISTS when `address` is live in the pool or waits to join it.
+  absl::Status JoinedLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One call at a time (an async run's next generation and its evaluation or weight
   // update take turns; a replica generates or installs, not both).
   absl::Mutex mu_;
