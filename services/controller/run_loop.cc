@@ -511,17 +511,18 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     request.set_idempotent(true);  // (a retry, or a run's start, finds it published)
     request.set_min_version(min_version);
     v1::PublishWeightsResponse published;
-    RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
-                                                      [&] {
-                                                        published.Clear();
-                                                        return trainer.PublishWeights(request, &published);
-                                                      }),
-                                     "PublishWeights"));
-    v1::PrepareWeightsRequest update;
-    *update.mutable_manifest() = published.manifest();
-    *update.add_chunks()->mutable_source() = published.location();
-    RETURN_IF_ERROR(timed(common::Annotate(
-        RetryUnavailable(config, stop, [&] { return rollout.UpdateWeights(update); }), "UpdateWeights")));
+    // Publish and install are retried together: a weights service that restarted
+    // mid-sync lost the version (replicas joining again were told "version N is not
+    // published"), so a retry publishes it again (idempotent on the trainer) before
+    // installing it.
+    RETURN_IF_ERROR(timed(RetryUnavailable(config, stop, [&]() -> absl::Status {
+      published.Clear();
+      RETURN_IF_ERROR(common::Annotate(trainer.PublishWeights(request, &published), "PublishWeights"));
+      v1::PrepareWeightsRequest update;
+      *update.mutable_manifest() = published.manifest();
+      *update.add_chunks()->mutable_source() = published.location();
+      return common::Annotate(rollout.UpdateWeights(update), "UpdateWeights");
+    })));
     installed = std::max(installed, published.manifest().version().version());
     return absl::OkStatus();
   };
