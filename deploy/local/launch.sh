@@ -65,6 +65,10 @@ stop_all() {
     kill -TERM "${CORE_PIDS[$i]}" 2>/dev/null
     wait "${CORE_PIDS[$i]}" 2>/dev/null
   done
+  # Anything started but not yet in the lists (Ctrl-C while a replacement was starting
+  # or had just printed its pid) is still one of this shell's jobs.
+  for pid in $(jobs -p); do kill -TERM "$pid" 2>/dev/null; done
+  for pid in $(jobs -p); do wait "$pid" 2>/dev/null; done
   echo "launch.sh: stopped $(( ${#ROLLOUT_PIDS[@]} + ${#CORE_PIDS[@]} )) processes; logs in $DIR"
 }
 trap 'stop_all; exit 0' INT TERM
