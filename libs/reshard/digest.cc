@@ -82,7 +82,9 @@ __attribute__((target("avx2"))) uint64_t DigestAvx2(const uint8_t* p, uint64_t n
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(prefix), p_lo);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(prefix + 4), p_hi);
   if (copy_to != nullptr) std::memcpy(copy_to + 16 * steps, p + 16 * steps, 2 * (n - 8 * steps));
-  return Combine(f, prefix, 8, steps, first) + DigestScalar(p + 16 * steps, n - 8 * steps, first + 8 * steps);
+  // (the tail's digest from the copy too: what is digested is what was copied)
+  const uint8_t* tail = copy_to != nullptr ? copy_to + 16 * steps : p + 16 * steps;
+  return Combine(f, prefix, 8, steps, first) + DigestScalar(tail, n - 8 * steps, first + 8 * steps);
 }
 
 // AVX-512: 16 units per step. Not instrumented by ASan: g++ 12's ASan build faults
@@ -118,7 +120,8 @@ __attribute__((target("avx512f,avx512bw"), no_sanitize("address"))) uint64_t Dig
   _mm512_storeu_si512(prefix + 8, p_hi);
   if (copy_to != nullptr) std::memcpy(copy_to + 32 * steps, p + 32 * steps, 2 * (n - 16 * steps));
   return Combine(f, prefix, 16, steps, first) +
-         DigestScalar(p + 32 * steps, n - 16 * steps, first + 16 * steps);
+         DigestScalar(copy_to != nullptr ? copy_to + 32 * steps : p + 32 * steps, n - 16 * steps,
+                      first + 16 * steps);
 }
 
 bool HaveAvx512() {
@@ -146,7 +149,7 @@ uint64_t CopyAndDigest(void* dst, const void* src, uint64_t bytes, uint64_t shar
   if (HaveAvx512()) return DigestAvx512(p, bytes / 2, shard_offset / 2, d);
   if (HaveAvx2()) return DigestAvx2(p, bytes / 2, shard_offset / 2, d);
   std::memcpy(d, p, bytes);
-  return DigestScalar(p, bytes / 2, shard_offset / 2);
+  return DigestScalar(d, bytes / 2, shard_offset / 2);  // (the copy: `src` may change meanwhile)
 }
 
 uint64_t CopyAndDigestUsing(DigestImpl impl, void* dst, const void* src, uint64_t bytes,
@@ -156,7 +159,7 @@ uint64_t CopyAndDigestUsing(DigestImpl impl, void* dst, const void* src, uint64_
   if (impl == DigestImpl::kAvx512 && HaveAvx512()) return DigestAvx512(p, bytes / 2, shard_offset / 2, d);
   if (impl == DigestImpl::kAvx2 && HaveAvx2()) return DigestAvx2(p, bytes / 2, shard_offset / 2, d);
   std::memcpy(d, p, bytes);
-  return DigestScalar(p, bytes / 2, shard_offset / 2);
+  return DigestScalar(d, bytes / 2, shard_offset / 2);
 }
 
 uint64_t DigestBytesUsing(DigestImpl impl, const void* data, uint64_t bytes, uint64_t shard_offset) {

@@ -45,7 +45,9 @@ uint64_t DigestBytes(const void* data, uint64_t bytes, uint64_t shard_offset);
 enum class DigestImpl { kPortable, kAvx2, kAvx512 };
 uint64_t DigestBytesUsing(DigestImpl impl, const void* data, uint64_t bytes, uint64_t shard_offset);
 // Copies `bytes` (even) bytes from `src` to `dst` (not overlapping) and returns their
-// digest share, as DigestBytes(src, ...), in one pass over memory.
+// digest share, as DigestBytes(dst, ...), in one pass over memory: each value is read
+// from `src` once, so what is digested is what was written, even if another process
+// stores into `src` meanwhile.
 uint64_t CopyAndDigest(void* dst, const void* src, uint64_t bytes, uint64_t shard_offset);
 uint64_t CopyAndDigestUsing(DigestImpl impl, void* dst, const void* src, uint64_t bytes,
                             uint64_t shard_offset);

@@ -475,7 +475,7 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
 }
 
 absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* shard,
-                                     MemoryOps& ops) {
+                                     MemoryOps& ops, void* copy_to) {
   if (rank < 0 || rank >= plan.dst.ranks) {
     return absl::InvalidArgumentError(absl::StrCat("destination rank ", rank, " is not in [0, ",
                                                    plan.dst.ranks, ")"));
@@ -484,15 +484,20 @@ absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* sha
   const auto* base = static_cast<const uint8_t*>(shard);
   for (const ShardPart& part : plan.dst_parts[rank]) {
     const uint64_t bytes = part.elements * DTypeSize(part.dtype);
-    if (bytes > 0) ops.AddDigest(0, base + part.offset, bytes, part.offset);
+    if (bytes == 0) continue;
+    if (copy_to != nullptr) {
+      ops.CopyAndDigest(0, static_cast<uint8_t*>(copy_to) + part.offset, base + part.offset, bytes, part.offset);
+    } else {
+      ops.AddDigest(0, base + part.offset, bytes, part.offset);
+    }
   }
   ASSIGN_OR_RETURN(std::vector<uint64_t> sums, ops.Digests());
   return sums[0];
 }
 
 absl::Status VerifyDigest(const Plan& plan, int rank, const void* shard, MemoryOps& ops,
-                          const std::vector<uint64_t>& shares_from_sources) {
-  ASSIGN_OR_RETURN(uint64_t got, ShardDigest(plan, rank, shard, ops));
+                          const std::vector<uint64_t>& shares_from_sources, void* copy_to) {
+  ASSIGN_OR_RETURN(uint64_t got, ShardDigest(plan, rank, shard, ops, copy_to));
   uint64_t want = 0;
   for (uint64_t share : shares_from_sources) want += share;
   if (got != want) {

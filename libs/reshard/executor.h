@@ -179,12 +179,16 @@ absl::StatusOr<ExecutionStats> Execute(transport::Transport& transport, const Pl
                                        const ExecutorOptions& options = {});
 
 // The digest of destination `rank`'s shard (its parts, not the padding) at `shard`.
+// With `copy_to` (as long as the shard), each part is also copied there, at its own
+// offset, in the same pass, and the digest is the copy's.
 absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* shard,
-                                     MemoryOps& ops);
+                                     MemoryOps& ops, void* copy_to = nullptr);
 
 // DATA_LOSS naming the destination when its digest differs from the sum of the shares.
+// With `copy_to`: the copy is what is verified (ShardDigest), for a shard that peers can
+// still store into (mapped); use the copy, not the shard.
 absl::Status VerifyDigest(const Plan& plan, int rank, const void* shard, MemoryOps& ops,
-                          const std::vector<uint64_t>& shares_from_sources);
+                          const std::vector<uint64_t>& shares_from_sources, void* copy_to = nullptr);
 
 // The messages of one (source, destination) pair, as both sides cut them.
 struct Message {

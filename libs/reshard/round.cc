@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
 #include "libs/reshard/digest.h"
 
@@ -284,8 +285,17 @@ absl::StatusOr<ShardReceiver::Received> ShardReceiver::Receive(const v1::Reshard
 
   const absl::Time verify_start = absl::Now();
   out.shard = static_cast<const uint8_t*>(shard.base);
+  void* copy_to = nullptr;
+  if (round.map_peer_memory()) {  // (peers may still hold a mapping of the shard: see Receive)
+    private_ = common::ReuseOrNewHugeString(std::move(private_), out.plan.dst_shard_bytes[out.rank]);
+    copy_to = private_.data();
+  }
   RETURN_IF_ERROR(VerifyDigest(out.plan, out.rank, out.shard, *ops_,
-                               {round.digest_shares().begin(), round.digest_shares().end()}));
+                               {round.digest_shares().begin(), round.digest_shares().end()}, copy_to));
+  if (copy_to != nullptr) {
+    out.shard = static_cast<const uint8_t*>(copy_to);
+    out.private_copy = true;
+  }
   out.verify = absl::Now() - verify_start;
   for (size_t t = 0; t < out.plan.tensors.size(); ++t) out.bytes_received += out.Part(t).size();
   return out;

@@ -79,6 +79,9 @@ class ShardReceiver {
     Plan plan;
     int rank = 0;
     const uint8_t* shard = nullptr;  // plan.dst_shard_bytes[rank] bytes; valid until the next Receive
+    // The shard is a private copy: the round was mapped, so the senders could still
+    // store into the shard memory itself after it was checked (see Receive).
+    bool private_copy = false;
     ExecutionStats stats;
     absl::Duration allocate, transfer, verify;
     uint64_t bytes_received = 0;  // bytes of the shard's parts (the layout's bytes)
@@ -86,7 +89,12 @@ class ShardReceiver {
     absl::string_view Part(size_t t) const;
   };
   // Joins `round` (connecting to its sources or relay and its forward peer), receives
-  // this rank's shard and verifies it against the round's digest shares. Errors:
+  // this rank's shard and verifies it against the round's digest shares. What is
+  // verified is what is used: in a mapped round (map_peer_memory) a same-host sender
+  // or relay keeps a mapping of the shard memory and could store into it after the
+  // check, so the shard is copied into this receiver's private memory, digested in the
+  // same pass, and the copy is verified and returned (one more pass over the shard and
+  // one more shard of memory, kept for the next round). Errors:
   // PlanOfRound's; the transport's (UNAVAILABLE: a source or relay died; DEADLINE_EXCEEDED:
   // a round stalled past round_timeout_ms or `deadline` passed); DATA_LOSS when the
   // digest does not match (nothing may be installed from it); INVALID_ARGUMENT naming
@@ -101,6 +109,7 @@ class ShardReceiver {
   StagingPool pool_;
   transport::MemoryHandle shard_;
   std::unique_ptr<MemoryOps> ops_;
+  std::string private_;  // the verified copy of a mapped round's shard
 };
 
 }  // namespace rlfleet::reshard

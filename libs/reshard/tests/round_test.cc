@@ -3,11 +3,13 @@
 // or from the replica before it in a relay chain.
 #include "libs/reshard/round.h"
 
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "libs/reshard/tests/shards.h"
+#include "libs/transport/forwarding_transport.h"
 #include "libs/transport/loopback/loopback_transport.h"
 
 namespace rlfleet::reshard {
@@ -122,11 +124,26 @@ TEST(ReshardRound, APlanTooCostlyToMakeIsRefusedBeforePlanning) {
   EXPECT_TRUE(MakePlan(ordinary, Layout::Tp(8, {Split::kColumns}), Layout::Tp(8, {Split::kColumns})).ok());
 }
 
+// A destination rank's transport: remembers the memory its receiver allocates (the
+// shard that a same-host sender maps and stores into).
+class RecordingTransport : public transport::ForwardingTransport {
+ public:
+  RecordingTransport() : ForwardingTransport(LoopbackTransport::Create()) {}
+  absl::StatusOr<transport::MemoryHandle> AllocateMemory(uint64_t length, transport::MemoryKind kind,
+                                                         int device) override {
+    absl::StatusOr<transport::MemoryHandle> h = ForwardingTransport::AllocateMemory(length, kind, device);
+    if (h.ok()) allocated.push_back(*h);
+    return h;
+  }
+  std::vector<transport::MemoryHandle> allocated;
+};
+
 // Two FSDP trainer ranks push to `replicas` replicas of `dst` (rank j of replica r is a
 // ShardReceiver of its own); replica r > 0 gets everything relayed from replica r - 1.
 struct Push {
   Plan plan;
-  std::vector<std::unique_ptr<LoopbackTransport>> trainers, ranks;
+  std::vector<std::unique_ptr<LoopbackTransport>> trainers;
+  std::vector<std::unique_ptr<RecordingTransport>> ranks;
   std::vector<std::unique_ptr<ShardReceiver>> receivers;
   std::vector<absl::StatusOr<ShardReceiver::Received>> received;
   std::vector<std::vector<uint64_t>> shares;  // [source][destination]
@@ -140,7 +157,7 @@ Push RunPush(const Layout& dst, int replicas, bool mapped, uint64_t corrupt_shar
   const int D = src.ranks, T = dst.ranks;
   for (int s = 0; s < D; ++s) p.trainers.push_back(LoopbackTransport::Create());
   for (int i = 0; i < replicas * T; ++i) {
-    p.ranks.push_back(LoopbackTransport::Create());
+    p.ranks.push_back(std::make_unique<RecordingTransport>());
     p.receivers.push_back(std::make_unique<ShardReceiver>(*p.ranks.back()));
   }
   std::vector<std::vector<uint8_t>> src_bufs;
@@ -221,6 +238,32 @@ TEST(ReshardRound, AWholeModelReplicaSeesEveryTensorWhole) {
     ASSERT_TRUE(r.ok()) << r.status();
     for (size_t t = 0; t < kTensors.size(); ++t) {
       EXPECT_EQ(r->Part(t).size(), kTensors[t].numel() * DTypeSize(kTensors[t].dtype)) << kTensors[t].name;
+    }
+  }
+}
+
+// What is verified is what is used: a sender that mapped a replica's shard (same host)
+// keeps its mapping and can store into that memory after the check; the replica
+// verified and returns a private copy, which such stores do not reach. Without a
+// mapping (tagged messages only) the shard itself is returned, no copy made.
+TEST(ReshardRound, AMappedShardStoredIntoAfterTheCheckDoesNotChangeWhatWasReceived) {
+  for (bool mapped : {true, false}) {
+    SCOPED_TRACE(mapped ? "mapped" : "tagged");
+    const Layout dst = Layout::Tp(2, {Split::kColumns, Split::kReplicated, Split::kRows});
+    Push p = RunPush(dst, 2, mapped);
+    for (size_t i = 0; i < p.received.size(); ++i) {
+      ASSERT_TRUE(p.received[i].ok()) << i << ": " << p.received[i].status();
+      EXPECT_EQ(p.received[i]->private_copy, mapped) << i;
+      // A peer scribbles over every byte this rank's transport ever handed out.
+      ASSERT_FALSE(p.ranks[i]->allocated.empty());
+      for (const transport::MemoryHandle& h : p.ranks[i]->allocated) std::memset(h.base, 0xA5, h.length);
+      const std::vector<uint8_t> want = ExpectedShard(p.plan, false, static_cast<int>(i % 2));
+      const std::vector<uint8_t> got(p.received[i]->shard, p.received[i]->shard + want.size());
+      if (mapped) {
+        EXPECT_EQ(got, want) << i;
+      } else {
+        EXPECT_NE(got, want) << i << ": the tagged path hands out the shard itself (no copy)";
+      }
     }
   }
 }
