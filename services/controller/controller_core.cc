@@ -152,17 +152,43 @@ absl::Status ControllerCore::Scale(const v1::ScaleRequest& request, v1::ScaleRes
     return absl::InvalidArgumentError(absl::StrCat("target_count ", request.target_count(), " is over 1024"));
   }
   ASSIGN_OR_RETURN(std::vector<v1::ReplicaInfo> replicas, registry_->List(request.role(), false));
-  absl::MutexLock lock(&mu_);
-  if (scaler_.empty()) {
-    return absl::FailedPreconditionError(
-        "no launcher or autoscaler acts on Scale here: start the fleet with deploy/local/launch.sh "
-        "(or run the controller with --scaler)");
+  absl::MutexLock scaling(&scale_mu_);
+  std::map<int, uint32_t> desired;
+  {
+    absl::MutexLock lock(&mu_);
+    if (scaler_.empty()) {
+      return absl::FailedPreconditionError(
+          "no launcher or autoscaler acts on Scale here: start the fleet with deploy/local/launch.sh "
+          "(or run the controller with --scaler)");
+    }
+    auto it = desired_.find(request.role());
+    response->set_previous_count(it == desired_.end() ? replicas.size() : it->second);
+    desired = desired_;
   }
-  auto it = desired_.find(request.role());
-  response->set_previous_count(it == desired_.end() ? replicas.size() : it->second);
-  desired_[request.role()] = request.target_count();
+  desired[request.role()] = request.target_count();
+  // Saved before it is held: a count the caller was told is set survives a restart.
+  if (desired_store_ != nullptr) {
+    if (absl::Status s = desired_store_->SaveDesired(desired); !s.ok()) {
+      return common::Annotate(s, "saving the desired counts (nothing changed)");
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    desired_ = std::move(desired);
+  }
   response->set_target_count(request.target_count());
   response->set_registered(replicas.size());
+  return absl::OkStatus();
+}
+
+absl::Status ControllerCore::UseDesiredStore(DesiredCountStore* store) {
+  absl::MutexLock scaling(&scale_mu_);
+  desired_store_ = store;
+  if (store == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::map<int, uint32_t>> saved = store->LoadDesired();
+  if (!saved.ok()) return saved.status();
+  absl::MutexLock lock(&mu_);
+  desired_ = std::move(*saved);
   return absl::OkStatus();
 }
 

@@ -4,7 +4,11 @@
 #ifndef RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_
 #define RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_
 
+#include <map>
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/common/clock.h"
 #include "libs/registry/registry.h"
@@ -12,6 +16,19 @@
 #include "rlfleet/v1/controller.pb.h"
 
 namespace rlfleet::controller {
+
+// Where the desired replica counts (Scale) are kept, so that a restarted controller
+// reports the same ones (RunStore: in Redis beside the run's record).
+class DesiredCountStore {
+ public:
+  virtual ~DesiredCountStore() = default;
+  // Replaces the saved counts (role -> count). UNAVAILABLE when the store cannot be
+  // reached.
+  virtual absl::Status SaveDesired(const std::map<int, uint32_t>& desired) = 0;
+  // The counts saved last (empty when none). DATA_LOSS naming the entry for one that
+  // does not read.
+  virtual absl::StatusOr<std::map<int, uint32_t>> LoadDesired() = 0;
+};
 
 // Largest ListReplicas page.
 inline constexpr uint32_t kMaxPageSize = 1000;
@@ -41,6 +58,10 @@ class ControllerCore {
   absl::Status Scale(const v1::ScaleRequest& request, v1::ScaleResponse* response);
   // Names what acts on Scale (e.g. "launcher"); empty: nothing does.
   void SetScaler(std::string scaler);
+  // Keeps the desired counts in `store` (not owned; outlives the core) from now on, and
+  // takes the counts saved there (a restarted controller). Errors from loading them
+  // (the core then starts with none).
+  absl::Status UseDesiredStore(DesiredCountStore* store);
 
   // Registry changes (WatchReplicas). INVALID_ARGUMENT for an unknown role.
   absl::StatusOr<std::shared_ptr<registry::Subscription>> Watch(const v1::WatchReplicasRequest& request);
@@ -54,6 +75,9 @@ class ControllerCore {
   absl::Mutex mu_;
   std::string scaler_ ABSL_GUARDED_BY(mu_);
   std::map<int, uint32_t> desired_ ABSL_GUARDED_BY(mu_);  // role -> count, once Scale set it
+  // One Scale at a time, so that the counts saved last are the counts held.
+  absl::Mutex scale_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  DesiredCountStore* desired_store_ ABSL_GUARDED_BY(scale_mu_) = nullptr;
 };
 
 }  // namespace rlfleet::controller

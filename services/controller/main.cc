@@ -117,6 +117,11 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-controller: --run_store: " << run_store.status() << "\n";
     return 2;
   }
+  // The desired counts (Scale) a previous controller was given, and later ones, kept there.
+  if (absl::Status s = core.UseDesiredStore(run_store->get()); !s.ok()) {
+    std::cerr << "rlfleet-controller: --run_store: the saved desired counts do not read (starting with none): "
+              << s << "\n";
+  }
   rlfleet::controller::RunManager runs(
       factory, [](const std::string& line) { std::cout << line << std::endl; }, absl::GetFlag(FLAGS_runs_dir),
       run_store->get());

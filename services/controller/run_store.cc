@@ -117,6 +117,41 @@ absl::StatusOr<RunRecord> RunRecordFromFields(const std::map<std::string, std::s
   return r;
 }
 
+std::map<std::string, std::string> DesiredFields(const std::map<int, uint32_t>& desired) {
+  std::map<std::string, std::string> fields;
+  for (const auto& [role, count] : desired) {
+    fields[v1::ReplicaRole_Name(static_cast<v1::ReplicaRole>(role))] = absl::StrCat(count);
+  }
+  return fields;
+}
+
+absl::StatusOr<std::map<int, uint32_t>> DesiredFromFields(const std::map<std::string, std::string>& fields) {
+  std::map<int, uint32_t> desired;
+  for (const auto& [name, value] : fields) {
+    v1::ReplicaRole role;
+    uint32_t count = 0;
+    if (!v1::ReplicaRole_Parse(name, &role) || role == v1::REPLICA_ROLE_UNSPECIFIED) {
+      return absl::DataLossError(absl::StrCat("desired counts: unknown role `", name, "`"));
+    }
+    if (!absl::SimpleAtoi(value, &count) || count > 1024) {
+      return absl::DataLossError(absl::StrCat("desired counts: ", name, " = `", value, "` is not a count 0..1024"));
+    }
+    desired[role] = count;
+  }
+  return desired;
+}
+
+absl::Status InMemoryRunStore::SaveDesired(const std::map<int, uint32_t>& desired) {
+  absl::MutexLock lock(&mu_);
+  desired_ = DesiredFields(desired);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<int, uint32_t>> InMemoryRunStore::LoadDesired() {
+  absl::MutexLock lock(&mu_);
+  return DesiredFromFields(desired_);
+}
+
 absl::Status InMemoryRunStore::Save(const RunRecord& record) {
   absl::MutexLock lock(&mu_);
   fields_ = RunRecordFields(record);
@@ -134,8 +169,24 @@ namespace {
 
 class RedisRunStore : public RunStore {
  public:
-  RedisRunStore(std::unique_ptr<redis::Client> client, std::string key)
-      : client_(std::move(client)), key_(std::move(key)) {}
+  RedisRunStore(std::unique_ptr<redis::Client> client, std::string key, std::string desired_key)
+      : client_(std::move(client)), key_(std::move(key)), desired_key_(std::move(desired_key)) {}
+
+  // (roles are only ever added to the counts, so one HSET of all of them replaces them)
+  absl::Status SaveDesired(const std::map<int, uint32_t>& desired) override {
+    if (desired.empty()) return absl::OkStatus();
+    std::vector<std::string> argv = {"HSET", desired_key_};
+    for (auto& [name, value] : DesiredFields(desired)) {
+      argv.push_back(name);
+      argv.push_back(std::move(value));
+    }
+    return client_->Command(argv).status();
+  }
+  absl::StatusOr<std::map<int, uint32_t>> LoadDesired() override {
+    absl::StatusOr<std::map<std::string, std::string>> fields = Hash(desired_key_);
+    if (!fields.ok()) return fields.status();
+    return DesiredFromFields(*fields);
+  }
 
   absl::Status Save(const RunRecord& record) override {
     std::vector<std::string> argv = {"HSET", key_};
@@ -147,22 +198,30 @@ class RedisRunStore : public RunStore {
   }
 
   absl::StatusOr<std::optional<RunRecord>> Load() override {
-    ASSIGN_OR_RETURN(redis::Reply reply, client_->Command({"HGETALL", key_}));
-    if (reply.type != redis::Reply::Type::kArray || reply.elements.size() % 2 != 0) {
-      return absl::DataLossError(absl::StrCat("HGETALL ", key_, ": not a hash"));
-    }
-    if (reply.elements.empty()) return std::optional<RunRecord>();
-    std::map<std::string, std::string> fields;
-    for (size_t i = 0; i + 1 < reply.elements.size(); i += 2) {
-      fields[reply.elements[i].str] = std::move(reply.elements[i + 1].str);
-    }
-    ASSIGN_OR_RETURN(RunRecord r, RunRecordFromFields(fields));
+    absl::StatusOr<std::map<std::string, std::string>> fields = Hash(key_);
+    if (!fields.ok()) return fields.status();
+    if (fields->empty()) return std::optional<RunRecord>();
+    ASSIGN_OR_RETURN(RunRecord r, RunRecordFromFields(*fields));
     return std::optional<RunRecord>(std::move(r));
   }
 
  private:
+  // HGETALL `key`: its fields (none when it does not exist).
+  absl::StatusOr<std::map<std::string, std::string>> Hash(const std::string& key) {
+    ASSIGN_OR_RETURN(redis::Reply reply, client_->Command({"HGETALL", key}));
+    if (reply.type != redis::Reply::Type::kArray || reply.elements.size() % 2 != 0) {
+      return absl::DataLossError(absl::StrCat("HGETALL ", key, ": not a hash"));
+    }
+    std::map<std::string, std::string> fields;
+    for (size_t i = 0; i + 1 < reply.elements.size(); i += 2) {
+      fields[reply.elements[i].str] = std::move(reply.elements[i + 1].str);
+    }
+    return fields;
+  }
+
   const std::unique_ptr<redis::Client> client_;
   const std::string key_;
+  const std::string desired_key_;
 };
 
 }  // namespace
@@ -173,7 +232,8 @@ absl::StatusOr<std::unique_ptr<RunStore>> OpenRunStore(absl::string_view connect
   if (absl::StartsWith(connection, "redis://")) {
     ASSIGN_OR_RETURN(redis::Url url, redis::ParseUrl(connection, "rlfleet:"));
     ASSIGN_OR_RETURN(std::unique_ptr<redis::Client> client, redis::Client::Connect(url.host, url.port));
-    return std::unique_ptr<RunStore>(new RedisRunStore(std::move(client), url.prefix + "controller:run"));
+    return std::unique_ptr<RunStore>(new RedisRunStore(std::move(client), url.prefix + "controller:run",
+                                                      url.prefix + "controller:desired"));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown run store `", connection, "`: want redis://host:port[/prefix] or memory://"));

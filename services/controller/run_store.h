@@ -7,7 +7,7 @@
 // Backends (OpenRunStore): none (empty connection: a restarted controller forgets its
 // run, as before), `memory://` (tests) and `redis://host:port[/prefix]` (one hash,
 // `<prefix>controller:run`, written whole by one HSET: a reader never sees half a
-// record). Thread-safe.
+// record; the desired counts in `<prefix>controller:desired`). Thread-safe.
 #ifndef RLFLEET_SERVICES_CONTROLLER_RUN_STORE_H_
 #define RLFLEET_SERVICES_CONTROLLER_RUN_STORE_H_
 
@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "rlfleet/v1/controller.pb.h"
+#include "services/controller/controller_core.h"
 #include "services/controller/run_loop.h"
 
 namespace rlfleet::controller {
@@ -43,9 +44,11 @@ struct RunRecord {
 std::map<std::string, std::string> RunRecordFields(const RunRecord& record);
 absl::StatusOr<RunRecord> RunRecordFromFields(const std::map<std::string, std::string>& fields);
 
-class RunStore {
+// Also keeps the desired replica counts (Scale): a restarted controller reports the
+// counts it was given, and the launcher or autoscaler goes on acting on them.
+class RunStore : public DesiredCountStore {
  public:
-  virtual ~RunStore() = default;
+  ~RunStore() override = default;
   // Replaces the record. UNAVAILABLE (or DEADLINE_EXCEEDED) when the store cannot be
   // reached: the run goes on and saves again after its next step.
   virtual absl::Status Save(const RunRecord& record) = 0;
@@ -54,14 +57,22 @@ class RunStore {
   virtual absl::StatusOr<std::optional<RunRecord>> Load() = 0;
 };
 
+// The desired counts as fields of a hash (role name -> count), and back. DATA_LOSS
+// naming the field for an unknown role or a count that is not 0..1024.
+std::map<std::string, std::string> DesiredFields(const std::map<int, uint32_t>& desired);
+absl::StatusOr<std::map<int, uint32_t>> DesiredFromFields(const std::map<std::string, std::string>& fields);
+
 class InMemoryRunStore : public RunStore {
  public:
   absl::Status Save(const RunRecord& record) override;
   absl::StatusOr<std::optional<RunRecord>> Load() override;
+  absl::Status SaveDesired(const std::map<int, uint32_t>& desired) override;
+  absl::StatusOr<std::map<int, uint32_t>> LoadDesired() override;
 
  private:
   absl::Mutex mu_;
   std::optional<std::map<std::string, std::string>> fields_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> desired_ ABSL_GUARDED_BY(mu_);
 };
 
 // nullptr for an empty connection (no store). INVALID_ARGUMENT for another scheme or a

@@ -562,6 +562,14 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   if (!fs::create_directory(tmp, ec) || ec) {
     return absl::InternalError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
   }
+  if (request.dry_run()) {  // (the folder takes a checkpoint: that is all a dry run asks)
+    fs::remove(tmp, ec);
+    response->set_path(dir.string());
+    response->set_step(step_);
+    response->mutable_policy_version()->set_version(version_);
+    response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+    return absl::OkStatus();
+  }
   auto written = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<uint64_t> {
     const std::string weights = policy_->SafetensorsBytes();
     RETURN_IF_ERROR(model::WriteFileAtomically((tmp / kWeightsFile).string(), weights));

@@ -176,16 +176,20 @@ TEST(ControllerBinary, RedisRegistrySurvivesAControllerRestart) {
   std::string lease_id;
   {
     Subprocess first;
-    const std::string address = StartController(first, {registry});
+    const std::string address = StartController(first, {registry, "--scaler=launcher"});
     ASSERT_FALSE(address.empty());
     auto lease = Connect(address)->Register(RolloutRegistration("rollout-r"));
     ASSERT_TRUE(lease.ok()) << lease.status();
     lease_id = lease->lease_id();
+    v1::ScaleRequest scale;
+    scale.set_role(v1::REPLICA_ROLE_ROLLOUT);
+    scale.set_target_count(3);
+    ASSERT_TRUE(Connect(address)->Scale(scale).ok());
     ExpectCleanExitOnSigterm(first);
   }
   // A new controller process sees the replica, and its lease still renews.
   Subprocess second;
-  const std::string address = StartController(second, {registry});
+  const std::string address = StartController(second, {registry, "--scaler=launcher"});
   ASSERT_FALSE(address.empty());
   auto client = Connect(address);
   v1::ListReplicasRequest list;
@@ -197,6 +201,17 @@ TEST(ControllerBinary, RedisRegistrySurvivesAControllerRestart) {
   beat.set_replica_id("rollout-r");
   beat.set_lease_id(lease_id);
   EXPECT_TRUE(client->Heartbeat(beat).ok());
+  // The desired count it was given before (Scale) holds too: the launcher or autoscaler
+  // goes on acting on it (it used to be forgotten: none reported).
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  bool found = false;
+  for (const v1::RoleSummary& role : status->replicas()) {
+    if (role.role() != v1::REPLICA_ROLE_ROLLOUT) continue;
+    found = true;
+    EXPECT_EQ(role.desired(), 3u);
+  }
+  EXPECT_TRUE(found) << status->DebugString();
   ExpectCleanExitOnSigterm(second);
 }
 

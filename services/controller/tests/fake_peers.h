@@ -216,6 +216,10 @@ class FakeTrainer : public TrainerPeer {
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
                               v1::SaveCheckpointResponse* response) override {
     if (!checkpoint_failure.ok()) return checkpoint_failure;
+    if (request.dry_run()) {
+      checked_checkpoints.push_back(request.path());
+      return absl::OkStatus();
+    }
     checkpoints.push_back(request.path());
     response->set_path(request.path());
     response->set_step(steps);
@@ -228,6 +232,7 @@ class FakeTrainer : public TrainerPeer {
   uint32_t last_max_staleness = 0;
   v1::AlgorithmParams last_params;
   std::vector<std::string> checkpoints;
+  std::vector<std::string> checked_checkpoints;  // dry runs
   absl::Status checkpoint_failure;
 
  private:

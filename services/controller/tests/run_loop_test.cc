@@ -383,12 +383,18 @@ TEST(RunLoop, RunFieldsReachThePeers) {
   // Every 2 steps, and at the end (step 3).
   EXPECT_EQ(run.trainer.checkpoints, (std::vector<std::string>{"ckpt/run-fields-step-2", "ckpt/run-fields-step-3"}));
   EXPECT_EQ(run.progress.back().last_checkpoint, "ckpt/run-fields-step-3");
-  // A checkpoint the trainer cannot write fails the run.
+  // The folder was checked (a dry run) before the first step.
+  EXPECT_EQ(run.trainer.checked_checkpoints, (std::vector<std::string>{"ckpt/run-fields-step-0"}));
+  // A folder the trainer cannot write fails the run before any step trains (it used to
+  // fail at the first checkpoint, steps later).
   FakeRun failing(Pool(std::make_unique<FakeRollout>("a")));
   failing.trainer.checkpoint_failure = absl::PermissionDeniedError("read-only file system");
   absl::Status s = failing.Run(c);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), "SaveCheckpoint ckpt/run-fields-step-2")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "checkpoint_dir ckpt: the trainer cannot save checkpoints there"))
+      << s;
+  EXPECT_EQ(failing.trainer.steps, 0);
+  EXPECT_TRUE(failing.progress.empty());
 }
 
 TEST(RunManager, RunConfigErrorsNameTheField) {

@@ -8,6 +8,8 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "libs/registry/registry.h"
+#include "services/controller/controller_core.h"
 #include "services/controller/run_loop.h"
 #include "services/controller/run_manager.h"
 #include "services/controller/run_store.h"
@@ -219,6 +221,72 @@ TEST(RunResume, TheRecordSurvivesARoundTripThroughItsFields) {
   absl::StatusOr<RunRecord> back = RunRecordFromFields(RunRecordFields(r));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(RunRecordFields(*back), RunRecordFields(r));
+}
+
+// Desired counts (Scale) live in the run store: a second core over the same store (a
+// restarted controller) reports them; a store that cannot save refuses the Scale and
+// keeps the old count; a damaged entry is DATA_LOSS naming it.
+// Reads `inner`'s counts; cannot save (Redis went away).
+class FailingDesiredStore : public DesiredCountStore {
+ public:
+  explicit FailingDesiredStore(DesiredCountStore* inner) : inner_(inner) {}
+  absl::Status SaveDesired(const std::map<int, uint32_t>&) override { return absl::UnavailableError("down"); }
+  absl::StatusOr<std::map<int, uint32_t>> LoadDesired() override { return inner_->LoadDesired(); }
+
+ private:
+  DesiredCountStore* const inner_;
+};
+
+uint32_t DesiredOf(ControllerCore& core, v1::ReplicaRole role) {
+  v1::GetStatusResponse status;
+  EXPECT_TRUE(core.GetStatus({}, &status).ok());
+  for (const v1::RoleSummary& r : status.replicas()) {
+    if (r.role() == role) return r.desired();
+  }
+  return 0;
+}
+
+TEST(RunResume, DesiredCountsSurviveARestartedController) {
+  auto registry = *registry::OpenRegistry("memory://", common::Clock::Real());
+  InMemoryRunStore store;
+  v1::ScaleRequest scale;
+  scale.set_role(v1::REPLICA_ROLE_ROLLOUT);
+  scale.set_target_count(4);
+  v1::ScaleResponse scaled;
+  {
+    ControllerCore first(registry.get(), common::Clock::Real());
+    first.SetScaler("launcher");
+    ASSERT_TRUE(first.UseDesiredStore(&store).ok());
+    ASSERT_TRUE(first.Scale(scale, &scaled).ok());
+    scale.set_role(v1::REPLICA_ROLE_REWARD);
+    scale.set_target_count(2);
+    ASSERT_TRUE(first.Scale(scale, &scaled).ok());
+  }
+  ControllerCore second(registry.get(), common::Clock::Real());
+  second.SetScaler("launcher");
+  EXPECT_EQ(DesiredOf(second, v1::REPLICA_ROLE_ROLLOUT), 0u);  // (not yet: no store)
+  ASSERT_TRUE(second.UseDesiredStore(&store).ok());
+  EXPECT_EQ(DesiredOf(second, v1::REPLICA_ROLE_ROLLOUT), 4u);
+  EXPECT_EQ(DesiredOf(second, v1::REPLICA_ROLE_REWARD), 2u);
+
+  FailingDesiredStore failing(&store);
+  ControllerCore third(registry.get(), common::Clock::Real());
+  third.SetScaler("launcher");
+  ASSERT_TRUE(third.UseDesiredStore(&failing).ok());
+  scale.set_role(v1::REPLICA_ROLE_ROLLOUT);
+  scale.set_target_count(9);
+  absl::Status refused = third.Scale(scale, &scaled);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "desired counts")) << refused;
+  EXPECT_EQ(DesiredOf(third, v1::REPLICA_ROLE_ROLLOUT), 4u);  // not 9: nothing changed
+
+  std::map<std::string, std::string> fields = DesiredFields({{v1::REPLICA_ROLE_ROLLOUT, 3}});
+  EXPECT_EQ(fields.at("REPLICA_ROLE_ROLLOUT"), "3");
+  fields["REPLICA_ROLE_ROLLOUT"] = "2000";
+  absl::Status bad = DesiredFromFields(fields).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
+  EXPECT_TRUE(absl::StrContains(bad.message(), "REPLICA_ROLE_ROLLOUT")) << bad;
+  EXPECT_EQ(DesiredFromFields({{"REPLICA_ROLE_NOPE", "1"}}).status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

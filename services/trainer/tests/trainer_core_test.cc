@@ -428,6 +428,31 @@ TEST(TrainerCore, CheckpointPathsStayUnderTheRoot) {
   EXPECT_EQ((*rootless)->SaveCheckpoint(save, &saved).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A dry run (how a run checks its checkpoint_dir at its start) refuses what a save
+// would refuse and writes nothing.
+TEST(TrainerCore, ADryRunChecksThePathAndWritesNothing) {
+  const std::string root = Root() + "/root-dry";
+  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  v1::SaveCheckpointRequest save;
+  save.set_dry_run(true);
+  v1::SaveCheckpointResponse saved;
+  save.set_path("/etc/ckpt");
+  EXPECT_EQ((*core)->SaveCheckpoint(save, &saved).code(), absl::StatusCode::kInvalidArgument);
+  save.set_path("runs/run-a-step-0");
+  ASSERT_TRUE((*core)->SaveCheckpoint(save, &saved).ok());
+  EXPECT_EQ(saved.path(), std::filesystem::canonical(root).string() + "/runs/run-a-step-0");
+  EXPECT_FALSE(std::filesystem::exists(root + "/runs/run-a-step-0"));
+  EXPECT_TRUE(std::filesystem::is_empty(root + "/runs"));  // (no temporaries either)
+  // A folder that cannot be written: a file where the folder should be.
+  std::ofstream(root + "/blocked") << "x";
+  save.set_path("blocked/run-a-step-0");
+  EXPECT_FALSE((*core)->SaveCheckpoint(save, &saved).ok());
+  // An existing path without overwrite, as a save.
+  std::filesystem::create_directories(root + "/taken");
+  save.set_path("taken");
+  EXPECT_EQ((*core)->SaveCheckpoint(save, &saved).code(), absl::StatusCode::kAlreadyExists);
+}
+
 TEST(TrainerCore, OverwriteReplacesOnlyACheckpointThisTrainerWrote) {
   const std::string root = Root() + "/root-b";
   auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
