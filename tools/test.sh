@@ -74,6 +74,8 @@ fi
 #                   services under ASan + UBSan, counted per test case
 #   soak            bench/soak.sh --ci: the local fleet busy for 3 minutes, every
 #                   service's RSS and open fds flat after a minute's warm-up
+#   tsan            the libraries' unit tests under ThreadSanitizer against an absl
+#                   built with TSan (tools/tsan.sh), counted per test case
 EXTRA_P=0
 EXTRA_F=0
 extra() {  # extra NAME COMMAND...: one result
@@ -115,6 +117,18 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   EXTRA_F=$((EXTRA_F + $(echo "$ASAN_SUMMARY" | awk -F', ' '{split($2, f, " "); print f[1]}')))
   [[ $ASAN_RC -ne 0 && "$ASAN_SUMMARY" == *", 0 failed"* ]] && extra asan-build false
   rm -f /tmp/rlfleet_asan.$$
+  echo "== unit tests under TSan (tools/tsan.sh)"
+  TSAN_OUT=$(bash "$ROOT/tools/tsan.sh" 2>&1)
+  TSAN_RC=$?
+  echo "$TSAN_OUT" | tail -12
+  TSAN_SUMMARY=$(echo "$TSAN_OUT" | grep -E '^tsan: [0-9]+ passed, [0-9]+ failed' | tail -1 | sed 's/^tsan: //')
+  if [[ -z "$TSAN_SUMMARY" ]]; then
+    extra tsan false
+  else
+    EXTRA_P=$((EXTRA_P + $(echo "$TSAN_SUMMARY" | awk '{print $1}')))
+    EXTRA_F=$((EXTRA_F + $(echo "$TSAN_SUMMARY" | awk -F', ' '{split($2, f, " "); print f[1]}')))
+    [[ $TSAN_RC -ne 0 && "$TSAN_SUMMARY" == *", 0 failed"* ]] && extra tsan-build false
+  fi
 fi
 
 SUMMARY=$(python3 -c 'import sys
