@@ -110,8 +110,10 @@ for h in "${HARNESSES[@]}"; do
 done
 [[ $MODE == build ]] && exit 0
 
-# UCX-free harnesses; the fake Redis and loopback transports need no environment.
+# The fake Redis and loopback transports need no environment; ucx_rkey runs two UCX
+# transports over tcp in-process (fuzz/lsan.supp: what LSan cannot follow inside UCX).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$ROOT/fuzz/lsan.supp}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 failed=0
 for h in "${HARNESSES[@]}"; do

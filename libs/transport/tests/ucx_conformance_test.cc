@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "libs/transport/tests/conformance.h"
 #include "libs/transport/ucx/ucx_transport.h"
@@ -123,6 +124,44 @@ TEST(UcxRevokeTest, ADeregisterDoesNotWaitForAPeerThatNeverConnectedBack) {
     EXPECT_TRUE((*owner)->DeregisterMemory(*region).ok());
     EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   }
+}
+
+// UCX 1.13 unpacks a remote key without its length: a key whose MD map claims more
+// parts than its bytes hold was read past its end (found by fuzz/ucx_rkey_fuzzer.cc:
+// SEGV in ucp_ep_rkey_unpack_internal). A descriptor carrying one, with a header that
+// passes (the real owner and checksum), is refused naming the key, and a real key
+// still reads.
+TEST(UcxRkeyTest, AKeyWhosePartsOverrunItIsRefusedBeforeUcxUnpacksIt) {
+  UcxOptions options;
+  options.tls = "tcp";
+  auto owner = UcxTransport::Create(options);
+  auto reader = UcxTransport::Create(options);
+  ASSERT_TRUE(owner.ok() && reader.ok());
+  std::vector<uint8_t> memory(4096, 7), landing(4096, 0);
+  auto region = (*owner)->RegisterMemory(memory.data(), memory.size(), MemoryKind::kHost, 0);
+  auto local = (*reader)->RegisterMemory(landing.data(), landing.size(), MemoryKind::kHost, 0);
+  ASSERT_TRUE(region.ok() && local.ok());
+  auto segment = (*owner)->Describe(*region);
+  ASSERT_TRUE(segment.ok());
+  auto peer = (*reader)->Connect((*owner)->LocalAddress());
+  ASSERT_TRUE(peer.ok());
+  // The fuzzer's input: an MD map of 36 parts in 11 bytes.
+  const std::string ucx_bytes("\x00\x00\x00\x10\xff\xff\xff\xff\xff\xff\xff", 11);
+  v1::RemoteMemoryDescriptor forged = *segment;
+  std::string packed = segment->packed_rkey().substr(0, 12);  // magic and owner
+  const uint64_t registration = segment->registration_id() + 1000;
+  packed.append(reinterpret_cast<const char*>(&registration), 8);
+  uint64_t h = 1469598103934665603ull;  // (FNV-1a, as the header's checksum)
+  for (unsigned char c : ucx_bytes) h = (h ^ c) * 1099511628211ull;
+  packed.append(reinterpret_cast<const char*>(&h), 8);
+  packed += ucx_bytes;
+  forged.set_packed_rkey(packed);
+  forged.set_registration_id(registration);
+  absl::Status refused = (*reader)->Get(*peer, *local, 0, forged, 0, 64)->Wait(absl::Seconds(10));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "malformed")) << refused;
+  ASSERT_TRUE((*reader)->Get(*peer, *local, 0, *segment, 0, 64)->Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(landing[0], 7);
 }
 
 // A receive posted after its message arrived completes inside ucp_tag_recv_nbx (UCX

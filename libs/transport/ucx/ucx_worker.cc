@@ -2,6 +2,8 @@
 // failure, control messages (hello, key revocation), and completion plumbing.
 #include "libs/transport/ucx/ucx_impl.h"
 
+#include <ucs/memory/memory_type.h>
+
 namespace rlfleet::transport {
 
 absl::Status Impl::Init() {
@@ -491,6 +493,31 @@ absl::StatusOr<std::pair<Impl::Peer*, uint8_t*>> Impl::Resolve(PeerId peer_id,
   return std::make_pair(peer, static_cast<uint8_t*>(rit->second.handle.base) + offset);
 }
 
+namespace {
+
+// UCX 1.13 unpacks a remote key without its length (ucp_ep_rkey_unpack): a key whose
+// MD map claims more parts than the bytes hold is read past its end (the ucx_rkey
+// fuzzer crashed UCX with 11 bytes claiming 36 parts). So the layout UCX will walk is
+// checked against the bytes first: the MD map (8 bytes), the memory type (1 byte,
+// below UCS_MEMORY_TYPE_LAST), then per MD in the map a size byte and that many bytes,
+// all inside `n` (what follows is UCX's optional device information).
+bool PackedRkeyFits(const char* p, size_t n) {
+  if (n < 9) return false;
+  const uint64_t md_map = ReadU64(p);
+  if (static_cast<uint8_t>(p[8]) >= UCS_MEMORY_TYPE_LAST) return false;
+  size_t at = 9;
+  for (int md = 0; md < 64; ++md) {
+    if ((md_map & (uint64_t{1} << md)) == 0) continue;
+    if (at >= n) return false;
+    const size_t size = static_cast<uint8_t>(p[at]);
+    at += 1 + size;
+    if (at > n) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<ucp_rkey_h> Impl::RemoteKey(Peer* peer, const v1::RemoteMemoryDescriptor& remote,
                                            uint64_t offset, uint64_t length,
                                            absl::string_view what, bool cache) {
@@ -522,6 +549,10 @@ absl::StatusOr<ucp_rkey_h> Impl::RemoteKey(Peer* peer, const v1::RemoteMemoryDes
                              remote.length_bytes()));
   auto it = peer->rkeys.find(registration);
   if (cache && it != peer->rkeys.end()) return it->second;
+  if (!PackedRkeyFits(packed.data() + kRkeyHeader, packed.size() - kRkeyHeader)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": remote key for registration ", registration, " is malformed (its parts overrun it)"));
+  }
   ucp_rkey_h rkey = nullptr;
   RETURN_IF_ERROR(UCS_STATUS(ucp_ep_rkey_unpack(peer->ep, packed.data() + kRkeyHeader, &rkey),
                              absl::StrCat(what, ": ucp_ep_rkey_unpack")));
