@@ -18,6 +18,7 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include "tests/util/subprocess.h"
+#include "libs/redis/testing/redis_for_test.h"
 
 namespace rlfleet {
 namespace {
@@ -169,8 +170,9 @@ TEST(ControllerBinary, AuthOnFromAConfigFileRejectsCallsWithoutTheToken) {
 }
 
 TEST(ControllerBinary, RedisRegistrySurvivesAControllerRestart) {
-  const char* port = std::getenv("RLFLEET_REDIS_PORT");
-  if (port == nullptr) GTEST_SKIP() << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
+  absl::StatusOr<int> redis_port = rlfleet::redis::testing::RedisPortForTest();
+  ASSERT_TRUE(redis_port.ok()) << redis_port.status();
+  const std::string port = std::to_string(*redis_port);
   const std::string registry = absl::StrCat("--registry=redis://127.0.0.1:", port, "/",
                                             common::NewId("it"), ":");
   std::string lease_id;

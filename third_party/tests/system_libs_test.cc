@@ -17,13 +17,15 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "gtest/gtest.h"
+#include "libs/redis/testing/redis_for_test.h"
 
 namespace {
 
 TEST(Hiredis, PingsTheTestRedisServer) {
-  const char* port = std::getenv("RLFLEET_REDIS_PORT");
-  if (port == nullptr) GTEST_SKIP() << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
-  redisContext* c = redisConnect("127.0.0.1", std::atoi(port));
+  absl::StatusOr<int> redis_port = rlfleet::redis::testing::RedisPortForTest();
+  ASSERT_TRUE(redis_port.ok()) << redis_port.status();
+  const std::string port = std::to_string(*redis_port);
+  redisContext* c = redisConnect("127.0.0.1", *redis_port);
   ASSERT_NE(c, nullptr);
   ASSERT_EQ(c->err, 0) << c->errstr;
   auto* reply = static_cast<redisReply*>(redisCommand(c, "PING"));

@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/common/ids.h"
+#include "libs/redis/testing/redis_for_test.h"
 
 namespace rlfleet::redis {
 namespace {
@@ -28,9 +29,9 @@ namespace {
 class RedisClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* port = std::getenv("RLFLEET_REDIS_PORT");
-    ASSERT_NE(port, nullptr) << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
-    auto client = Client::Connect("127.0.0.1", std::atoi(port));
+    absl::StatusOr<int> port = rlfleet::redis::testing::RedisPortForTest();
+    ASSERT_TRUE(port.ok()) << port.status();
+    auto client = Client::Connect("127.0.0.1", *port);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
     prefix_ = common::NewId("redis-client-test") + ":";

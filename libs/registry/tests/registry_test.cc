@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include "libs/registry/watch.h"
 #include "absl/strings/str_cat.h"
+#include "libs/redis/testing/redis_for_test.h"
 
 namespace rlfleet::registry {
 namespace {
@@ -32,20 +33,21 @@ v1::ReplicaInfo Replica(const std::string& id, v1::ReplicaRole role) {
   return info;
 }
 
-// "redis" runs against the redis-server that tools/test.sh starts (RLFLEET_REDIS_PORT),
-// each test under its own key prefix.
-std::string Connection(const std::string& backend) {
+// "redis" runs against a redis-server (tools/test.sh's, or one started for this test:
+// redis_for_test.h), each test under its own key prefix.
+absl::StatusOr<std::string> Connection(const std::string& backend) {
   if (backend != "redis") return backend;
-  const char* port = std::getenv("RLFLEET_REDIS_PORT");
-  if (port == nullptr) return "";
-  return absl::StrCat("redis://127.0.0.1:", port, "/", common::NewId("test"), ":");
+  absl::StatusOr<int> port = redis::testing::RedisPortForTest();
+  if (!port.ok()) return port.status();
+  return absl::StrCat("redis://127.0.0.1:", *port, "/", common::NewId("test"), ":");
 }
 
 class RegistryTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const std::string connection = Connection(GetParam());
-    if (connection.empty()) GTEST_SKIP() << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
+    absl::StatusOr<std::string> connection_or = Connection(GetParam());
+    ASSERT_TRUE(connection_or.ok()) << connection_or.status();
+    const std::string connection = *connection_or;
     auto registry = OpenRegistry(connection, &clock_);
     ASSERT_TRUE(registry.ok()) << registry.status();
     registry_ = std::move(*registry);

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "libs/rpc/server_runner.h"
 #include "services/buffer/buffer_service.h"
+#include "libs/redis/testing/redis_for_test.h"
 
 namespace rlfleet::buffer {
 namespace {
@@ -390,8 +391,9 @@ TEST(BufferDurability, APutBeingWrittenHoldsItsIdsGroupSlotsAndBytes) {
 }
 
 TEST(BufferDurability, ARestartedBufferRecoversEverythingNotConsumed) {
-  const char* port = std::getenv("RLFLEET_REDIS_PORT");
-  if (port == nullptr) GTEST_SKIP() << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
+  absl::StatusOr<int> redis_port = redis::testing::RedisPortForTest();
+  ASSERT_TRUE(redis_port.ok()) << redis_port.status();
+  const std::string port = std::to_string(*redis_port);
   const std::string connection =
       absl::StrCat("redis://127.0.0.1:", port, "/", common::NewId("buf"), ":");
   auto configure = [](BufferCore& core) {

@@ -21,6 +21,7 @@
 #include "services/buffer/buffer_core.h"
 #include "services/buffer/tests/test_experience.h"
 #include "services/buffer/buffer_service.h"
+#include "libs/redis/testing/redis_for_test.h"
 
 namespace rlfleet::buffer {
 namespace {
@@ -285,12 +286,13 @@ TEST_F(BufferOverGrpc, ARunMismatchIsFailedPreconditionAndAckedLeasesCannotBeNac
 // inside EXEC's reply must reach the producer: nothing is acked, nothing is taken; and
 // an Ack whose removal Redis refused leaves the lease open.
 TEST_F(BufferOverGrpc, AWriteRedisRefusedInsideExecIsNeverAcked) {
-  const char* port = std::getenv("RLFLEET_REDIS_PORT");
-  if (port == nullptr) GTEST_SKIP() << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
+  absl::StatusOr<int> redis_port = redis::testing::RedisPortForTest();
+  ASSERT_TRUE(redis_port.ok()) << redis_port.status();
+  const std::string port = std::to_string(*redis_port);
   const std::string prefix = common::NewId("exec") + ":";
   auto store = OpenBufferStore(absl::StrCat("redis://127.0.0.1:", port, "/", prefix));
   ASSERT_TRUE(store.ok()) << store.status();
-  auto redis = redis::Client::Connect("127.0.0.1", std::atoi(port));
+  auto redis = redis::Client::Connect("127.0.0.1", *redis_port);
   ASSERT_TRUE(redis.ok());
   Start(store->get());
   ASSERT_TRUE(Configure(1).ok());

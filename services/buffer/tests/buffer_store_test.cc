@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "libs/common/ids.h"
 #include "libs/redis/redis_client.h"
+#include "libs/redis/testing/redis_for_test.h"
 
 namespace rlfleet::buffer {
 namespace {
@@ -25,13 +26,15 @@ std::string Bytes(const std::string& id) {
 class BufferStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* port = std::getenv("RLFLEET_REDIS_PORT");
-    ASSERT_NE(port, nullptr) << "RLFLEET_REDIS_PORT unset: run through tools/test.sh";
+    absl::StatusOr<int> redis_port = redis::testing::RedisPortForTest();
+    ASSERT_TRUE(redis_port.ok()) << redis_port.status();
+    port_ = *redis_port;
+    const std::string port = std::to_string(port_);
     prefix_ = common::NewId("store-test") + ":";
     auto store = OpenBufferStore(absl::StrCat("redis://127.0.0.1:", port, "/", prefix_));
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
-    auto redis = redis::Client::Connect("127.0.0.1", std::atoi(port));
+    auto redis = redis::Client::Connect("127.0.0.1", port_);
     ASSERT_TRUE(redis.ok());
     redis_ = std::move(*redis);
   }
@@ -54,6 +57,7 @@ class BufferStoreTest : public ::testing::Test {
     std::sort(ids.begin(), ids.end());
     return ids;
   }
+  int port_ = 0;
   std::string prefix_;
   std::unique_ptr<BufferStore> store_;
   std::unique_ptr<redis::Client> redis_;
@@ -87,8 +91,7 @@ TEST_F(BufferStoreTest, SegmentsComeBackAndRetireWhenEverythingInThemIsGone) {
 // (all but the newest few): Redis holds a bounded number of them, and the counts a
 // restarted buffer reads are exactly what they were.
 TEST_F(BufferStoreTest, OldRemovalLogsAreFoldedIntoTheCountsSoTheStoreStaysBounded) {
-  const char* port = std::getenv("RLFLEET_REDIS_PORT");
-  auto opened = OpenBufferStore(absl::StrCat("redis://127.0.0.1:", port, "/", prefix_), /*keep_retired=*/4);
+  auto opened = OpenBufferStore(absl::StrCat("redis://127.0.0.1:", port_, "/", prefix_), /*keep_retired=*/4);
   ASSERT_TRUE(opened.ok()) << opened.status();
   BufferStore& store = **opened;
   for (int i = 0; i < 40; ++i) {

@@ -138,7 +138,9 @@ TEST(Doctor, GpuMemoryHeadroomWarnsUnderTenPercentAndFailsUnderTwo) {
   EXPECT_TRUE(absl::StrContains(results[2].fix, "nvidia-smi")) << results[2].fix;
   // This machine has no NVIDIA driver: the local run says so and does not fail on it.
   for (const CheckResult& r : RunLocalChecks()) {
-    if (r.check == "gpu_memory") EXPECT_NE(r.status, CheckStatus::kFail) << r.detail;
+    if (r.check == "gpu_memory") {
+      EXPECT_NE(r.status, CheckStatus::kFail) << r.detail;
+    }
   }
 }
 

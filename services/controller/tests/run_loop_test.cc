@@ -156,7 +156,9 @@ TEST(RunLoop, ReplicasJoinWithTheCurrentWeightsAndLeaveDrainedLosingNothing) {
       EXPECT_GT(c->version(), 0u) << "admitted before it had the current weights";
       EXPECT_EQ(run.pool.Admit(std::make_unique<FakeRollout>("c")).code(), absl::StatusCode::kAlreadyExists);
     }
-    if (p.step == 2) EXPECT_TRUE(run.pool.Remove("a").ok());  // scale down: a drains and leaves
+    if (p.step == 2) {
+      EXPECT_TRUE(run.pool.Remove("a").ok());  // scale down: a drains and leaves
+    }
   });
   ASSERT_TRUE(s.ok()) << s;
   ASSERT_NE(c, nullptr);
