@@ -2,7 +2,23 @@
 
 #include <sys/mman.h>
 
+#include <cstring>
+
 namespace rlfleet::common {
+namespace {
+
+// `out`'s length set to `length` (within its capacity) without writing the bytes.
+// This file is built as C++23 (BUILD.bazel) for resize_and_overwrite; elsewhere (the
+// fuzz and thread-safety builds, C++17) resize writes zeros.
+void SetLengthUnwritten(std::string& out, uint64_t length) {
+#if defined(__cpp_lib_string_resize_and_overwrite)
+  out.resize_and_overwrite(length, [](char*, size_t n) { return n; });
+#else
+  out.resize(length);
+#endif
+}
+
+}  // namespace
 
 std::string NewHugeString(uint64_t length) {
   std::string out;
@@ -15,13 +31,19 @@ std::string NewHugeString(uint64_t length) {
     const uintptr_t last = (begin + length) / kHuge * kHuge;
     if (last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
   }
-  out.resize(length);
+  SetLengthUnwritten(out, length);
+  return out;
+}
+
+std::string PrefaultedHugeString(uint64_t length) {
+  std::string out = NewHugeString(length);
+  std::memset(out.data(), 0, out.size());
   return out;
 }
 
 std::string ReuseOrNewHugeString(std::string reuse, uint64_t length) {
   if (reuse.capacity() >= length) {
-    reuse.resize(length);
+    SetLengthUnwritten(reuse, length);
     return reuse;
   }
   reuse = std::string();

@@ -9,11 +9,19 @@
 
 namespace rlfleet::common {
 
-// A string of `length` zero bytes, huge-page backed when it is large (>= 8 MiB).
+// A string of `length` bytes, huge-page backed when it is large (>= 8 MiB), whose
+// bytes are NOT written: for a buffer about to be filled (a fetch, a serialised
+// image), so that nothing writes it twice. Fresh memory reads as zero (the kernel's
+// pages) but is not faulted in until it is filled. (With a C++17 standard library
+// without resize_and_overwrite it falls back to zero-filling.)
 std::string NewHugeString(uint64_t length);
+// NewHugeString with every page written now (zeros): memory kept to be filled later,
+// faulted in ahead of time so that the fill does not pay for it.
+std::string PrefaultedHugeString(uint64_t length);
 // `reuse`'s memory holding `length` bytes when its capacity allows (the contents are
-// what was there; no new memory), else NewHugeString(length) (`reuse` released first).
-// For writing version after version into memory faulted in already.
+// what was there, bytes past its old size unwritten; no new memory), else
+// NewHugeString(length) (`reuse` released first). For writing version after version
+// into memory faulted in already.
 std::string ReuseOrNewHugeString(std::string reuse, uint64_t length);
 
 }  // namespace rlfleet::common

@@ -63,7 +63,7 @@ WeightIntake::WeightIntake(RolloutCore* core, transport::DescriptorFetcher* fetc
       receiver_(data_plane != nullptr ? std::make_unique<reshard::ShardReceiver>(*data_plane) : nullptr) {}
 
 void WeightIntake::PrefaultStaging(uint64_t bytes) {
-  std::string staging = common::NewHugeString(bytes);
+  std::string staging = common::PrefaultedHugeString(bytes);
   {
     absl::MutexLock lock(&spare_mu_);
     spare_ = std::move(staging);

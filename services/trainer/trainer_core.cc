@@ -668,7 +668,7 @@ absl::Status TrainerCore::InstallLocked(CheckpointContents contents, v1::LoadChe
 
 void TrainerCore::PrefaultPublishMemory() {
   absl::MutexLock lock(&mu_);
-  spare_image_ = common::NewHugeString(model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters())));
+  spare_image_ = common::PrefaultedHugeString(model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters())));
 }
 
 absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::PublishWeightsRequest& request,

@@ -184,8 +184,8 @@ void WeightsCore::PrefaultVersionMemory(uint64_t bytes) {
   // One buffer per version kept (the first versions then fault in nothing either), and
   // the push copy's.
   std::vector<std::string> memory;
-  for (int i = 0; i < keep_versions_; ++i) memory.push_back(common::NewHugeString(bytes));
-  std::string packed = push_ ? common::NewHugeString(bytes) : std::string();
+  for (int i = 0; i < keep_versions_; ++i) memory.push_back(common::PrefaultedHugeString(bytes));
+  std::string packed = push_ ? common::PrefaultedHugeString(bytes) : std::string();
   absl::MutexLock lock(&mu_);
   spares_ = std::move(memory);
   packed_spare_ = std::move(packed);

@@ -4,6 +4,8 @@
 #include "libs/model/safetensors.h"
 
 #include <cstdlib>
+#include <sys/resource.h>
+
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -203,12 +205,39 @@ TEST(Safetensors, NamesWithQuotesAndBackslashesRoundTrip) {
   EXPECT_EQ((*parsed)["\\"].bytes, "c");
 }
 
-TEST(HugeString, IsZeroedAndSizedLargeOrSmall) {
+TEST(HugeString, IsSizedLargeOrSmallAndPrefaultedIsZeroed) {
   for (uint64_t n : {uint64_t{0}, uint64_t{100}, uint64_t{9} << 20}) {
-    const std::string s = common::NewHugeString(n);
+    std::string s = common::NewHugeString(n);
     ASSERT_EQ(s.size(), n);
-    EXPECT_EQ(s.find_first_not_of('\0'), std::string::npos);
+    if (n > 0) s[n - 1] = 'x';  // (its bytes are ours to fill)
+    const std::string z = common::PrefaultedHugeString(n);
+    ASSERT_EQ(z.size(), n);
+    EXPECT_EQ(z.find_first_not_of('\0'), std::string::npos);
   }
+  // A new buffer is not written (its pages are not faulted in until filled: the fetch
+  // that fills it pays once); a prefaulted one is.
+  auto faults = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_minflt;
+  };
+  const long before = faults();
+  std::string fresh = common::NewHugeString(uint64_t{64} << 20);
+  const long unwritten = faults() - before;
+  std::string prefaulted = common::PrefaultedHugeString(uint64_t{64} << 20);
+  const long written = faults() - before - unwritten;
+  EXPECT_LT(unwritten, 8) << "NewHugeString wrote its 64 MiB (zero-filled?)";
+  EXPECT_GE(written, 30) << "PrefaultedHugeString did not touch its pages";
+  // Reused memory keeps its capacity and what was written in it.
+  std::string first = common::NewHugeString(1000);
+  std::memset(first.data(), 'a', first.size());
+  const char* where = first.data();
+  std::string again = common::ReuseOrNewHugeString(std::move(first), 600);
+  EXPECT_EQ(again.data(), where);
+  EXPECT_EQ(again, std::string(600, 'a'));
+  again = common::ReuseOrNewHugeString(std::move(again), 1000);  // back up to the capacity
+  EXPECT_EQ(again.data(), where);
+  EXPECT_EQ(again.size(), 1000u);
 }
 
 }  // namespace
