@@ -74,6 +74,8 @@ fi
 #                   services under ASan + UBSan, counted per test case
 #   soak            bench/soak.sh --ci: the local fleet busy for 3 minutes, every
 #                   service's RSS and open fds flat after a minute's warm-up
+#   cmake-sources   the CMake lists built outside Bazel (bench/gpu) against the Bazel
+#                   targets they mirror (tools/check_cmake_sources.sh)
 #   tsan            the libraries' unit tests under ThreadSanitizer against an absl
 #                   built with TSan (tools/tsan.sh), counted per test case
 EXTRA_P=0
@@ -91,6 +93,7 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   extra thread-safety bash tools/thread_safety.sh
   echo "== fuzzing (clang libFuzzer, ASan + UBSan)"
   extra fuzz-sources bash tools/check_fuzz_sources.sh
+  extra cmake-sources bash tools/check_cmake_sources.sh
   FUZZ_OUT_LOG=$(bash tools/fuzz.sh --ci 2000 2>&1)
   FUZZ_RC=$?
   echo "$FUZZ_OUT_LOG" | grep -E ' execs=[0-9]+ crashes=[0-9]+$'
