@@ -77,7 +77,10 @@ fi
 # Cases whose point is a deadline that TSan's 5-15x slowdown misses (a 16 MB /metrics
 # exposition rendered twice within 4 s); not run here (so not counted), run by
 # tools/test.sh and under ASan.
-SLOW_UNDER_TSAN="MetricsServer.AClientThatDoesNotReadDoesNotBlockAScrape"
+# Also left out: cases that serve gRPC (BufferService.*, MetricsBindFlag.*): gRPC's own
+# threads pass an absl::Status between them through synchronisation TSan cannot see
+# (Debian's gRPC is uninstrumented): a race reported inside gRPC, once in two CI runs.
+SLOW_UNDER_TSAN="MetricsServer.AClientThatDoesNotReadDoesNotBlockAScrape:BufferService.*:MetricsBindFlag.*"
 
 # Redis for the tests that need it: tools/test.sh's (RLFLEET_REDIS_PORT), else our own
 # on a free loopback port, stopped by pid.
