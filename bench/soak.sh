@@ -211,14 +211,16 @@ for name in sorted(by, key=order):
     # The peak is held to the warm-up's own peak (its last minute): a process whose RSS
     # swings without a trend (redis-server: 31-39 MiB for the whole of a 30-minute soak)
     # is not leaking; growth shows in the end value and the slope.
-    w_peak = max([x[2] for x in s if warm - 60 <= x[0] <= warm] or [w_rss])
+    def warm_peak(col, otherwise):  # the largest sample of the warm-up's last minute
+        return max([x[col] for x in s if warm - 60 <= x[0] <= warm] or [otherwise])
+    w_peak = warm_peak(2, w_rss)
     g_end = 100.0 * (e_rss - w_rss) / w_rss
     g_max = 100.0 * (m_rss - max(w_rss, w_peak)) / max(w_rss, w_peak)
     sl = 100.0 * slope([(x[0], x[2]) for x in post]) * 600 / w_rss
     # Likewise fds: the controller holds a channel per peer while a run is on and none
     # between runs (26 <-> 33 in one CI soak), so the limit starts from the warm-up's
     # own peak, not from a median that may fall between two runs.
-    w_fd_peak = max([x[3] for x in s if warm - 60 <= x[0] <= warm] or [w_fds])
+    w_fd_peak = warm_peak(3, w_fds)
     fd_base = max(w_fds, w_fd_peak)
     fd_limit = fd_base + max(fd_min, math.ceil(fd_base * fd_pct / 100))
     if g_end > rss_pct: fails.append(f"RSS at the end {g_end:+.1f}% over warm-up (bound {rss_pct:g}%)")

@@ -80,25 +80,13 @@ fi
 # Also left out: cases that serve gRPC (BufferService.*, MetricsBindFlag.*): gRPC's own
 # threads pass an absl::Status between them through synchronisation TSan cannot see
 # (Debian's gRPC is uninstrumented): a race reported inside gRPC, once in two CI runs.
-SLOW_UNDER_TSAN="MetricsServer.AClientThatDoesNotReadDoesNotBlockAScrape:BufferService.*:MetricsBindFlag.*"
-
-# Redis for the tests that need it: tools/test.sh's (RLFLEET_REDIS_PORT), else our own
-# on a free loopback port, stopped by pid.
-if [[ -n "${RLFLEET_REDIS_PORT:-}" ]]; then
-  REDIS_PORT=$RLFLEET_REDIS_PORT
-else
-  REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --daemonize no >/dev/null 2>&1 &
-  REDIS_PID=$!
-  trap 'kill "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID" 2>/dev/null || true' EXIT
-  for _ in $(seq 1 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
-fi
+LEFT_OUT="MetricsServer.AClientThatDoesNotReadDoesNotBlockAScrape:BufferService.*:MetricsBindFlag.*"
 
 set +e
 bazel test --config=tsan --disk_cache="$HOME/.cache/rlfleet-bazel-disk" --test_env=LD_LIBRARY_PATH="$LIB" \
   --test_env=TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tools/tsan.supp" \
-  --test_env=UCX_MEM_EVENTS=no --test_filter="-$SLOW_UNDER_TSAN" \
-  --test_env=RLFLEET_REDIS_PORT="$REDIS_PORT" --test_timeout=900 --keep_going "${targets[@]}" \
+  --test_env=UCX_MEM_EVENTS=no --test_filter="-$LEFT_OUT" \
+  --test_timeout=900 --keep_going "${targets[@]}" \
   >"${TMPDIR:-/tmp}/rlfleet_tsan.$$" 2>&1
 rc=$?
 set -e

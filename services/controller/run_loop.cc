@@ -449,44 +449,20 @@ absl::Status ValidateLoopConfig(const LoopConfig& c) {
   return absl::OkStatus();
 }
 
-namespace {
-
-std::string StepCheckpointPath(const std::string& dir, const std::string& name, int step) {
-  return absl::StrCat(dir, dir.empty() || dir.back() == '/' ? "" : "/", name, "-step-", step);
-}
-
-// The trainer checks the run's checkpoint folder (a dry run of its first checkpoint)
-// before the first step, so that a folder it cannot write fails the run at once, not
-// at its first checkpoint many steps in.
-absl::Status CheckCheckpointDir(TrainerPeer& trainer, const LoopConfig& config, const std::atomic<bool>& stop,
-                                const std::string& name) {
-  v1::SaveCheckpointRequest request;
-  request.set_path(StepCheckpointPath(config.checkpoint_dir, name, 0));
-  request.set_dry_run(true);
-  v1::SaveCheckpointResponse response;
-  return common::Annotate(RetryUnavailable(config, stop,
-                                           [&] {
-                                             response.Clear();
-                                             return trainer.SaveCheckpoint(request, &response);
-                                           }),
-                          absl::StrCat("checkpoint_dir ", config.checkpoint_dir,
-                                       ": the trainer cannot save checkpoints there (SaveCheckpoint dry_run ",
-                                       request.path(), ")"));
-}
-
-}  // namespace
-
 absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const LoopConfig& config,
-                                               const std::atomic<bool>& stop, const std::string& name, int step) {
+                                               const std::atomic<bool>& stop, const std::string& name, int step,
+                                               bool dry_run) {
+  const std::string& dir = config.checkpoint_dir;
   v1::SaveCheckpointRequest request;
-  request.set_path(StepCheckpointPath(config.checkpoint_dir, name, step));
+  request.set_path(absl::StrCat(dir, dir.empty() || dir.back() == '/' ? "" : "/", name, "-step-", step));
+  request.set_dry_run(dry_run);
   // (a retry finds the step's checkpoint written when the first attempt landed: the
-  // same step's state, so it is replaced)
+  // same step's state, so it is replaced; a dry run wrote nothing to replace)
   v1::SaveCheckpointResponse response;
   bool retried = false;
   RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
                                                     [&] {
-                                                      if (retried) request.set_overwrite(true);
+                                                      if (retried && !dry_run) request.set_overwrite(true);
                                                       retried = true;
                                                       response.Clear();
                                                       return trainer.SaveCheckpoint(request, &response);
@@ -518,7 +494,14 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop, [&] { return buffer.Configure(configure); }),
                                      "buffer Configure"));
   }
-  if (!config.checkpoint_dir.empty()) RETURN_IF_ERROR(CheckCheckpointDir(trainer, config, stop, name));
+  // The trainer checks the run's checkpoint folder (a dry run of a checkpoint) before the
+  // first step, so that a folder it cannot write fails the run at once, not at its first
+  // checkpoint many steps in.
+  if (!config.checkpoint_dir.empty()) {
+    RETURN_IF_ERROR(common::Annotate(
+        SaveStepCheckpoint(trainer, config, stop, name, 0, /*dry_run=*/true).status(),
+        absl::StrCat("checkpoint_dir ", config.checkpoint_dir, ": the trainer cannot save checkpoints there")));
+  }
   // The newest version this run installed on its replicas. Every publish after a step
   // that trained asks for a number above it (PublishWeightsRequest.min_version): a
   // trainer restarted from an older checkpoint must not reuse a number the replicas

@@ -203,9 +203,11 @@ absl::Status ValidateLoopConfig(const LoopConfig& config);
 
 // Saves a checkpoint of `trainer` as config.checkpoint_dir/`name`-step-`step` and
 // returns its path (UNAVAILABLE retried as RunLoop does, until `stop`). The trainer's
-// error (annotated) when it cannot.
+// error (annotated) when it cannot. With `dry_run` the trainer only checks that it
+// could (SaveCheckpointRequest.dry_run) and writes nothing.
 absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const LoopConfig& config,
-                                               const std::atomic<bool>& stop, const std::string& name, int step);
+                                               const std::atomic<bool>& stop, const std::string& name, int step,
+                                               bool dry_run = false);
 
 // Runs the loop until config.steps, config.stop_at, `stop`, or an error (annotated with
 // the step and the peer call). Calls `on_progress` after every step. Request, group and

@@ -18,7 +18,7 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include "tests/util/subprocess.h"
-#include "libs/redis/testing/redis_for_test.h"
+#include "tests/util/redis_for_test.h"
 
 namespace rlfleet {
 namespace {
@@ -170,7 +170,7 @@ TEST(ControllerBinary, AuthOnFromAConfigFileRejectsCallsWithoutTheToken) {
 }
 
 TEST(ControllerBinary, RedisRegistrySurvivesAControllerRestart) {
-  absl::StatusOr<int> redis_port = rlfleet::redis::testing::RedisPortForTest();
+  absl::StatusOr<int> redis_port = rlfleet::testing::RedisPortForTest();
   ASSERT_TRUE(redis_port.ok()) << redis_port.status();
   const std::string port = std::to_string(*redis_port);
   const std::string registry = absl::StrCat("--registry=redis://127.0.0.1:", port, "/",

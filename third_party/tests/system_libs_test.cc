@@ -17,12 +17,12 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "gtest/gtest.h"
-#include "libs/redis/testing/redis_for_test.h"
+#include "tests/util/redis_for_test.h"
 
 namespace {
 
 TEST(Hiredis, PingsTheTestRedisServer) {
-  absl::StatusOr<int> redis_port = rlfleet::redis::testing::RedisPortForTest();
+  absl::StatusOr<int> redis_port = rlfleet::testing::RedisPortForTest();
   ASSERT_TRUE(redis_port.ok()) << redis_port.status();
   const std::string port = std::to_string(*redis_port);
   redisContext* c = redisConnect("127.0.0.1", *redis_port);

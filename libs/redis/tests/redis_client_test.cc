@@ -21,7 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/common/ids.h"
-#include "libs/redis/testing/redis_for_test.h"
+#include "tests/util/redis_for_test.h"
 
 namespace rlfleet::redis {
 namespace {
@@ -29,7 +29,7 @@ namespace {
 class RedisClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<int> port = rlfleet::redis::testing::RedisPortForTest();
+    absl::StatusOr<int> port = rlfleet::testing::RedisPortForTest();
     ASSERT_TRUE(port.ok()) << port.status();
     auto client = Client::Connect("127.0.0.1", *port);
     ASSERT_TRUE(client.ok()) << client.status();

@@ -20,7 +20,7 @@
 #include <cstdlib>
 #include "libs/registry/watch.h"
 #include "absl/strings/str_cat.h"
-#include "libs/redis/testing/redis_for_test.h"
+#include "tests/util/redis_for_test.h"
 
 namespace rlfleet::registry {
 namespace {
@@ -37,7 +37,7 @@ v1::ReplicaInfo Replica(const std::string& id, v1::ReplicaRole role) {
 // redis_for_test.h), each test under its own key prefix.
 absl::StatusOr<std::string> Connection(const std::string& backend) {
   if (backend != "redis") return backend;
-  absl::StatusOr<int> port = redis::testing::RedisPortForTest();
+  absl::StatusOr<int> port = rlfleet::testing::RedisPortForTest();
   if (!port.ok()) return port.status();
   return absl::StrCat("redis://127.0.0.1:", *port, "/", common::NewId("test"), ":");
 }

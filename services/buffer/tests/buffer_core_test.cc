@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "libs/rpc/server_runner.h"
 #include "services/buffer/buffer_service.h"
-#include "libs/redis/testing/redis_for_test.h"
+#include "tests/util/redis_for_test.h"
 
 namespace rlfleet::buffer {
 namespace {
@@ -391,7 +391,7 @@ TEST(BufferDurability, APutBeingWrittenHoldsItsIdsGroupSlotsAndBytes) {
 }
 
 TEST(BufferDurability, ARestartedBufferRecoversEverythingNotConsumed) {
-  absl::StatusOr<int> redis_port = redis::testing::RedisPortForTest();
+  absl::StatusOr<int> redis_port = rlfleet::testing::RedisPortForTest();
   ASSERT_TRUE(redis_port.ok()) << redis_port.status();
   const std::string port = std::to_string(*redis_port);
   const std::string connection =

@@ -21,7 +21,7 @@
 #include "services/buffer/buffer_core.h"
 #include "services/buffer/tests/test_experience.h"
 #include "services/buffer/buffer_service.h"
-#include "libs/redis/testing/redis_for_test.h"
+#include "tests/util/redis_for_test.h"
 
 namespace rlfleet::buffer {
 namespace {
@@ -286,7 +286,7 @@ TEST_F(BufferOverGrpc, ARunMismatchIsFailedPreconditionAndAckedLeasesCannotBeNac
 // inside EXEC's reply must reach the producer: nothing is acked, nothing is taken; and
 // an Ack whose removal Redis refused leaves the lease open.
 TEST_F(BufferOverGrpc, AWriteRedisRefusedInsideExecIsNeverAcked) {
-  absl::StatusOr<int> redis_port = redis::testing::RedisPortForTest();
+  absl::StatusOr<int> redis_port = rlfleet::testing::RedisPortForTest();
   ASSERT_TRUE(redis_port.ok()) << redis_port.status();
   const std::string port = std::to_string(*redis_port);
   const std::string prefix = common::NewId("exec") + ":";

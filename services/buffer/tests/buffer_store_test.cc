@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "libs/common/ids.h"
 #include "libs/redis/redis_client.h"
-#include "libs/redis/testing/redis_for_test.h"
+#include "tests/util/redis_for_test.h"
 
 namespace rlfleet::buffer {
 namespace {
@@ -26,7 +26,7 @@ std::string Bytes(const std::string& id) {
 class BufferStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<int> redis_port = redis::testing::RedisPortForTest();
+    absl::StatusOr<int> redis_port = rlfleet::testing::RedisPortForTest();
     ASSERT_TRUE(redis_port.ok()) << redis_port.status();
     port_ = *redis_port;
     const std::string port = std::to_string(port_);

@@ -49,6 +49,28 @@ std::string OtherImage() {
   return (*other)->SafetensorsBytes();
 }
 
+// `image`'s length and digest on `d`.
+v1::TransferDescriptor Describing(v1::TransferDescriptor d, const std::string& image) {
+  d.set_length_bytes(image.size());
+  d.mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+  d.mutable_digest()->set_value(common::Xxh64(image));
+  return d;
+}
+
+// `image` registered on a loopback transport of its own (the weights service's memory,
+// say), and the descriptor to pull it by.
+struct Served {
+  explicit Served(const std::string& image) {
+    auto handle = owner->RegisterMemory(const_cast<char*>(image.data()), image.size(), transport::MemoryKind::kHost, 0);
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    v1::TransferDescriptor d;
+    if (handle.ok()) *d.mutable_segment() = *owner->Describe(*handle);
+    source = Describing(d, image);
+  }
+  std::unique_ptr<LoopbackTransport> owner = LoopbackTransport::Create();
+  v1::TransferDescriptor source;
+};
+
 v1::PrepareWeightsRequest Pull(uint64_t version, const v1::TransferDescriptor& source) {
   v1::PrepareWeightsRequest r;
   r.mutable_manifest()->mutable_version()->set_version(version);
@@ -78,14 +100,8 @@ std::vector<int32_t> Greedy(RolloutCore& core) {
 
 TEST(WeightIntake, APulledVersionInstallsAndIsRelayedToTheNextReplica) {
   const std::string image = OtherImage();
-  auto owner = LoopbackTransport::Create();
-  auto handle = owner->RegisterMemory(const_cast<char*>(image.data()), image.size(), transport::MemoryKind::kHost, 0);
-  ASSERT_TRUE(handle.ok());
-  v1::TransferDescriptor source;
-  *source.mutable_segment() = *owner->Describe(*handle);
-  source.set_length_bytes(image.size());
-  source.mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
-  source.mutable_digest()->set_value(common::Xxh64(image));
+  const Served served(image);
+  const v1::TransferDescriptor& source = served.source;
 
   Replica first, second;
   v1::PrepareWeightsRequest pull = Pull(2, source);
@@ -166,16 +182,9 @@ TEST(WeightIntake, APushedVersionInstallsMappedOrNot) {
   const std::string image = OtherImage();
   Replica reference;  // the same weights by pull, to compare with
   {
-    auto owner = LoopbackTransport::Create();
-    auto handle =
-        owner->RegisterMemory(const_cast<char*>(image.data()), image.size(), transport::MemoryKind::kHost, 0);
-    v1::TransferDescriptor source;
-    *source.mutable_segment() = *owner->Describe(*handle);
-    source.set_length_bytes(image.size());
-    source.mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
-    source.mutable_digest()->set_value(common::Xxh64(image));
+    const Served served(image);
     v1::CommitWeightsResponse r;
-    ASSERT_TRUE(reference.intake->Update(Pull(2, source), absl::Now() + absl::Seconds(30), &r).ok());
+    ASSERT_TRUE(reference.intake->Update(Pull(2, served.source), absl::Now() + absl::Seconds(30), &r).ok());
   }
   for (bool mapped : {false, true}) {
     SCOPED_TRACE(mapped ? "mapped" : "tagged");
@@ -206,9 +215,7 @@ TEST(WeightIntake, AFileVersionComesOnlyFromUnderTheRoot) {
   v1::TransferDescriptor file;
   file.mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
   file.mutable_segment()->set_worker_address("v2.safetensors");
-  file.set_length_bytes(image.size());
-  file.mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
-  file.mutable_digest()->set_value(common::Xxh64(image));
+  file = Describing(file, image);
   Replica replica(root);
   v1::CommitWeightsResponse r;
   ASSERT_TRUE(replica.intake->Update(Pull(2, file), absl::Now() + absl::Seconds(30), &r).ok());
