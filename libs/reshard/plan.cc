@@ -77,27 +77,6 @@ void Append(std::vector<Range>* out, const Range& r) {
 
 }  // namespace
 
-uint32_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-  }
-  return 0;
-}
-
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-  }
-  return "?";
-}
 
 const char* SplitName(Split split) {
   switch (split) {

@@ -30,12 +30,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "libs/reshard/dtype.h"
 
 namespace rlfleet::reshard {
 
-enum class DType { kF32, kBF16, kF16, kI32, kI64 };
-uint32_t DTypeSize(DType dtype);
-const char* DTypeName(DType dtype);
 
 struct TensorSpec {
   std::string name;

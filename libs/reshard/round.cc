@@ -13,12 +13,7 @@
 namespace rlfleet::reshard {
 namespace {
 
-// The dtypes and splits both ways.
-constexpr std::pair<DType, v1::DType> kDTypes[] = {{DType::kF32, v1::DTYPE_FLOAT32},
-                                                    {DType::kBF16, v1::DTYPE_BFLOAT16},
-                                                    {DType::kF16, v1::DTYPE_FLOAT16},
-                                                    {DType::kI32, v1::DTYPE_INT32},
-                                                    {DType::kI64, v1::DTYPE_INT64}};
+// The splits both ways (the dtypes: dtype.h's table).
 constexpr std::pair<Split, v1::LayoutKind> kSplits[] = {{Split::kReplicated, v1::LAYOUT_KIND_REPLICATED},
                                                         {Split::kFlat, v1::LAYOUT_KIND_FSDP_FLAT},
                                                         {Split::kRows, v1::LAYOUT_KIND_TP_ROW},
@@ -37,9 +32,7 @@ constexpr int64_t kMaxRoundTimeoutMs = 3600 * 1000;
 }  // namespace
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view tensor) {
-  for (const auto& [ours, theirs] : kDTypes) {
-    if (theirs == dtype) return ours;
-  }
+  if (std::optional<DType> ours = DTypeOfProto(dtype)) return *ours;
   return absl::InvalidArgumentError(
       absl::StrCat("tensor `", tensor, "`: dtype ", v1::DType_Name(dtype), " is not one the planner moves"));
 }
@@ -52,12 +45,7 @@ absl::StatusOr<Split> SplitFromProto(v1::LayoutKind kind, absl::string_view tens
       absl::StrCat("tensor `", tensor, "`: layout kind ", v1::LayoutKind_Name(kind), " is not one the planner knows"));
 }
 
-v1::DType DTypeToProto(DType dtype) {
-  for (const auto& [ours, theirs] : kDTypes) {
-    if (ours == dtype) return theirs;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
+v1::DType DTypeToProto(DType dtype) { return RowOf(dtype).proto; }
 
 v1::LayoutKind SplitToProto(Split split) {
   for (const auto& [ours, theirs] : kSplits) {

@@ -4,7 +4,6 @@
 #include <map>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/common/checks.h"
@@ -247,7 +246,7 @@ absl::Status WeightIntake::ReceiveAndInstallLocked(const v1::PrepareWeightsReque
     std::map<std::string, model::TensorView> tensors;
     for (size_t t = 0; t < received->plan.tensors.size(); ++t) {
       const reshard::TensorSpec& spec = received->plan.tensors[t];
-      tensors[spec.name] = {absl::AsciiStrToUpper(reshard::DTypeName(spec.dtype)), spec.shape, received->Part(t)};
+      tensors[spec.name] = {reshard::SafetensorsName(spec.dtype), spec.shape, received->Part(t)};
     }
     ASSIGN_OR_RETURN(InstallReport report,
                      core_->InstallFromTensors(std::move(tensors), absl::StrCat("version ", version, " (pushed)"),

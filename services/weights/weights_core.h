@@ -16,15 +16,17 @@
 // (each rank only its layout's bytes), and SyncAll chains the replicas (--relay_fanout
 // chains) so that each passes every chunk on to the next as it arrives. A replica the
 // push misses (no data plane, a relay that died, a stall) pulls the version instead,
-// within the same deadline. Thread-safe.
+// within the same deadline.
+//
+// This class is the facade: the registered destinations are its own; the versions
+// (VersionStore), who relays to whom (RelayTree) and the push rounds (PushChains) are
+// each a part with its own lock and tests. Thread-safe.
 #ifndef RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 #define RLFLEET_SERVICES_WEIGHTS_WEIGHTS_CORE_H_
 
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,28 +34,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "libs/reshard/executor.h"
-#include "libs/reshard/plan.h"
 #include "libs/transport/transport.h"
 #include "rlfleet/v1/rollout.pb.h"
 #include "rlfleet/v1/weights.pb.h"
+#include "services/weights/destination.h"
+#include "services/weights/push_chains.h"
+#include "services/weights/relay_tree.h"
+#include "services/weights/version_store.h"
 
 namespace rlfleet::weights {
-
-// How the core reaches one rollout replica (gRPC in the service, fakes in tests).
-class Destination {
- public:
-  virtual ~Destination() = default;
-  // Stages and installs the version (RolloutService.UpdateWeights); gives up at
-  // `deadline` (DEADLINE_EXCEEDED).
-  virtual absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
-                                                            absl::Time deadline) = 0;
-  // The replica's state and data-plane endpoint (RolloutService.GetInfo).
-  virtual absl::StatusOr<v1::GetInfoResponse> Info(absl::Time deadline) {
-    return absl::UnimplementedError("this destination reports no info");
-  }
-};
-using DestinationFactory = std::function<std::unique_ptr<Destination>(const std::string& grpc_address)>;
 
 class WeightsCore {
  public:
@@ -75,35 +64,35 @@ class WeightsCore {
   ~WeightsCore();
 
   // One line per published version and per sync (who, from where, bytes, phase times,
-  // GB/s, or why it failed). Called with the core's lock held: it must not call into
-  // the core. Set before serving.
+  // GB/s, or why it failed). It may be called with one of the core's locks held: it
+  // must not call into the core. Set before serving.
   using Logger = std::function<void(const std::string& line)>;
-  void SetLogger(Logger logger) { logger_ = std::move(logger); }
+  void SetLogger(Logger logger);
 
   // Push versions to replicas that have a data plane (see the class comment), each
   // executor round waiting at most `round_timeout` for a peer (a stalled or dead relay
   // costs that much before the replicas after it pull instead). Needs the data plane;
   // set before serving.
-  void EnablePush(bool push, absl::Duration round_timeout = absl::Seconds(10)) {
-    push_ = push && data_plane_ != nullptr;
-    push_round_timeout_ = round_timeout;
-  }
+  void EnablePush(bool push, absl::Duration round_timeout = absl::Seconds(10));
 
   // Where FILE descriptors may point (the trainer's --publish_dir: regular files under
   // it, nothing else); empty (the default): FILE descriptors are refused. Set before
   // serving.
-  void SetFileRoot(std::string root) { file_root_ = std::move(root); }
+  void SetFileRoot(std::string root) { store_.SetFileRoot(std::move(root)); }
   // The largest version (image, or a sharded layout's tensors) accepted: sizes from a
   // request are checked against it before anything is allocated. Set before serving.
-  void SetMaxVersionBytes(uint64_t bytes) { max_version_bytes_ = bytes; }
+  void SetMaxVersionBytes(uint64_t bytes) { store_.SetMaxVersionBytes(bytes); }
 
   // How many of the newest versions keep their bytes (2..8: the latest stays syncable
   // while the next is pulled); set before serving.
-  void SetKeepVersions(int versions) { keep_versions_ = std::clamp(versions, 2, 8); }
+  void SetKeepVersions(int versions) { store_.SetKeepVersions(versions); }
 
   // Faults in `bytes` of memory now for each of the next keep_versions versions pulled
   // (see --prefault_mib); set SetKeepVersions first.
-  void PrefaultVersionMemory(uint64_t bytes);
+  void PrefaultVersionMemory(uint64_t bytes) {
+    store_.PrefaultMemory(bytes);
+    if (push_ != nullptr) push_->PrefaultMemory(bytes);
+  }
 
   // INVALID_ARGUMENT naming the field (replica_id, grpc_address, a layout of more than
   // 64 ranks or 4096 tensors); UNIMPLEMENTED for ranks or wire_dtype (see
@@ -152,107 +141,39 @@ class WeightsCore {
   absl::Status GetSyncStatus(const v1::GetSyncStatusRequest& request, v1::GetSyncStatusResponse* response);
 
  private:
-  // A replica that holds a version and serves it to others.
-  struct Holder {
-    std::string replica_id;
-    v1::TransferDescriptor source;  // its relay copy
-    int children = 0;
-    bool failed = false;
-  };
-  // A version repacked in the planner's layout for pushing (one source rank holding
-  // every tensor whole), registered on the data plane; shared with the rounds using it.
-  struct PushSource {
-    ~PushSource();
-    transport::Transport* data_plane = nullptr;
-    std::string packed;
-    transport::MemoryHandle handle;
-    reshard::Plan plan;  // to one destination rank holding every tensor whole
-    uint64_t share = 0;  // this source's share of that rank's digest
-  };
-  struct Version {
-    std::shared_ptr<PushSource> push;  // built by the first push
-    std::vector<Holder> holders;
-    int root_children = 0;  // replicas this service sent it to itself
-    int in_flight = 0;      // pulls of it under way
-    int pushing = 0;        // push rounds of it under way
-    v1::WeightManifest manifest;
-    int64_t trainer_pause_us = 0;
-    int64_t read_us = 0;
-    std::vector<reshard::TensorSpec> tensors;  // from the manifest or the safetensors header
-    reshard::Layout layout;                    // the trainer's
-    v1::TransferDescriptor location;  // the trainer's file
-    std::string bytes;                // the version, when served from memory
-    std::optional<transport::MemoryHandle> registered;
-    v1::TransferDescriptor staging;   // `bytes` on the data plane
-    std::map<std::string, v1::DestinationSyncStatus> status;  // by replica_id
-    bool released = false;  // its bytes were given up (older than keep_versions_)
-  };
   struct Registered {
     std::string grpc_address;
     std::shared_ptr<Destination> destination;
     v1::ShardLayout layout;  // world_size 0: one rank holding everything
     bool can_relay = false;  // may forward the bytes to other destinations
   };
-  absl::StatusOr<v1::DestinationSyncStatus> Sync(const std::string& replica_id, uint64_t version,
+  class PushObserver;
+  // One replica's pull of `version` (0: the latest), relayed where the tree says.
+  absl::StatusOr<v1::DestinationSyncStatus> Pull(const std::string& replica_id, uint64_t version,
                                                  absl::Duration timeout);
-  // The push chains for `ids` (each pushed in one round, its members relaying in order):
-  // destinations registered with can_relay spread over --relay_fanout chains (0: each
-  // its own); any other destination ends a chain or is a chain of its own.
-  std::vector<std::vector<std::string>> ChainsOf(const std::vector<std::string>& ids) ABSL_LOCKS_EXCLUDED(mu_);
-  uint64_t Resolve(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes `version` along `chain`; returns the replicas it did not install on.
+  std::vector<std::string> PushChain(const Lease& version, const std::vector<std::string>& chain,
+                                     absl::Time deadline);
   // The version a sync of `ids` means (0: the latest). NOT_FOUND for a version not
   // published or an id not registered.
   absl::StatusOr<uint64_t> ResolveSync(uint64_t version, const std::vector<std::string>& ids);
-  // Pushes `version` along `chain` (replica ids): this service sends it to the first,
-  // each relays every chunk to the next. Returns the replicas it did not install on
-  // (to pull instead); the others' status is INSTALLED.
-  std::vector<std::string> PushChain(uint64_t version, std::vector<std::string> chain, absl::Time deadline);
-  absl::StatusOr<std::shared_ptr<PushSource>> PushSourceLocked(Version& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records an install in the destination's status and the log.
-  void RecordInstalledLocked(uint64_t version, v1::DestinationSyncStatus& s, const std::string& from,
-                             const v1::CommitWeightsResponse& installed, absl::Duration took, bool pushed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  void RetireLocked(std::map<uint64_t, Version>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes a version's memory away (for the next pull; the caller deregisters it, outside
-  // the lock where it can); its record stays.
-  struct Released {
-    std::optional<transport::MemoryHandle> registered;
-    std::string bytes;
-  };
-  Released ReleaseBytesLocked(Version& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void KeepSparesLocked(std::vector<std::string> memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes a version's push copy (unless a round uses it) as the next copy's memory.
-  void ReclaimPushCopyLocked(Version& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ReleasedError(uint64_t version) const;
-
-  // Picks where `replica_id` pulls `version` from (waiting up to `deadline` for a sender
-  // with room): the index of a holder, or -1 for this service. Takes the slot.
-  int PickSourceLocked(uint64_t version, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
+  v1::DestinationSyncStatus RecordInstalled(v1::DestinationSyncStatus s, const std::string& from,
+                                            const v1::CommitWeightsResponse& installed, absl::Duration took,
+                                            bool pushed);
   void Log(const std::string& line) const {
     if (logger_) logger_(line);
   }
 
   const DestinationFactory factory_;
   transport::Transport* const data_plane_;
-  const int relay_fanout_;
-  bool push_ = false;
-  int keep_versions_ = 2;
-  std::string file_root_;
-  uint64_t max_version_bytes_ = uint64_t{16} << 30;
-  uint32_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the next push round's tag epoch (mod 16)
-  absl::Duration push_round_timeout_ = absl::Seconds(10);
   Logger logger_;
+  VersionStore store_;
+  RelayTree relay_;
+  std::unique_ptr<PushChains> push_;  // null: versions are pulled
+  absl::Duration push_round_timeout_ = absl::Seconds(10);
   absl::Mutex mu_;
   std::map<std::string, Registered> destinations_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Version> versions_ ABSL_GUARDED_BY(mu_);
-  // Retired versions' memory (and what PrefaultVersionMemory faulted in), largest
-  // first, for the next pulls.
-  std::vector<std::string> spares_ ABSL_GUARDED_BY(mu_);
-  std::string packed_spare_ ABSL_GUARDED_BY(mu_);  // a retired push copy's, for the next
-  // The executor's staging and mappings, one per round in flight.
-  std::vector<std::unique_ptr<reshard::StagingPool>> pools_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rlfleet::weights

@@ -1,6 +1,7 @@
 #include "libs/reshard/plan.h"
 
 #include <algorithm>
+#include <iterator>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -208,6 +209,24 @@ TEST(PlanTest, LargeModelPlanIsSmall) {
   EXPECT_EQ(plan->BytesMoved(), plan->BytesNeeded());
   EXPECT_EQ(plan->BytesNeeded(), 32ull * 4096 * 4096 * 2);
   EXPECT_LE(plan->RangeCount(), 32u * 8u);
+}
+
+// The one dtype table: every enum value has its row, and each name and protobuf value
+// leads back to it.
+TEST(DTypeTable, EveryDTypeHasOneRowAndEveryNameLeadsBack) {
+  const DType all[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64};
+  EXPECT_EQ(std::size(kDTypes), std::size(all));
+  for (DType d : all) {
+    const DTypeRow& row = RowOf(d);
+    EXPECT_EQ(row.dtype, d) << DTypeName(d);
+    EXPECT_EQ(DTypeOfSafetensors(row.safetensors), d) << row.safetensors;
+    EXPECT_EQ(DTypeOfProto(row.proto), d) << row.name;
+  }
+  EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
+  EXPECT_EQ(DTypeSize(DType::kI64), 8u);
+  EXPECT_STREQ(SafetensorsName(DType::kF16), "F16");
+  EXPECT_FALSE(DTypeOfSafetensors("U8").has_value());
+  EXPECT_FALSE(DTypeOfProto(v1::DTYPE_UNSPECIFIED).has_value());
 }
 
 }  // namespace

@@ -1,0 +1,156 @@
+// VersionStore on its own: a version is verified before it is kept; the newest
+// keep_versions keep their bytes, and a lease keeps a retired version's bytes until
+// the sync using it lets go, its memory then going to the next version's pull; the
+// records of the newest 8 and their statuses.
+#include "services/weights/version_store.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "libs/common/checksum.h"
+#include "libs/model/safetensors.h"
+#include "libs/transport/loopback/loopback_transport.h"
+
+namespace rlfleet::weights {
+namespace {
+
+// Writes a safetensors image of `bytes` bytes (one F32 tensor) for `version` and returns
+// the request that publishes it from that file.
+v1::PublishVersionRequest PublishFile(uint64_t version, size_t floats = 4096, uint64_t digest_xor = 0) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/store-v", version);
+  std::map<std::string, model::TensorBlob> tensors;
+  tensors["w"] = {"F32", {static_cast<int64_t>(floats)}, std::string(floats * 4, static_cast<char>(version))};
+  EXPECT_TRUE(model::WriteSafetensors(path, tensors).ok());
+  std::ifstream in(path, std::ios::binary);
+  const std::string image((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  v1::PublishVersionRequest r;
+  r.mutable_manifest()->mutable_version()->set_version(version);
+  v1::TransferDescriptor* where = r.add_sources()->add_shards()->mutable_location();
+  where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
+  where->mutable_segment()->set_worker_address(path);
+  where->set_length_bytes(image.size());
+  where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+  where->mutable_digest()->set_value(common::Xxh64(image) ^ digest_xor);
+  return r;
+}
+
+// A trainer that serves its versions from memory over a loopback data plane.
+struct Trainer {
+  std::unique_ptr<transport::LoopbackTransport> transport = transport::LoopbackTransport::Create();
+  std::map<uint64_t, std::string> images;
+  v1::PublishVersionRequest Publish(uint64_t version, size_t floats) {
+    std::map<std::string, model::TensorView> views;
+    const std::string w(floats * 4, static_cast<char>(version));
+    views["w"] = {"F32", {static_cast<int64_t>(floats)}, w};
+    std::string& image = images[version] = model::SerializeSafetensors(views, std::string());
+    auto handle = transport->RegisterMemory(image.data(), image.size(), transport::MemoryKind::kHost, 0);
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    v1::PublishVersionRequest r;
+    r.mutable_manifest()->mutable_version()->set_version(version);
+    v1::TransferDescriptor* where = r.add_sources()->add_shards()->mutable_location();
+    *where->mutable_segment() = *transport->Describe(*handle);
+    where->set_length_bytes(image.size());
+    where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+    where->mutable_digest()->set_value(common::Xxh64(image));
+    return r;
+  }
+};
+
+TEST(VersionStore, AVersionWhoseBytesDoNotMatchIsNotKept) {
+  VersionStore store(nullptr);
+  store.SetFileRoot(std::getenv("TEST_TMPDIR"));
+  v1::PublishVersionResponse out;
+  EXPECT_EQ(store.Publish(PublishFile(1, 4096, /*digest_xor=*/1), {"r"}, &out).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store.Resolve(1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Latest(), nullptr);
+  ASSERT_TRUE(store.Publish(PublishFile(1), {"r"}, &out).ok());
+  // Without a data plane replicas read the trainer's file; the tensors come from its header.
+  absl::StatusOr<Lease> lease = store.Acquire(0);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->info->number, 1u);
+  EXPECT_EQ(lease->image, nullptr);
+  EXPECT_EQ(lease->Source().segment().backend(), v1::TRANSFER_BACKEND_FILE);
+  ASSERT_EQ(lease->info->tensors.size(), 1u);
+  EXPECT_EQ(lease->info->tensors[0].name, "w");
+  // Each destination named at publish has a PENDING status.
+  std::optional<v1::DestinationSyncStatus> s = store.StatusOf(1, "r");
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->phase(), v1::SYNC_PHASE_PENDING);
+  EXPECT_EQ(s->bytes_needed(), lease->info->location.length_bytes());
+}
+
+TEST(VersionStore, ALeaseKeepsARetiredVersionsBytesAndTheirMemoryGoesToTheNextPull) {
+  auto data_plane = transport::LoopbackTransport::Create();
+  VersionStore store(data_plane.get());
+  store.SetFileRoot(std::getenv("TEST_TMPDIR"));
+  store.SetKeepVersions(2);
+  constexpr size_t kFloats = 1 << 20;  // 4 MiB images, pulled from the trainer's memory
+  Trainer trainer;
+  v1::PublishVersionResponse out;
+  ASSERT_TRUE(store.Publish(trainer.Publish(1, kFloats), {}, &out).ok());
+  absl::StatusOr<Lease> held = store.Acquire(1);
+  ASSERT_TRUE(held.ok());
+  ASSERT_NE(held->image, nullptr);
+  EXPECT_TRUE(held->image->staged());
+  EXPECT_EQ(held->Source().length_bytes(), held->image->bytes().size());
+  const std::string copy = held->image->bytes();
+  const char* memory = held->image->bytes().data();
+
+  ASSERT_TRUE(store.Publish(trainer.Publish(2, kFloats), {}, &out).ok());
+  const char* memory2 = store.Acquire(2)->image->bytes().data();
+  ASSERT_TRUE(store.Publish(trainer.Publish(3, kFloats), {}, &out).ok());
+  // (version 1's memory is still in use: version 3 is pulled into other memory)
+  EXPECT_NE(store.Acquire(3)->image->bytes().data(), memory);
+  // Version 1 is out of the kept two: refused to new syncs, by name...
+  absl::StatusOr<Lease> late = store.Acquire(1);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(late.status().message(), "--keep_versions")) << late.status();
+  // ...while the sync holding it still reads its bytes, unchanged.
+  EXPECT_EQ(held->image->bytes(), copy);
+  EXPECT_NE(store.Acquire(2).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Once that sync lets go, version 1's memory and version 2's (out of the kept two now)
+  // are what versions 4 and 5 are pulled into: no new memory.
+  held = absl::UnknownError("released");
+  ASSERT_TRUE(store.Publish(trainer.Publish(4, kFloats), {}, &out).ok());
+  absl::StatusOr<Lease> four = store.Acquire(4);
+  ASSERT_TRUE(four.ok());
+  const char* memory4 = four->image->bytes().data();
+  EXPECT_TRUE(memory4 == memory || memory4 == memory2);
+  EXPECT_EQ(four->image->bytes()[four->image->bytes().size() - 1], static_cast<char>(4));
+  four = absl::UnknownError("released");
+  ASSERT_TRUE(store.Publish(trainer.Publish(5, kFloats), {}, &out).ok());
+  const char* memory5 = store.Acquire(5)->image->bytes().data();
+  EXPECT_TRUE(memory5 == memory || memory5 == memory2);
+  EXPECT_NE(memory5, memory4);
+}
+
+TEST(VersionStore, TheNewestEightRecordsAndTheirStatusesAreKept) {
+  VersionStore store(nullptr);
+  store.SetFileRoot(std::getenv("TEST_TMPDIR"));
+  v1::PublishVersionResponse out;
+  for (uint64_t v = 1; v <= 9; ++v) ASSERT_TRUE(store.Publish(PublishFile(v), {"r"}, &out).ok()) << v;
+  EXPECT_EQ(store.Resolve(1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*store.Resolve(0), 9u);
+  EXPECT_EQ(*store.Resolve(2), 2u);
+  v1::DestinationSyncStatus s;
+  s.set_replica_id("r");
+  s.set_version(9);
+  s.set_phase(v1::SYNC_PHASE_INSTALLED);
+  store.SetStatus(9, s);
+  store.SetStatus(1, s);  // (its record is gone: nothing)
+  EXPECT_EQ(store.StatusOf(9, "r")->phase(), v1::SYNC_PHASE_INSTALLED);
+  EXPECT_FALSE(store.StatusOf(1, "r").has_value());
+  EXPECT_EQ(store.Statuses(1).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_EQ(store.Statuses(9)->size(), 1u);
+  // An older version than the latest is refused, naming the latest.
+  absl::Status older = store.Publish(PublishFile(5, /*floats=*/100), {}, &out);
+  EXPECT_EQ(older.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(older.message(), "latest, 9")) << older;
+}
+
+}  // namespace
+}  // namespace rlfleet::weights

@@ -1,0 +1,155 @@
+// VersionStore: the weights service's published versions, without gRPC. Publish reads
+// a version the trainer wrote (its safetensors file, its memory over the data plane, or
+// one shard per trainer rank and tensor, assembled whole here), checks every digest
+// before anything sees it, and keeps it: the newest keep_versions with their bytes
+// (registered on the data plane when there is one), the newest 8 as records (manifest,
+// tensors, layout and each destination's sync status).
+//
+// A sync takes a Lease on a version's bytes. A version that falls out of the kept ones
+// is refused to new syncs at once (FAILED_PRECONDITION naming --keep_versions); its
+// memory goes back to the pool, for the next version's pull, when its last lease ends.
+// Its own lock; thread-safe.
+#ifndef RLFLEET_SERVICES_WEIGHTS_VERSION_STORE_H_
+#define RLFLEET_SERVICES_WEIGHTS_VERSION_STORE_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "libs/common/buffer_pool.h"
+#include "libs/reshard/plan.h"
+#include "libs/transport/transport.h"
+#include "rlfleet/v1/weights.pb.h"
+
+namespace rlfleet::weights {
+
+// What a published version is; fixed once published, kept with its record.
+struct VersionInfo {
+  uint64_t number = 0;
+  v1::WeightManifest manifest;
+  std::vector<reshard::TensorSpec> tensors;  // from the manifest's layout or the image's header
+  reshard::Layout layout;                    // the trainer's (one rank holding all: no layout)
+  v1::TransferDescriptor location;  // the whole image: the trainer's file, or its length and digest
+  int64_t trainer_pause_us = 0;
+  int64_t read_us = 0;
+};
+
+// A version's bytes while it is kept or leased: deregistered from the data plane, and
+// its memory given to the store's pool, when the last holder lets go.
+class VersionImage {
+ public:
+  VersionImage(std::string bytes, transport::Transport* data_plane, std::shared_ptr<common::BufferPool> pool)
+      : bytes_(std::move(bytes)), data_plane_(data_plane), pool_(std::move(pool)) {}
+  ~VersionImage();
+  VersionImage(const VersionImage&) = delete;
+  VersionImage& operator=(const VersionImage&) = delete;
+
+  // Registers the bytes with the data plane and describes them as `version` with
+  // `digest`; the data plane's error otherwise.
+  absl::Status Stage(uint64_t version, const v1::Digest& digest);
+
+  const std::string& bytes() const { return bytes_; }
+  bool staged() const { return registered_.has_value(); }
+  const v1::TransferDescriptor& staging() const { return staging_; }  // the bytes on the data plane
+
+ private:
+  std::string bytes_;
+  transport::Transport* const data_plane_;
+  const std::shared_ptr<common::BufferPool> pool_;
+  std::optional<transport::MemoryHandle> registered_;
+  v1::TransferDescriptor staging_;
+};
+
+// A version held for a sync: what it is, and its bytes (null when it is served from the
+// trainer's file).
+struct Lease {
+  std::shared_ptr<const VersionInfo> info;
+  std::shared_ptr<const VersionImage> image;
+  // Where a replica pulls it from: this service's memory, else the trainer's file.
+  const v1::TransferDescriptor& Source() const {
+    return image != nullptr && image->staged() ? image->staging() : info->location;
+  }
+};
+
+class VersionStore {
+ public:
+  // With a `data_plane` (not owned), versions are kept in memory registered with it and
+  // replicas pull them from there; without one they read the trainer's file.
+  explicit VersionStore(transport::Transport* data_plane);
+  ~VersionStore();
+
+  using Logger = std::function<void(const std::string& line)>;
+  // One line per published version; called without the store's lock. Set before use.
+  void SetLogger(Logger logger) { logger_ = std::move(logger); }
+  // Where FILE descriptors may point (the trainer's --publish_dir); empty: refused.
+  void SetFileRoot(std::string root) { file_root_ = std::move(root); }
+  // The largest version accepted, checked before anything is allocated.
+  void SetMaxVersionBytes(uint64_t bytes) { max_version_bytes_ = bytes; }
+  uint64_t max_version_bytes() const { return max_version_bytes_; }
+  // How many of the newest versions keep their bytes (2..8).
+  void SetKeepVersions(int versions);
+  int keep_versions() const { return keep_versions_; }
+  // Faults in `bytes` of memory now for each of the next keep_versions versions.
+  void PrefaultMemory(uint64_t bytes);
+
+  // See WeightsCore::PublishVersion for what is accepted and each error. Each of
+  // `destinations` gets a PENDING status for the new version.
+  absl::Status Publish(const v1::PublishVersionRequest& request, const std::vector<std::string>& destinations,
+                       v1::PublishVersionResponse* response);
+
+  // The version `version` means (0: the latest); NOT_FOUND when it has no record.
+  absl::StatusOr<uint64_t> Resolve(uint64_t version) const;
+  // The latest version's record, or null when none is published.
+  std::shared_ptr<const VersionInfo> Latest() const;
+  // A version's record (0: the latest); NOT_FOUND when it has none.
+  absl::StatusOr<std::shared_ptr<const VersionInfo>> Info(uint64_t version) const;
+  // A version with its bytes, held until the lease is dropped (0: the latest); NOT_FOUND
+  // for one never published or whose record is gone, FAILED_PRECONDITION for one whose
+  // bytes were given up (older than the kept ones).
+  absl::StatusOr<Lease> Acquire(uint64_t version) const;
+
+  // Each destination's sync status of a version: SetStatus replaces one (nothing when
+  // the version's record is gone); StatusOf reads one; Statuses all of them (NOT_FOUND
+  // for a version without a record).
+  void SetStatus(uint64_t version, const v1::DestinationSyncStatus& status);
+  std::optional<v1::DestinationSyncStatus> StatusOf(uint64_t version, const std::string& replica_id) const;
+  absl::StatusOr<std::vector<v1::DestinationSyncStatus>> Statuses(uint64_t version) const;
+
+  static constexpr int kRecords = 8;  // versions whose records are kept
+
+ private:
+  struct Record {
+    std::shared_ptr<const VersionInfo> info;
+    std::shared_ptr<const VersionImage> image;  // null once given up
+    std::map<std::string, v1::DestinationSyncStatus> status;  // by replica_id
+  };
+  // Reads (or pulls, or assembles) the version's bytes into `reuse`'s memory when it
+  // fits, and checks them; fills `where` with the image's descriptor.
+  absl::StatusOr<std::string> Read(const v1::PublishVersionRequest& request, bool sharded,
+                                   v1::TransferDescriptor* where, std::string reuse) const;
+  void Log(const std::string& line) const {
+    if (logger_) logger_(line);
+  }
+
+  transport::Transport* const data_plane_;
+  const std::shared_ptr<common::BufferPool> pool_;  // retired versions' memory, largest first
+  Logger logger_;
+  std::string file_root_;
+  uint64_t max_version_bytes_ = uint64_t{16} << 30;
+  int keep_versions_ = 2;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Record> records_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rlfleet::weights
+
+#endif  // RLFLEET_SERVICES_WEIGHTS_VERSION_STORE_H_
