@@ -7,10 +7,11 @@
 #include "libs/common/clock.h"
 #include "libs/common/config.h"
 #include "libs/metrics/metrics.h"
-#include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/service/serve.h"
 #include "libs/transport/data_plane.h"
 #include "services/buffer/buffer_core.h"
+#include "services/buffer/buffer_metrics.h"
 #include "services/buffer/buffer_service.h"
 
 ABSL_FLAG(absl::Duration, stream_full_wait, absl::Seconds(30),
@@ -70,63 +71,13 @@ int main(int argc, char** argv) {
               << std::endl;
   }
   // Prometheus: the buffer's stats, read at each scrape (core outlives the runner).
-  auto stat = [&core](auto field) {
-    return [&core, field] {
-      rlfleet::v1::GetStatsResponse s;
-      return core.GetStats(&s).ok() ? static_cast<double>(field(s)) : 0.0;
-    };
-  };
-  auto& registry = rlfleet::metrics::Global();
-  const double skipped_count = static_cast<double>(skipped.size());
-  registry.AddCallbackGauge("rlfleet_buffer_recovery_skipped_records",
-                            "Stored records left out at start-up because they did not load (logged by key).", {},
-                            [skipped_count] { return skipped_count; });
-  using Stats = rlfleet::v1::GetStatsResponse;
-  registry.AddCallbackGauge("rlfleet_buffer_depth_experiences", "Experiences held and not leased.", {},
-                            stat([](const Stats& s) { return s.depth_experiences(); }));
-  registry.AddCallbackGauge("rlfleet_buffer_complete_groups", "Groups ready to sample.", {},
-                            stat([](const Stats& s) { return s.complete_groups(); }));
-  registry.AddCallbackGauge("rlfleet_buffer_bytes", "Bytes held, including leased.", {},
-                            stat([](const Stats& s) { return s.buffer_bytes(); }));
-  registry.AddCallbackCounter("rlfleet_buffer_accepted_total", "Experiences accepted.", {},
-                              stat([](const Stats& s) { return s.accepted_total(); }));
-  registry.AddCallbackCounter("rlfleet_buffer_consumed_total", "Experiences acked by the trainer.", {},
-                              stat([](const Stats& s) { return s.consumed_total(); }));
-  registry.AddCallbackCounter("rlfleet_buffer_dropped_total", "Experiences dropped, by reason.", {{"reason", "stale"}},
-                              stat([](const Stats& s) { return s.dropped().stale(); }));
-  registry.AddCallbackCounter("rlfleet_buffer_dropped_total", "Experiences dropped, by reason.",
-                              {{"reason", "zero_variance"}},
-                              stat([](const Stats& s) { return s.dropped().zero_variance(); }));
-  registry.AddCallbackCounter("rlfleet_buffer_dropped_total", "Experiences dropped, by reason.",
-                              {{"reason", "duplicate"}}, stat([](const Stats& s) { return s.dropped().duplicate(); }));
-  // The staleness distribution of what the trainer sampled: policy versions behind at
-  // sampling time (the last bucket counts that many or more).
-  for (uint64_t lag = 0; lag < 8; ++lag) {
-    registry.AddCallbackCounter("rlfleet_buffer_sampled_total", "Experiences sampled, by staleness in versions.",
-                                {{"staleness", lag == 7 ? "7+" : std::to_string(lag)}},
-                                stat([lag](const Stats& s) -> uint64_t {
-                                  for (const auto& b : s.staleness_histogram()) {
-                                    if (b.staleness() == lag) return b.count();
-                                  }
-                                  return 0;
-                                }));
-  }
+  rlfleet::buffer::RegisterBufferMetrics(&core, rlfleet::metrics::Global(), skipped.size());
   rlfleet::buffer::BufferServiceImpl service(&core, rlfleet::rpc::CallAuthFrom(options->auth),
                                              absl::GetFlag(FLAGS_stream_full_wait));
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
-  if (absl::Status s = runner.Start(); !s.ok()) {
-    std::cerr << "rlfleet-buffer: " << s << "\n";
-    return 1;
-  }
-  std::cout << "rlfleet-buffer listening on " << runner.address() << std::endl;
-  auto registrar = rlfleet::registry::RegisterFromFlags(rlfleet::v1::REPLICA_ROLE_BUFFER, runner.address(),
-                                                        runner.metrics_port(), nullptr, "rlfleet-buffer");
-  if (!registrar.ok()) {
-    std::cerr << "rlfleet-buffer: " << registrar.status() << "\n";
-    return 1;
-  }
-  const int signo = runner.WaitForTermination();
-  std::cout << "rlfleet-buffer stopped" << (signo ? " on signal" : "") << std::endl;
-  return 0;
+  rlfleet::service::ServeSpec spec;
+  spec.binary = "rlfleet-buffer";
+  spec.role = rlfleet::v1::REPLICA_ROLE_BUFFER;
+  return rlfleet::service::ServeUntilTerminated(runner, spec);
 }

@@ -3,17 +3,16 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
-#include "absl/synchronization/mutex.h"
 #include "libs/common/clock.h"
 #include "libs/common/config.h"
-#include "libs/common/status_macros.h"
 #include "libs/registry/registry.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/service/serve.h"
 #include "services/controller/controller_core.h"
 #include "services/controller/controller_service.h"
 #include "services/controller/discovery.h"
 #include "services/controller/run_manager.h"
-#include "services/controller/run_peers_grpc.h"
+#include "services/controller/run_peers_factory.h"
 #include "services/controller/run_store.h"
 
 ABSL_FLAG(std::string, registry, "memory://",
@@ -67,46 +66,14 @@ int main(int argc, char** argv) {
   rlfleet::rpc::ClientOptions client;  // to the run's peers: the controller's role when it holds the admin token
   client.auth.token = options->auth.token;
   client.auth.admin_token = options->auth.admin_token;
-  // The active run's route through the weights service (replicas discovered mid-run
-  // install through it too); null without one. Set by the run's factory, read by the
-  // discovery thread.
-  absl::Mutex route_mu;
-  std::shared_ptr<rlfleet::controller::WeightsRoute> weights_route;
-  auto factory = [client, &core, &route_mu, &weights_route]() -> absl::StatusOr<rlfleet::controller::RunPeers> {
-    using namespace rlfleet::controller;  // NOLINT: the factory functions
-    const absl::Duration timeout = absl::GetFlag(FLAGS_peer_timeout);
-    RunPeers peers;
-    for (const std::string& a : RolloutAddressesForRun(core, absl::GetFlag(FLAGS_rollout))) {
-      auto r = NewGrpcRolloutReplica(client, a, timeout);
-      if (!r.ok()) return r.status();
-      peers.rollouts.push_back(std::move(*r));
-    }
-    if (peers.rollouts.empty()) {
-      return absl::FailedPreconditionError(
-          "the controller knows no rollout replica: none registered (--registry_address) and no --rollout");
-    }
-    ASSIGN_OR_RETURN(std::string reward, ResolvePeerAddress(core, rlfleet::v1::REPLICA_ROLE_REWARD,
-                                                            absl::GetFlag(FLAGS_reward), "reward"));
-    ASSIGN_OR_RETURN(std::string buffer, ResolvePeerAddress(core, rlfleet::v1::REPLICA_ROLE_BUFFER,
-                                                            absl::GetFlag(FLAGS_buffer), "buffer"));
-    ASSIGN_OR_RETURN(std::string trainer, ResolvePeerAddress(core, rlfleet::v1::REPLICA_ROLE_TRAINER,
-                                                             absl::GetFlag(FLAGS_trainer), "trainer"));
-    ASSIGN_OR_RETURN(peers.reward, NewGrpcRewardPeer(client, reward, timeout));
-    ASSIGN_OR_RETURN(peers.buffer, NewGrpcBufferPeer(client, buffer, timeout));
-    ASSIGN_OR_RETURN(peers.trainer, NewGrpcTrainerPeer(client, trainer, timeout));
-    // Versions go through the weights service when there is one.
-    auto weights = ResolvePeerAddress(core, rlfleet::v1::REPLICA_ROLE_WEIGHTS, absl::GetFlag(FLAGS_weights), "weights");
-    std::shared_ptr<WeightsRoute> route_of_run;
-    if (weights.ok()) {
-      ASSIGN_OR_RETURN(std::shared_ptr<WeightsRoute> route, WeightsRoute::Connect(client, *weights, timeout));
-      route_of_run = route;
-      peers.trainer = PublishThrough(std::move(peers.trainer), route);
-      for (auto& r : peers.rollouts) r = InstallThrough(std::move(r), route);
-    }
-    absl::MutexLock lock(&route_mu);
-    weights_route = weights.ok() ? route_of_run : nullptr;
-    return peers;
-  };
+  rlfleet::controller::PeerAddresses addresses;
+  addresses.rollout = absl::GetFlag(FLAGS_rollout);
+  addresses.reward = absl::GetFlag(FLAGS_reward);
+  addresses.buffer = absl::GetFlag(FLAGS_buffer);
+  addresses.trainer = absl::GetFlag(FLAGS_trainer);
+  addresses.weights = absl::GetFlag(FLAGS_weights);
+  addresses.timeout = absl::GetFlag(FLAGS_peer_timeout);
+  rlfleet::controller::RunPeersFactory peers(&core, client, addresses);
   std::string run_store_url = absl::GetFlag(FLAGS_run_store);
   if (run_store_url == "registry") {
     const std::string registry_url = absl::GetFlag(FLAGS_registry);
@@ -123,22 +90,12 @@ int main(int argc, char** argv) {
               << s << "\n";
   }
   rlfleet::controller::RunManager runs(
-      factory, [](const std::string& line) { std::cout << line << std::endl; }, absl::GetFlag(FLAGS_runs_dir),
-      run_store->get());
+      [&peers] { return peers.Make(); }, [](const std::string& line) { std::cout << line << std::endl; },
+      absl::GetFlag(FLAGS_runs_dir), run_store->get());
   rlfleet::controller::ControllerServiceImpl controller_service(&core, &runs, auth);
   auto discovery = rlfleet::controller::RolloutDiscovery::Start(
       &core, &runs,
-      [client, &route_mu, &weights_route](
-          const std::string& address) -> absl::StatusOr<std::unique_ptr<rlfleet::controller::RolloutReplica>> {
-        auto replica = rlfleet::controller::NewGrpcRolloutReplica(client, address, absl::GetFlag(FLAGS_peer_timeout));
-        std::shared_ptr<rlfleet::controller::WeightsRoute> route;
-        {
-          absl::MutexLock lock(&route_mu);
-          route = weights_route;
-        }
-        if (!replica.ok() || route == nullptr) return replica;
-        return rlfleet::controller::InstallThrough(std::move(*replica), route);
-      },
+      [&peers](const std::string& address) { return peers.Replica(address); },
       [](const std::string& line) { std::cout << line << std::endl; });
   if (!discovery.ok()) {
     std::cerr << "rlfleet-controller: " << discovery.status() << "\n";
@@ -148,19 +105,14 @@ int main(int argc, char** argv) {
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&registry_service);
   runner.AddService(&controller_service);
-  if (absl::Status status = runner.Start(); !status.ok()) {
-    std::cerr << "rlfleet-controller: " << status << "\n";
-    return 1;
-  }
-  // (after the server: the run's peers find this controller while it waits for them)
-  if (absl::Status s = runs.Recover(absl::GetFlag(FLAGS_resume_within)); !s.ok()) {
-    std::cerr << "rlfleet-controller: no run resumed: " << s << "\n";
-  }
-  std::cout << "rlfleet-controller listening on " << runner.address()
-            << (options->auth.token.empty() ? "" : " (bearer token required)")
-            << (options->auth.tls_enabled_for_server() ? " (TLS)" : "") << std::endl;
-  const int signo = runner.WaitForTermination();
-  discovery->reset();  // before the runs it admits into
-  std::cout << "rlfleet-controller stopped" << (signo ? " on signal" : "") << std::endl;
-  return 0;
+  rlfleet::service::ServeSpec spec;
+  spec.binary = "rlfleet-controller";  // (the registry itself: it does not register)
+  // After the server: the run's peers find this controller while it waits for them.
+  spec.started = [&runs](rlfleet::rpc::ServerRunner&) {
+    if (absl::Status s = runs.Recover(absl::GetFlag(FLAGS_resume_within)); !s.ok()) {
+      std::cerr << "rlfleet-controller: no run resumed: " << s << "\n";
+    }
+  };
+  spec.stopping = [&discovery] { discovery->reset(); };  // before the runs it admits into
+  return rlfleet::service::ServeUntilTerminated(runner, spec);
 }

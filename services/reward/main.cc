@@ -4,9 +4,9 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "libs/common/config.h"
-#include "services/reward/model_reward.h"
-#include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/service/serve.h"
+#include "services/reward/model_reward.h"
 #include "services/reward/reward_core.h"
 #include "services/reward/reward_service.h"
 
@@ -45,18 +45,8 @@ int main(int argc, char** argv) {
   rlfleet::reward::RewardServiceImpl service(&core, rlfleet::rpc::CallAuthFrom(options->auth));
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
-  if (absl::Status s = runner.Start(); !s.ok()) {
-    std::cerr << "rlfleet-reward: " << s << "\n";
-    return 1;
-  }
-  std::cout << "rlfleet-reward listening on " << runner.address() << std::endl;
-  auto registrar = rlfleet::registry::RegisterFromFlags(rlfleet::v1::REPLICA_ROLE_REWARD, runner.address(),
-                                                        runner.metrics_port(), nullptr, "rlfleet-reward");
-  if (!registrar.ok()) {
-    std::cerr << "rlfleet-reward: " << registrar.status() << "\n";
-    return 1;
-  }
-  const int signo = runner.WaitForTermination();
-  std::cout << "rlfleet-reward stopped" << (signo ? " on signal" : "") << std::endl;
-  return 0;
+  rlfleet::service::ServeSpec spec;
+  spec.binary = "rlfleet-reward";
+  spec.role = rlfleet::v1::REPLICA_ROLE_REWARD;
+  return rlfleet::service::ServeUntilTerminated(runner, spec);
 }

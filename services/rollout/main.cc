@@ -4,13 +4,14 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "libs/common/config.h"
 #include "libs/model/safetensors.h"
 #include "libs/nccl_tuning/nccl_env.h"
-#include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
-#include "libs/transport/descriptor_fetcher.h"
+#include "libs/service/serve.h"
 #include "libs/transport/data_plane.h"
+#include "libs/transport/descriptor_fetcher.h"
 #include "services/rollout/rollout_core.h"
 #include "services/rollout/rollout_service.h"
 
@@ -93,34 +94,24 @@ int main(int argc, char** argv) {
     }
   }
   runner.AddService(&service);
-  if (absl::Status s = runner.Start(); !s.ok()) {
-    std::cerr << "rlfleet-rollout: " << s << "\n";
-    return 1;
-  }
-  runner.SetServing((*core)->serving());  // health is SERVING only with verified weights
-  std::cout << "rlfleet-rollout listening on " << runner.address() << " (policy version "
-            << (*core)->installed_version() << ")" << std::endl;
   rlfleet::rollout::RolloutCore* c = core->get();
-  auto registrar = rlfleet::registry::RegisterFromFlags(
-      rlfleet::v1::REPLICA_ROLE_ROLLOUT, runner.address(), runner.metrics_port(),
-      [c](rlfleet::v1::ReplicaInfo* r) {
-        rlfleet::v1::GetInfoResponse info;
-        if (!c->GetInfo(&info).ok()) return;
-        *r->mutable_policy_version() = info.installed_version();
-        *r->mutable_load() = info.load();
-      },
-      "rlfleet-rollout",
-      // The lease was lost (e.g. during a Redis outage) and the controller drained this
-      // replica; registered again, it takes work again (issue 18).
-      [c, &runner] {
-        rlfleet::v1::ResumeResponse resumed;
-        if (c->Resume(&resumed).ok()) runner.SetServing(c->serving());
-      });
-  if (!registrar.ok()) {
-    std::cerr << "rlfleet-rollout: " << registrar.status() << "\n";
-    return 1;
-  }
-  const int signo = runner.WaitForTermination();
-  std::cout << "rlfleet-rollout stopped" << (signo ? " on signal" : "") << std::endl;
-  return 0;
+  rlfleet::service::ServeSpec spec;
+  spec.binary = "rlfleet-rollout";
+  spec.role = rlfleet::v1::REPLICA_ROLE_ROLLOUT;
+  // Health is SERVING only with verified weights.
+  spec.started = [c](rlfleet::rpc::ServerRunner& r) { r.SetServing(c->serving()); };
+  spec.note = [c] { return absl::StrCat(" (policy version ", c->installed_version(), ")"); };
+  spec.fill = [c](rlfleet::v1::ReplicaInfo* r) {
+    rlfleet::v1::GetInfoResponse info;
+    if (!c->GetInfo(&info).ok()) return;
+    *r->mutable_policy_version() = info.installed_version();
+    *r->mutable_load() = info.load();
+  };
+  // The lease was lost (e.g. during a Redis outage) and the controller drained this
+  // replica; registered again, it takes work again (issue 18).
+  spec.rejoined = [c, &runner] {
+    rlfleet::v1::ResumeResponse resumed;
+    if (c->Resume(&resumed).ok()) runner.SetServing(c->serving());
+  };
+  return rlfleet::service::ServeUntilTerminated(runner, spec);
 }

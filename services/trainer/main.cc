@@ -1,19 +1,17 @@
 // rlfleet-trainer: the trainer, one data-parallel rank (rank 0 serves the API; the
 // others follow it). Flags + wiring only.
-#include <unistd.h>
 
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
-#include "libs/dist/gloo_group.h"
-#include "libs/dist/transport_group.h"
 #include "libs/common/config.h"
 #include "libs/nccl_tuning/nccl_env.h"
-#include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/service/serve.h"
 #include "libs/transport/data_plane.h"
 #include "services/trainer/buffer_client.h"
+#include "services/trainer/data_parallel.h"
 #include "services/trainer/trainer_core.h"
 #include "services/trainer/trainer_service.h"
 
@@ -85,70 +83,22 @@ int main(int argc, char** argv) {
   config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   config.value_head = absl::GetFlag(FLAGS_value_head);
   // Data parallelism: rank 0 serves the rendezvous, every rank joins the group.
-  std::unique_ptr<rlfleet::dist::Rendezvous> rendezvous;
-  std::unique_ptr<rlfleet::model::GradientGroup> group;
-  const int world = absl::GetFlag(FLAGS_dp_world), rank = absl::GetFlag(FLAGS_dp_rank);
-  const std::string allreduce = absl::GetFlag(FLAGS_dp_allreduce), wire = absl::GetFlag(FLAGS_dp_wire);
-  if (allreduce != "gloo" && allreduce != "ring" && allreduce != "hierarchical") {
-    std::cerr << "rlfleet-trainer: --dp_allreduce=" << allreduce << ": want gloo, ring or hierarchical\n";
+  rlfleet::trainer::DataParallelOptions dp;
+  dp.world = absl::GetFlag(FLAGS_dp_world);
+  dp.rank = absl::GetFlag(FLAGS_dp_rank);
+  dp.host = absl::GetFlag(FLAGS_dp_host);
+  dp.port = absl::GetFlag(FLAGS_dp_port);
+  dp.timeout = absl::GetFlag(FLAGS_dp_timeout);
+  dp.allreduce = absl::GetFlag(FLAGS_dp_allreduce);
+  dp.wire = absl::GetFlag(FLAGS_dp_wire);
+  dp.node = absl::GetFlag(FLAGS_dp_node);
+  auto data_parallel = rlfleet::trainer::JoinDataParallel(
+      dp, [](const std::string& line) { std::cout << "rlfleet-trainer " << line << std::endl; });
+  if (!data_parallel.ok()) {
+    std::cerr << "rlfleet-trainer: " << data_parallel.status() << "\n";
     return 2;
   }
-  if (wire != "fp32" && wire != "bf16" && wire != "fp16") {
-    std::cerr << "rlfleet-trainer: --dp_wire=" << wire << ": want fp32, bf16 or fp16\n";
-    return 2;
-  }
-  if (world > 1) {
-    rlfleet::dist::GlooGroupOptions o;
-    o.rank = rank;
-    o.world_size = world;
-    o.store_host = o.hostname = absl::GetFlag(FLAGS_dp_host);
-    o.store_port = static_cast<uint16_t>(absl::GetFlag(FLAGS_dp_port));
-    o.timeout = absl::GetFlag(FLAGS_dp_timeout);
-    if (rank == 0) {
-      auto served = rlfleet::dist::Rendezvous::Serve(o.store_host, o.store_port, world, o.timeout);
-      if (!served.ok()) {
-        std::cerr << "rlfleet-trainer: " << served.status() << "\n";
-        return 2;
-      }
-      rendezvous = std::move(*served);
-      std::cout << "rlfleet-trainer dp rendezvous on " << o.store_host << ":" << rendezvous->port() << " (waiting for "
-                << world - 1 << " more ranks)" << std::endl;
-    }
-    auto joined = rlfleet::dist::GlooGroup::Join(o, rendezvous.get());
-    if (!joined.ok()) {
-      std::cerr << "rlfleet-trainer: rank " << rank << ": " << joined.status() << "\n";
-      return 2;
-    }
-    if (allreduce == "gloo") {
-      group = std::move(*joined);
-    } else {
-      rlfleet::dist::TransportGroupOptions t;
-      t.node = absl::GetFlag(FLAGS_dp_node);
-      if (t.node.empty()) {
-        char host[256] = {0};
-        gethostname(host, sizeof(host) - 1);
-        t.node = host;
-      }
-      t.hierarchical = allreduce == "hierarchical";
-      t.precision = wire == "bf16"   ? rlfleet::dist::WirePrecision::kBf16
-                    : wire == "fp16" ? rlfleet::dist::WirePrecision::kFp16
-                                     : rlfleet::dist::WirePrecision::kFp32;
-      t.timeout = absl::GetFlag(FLAGS_dp_timeout);
-      // Ranks on one host (a loopback rendezvous) keep UCX on loopback; otherwise every
-      // interface, so that ranks on other hosts can reach this one.
-      t.loopback_only = rlfleet::transport::IsLoopbackHost(o.store_host);
-      auto made = rlfleet::dist::TransportGroup::Create(std::move(*joined), t);
-      if (!made.ok()) {
-        std::cerr << "rlfleet-trainer: rank " << rank << ": " << made.status() << "\n";
-        return 2;
-      }
-      std::cout << "rlfleet-trainer rank " << rank << ": all-reduce "
-                << ((*made)->hierarchical() ? "hierarchical" : "ring") << " over " << (*made)->topology().nodes.size()
-                << " node(s), wire " << wire << std::endl;
-      group = std::move(*made);
-    }
-    std::cout << "rlfleet-trainer rank " << rank << " of " << world << " joined" << std::endl;
-  }
+  const int world = dp.world, rank = dp.rank;
   // (opened before the core, which keeps versions registered with it, and closed after)
   rlfleet::trainer::TrainerCore::PublishTarget publish{absl::GetFlag(FLAGS_publish_dir)};
   std::unique_ptr<rlfleet::transport::Transport> publish_plane;
@@ -163,7 +113,8 @@ int main(int argc, char** argv) {
     publish.data_plane = publish_plane.get();
   }
   auto core = rlfleet::trainer::TrainerCore::Create(config, absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_seed),
-                                                    buffer.get(), group.get(), absl::GetFlag(FLAGS_checkpoint_root));
+                                                    buffer.get(), data_parallel->group.get(),
+                                                    absl::GetFlag(FLAGS_checkpoint_root));
   if (!core.ok()) {
     std::cerr << "rlfleet-trainer: " << core.status() << "\n";
     return 2;
@@ -205,19 +156,10 @@ int main(int argc, char** argv) {
                                                weights.get());
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
-  if (absl::Status s = runner.Start(); !s.ok()) {
-    std::cerr << "rlfleet-trainer: " << s << "\n";
-    return 1;
-  }
-  std::cout << "rlfleet-trainer listening on " << runner.address() << std::endl;
-  (*core)->SetConsumerName("trainer@" + runner.address());
-  auto registrar = rlfleet::registry::RegisterFromFlags(rlfleet::v1::REPLICA_ROLE_TRAINER, runner.address(),
-                                                        runner.metrics_port(), nullptr, "rlfleet-trainer");
-  if (!registrar.ok()) {
-    std::cerr << "rlfleet-trainer: " << registrar.status() << "\n";
-    return 1;
-  }
-  const int signo = runner.WaitForTermination();
-  std::cout << "rlfleet-trainer stopped" << (signo ? " on signal" : "") << std::endl;
-  return 0;
+  rlfleet::trainer::TrainerCore* c = core->get();
+  rlfleet::service::ServeSpec spec;
+  spec.binary = "rlfleet-trainer";
+  spec.role = rlfleet::v1::REPLICA_ROLE_TRAINER;
+  spec.started = [c](rlfleet::rpc::ServerRunner& r) { c->SetConsumerName("trainer@" + r.address()); };
+  return rlfleet::service::ServeUntilTerminated(runner, spec);
 }

@@ -5,8 +5,8 @@
 
 #include "absl/flags/flag.h"
 #include "libs/common/config.h"
-#include "libs/registry/registrar.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/service/serve.h"
 #include "libs/transport/data_plane.h"
 #include "services/weights/weights_core.h"
 #include "services/weights/weights_service.h"
@@ -79,18 +79,8 @@ int main(int argc, char** argv) {
   rlfleet::weights::WeightsServiceImpl service(&core, rlfleet::rpc::CallAuthFrom(options->auth));
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
-  if (absl::Status s = runner.Start(); !s.ok()) {
-    std::cerr << "rlfleet-weights: " << s << "\n";
-    return 1;
-  }
-  std::cout << "rlfleet-weights listening on " << runner.address() << std::endl;
-  auto registrar = rlfleet::registry::RegisterFromFlags(rlfleet::v1::REPLICA_ROLE_WEIGHTS, runner.address(),
-                                                        runner.metrics_port(), nullptr, "rlfleet-weights");
-  if (!registrar.ok()) {
-    std::cerr << "rlfleet-weights: " << registrar.status() << "\n";
-    return 1;
-  }
-  const int signo = runner.WaitForTermination();
-  std::cout << "rlfleet-weights stopped" << (signo ? " on signal" : "") << std::endl;
-  return 0;
+  rlfleet::service::ServeSpec spec;
+  spec.binary = "rlfleet-weights";
+  spec.role = rlfleet::v1::REPLICA_ROLE_WEIGHTS;
+  return rlfleet::service::ServeUntilTerminated(runner, spec);
 }

@@ -1,0 +1,32 @@
+#include "libs/service/serve.h"
+
+#include <iostream>
+
+namespace rlfleet::service {
+
+int ServeUntilTerminated(rpc::ServerRunner& runner, const ServeSpec& spec) {
+  if (absl::Status s = runner.Start(); !s.ok()) {
+    std::cerr << spec.binary << ": " << s << "\n";
+    return 1;
+  }
+  if (spec.started) spec.started(runner);
+  const rpc::ServerOptions& options = runner.options();
+  std::cout << spec.binary << " listening on " << runner.address() << (spec.note ? spec.note() : "")
+            << (options.auth.token.empty() ? "" : " (bearer token required)")
+            << (options.auth.tls_enabled_for_server() ? " (TLS)" : "") << std::endl;
+  absl::StatusOr<std::unique_ptr<registry::Registrar>> registrar = nullptr;
+  if (spec.role != v1::REPLICA_ROLE_UNSPECIFIED) {
+    registrar = registry::RegisterFromFlags(spec.role, runner.address(), runner.metrics_port(), spec.fill,
+                                            spec.binary, spec.rejoined);
+    if (!registrar.ok()) {
+      std::cerr << spec.binary << ": " << registrar.status() << "\n";
+      return 1;
+    }
+  }
+  const int signo = runner.WaitForTermination();
+  if (spec.stopping) spec.stopping();
+  std::cout << spec.binary << " stopped" << (signo ? " on signal" : "") << std::endl;
+  return 0;
+}
+
+}  // namespace rlfleet::service
