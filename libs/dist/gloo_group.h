@@ -1,7 +1,7 @@
 // Data-parallel gradient groups over c10d's Gloo backend (CPU, TCP). A group is made
 // of a rendezvous (c10d TCPStore: rank 0 serves it, the others connect to it) and a
 // ProcessGroupGloo on loopback or a given interface; it implements
-// model::GradientGroup, so Policy::TrainStep all-reduces gradients through it.
+// dist::GradientGroup, so Policy::TrainStep all-reduces gradients through it.
 //
 // This header has no libtorch or Gloo in it; gloo_group.cc is the one file that does.
 #ifndef RLFLEET_LIBS_DIST_GLOO_GROUP_H_
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "libs/model/policy.h"
+#include "libs/dist/gradient_group.h"
 
 namespace rlfleet::dist {
 
@@ -44,7 +44,7 @@ class Rendezvous {
   friend class GlooGroup;
 };
 
-class GlooGroup : public model::GradientGroup {
+class GlooGroup : public dist::GradientGroup {
  public:
   // Joins the group: rank 0 passes the Rendezvous it serves, the others connect to
   // options.store_host:store_port. Blocks until every rank has joined, up to the

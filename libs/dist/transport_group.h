@@ -16,7 +16,7 @@
 #include "libs/dist/gloo_group.h"
 #include "libs/dist/ring_collectives.h"
 #include "libs/dist/topology.h"
-#include "libs/model/policy.h"
+#include "libs/dist/gradient_group.h"
 #include "libs/transport/transport.h"
 
 namespace rlfleet::dist {
@@ -32,7 +32,7 @@ struct TransportGroupOptions {
   bool loopback_only = true;
 };
 
-class TransportGroup : public model::GradientGroup {
+class TransportGroup : public dist::GradientGroup {
  public:
   // Every rank calls it with its own joined `bootstrap` (which it keeps; Broadcast goes
   // through it). Blocks until every rank has published its address.

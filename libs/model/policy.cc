@@ -157,7 +157,7 @@ namespace {
 // is a mean over them), in one all-reduce of [n_r * grads..., n_r, nonfinite_r]. The
 // last element makes *nonfinite (a rank's non-finite loss) the same on every rank, so
 // that every rank skips the update together.
-absl::Status SyncGradients(Policy::Impl& impl, float tokens, GradientGroup* group, bool* nonfinite) {
+absl::Status SyncGradients(Policy::Impl& impl, float tokens, dist::GradientGroup* group, bool* nonfinite) {
   std::vector<torch::Tensor> params;
   std::vector<torch::Tensor> parts;
   for (auto& p : impl.parameters()) {

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "libs/dist/gradient_group.h"
 
 namespace rlfleet::model {
 
@@ -82,23 +83,6 @@ struct TrainSequence {
   float reward = 0;     // the sequence's reward, on its last token (GAE)
 };
 
-// Data parallelism: each rank of a model trains on its part of every batch, and after
-// each backward pass the ranks' gradients are combined, weighted by their response
-// tokens, so that a step equals one rank training on the whole batch (token-mean
-// losses). Backends live elsewhere (libs/dist: Gloo over TCP); this is the seam.
-class GradientGroup {
- public:
-  virtual ~GradientGroup() = default;
-  virtual int rank() const = 0;
-  virtual int world_size() const = 0;
-  // Sums `data` (host memory) element-wise over the ranks, in place. Every rank calls
-  // it with the same n in the same order. UNAVAILABLE / DEADLINE_EXCEEDED when a rank
-  // is gone or stuck: an error within the group's timeout, never a hang.
-  virtual absl::Status AllReduceSum(float* data, size_t n) = 0;
-  // Rank 0 sends `bytes` to every rank (the others' `bytes` are replaced): how rank 0
-  // hands out work. Errors as AllReduceSum.
-  virtual absl::Status Broadcast(std::string* bytes) = 0;
-};
 
 struct TrainOptions {
   float learning_rate = 5e-4f;  // AdamW
@@ -134,7 +118,7 @@ struct TrainOptions {
   double value_clip = 0.2;  // how far a value may move from its start-of-step estimate
   // Data-parallel ranks (not owned); null = this policy alone. Every rank must call
   // TrainStep with the same options (epochs), on its own part of the batch.
-  GradientGroup* group = nullptr;
+  dist::GradientGroup* group = nullptr;
 };
 
 struct TrainStats {

@@ -19,7 +19,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/status_macros.h"
-#include "libs/gpu/nvml.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to serve on (loopback by default; 0.0.0.0 or :: for all interfaces).");
@@ -146,7 +145,6 @@ absl::Status ServerRunner::Start() {
     if (host == "::1" || host == "[::1]") host = "127.0.0.1";
     auto& registry = metrics::Global();
     metrics::AddProcessMetrics(registry, program_invocation_short_name);
-    gpu::AddGpuMetrics(registry);  // none without an NVIDIA driver
     absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> served =
         metrics::MetricsServer::Start(host, options_.metrics_port, &registry);
     if (!served.ok()) return served.status();

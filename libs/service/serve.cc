@@ -2,9 +2,15 @@
 
 #include <iostream>
 
+#include "libs/gpu/nvml.h"
+#include "libs/metrics/metrics.h"
+
 namespace rlfleet::service {
 
 int ServeUntilTerminated(rpc::ServerRunner& runner, const ServeSpec& spec) {
+  // The GPUs' utilisation and memory beside the process's metrics (none without an
+  // NVIDIA driver): here, so that libs/rpc does not depend on libs/gpu.
+  if (runner.options().metrics_port >= 0) gpu::AddGpuMetrics(metrics::Global());
   if (absl::Status s = runner.Start(); !s.ok()) {
     std::cerr << spec.binary << ": " << s << "\n";
     return 1;

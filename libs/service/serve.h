@@ -29,7 +29,8 @@ struct ServeSpec {
   std::function<void()> stopping;
 };
 
-// Starts `runner` (its services added), then as ServeSpec says, and serves until
+// Starts `runner` (its services added; with /metrics, the GPUs' metrics added to the
+// process's), then as ServeSpec says, and serves until
 // SIGTERM or SIGINT. The listening line names the address and, when they are on, the
 // bearer token and TLS. Returns the process's exit code: 0, or 1 with the reason on
 // stderr when the server does not start or the registration is refused.

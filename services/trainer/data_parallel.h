@@ -32,7 +32,7 @@ struct DataParallelOptions {
 // (kept while the group lives).
 struct DataParallel {
   std::unique_ptr<dist::Rendezvous> rendezvous;
-  std::unique_ptr<model::GradientGroup> group;
+  std::unique_ptr<dist::GradientGroup> group;
 };
 
 // INVALID_ARGUMENT naming the flag for an option out of range; the rendezvous' or the

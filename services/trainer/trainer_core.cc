@@ -180,7 +180,7 @@ absl::Status DecodeStep(absl::string_view in, std::vector<model::TrainSequence>*
 
 absl::StatusOr<std::unique_ptr<TrainerCore>> TrainerCore::Create(const model::PolicyConfig& config,
                                                                  const std::string& device, uint64_t seed,
-                                                                 BufferSource* buffer, model::GradientGroup* group,
+                                                                 BufferSource* buffer, dist::GradientGroup* group,
                                                                  fs::path checkpoint_root) {
   ASSIGN_OR_RETURN(auto policy, model::Policy::Create(config, device, seed));
   if (!checkpoint_root.empty()) {
@@ -193,7 +193,7 @@ absl::StatusOr<std::unique_ptr<TrainerCore>> TrainerCore::Create(const model::Po
 }
 
 TrainerCore::TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
-                         model::GradientGroup* group, fs::path checkpoint_root)
+                         dist::GradientGroup* group, fs::path checkpoint_root)
     : policy_(std::move(policy)),
       buffer_(buffer),
       device_(std::move(device)),

@@ -62,7 +62,7 @@ class TrainerCore {
   static absl::StatusOr<std::unique_ptr<TrainerCore>> Create(const model::PolicyConfig& config,
                                                              const std::string& device, uint64_t seed,
                                                              BufferSource* buffer = nullptr,
-                                                             model::GradientGroup* group = nullptr,
+                                                             dist::GradientGroup* group = nullptr,
                                                              std::filesystem::path checkpoint_root = {});
   ~TrainerCore();  // rank 0 of a group tells the workers to stop
 
@@ -132,7 +132,7 @@ class TrainerCore {
 
  private:
   TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
-              model::GradientGroup* group, std::filesystem::path checkpoint_root);
+              dist::GradientGroup* group, std::filesystem::path checkpoint_root);
   // Rank 0: broadcasts a command; ranks > 0 receive it in ServeWorker.
   absl::Status BroadcastLocked(std::string command) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Trains this rank's part of `seqs` (all of it without a group).
@@ -189,7 +189,7 @@ class TrainerCore {
   const std::string incarnation_ = common::NewId("p");  // (this process's)
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;  // the initial weights are version 1
   v1::TrainMetrics last_ ABSL_GUARDED_BY(mu_);
-  model::GradientGroup* const group_;  // null: one rank
+  dist::GradientGroup* const group_;  // null: one rank
   absl::Status group_error_ ABSL_GUARDED_BY(mu_);  // a failed collective: the group is unusable
   absl::Time last_broadcast_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
