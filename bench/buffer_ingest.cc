@@ -55,9 +55,7 @@ void Die(const std::string& m) {
   std::exit(1);
 }
 
-int FreePort() {
-  return 20000 + static_cast<int>((getpid() * 7919 + absl::ToUnixNanos(absl::Now())) % 30000);
-}
+int FreePort() { return 20000 + static_cast<int>((getpid() * 7919 + absl::ToUnixNanos(absl::Now())) % 30000); }
 
 std::string Run(const std::string& cmd) {
   std::string out;
@@ -86,8 +84,7 @@ struct Result {
 };
 
 // `count` experiences of `bytes` each over `producers` streams, `batch` per message.
-Result Ingest(const std::string& address, int count, size_t bytes, int batch, int producers,
-              const std::string& tag) {
+Result Ingest(const std::string& address, int count, size_t bytes, int batch, int producers, const std::string& tag) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(64 << 20);
   args.SetMaxReceiveMessageSize(64 << 20);
@@ -147,8 +144,8 @@ Result Ingest(const std::string& address, int count, size_t bytes, int batch, in
 }
 
 double RedisSetPerSecond(int port, size_t bytes, int n) {
-  const std::string out = Run(absl::StrCat("redis-benchmark -h 127.0.0.1 -p ", port, " -t set -P 16 -d ", bytes,
-                                           " -n ", n, " -q 2>/dev/null"));
+  const std::string out = Run(
+      absl::StrCat("redis-benchmark -h 127.0.0.1 -p ", port, " -t set -P 16 -d ", bytes, " -n ", n, " -q 2>/dev/null"));
   // "SET: 123456.79 requests per second, p50=..."; the last report wins.
   double rps = 0;
   for (absl::string_view line : absl::StrSplit(out, absl::ByAnyChar("\r\n"))) {
@@ -178,13 +175,14 @@ int Main(const std::string& self) {
   char dir[] = "/tmp/buffer_ingest_XXXXXX";
   if (mkdtemp(dir) == nullptr) Die("mkdtemp");
   Subprocess redis;
-  if (!redis.Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", absl::StrCat(port), "--dir", dir,
-                    "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--loglevel", "warning"})
+  if (!redis
+           .Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", absl::StrCat(port), "--dir", dir, "--save",
+                   "", "--appendonly", "yes", "--appendfsync", "everysec", "--loglevel", "warning"})
            .ok()) {
     Die("cannot start redis-server");
   }
-  for (int i = 0; i < 100 && Run(absl::StrCat("redis-cli -p ", port, " ping 2>/dev/null")).find("PONG") ==
-                                 std::string::npos;
+  for (int i = 0;
+       i < 100 && Run(absl::StrCat("redis-cli -p ", port, " ping 2>/dev/null")).find("PONG") == std::string::npos;
        ++i) {
     absl::SleepFor(absl::Milliseconds(100));
   }
@@ -194,9 +192,9 @@ int Main(const std::string& self) {
   // same thing.
   auto start_buffer = [&](Subprocess& buffer, int round) {
     Run(absl::StrCat("redis-cli -p ", port, " flushall >/dev/null 2>&1"));
-    auto address = testing::StartService(buffer, buffer_bin,
-                                         {absl::StrCat("--store=redis://127.0.0.1:", port, "/bench", round, ":"),
-                                          "--max_message_bytes=67108864"});
+    auto address = testing::StartService(
+        buffer, buffer_bin,
+        {absl::StrCat("--store=redis://127.0.0.1:", port, "/bench", round, ":"), "--max_message_bytes=67108864"});
     if (!address.ok()) Die("buffer: " + address.status().ToString());
     auto stub = v1::BufferService::NewStub(grpc::CreateChannel(*address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext c;
@@ -226,13 +224,13 @@ int Main(const std::string& self) {
     Round r;
     // The reference before and after ours (an emptier server is faster); the larger counts.
     const double before = RedisSetPerSecond(port, 1024, 200000);
-    std::cerr << "round " << round + 1 << "/" << rounds << ": ingesting " << small << " x 1 KiB over "
-              << producers << " streams..." << std::endl;
+    std::cerr << "round " << round + 1 << "/" << rounds << ": ingesting " << small << " x 1 KiB over " << producers
+              << " streams..." << std::endl;
     r.ingest = Ingest(address, small, 1024, absl::GetFlag(FLAGS_batch), producers, absl::StrCat("s", round));
     r.set_per_second = std::max(before, RedisSetPerSecond(port, 1024, 200000));
     r.ratio = r.set_per_second > 0 ? r.ingest.accepted / r.ingest.seconds / r.set_per_second : 0;
-    std::cerr << absl::StrFormat("  %.0f experiences/s, SET -P 16 %.0f/s, ratio %.3f", r.ingest.accepted / r.ingest.seconds,
-                                 r.set_per_second, r.ratio)
+    std::cerr << absl::StrFormat("  %.0f experiences/s, SET -P 16 %.0f/s, ratio %.3f",
+                                 r.ingest.accepted / r.ingest.seconds, r.set_per_second, r.ratio)
               << std::endl;
     stop_buffer(buffer);
     small_rounds.push_back(r);
@@ -268,10 +266,12 @@ int Main(const std::string& self) {
     out << absl::StrFormat("| %d | 1 KiB | %d | %.2f | %.0f | %.1f | %.0f | %.3f |\n", i + 1, r.ingest.accepted,
                            r.ingest.seconds, eps, eps * 1024 / 1e6, r.set_per_second, r.ratio);
   }
-  out << absl::StrFormat("\n| experiences | accepted | seconds | experiences/s | MB/s | reference |\n|---|---:|---:|---:|---:|---|\n"
-                         "| 1 MiB | %d | %.2f | %.1f | %.1f | SET -P 16 -d 1048576: %.1f/s (%.1f MB/s); memcpy %.1f GB/s |\n",
-                         s2.accepted, s2.seconds, s2.accepted / s2.seconds, large_mbps, set_large,
-                         set_large * 1.048576, memcpy_gbps)
+  out << absl::StrFormat(
+             "\n| experiences | accepted | seconds | experiences/s | MB/s | reference "
+             "|\n|---|---:|---:|---:|---:|---|\n"
+             "| 1 MiB | %d | %.2f | %.1f | %.1f | SET -P 16 -d 1048576: %.1f/s (%.1f MB/s); memcpy %.1f GB/s |\n",
+             s2.accepted, s2.seconds, s2.accepted / s2.seconds, large_mbps, set_large, set_large * 1.048576,
+             memcpy_gbps)
       << absl::StrFormat("\nbuffer_ingest_ratio_vs_redis_set=%.3f (median of %d rounds)\n", ratio, rounds);
   std::cout << "table written to " << absl::GetFlag(FLAGS_out) << "\n";
   for (const Round& r : small_rounds) {

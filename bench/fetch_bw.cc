@@ -15,12 +15,12 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
-#include "libs/common/checksum.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/ucx_perftest.h"
+#include "libs/common/checksum.h"
 #include "libs/transport/descriptor_fetcher.h"
 #include "libs/transport/ucx/ucx_transport.h"
 #include "tests/util/subprocess.h"
@@ -97,8 +97,8 @@ int Driver(const std::string& self) {
     const absl::Time freed = absl::Now();
     best_get = std::min(best_get, absl::ToDoubleSeconds(fetched - allocated));
     std::cout << absl::StrFormat(
-        "pull %d: connect %.1f ms, allocate %.1f ms, get %.1f ms (%.2f GB/s), copy out %.1f ms, deregister %.1f ms\n", r,
-        absl::ToDoubleMilliseconds(connected - s), absl::ToDoubleMilliseconds(allocated - connected),
+        "pull %d: connect %.1f ms, allocate %.1f ms, get %.1f ms (%.2f GB/s), copy out %.1f ms, deregister %.1f ms\n",
+        r, absl::ToDoubleMilliseconds(connected - s), absl::ToDoubleMilliseconds(allocated - connected),
         absl::ToDoubleMilliseconds(fetched - allocated), n / absl::ToDoubleSeconds(fetched - allocated) / 1e9,
         absl::ToDoubleMilliseconds(copied - fetched), absl::ToDoubleMilliseconds(freed - copied));
     // ...and the whole DescriptorFetcher::Fetch (into the string it returns, digest checked).
@@ -124,10 +124,10 @@ int Driver(const std::string& self) {
   (void)owner.Wait(absl::Seconds(10));
   const std::string tls = absl::GetFlag(FLAGS_tls).empty() ? "all" : absl::GetFlag(FLAGS_tls);
   auto ref = UcxPerftestGbps(absl::GetFlag(FLAGS_tls).empty() ? "all" : absl::GetFlag(FLAGS_tls), "ucp_get", n, 4);
-  std::cout << absl::StrFormat("best get %.2f GB/s, best Fetch %.2f GB/s, best Fetch into reused memory %.2f GB/s, "
-                               "ucx_perftest -t ucp_get (UCX_TLS=%s) %.2f GB/s\n",
-                               n / best_get / 1e9, n / best_fetch / 1e9, n / best_reused / 1e9, tls,
-                               ref.ok() ? *ref : 0.0);
+  std::cout << absl::StrFormat(
+      "best get %.2f GB/s, best Fetch %.2f GB/s, best Fetch into reused memory %.2f GB/s, "
+      "ucx_perftest -t ucp_get (UCX_TLS=%s) %.2f GB/s\n",
+      n / best_get / 1e9, n / best_fetch / 1e9, n / best_reused / 1e9, tls, ref.ok() ? *ref : 0.0);
   return 0;
 }
 

@@ -64,8 +64,9 @@ int main(int argc, char** argv) {
   configs[1] = {"b", {32, 256, 6, 8, 112, false}, 16, 96};
   std::ofstream out(absl::GetFlag(FLAGS_out));
   out << "# rollout_tokens: Policy::Generate (C++ libtorch) vs PyTorch eager, same model and algorithm\n\n"
-      << "device " << absl::GetFlag(FLAGS_device) << ", threads " << threads << ", best of " << absl::GetFlag(FLAGS_rounds) << " rounds x "
-      << absl::GetFlag(FLAGS_repeats) << " runs per side, the sides alternating by round\n\n"
+      << "device " << absl::GetFlag(FLAGS_device) << ", threads " << threads << ", best of "
+      << absl::GetFlag(FLAGS_rounds) << " rounds x " << absl::GetFlag(FLAGS_repeats)
+      << " runs per side, the sides alternating by round\n\n"
       << "| config | batch | ours (tokens/s) | eager (tokens/s) | ratio |\n|---|---:|---:|---:|---:|\n";
   double headline = 0;
   std::string eager_blas;
@@ -102,10 +103,10 @@ int main(int argc, char** argv) {
           ours = std::max(ours, batch * c.new_tokens / s);
         }
         if (absl::GetFlag(FLAGS_torch_script).empty()) continue;
-        const std::string cmd = absl::StrCat(
-            "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ", absl::GetFlag(FLAGS_torch_script), " ", weights, " ",
-            c.model.d_model, " ", c.model.n_layers, " ", c.model.n_heads, " ", c.model.vocab_size, " ", batch,
-            " ", c.prompt, " ", c.new_tokens, " ", threads, " ", absl::GetFlag(FLAGS_repeats));
+        const std::string cmd =
+            absl::StrCat("OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ", absl::GetFlag(FLAGS_torch_script), " ", weights,
+                         " ", c.model.d_model, " ", c.model.n_layers, " ", c.model.n_heads, " ", c.model.vocab_size,
+                         " ", batch, " ", c.prompt, " ", c.new_tokens, " ", threads, " ", absl::GetFlag(FLAGS_repeats));
         FILE* pipe = popen(cmd.c_str(), "r");
         std::string json;
         char buf[4096];
@@ -122,8 +123,8 @@ int main(int argc, char** argv) {
         }
       }
       const double ratio = eager > 0 ? ours / eager : 0;
-      std::cerr << absl::StrFormat("config %s batch %2d: ours %8.0f tok/s  eager %8.0f tok/s  ratio %.2f\n",
-                                   c.name, batch, ours, eager, ratio);
+      std::cerr << absl::StrFormat("config %s batch %2d: ours %8.0f tok/s  eager %8.0f tok/s  ratio %.2f\n", c.name,
+                                   batch, ours, eager, ratio);
       out << absl::StrFormat("| %s | %d | %.0f | %.0f | %.2f |\n", c.name, batch, ours, eager, ratio);
       if (c.name == std::string("a") && batch == 32) headline = ratio;
     }

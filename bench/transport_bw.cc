@@ -32,8 +32,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "libs/transport/ucx/ucx_transport.h"
 #include "bench/ucx_perftest.h"
+#include "libs/transport/ucx/ucx_transport.h"
 #include "tests/util/subprocess.h"
 
 ABSL_FLAG(std::string, role, "client", "client (runs everything) or server (spawned by it).");
@@ -121,9 +121,7 @@ struct Point {
   double ref_gbps = 0;
 };
 
-std::string TlsFor(const std::string& transport) {
-  return transport == "tcp" ? "tcp" : "posix,cma,self";
-}
+std::string TlsFor(const std::string& transport) { return transport == "tcp" ? "tcp" : "posix,cma,self"; }
 
 class ServerProcess {
  public:
@@ -133,15 +131,15 @@ class ServerProcess {
     if (!descriptor_.ParseFromString(absl::HexStringToBytes(Field("DESC ")))) Die("bad descriptor");
   }
   std::string Field(const std::string& prefix) {
-    auto line = process_.WaitForLine([&](const std::string& l) { return absl::StartsWith(l, prefix); },
-                                     absl::Seconds(60));
+    auto line =
+        process_.WaitForLine([&](const std::string& l) { return absl::StartsWith(l, prefix); }, absl::Seconds(60));
     if (!line.ok()) Die(line.status().ToString());
     return line->substr(prefix.size());
   }
   void Command(const std::string& command) {
     if (!process_.WriteLine(command).ok()) Die("server died");
-    auto line = process_.WaitForLine(
-        [](const std::string& l) { return l == "OK" || absl::StartsWith(l, "ERR"); }, kTimeout);
+    auto line =
+        process_.WaitForLine([](const std::string& l) { return l == "OK" || absl::StartsWith(l, "ERR"); }, kTimeout);
     if (!line.ok() || *line != "OK") Die(absl::StrCat("server: ", line.ok() ? *line : line.status().ToString()));
   }
   void Send(const std::string& command) {
@@ -230,8 +228,7 @@ int Client(const std::string& self) {
     MemoryHandle h = *allocated;
     std::memset(h.base, 2, kBufferBytes);
     for (absl::string_view primitive : absl::StrSplit(absl::GetFlag(FLAGS_primitives), ',')) {
-      for (uint64_t size = 64 << 10; size <= static_cast<uint64_t>(absl::GetFlag(FLAGS_max_size));
-           size *= 4) {
+      for (uint64_t size = 64 << 10; size <= static_cast<uint64_t>(absl::GetFlag(FLAGS_max_size)); size *= 4) {
         Point p{std::string(transport), std::string(primitive), size};
         for (int r = 0; r < repeats; ++r) {
           p.ours_gbps = std::max(p.ours_gbps, MeasureOurs(**t, server, *peer, h, p.primitive, size));
@@ -256,8 +253,8 @@ int Client(const std::string& self) {
       << "|---|---|---:|---:|---:|---:|\n";
   for (const Point& p : points) {
     const double ratio = p.ref_gbps > 0 ? p.ours_gbps / p.ref_gbps : 0;
-    out << absl::StrFormat("| %s | %s | %d | %.3f | %.3f | %.3f |\n", p.transport, p.primitive,
-                           p.size, p.ours_gbps, p.ref_gbps, ratio);
+    out << absl::StrFormat("| %s | %s | %d | %.3f | %.3f | %.3f |\n", p.transport, p.primitive, p.size, p.ours_gbps,
+                           p.ref_gbps, ratio);
     if (p.size >= (1u << 20)) min_ratio = std::min(min_ratio, ratio);
   }
   out << "\ntransport_ratio_vs_ucx_perftest=" << absl::StrFormat("%.3f", min_ratio)

@@ -3,9 +3,9 @@
 #ifndef RLFLEET_BENCH_UCX_PERFTEST_H_
 #define RLFLEET_BENCH_UCX_PERFTEST_H_
 
-#include <atomic>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -30,8 +30,8 @@ inline absl::StatusOr<double> UcxPerftestGbps(const std::string& tls, const std:
   const std::string server = absl::StrCat(env, "ucx_perftest -p ", port, " >/dev/null 2>&1 &");
   if (std::system(server.c_str()) != 0) return absl::InternalError("cannot start the ucx_perftest server");
   absl::SleepFor(absl::Milliseconds(300));  // the server has no readiness signal to await
-  const std::string client = absl::StrCat(env, "timeout 300 ucx_perftest 127.0.0.1 -p ", port, " -t ", test,
-                                          " -s ", size, " -n ", iterations, " 2>&1");
+  const std::string client = absl::StrCat(env, "timeout 300 ucx_perftest 127.0.0.1 -p ", port, " -t ", test, " -s ",
+                                          size, " -n ", iterations, " 2>&1");
   FILE* pipe = popen(client.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError("popen ucx_perftest failed");
   char buf[4096];

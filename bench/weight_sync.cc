@@ -37,11 +37,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/ucx_perftest.h"
 #include "libs/reshard/executor.h"
 #include "libs/reshard/plan.h"
 #include "libs/reshard/tests/shards.h"
 #include "libs/transport/ucx/ucx_transport.h"
-#include "bench/ucx_perftest.h"
 #include "tests/util/subprocess.h"
 
 ABSL_FLAG(std::string, role, "driver", "driver (runs everything) or rank (spawned by it).");
@@ -125,9 +125,9 @@ int Rank() {
   std::cout << "ADDR " << absl::BytesToHexString((*t)->LocalAddress()) << std::endl;
 
   // PEERS <trainer0> <trainer1> <replica0.tp0> <replica0.tp1> ...
-  std::vector<PeerId> trainers;                 // as a destination
-  PeerId relay_from = 0, forward_to = 0;        // as a destination in a chain
-  std::vector<std::vector<PeerId>> replicas;    // as a source: [replica][tp]
+  std::vector<PeerId> trainers;               // as a destination
+  PeerId relay_from = 0, forward_to = 0;      // as a destination in a chain
+  std::vector<std::vector<PeerId>> replicas;  // as a source: [replica][tp]
   const bool relay = absl::GetFlag(FLAGS_relay);
   const int replica = absl::GetFlag(FLAGS_replica);
   ExecutorOptions exec;
@@ -236,14 +236,16 @@ struct Row {
 Row Measure(const std::string& self, const Plan& plan, int R) {
   std::vector<std::unique_ptr<rlfleet::testing::Subprocess>> ranks;
   const std::string tls = absl::GetFlag(FLAGS_tls);
-  const std::vector<std::string> common = {
-      "--role=rank", "--tls=" + tls, absl::StrCat("--model_mib=", absl::GetFlag(FLAGS_model_mib)),
-      absl::StrCat("--chunk_mib=", absl::GetFlag(FLAGS_chunk_mib)), absl::StrCat("--num_replicas=", R),
-      absl::StrCat("--columns=", absl::GetFlag(FLAGS_columns)),
-      absl::StrCat("--digests=", absl::GetFlag(FLAGS_digests)),
-      absl::StrCat("--mapped=", absl::GetFlag(FLAGS_mapped)),
-      absl::StrCat("--verify_on_arrival=", absl::GetFlag(FLAGS_verify_on_arrival)),
-      absl::StrCat("--relay=", absl::GetFlag(FLAGS_relay))};
+  const std::vector<std::string> common = {"--role=rank",
+                                           "--tls=" + tls,
+                                           absl::StrCat("--model_mib=", absl::GetFlag(FLAGS_model_mib)),
+                                           absl::StrCat("--chunk_mib=", absl::GetFlag(FLAGS_chunk_mib)),
+                                           absl::StrCat("--num_replicas=", R),
+                                           absl::StrCat("--columns=", absl::GetFlag(FLAGS_columns)),
+                                           absl::StrCat("--digests=", absl::GetFlag(FLAGS_digests)),
+                                           absl::StrCat("--mapped=", absl::GetFlag(FLAGS_mapped)),
+                                           absl::StrCat("--verify_on_arrival=", absl::GetFlag(FLAGS_verify_on_arrival)),
+                                           absl::StrCat("--relay=", absl::GetFlag(FLAGS_relay))};
   auto start = [&](std::vector<std::string> extra) {
     std::vector<std::string> argv = {self};
     argv.insert(argv.end(), common.begin(), common.end());
@@ -289,8 +291,7 @@ Row Measure(const std::string& self, const Plan& plan, int R) {
         std::vector<std::string> per_replica = absl::StrSplit(f[2], ';');
         for (int r = 0; r < R; ++r) {
           // Relayed replicas hold the same bytes as replica 0: the same shares check them.
-          std::vector<std::string> shares =
-              absl::StrSplit(per_replica[absl::GetFlag(FLAGS_relay) ? 0 : r], ',');
+          std::vector<std::string> shares = absl::StrSplit(per_replica[absl::GetFlag(FLAGS_relay) ? 0 : r], ',');
           for (int j = 0; j < kTp; ++j) {
             uint64_t v = 0;
             (void)absl::SimpleAtoi(shares[j], &v);
@@ -335,8 +336,8 @@ int Driver(const std::string& self) {
     rows.push_back(Measure(self, plan, R));
     const Row& row = rows.back();
     std::cerr << absl::StrFormat("R=%d  %.3f s  %.3f GB/s  moved/needed %.2f  egress %.2fx  verified %s\n",
-                                 row.replicas, row.seconds, row.gbps, row.moved_over_needed,
-                                 row.egress_multiple, row.verified ? "yes" : "NO");
+                                 row.replicas, row.seconds, row.gbps, row.moved_over_needed, row.egress_multiple,
+                                 row.verified ? "yes" : "NO");
   }
   // The reference moves the same bytes as one sync (a replica's model, far beyond the
   // caches); at the chunk size its buffers stay cache-resident (this VM reports a 256 MiB
@@ -358,41 +359,43 @@ int Driver(const std::string& self) {
   std::ofstream out(absl::GetFlag(FLAGS_out));
   out << "# weight_sync: 2 trainer ranks (FSDP) -> R replicas (TP 2) over UCX\n\n"
       << "Model " << absl::GetFlag(FLAGS_model_mib) << " MiB bf16 (2048x2048 matrices split by rows "
-      << "and columns alternately, replicated norms), UCX_TLS=" << tls << ", chunk "
-      << absl::GetFlag(FLAGS_chunk_mib) << " MiB, median of " << absl::GetFlag(FLAGS_repeats)
+      << "and columns alternately, replicated norms), UCX_TLS=" << tls << ", chunk " << absl::GetFlag(FLAGS_chunk_mib)
+      << " MiB, median of " << absl::GetFlag(FLAGS_repeats)
       << " after a warm-up; every destination verified by digest and byte for byte. "
-      << (absl::GetFlag(FLAGS_mapped)
-             ? "Mapped path: every sender stores into the destination's shared-memory shard "
-               "(UCX posix segment, ucp_rkey_ptr), digest share in the same pass, one small "
-               "tagged notice per round. "
-             : "Tagged-message path (UCX rendezvous) for every pair. ")
+      << (absl::GetFlag(FLAGS_mapped) ? "Mapped path: every sender stores into the destination's shared-memory shard "
+                                        "(UCX posix segment, ucp_rkey_ptr), digest share in the same pass, one small "
+                                        "tagged notice per round. "
+                                      : "Tagged-message path (UCX rendezvous) for every pair. ")
       << "Sources' digest shares: " << (absl::GetFlag(FLAGS_digests) ? "on" : "off") << "; destinations "
       << (absl::GetFlag(FLAGS_verify_on_arrival) ? "digest each round as it arrives (inside the timed sync); "
                                                  : "digest only after the sync (untimed); ")
       << "the last column is what a separate digest pass after the sync takes. "
       << (absl::GetFlag(FLAGS_relay)
-             ? "Replicas relay in a chain: the trainers feed replica 0, each replica forwards "
-               "every message to the next as soon as it arrived.\n\n"
-             : "Each replica is fed directly by the trainer ranks (trainer egress = R x shard).\n\n")
-      << "| R | moved / needed | trainer egress (x shard) | seconds | GB/s | destination digest check (s, after) | verified |\n"
+              ? "Replicas relay in a chain: the trainers feed replica 0, each replica forwards "
+                "every message to the next as soon as it arrived.\n\n"
+              : "Each replica is fed directly by the trainer ranks (trainer egress = R x shard).\n\n")
+      << "| R | moved / needed | trainer egress (x shard) | seconds | GB/s | destination digest check (s, after) | "
+         "verified |\n"
       << "|---:|---:|---:|---:|---:|---:|---|\n";
   for (const Row& row : rows) {
-    out << absl::StrFormat("| %d | %.2f | %.2f | %.3f | %.3f | %.3f | %s |\n", row.replicas,
-                           row.moved_over_needed, row.egress_multiple, row.seconds, row.gbps, row.verify_seconds,
-                           row.verified ? "yes" : "NO");
+    out << absl::StrFormat("| %d | %.2f | %.2f | %.3f | %.3f | %.3f | %s |\n", row.replicas, row.moved_over_needed,
+                           row.egress_multiple, row.seconds, row.gbps, row.verify_seconds, row.verified ? "yes" : "NO");
   }
-  out << absl::StrFormat("\nucx_perftest -t ucp_put_bw -s %d (one sync's bytes, same UCX_TLS): %.3f GB/s "
-                         "(the reference)\n", sync_bytes, ref)
+  out << absl::StrFormat(
+             "\nucx_perftest -t ucp_put_bw -s %d (one sync's bytes, same UCX_TLS): %.3f GB/s "
+             "(the reference)\n",
+             sync_bytes, ref)
       << absl::StrFormat("ucx_perftest -t ucp_put_bw -s %d (the chunk size: cache-resident): %.3f GB/s\n", chunk,
                          ref_chunk)
-      << absl::StrFormat("two ucx_perftest pairs at once, -s %d each (as many senders as our R=1): %.3f GB/s "
-                         "together; R=1 / that = %.3f\n",
-                         sync_bytes / 2, ref_pairs, rows.empty() || ref_pairs <= 0 ? 0 : rows.front().gbps / ref_pairs);
+      << absl::StrFormat(
+             "two ucx_perftest pairs at once, -s %d each (as many senders as our R=1): %.3f GB/s "
+             "together; R=1 / that = %.3f\n",
+             sync_bytes / 2, ref_pairs, rows.empty() || ref_pairs <= 0 ? 0 : rows.front().gbps / ref_pairs);
   if (rows.size() > 1) {
-    out << absl::StrFormat("time(R=%d) / time(R=%d) = %.2f (one 2-core machine: every copy shares "
-                           "the same memory bandwidth)\n",
-                           rows.back().replicas, rows.front().replicas,
-                           rows.back().seconds / rows.front().seconds);
+    out << absl::StrFormat(
+        "time(R=%d) / time(R=%d) = %.2f (one 2-core machine: every copy shares "
+        "the same memory bandwidth)\n",
+        rows.back().replicas, rows.front().replicas, rows.back().seconds / rows.front().seconds);
   }
   out << absl::StrFormat("weight_sync_ratio_vs_ucx_perftest=%.3f\n", ratio);
   std::cout << "table written to " << absl::GetFlag(FLAGS_out) << "\n";

@@ -81,18 +81,18 @@ void FillParts(const Plan& plan, bool src, int rank, uint8_t* base, cudaStream_t
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
     const uint32_t elem = DTypeSize(parts[t].dtype);
     for (const Interval& iv : PartIntervals(plan.tensors[t], layout.splits[t], layout.ranks, rank)) {
-      cuda::LaunchFillPattern(base + parts[t].offset + iv.local * elem, iv.count, elem,
-                              static_cast<uint32_t>(t), iv.global, stream);
+      cuda::LaunchFillPattern(base + parts[t].offset + iv.local * elem, iv.count, elem, static_cast<uint32_t>(t),
+                              iv.global, stream);
     }
   }
 }
 
-#define CHILD_CHECK(cond, what)                                       \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::cerr << "rank " << rank << ": " << what << std::endl;      \
-      return 1;                                                       \
-    }                                                                 \
+#define CHILD_CHECK(cond, what)                                  \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      std::cerr << "rank " << rank << ": " << what << std::endl; \
+      return 1;                                                  \
+    }                                                            \
   } while (0)
 
 // One GPU's process. Reports lines "time <rep> <seconds>", "share <d> <value>",
@@ -107,8 +107,7 @@ int Child(const Plan& plan, const std::vector<std::array<int, 2>>& pipes, int ra
     CHILD_CHECK(made.ok(), made.status());
     id = *made;
     for (int r = 1; r < D + T; ++r) {
-      CHILD_CHECK(write(pipes[r][1], id.data(), id.size()) == static_cast<ssize_t>(id.size()),
-                  "writing the NCCL id");
+      CHILD_CHECK(write(pipes[r][1], id.data(), id.size()) == static_cast<ssize_t>(id.size()), "writing the NCCL id");
     }
   } else {
     char buf[4096];
@@ -182,8 +181,7 @@ int Child(const Plan& plan, const std::vector<std::array<int, 2>>& pipes, int ra
       raw.digest_shares.assign(T, 0);
       stats = raw;
     } else {
-      stats = Execute(nccl, plan, is_src ? &source : nullptr, is_src ? nullptr : &destination,
-                      **ops, exec);
+      stats = Execute(nccl, plan, is_src ? &source : nullptr, is_src ? nullptr : &destination, **ops, exec);
     }
     CHILD_CHECK(stats.ok(), stats.status());
     if (rep > 0) std::fprintf(report, "time %d %.9f\n", rep, absl::ToDoubleSeconds(stats->elapsed));
@@ -211,11 +209,10 @@ int Child(const Plan& plan, const std::vector<std::array<int, 2>>& pipes, int ra
         void* f32 = nullptr;
         cudaMalloc(&f32, part.elements * 4);
         for (const Interval& iv : PartIntervals(plan.tensors[t], plan.dst.splits[t], T, my)) {
-          cuda::LaunchFillPattern(static_cast<uint8_t*>(f32) + iv.local * 4, iv.count, 4,
-                                  static_cast<uint32_t>(t), iv.global, stream);
+          cuda::LaunchFillPattern(static_cast<uint8_t*>(f32) + iv.local * 4, iv.count, 4, static_cast<uint32_t>(t),
+                                  iv.global, stream);
         }
-        cuda::LaunchCastF32ToBf16(static_cast<uint8_t*>(expected) + part.offset, f32,
-                                  part.elements, stream);
+        cuda::LaunchCastF32ToBf16(static_cast<uint8_t*>(expected) + part.offset, f32, part.elements, stream);
         cudaStreamSynchronize(stream);
         cudaFree(f32);
       }
@@ -292,24 +289,22 @@ int Main() {
   for (int d = 0; d < T && !absl::GetFlag(FLAGS_raw); ++d) {
     const bool digest_ok = !absl::GetFlag(FLAGS_digests) || want[d] == got[d];
     if (bad[d] != 0 || !digest_ok) {
-      std::fprintf(stderr, "destination %d: %llu bytes differ from the expected pattern; digest %s\n",
-                   d, static_cast<unsigned long long>(bad[d]), digest_ok ? "ok" : "MISMATCH");
+      std::fprintf(stderr, "destination %d: %llu bytes differ from the expected pattern; digest %s\n", d,
+                   static_cast<unsigned long long>(bad[d]), digest_ok ? "ok" : "MISMATCH");
     }
     verified &= bad[d] == 0 && digest_ok;
   }
   const double gbps = median > 0 ? needed / median / 1e9 : 0;
-  std::printf("weight_sync_nccl%s D=%d T=%d %s%s bytes_needed=%llu bytes_moved=%llu median_s=%.6f "
-              "GBps=%.2f verified=%s\n",
-              absl::GetFlag(FLAGS_raw) ? " raw" : "", D, T, absl::GetFlag(FLAGS_dst_split).c_str(),
-              absl::GetFlag(FLAGS_cast) ? " cast" : "",
-              static_cast<unsigned long long>(needed),
-              static_cast<unsigned long long>(plan->BytesMoved()), median, gbps,
-              verified ? "yes" : "NO");
+  std::printf(
+      "weight_sync_nccl%s D=%d T=%d %s%s bytes_needed=%llu bytes_moved=%llu median_s=%.6f "
+      "GBps=%.2f verified=%s\n",
+      absl::GetFlag(FLAGS_raw) ? " raw" : "", D, T, absl::GetFlag(FLAGS_dst_split).c_str(),
+      absl::GetFlag(FLAGS_cast) ? " cast" : "", static_cast<unsigned long long>(needed),
+      static_cast<unsigned long long>(plan->BytesMoved()), median, gbps, verified ? "yes" : "NO");
   if (!absl::GetFlag(FLAGS_json).empty()) {
     std::ofstream json(absl::GetFlag(FLAGS_json));
-    json << "{\"D\": " << D << ", \"T\": " << T << ", \"bytes_needed\": " << needed
-         << ", \"median_s\": " << median << ", \"GBps\": " << gbps
-         << ", \"verified\": " << (verified ? "true" : "false") << ", \"pairs\": [";
+    json << "{\"D\": " << D << ", \"T\": " << T << ", \"bytes_needed\": " << needed << ", \"median_s\": " << median
+         << ", \"GBps\": " << gbps << ", \"verified\": " << (verified ? "true" : "false") << ", \"pairs\": [";
     bool first = true;
     for (int s = 0; s < D; ++s) {
       for (int d = 0; d < T; ++d) {

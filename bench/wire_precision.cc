@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   out << "# wire_precision: the policy's weights through bf16 / fp16\n\n"
       << "d_model 128, 4 layers, vocab 32, random init (std 0.02 weights); " << prompts.size()
       << " random 16-token prompts, next-token distributions at every position.\n\n"
-      << "| weights | max abs logit difference | logit std (fp32) | mean KL(fp32 || rounded), nats | greedy token unchanged |\n"
+      << "| weights | max abs logit difference | logit std (fp32) | mean KL(fp32 || rounded), nats | greedy token "
+         "unchanged |\n"
       << "|---|---:|---:|---:|---:|\n";
   double mean = 0, var = 0;
   for (float v : want) mean += v / want.size();

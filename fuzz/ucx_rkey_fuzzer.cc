@@ -69,8 +69,7 @@ World* Make() {
   // (RLFLEET_FUZZ_SEED=FILE: write the real key as an input of the second kind, the
   // seed fuzz/corpus/ucx_rkey/real_tcp_key was made this way)
   if (const char* seed = std::getenv("RLFLEET_FUZZ_SEED")) {
-    std::ofstream(seed, std::ios::binary)
-        << '\0' << w->segment.packed_rkey().substr(rlfleet::transport::kRkeyHeader);
+    std::ofstream(seed, std::ios::binary) << '\0' << w->segment.packed_rkey().substr(rlfleet::transport::kRkeyHeader);
   }
   return w;
 }

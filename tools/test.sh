@@ -76,6 +76,7 @@ fi
 #                   service's RSS and open fds flat after a minute's warm-up
 #   cmake-sources   the CMake lists built outside Bazel (bench/gpu) against the Bazel
 #                   targets they mirror (tools/check_cmake_sources.sh)
+#   format          every C++ file formatted as .clang-format says (tools/check_format.sh)
 #   layers          every package declares its layer (tools/layers.bzl) and Bazel refuses
 #                   a library reaching up or into a service (tools/check_layers.sh)
 #   tsan            the libraries' unit tests under ThreadSanitizer against an absl
@@ -97,6 +98,7 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   extra fuzz-sources bash tools/check_fuzz_sources.sh
   extra cmake-sources bash tools/check_cmake_sources.sh
   extra layers bash tools/check_layers.sh
+  extra format bash tools/check_format.sh
   FUZZ_OUT_LOG=$(bash tools/fuzz.sh --ci 2000 2>&1)
   FUZZ_RC=$?
   echo "$FUZZ_OUT_LOG" | grep -E ' execs=[0-9]+ crashes=[0-9]+$'

@@ -25,8 +25,7 @@ class Clock {
 // blocking, so code under test that backs off or waits runs instantly. Thread-safe.
 class FakeClock : public Clock {
  public:
-  explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 56))
-      : now_(start) {}
+  explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 56)) : now_(start) {}
 
   absl::Time Now() override;
   void SleepFor(absl::Duration d) override;

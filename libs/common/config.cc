@@ -15,8 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
-ABSL_FLAG(std::string, config, "",
-          "Path of a config file of `flag = value` lines; command-line flags override it.");
+ABSL_FLAG(std::string, config, "", "Path of a config file of `flag = value` lines; command-line flags override it.");
 
 namespace rlfleet::common {
 namespace {
@@ -34,8 +33,7 @@ absl::string_view StripComment(absl::string_view line) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text,
-                                                         absl::string_view origin) {
+absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text, absl::string_view origin) {
   std::vector<ConfigEntry> entries;
   absl::flat_hash_set<std::string> seen;
   int line_no = 0;
@@ -59,8 +57,7 @@ absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text,
       return absl::InvalidArgumentError(absl::StrCat(origin, ":", line_no, ": empty name"));
     }
     if (!seen.insert(entry.key).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(origin, ":", line_no, ": `", entry.key, "` is set twice"));
+      return absl::InvalidArgumentError(absl::StrCat(origin, ":", line_no, ": `", entry.key, "` is set twice"));
     }
     entries.push_back(std::move(entry));
   }
@@ -75,25 +72,22 @@ absl::StatusOr<std::vector<ConfigEntry>> ReadConfigFile(const std::string& path)
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   if (text.size() > kMaxConfigFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("config file ", path, " is larger than ",
-                                                   kMaxConfigFileBytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config file ", path, " is larger than ", kMaxConfigFileBytes, " bytes"));
   }
   return ParseConfigText(text, path);
 }
 
-absl::Status ApplyConfigToFlags(const std::vector<ConfigEntry>& entries,
-                                absl::string_view origin) {
+absl::Status ApplyConfigToFlags(const std::vector<ConfigEntry>& entries, absl::string_view origin) {
   for (const ConfigEntry& entry : entries) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(entry.key);
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(origin, ":", entry.line, ": unknown flag `", entry.key, "`"));
+      return absl::InvalidArgumentError(absl::StrCat(origin, ":", entry.line, ": unknown flag `", entry.key, "`"));
     }
     std::string error;
     if (!flag->ParseFrom(entry.value, &error)) {
-      return absl::InvalidArgumentError(absl::StrCat(origin, ":", entry.line, ": bad value `",
-                                                     entry.value, "` for `", entry.key,
-                                                     "`: ", error));
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ":", entry.line, ": bad value `", entry.value, "` for `", entry.key, "`: ", error));
     }
   }
   return absl::OkStatus();
@@ -113,8 +107,7 @@ std::vector<std::string> ParseFlagsWithConfig(int argc, char** argv, absl::strin
   }
   if (!config_path.empty()) {
     absl::StatusOr<std::vector<ConfigEntry>> entries = ReadConfigFile(config_path);
-    absl::Status status =
-        entries.ok() ? ApplyConfigToFlags(*entries, config_path) : entries.status();
+    absl::Status status = entries.ok() ? ApplyConfigToFlags(*entries, config_path) : entries.status();
     if (!status.ok()) {
       std::cerr << argv[0] << ": " << status.message() << "\n";
       std::exit(2);

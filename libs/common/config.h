@@ -38,8 +38,7 @@ struct ConfigEntry {
 
 // Parses config text. `origin` names the source in errors ("file.conf:3: ...").
 // INVALID_ARGUMENT for a line without '=', an empty key or a key given twice.
-absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text,
-                                                         absl::string_view origin);
+absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text, absl::string_view origin);
 
 // Reads and parses a config file. NOT_FOUND if it cannot be opened, INVALID_ARGUMENT if
 // it is larger than kMaxConfigFileBytes or malformed.
@@ -47,8 +46,7 @@ absl::StatusOr<std::vector<ConfigEntry>> ReadConfigFile(const std::string& path)
 
 // Sets each entry's absl flag. INVALID_ARGUMENT naming origin:line for an unknown flag
 // or a value the flag cannot parse. Entries before a failing one stay applied.
-absl::Status ApplyConfigToFlags(const std::vector<ConfigEntry>& entries,
-                                absl::string_view origin);
+absl::Status ApplyConfigToFlags(const std::vector<ConfigEntry>& entries, absl::string_view origin);
 
 // Parses the command line the way every rlfleet binary does: finds --config=PATH (or
 // `--config PATH`), applies that file, then parses argv so command-line flags win.

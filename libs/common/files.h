@@ -32,8 +32,7 @@ absl::Status ValidatePathId(absl::string_view field, absl::string_view id);
 // INVALID_ARGUMENT naming `field` when the root is empty (the service was started
 // without one: the feature is off) or the path leads outside it; the message never
 // echoes file contents.
-absl::StatusOr<std::filesystem::path> ResolveUnderRoot(absl::string_view field,
-                                                       const std::filesystem::path& root,
+absl::StatusOr<std::filesystem::path> ResolveUnderRoot(absl::string_view field, const std::filesystem::path& root,
                                                        absl::string_view path);
 
 // A regular file open for reading: its descriptor (closed with the object) and the size
@@ -55,8 +54,7 @@ class RegularFile {
   absl::Status ReadAt(absl::string_view field, uint64_t offset, char* dst, uint64_t length) const;
 
  private:
-  friend absl::StatusOr<RegularFile> OpenRegularFile(absl::string_view, const std::filesystem::path&, uint64_t,
-                                                     bool);
+  friend absl::StatusOr<RegularFile> OpenRegularFile(absl::string_view, const std::filesystem::path&, uint64_t, bool);
   int fd_;
   uint64_t size_;
   std::string name_;  // the path, for messages

@@ -25,17 +25,16 @@ absl::Status ValidateId(absl::string_view field, absl::string_view id) {
     return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
   }
   if (id.size() > kMaxIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " is ", id.size(),
-                                                   " bytes; the limit is ", kMaxIdBytes));
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", id.size(), " bytes; the limit is ", kMaxIdBytes));
   }
   for (size_t i = 0; i < id.size(); ++i) {
     const char c = id[i];
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' || c == '-';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == ':' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s has an invalid character 0x%02x at byte %d (allowed: A-Z a-z 0-9 . _ : -)",
-          field, static_cast<unsigned char>(c), i));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s has an invalid character 0x%02x at byte %d (allowed: A-Z a-z 0-9 . _ : -)", field,
+                          static_cast<unsigned char>(c), i));
     }
   }
   return absl::OkStatus();

@@ -13,9 +13,9 @@
 
 // Evaluates `expr` (an absl::Status) once; returns it from the enclosing function if it
 // is not OK.
-#define RETURN_IF_ERROR(expr)                                      \
-  do {                                                             \
-    ::absl::Status rlfleet_status_ = (expr);                       \
+#define RETURN_IF_ERROR(expr)                                              \
+  do {                                                                     \
+    ::absl::Status rlfleet_status_ = (expr);                               \
     if (ABSL_PREDICT_FALSE(!rlfleet_status_.ok())) return rlfleet_status_; \
   } while (0)
 
@@ -25,8 +25,8 @@
 #define ASSIGN_OR_RETURN(lhs, expr) \
   RLFLEET_ASSIGN_OR_RETURN_IMPL_(RLFLEET_CONCAT_(rlfleet_statusor_, __LINE__), lhs, expr)
 
-#define RLFLEET_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)   \
-  auto statusor = (expr);                                     \
+#define RLFLEET_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)                    \
+  auto statusor = (expr);                                                      \
   if (ABSL_PREDICT_FALSE(!statusor.ok())) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

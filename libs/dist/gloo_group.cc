@@ -1,12 +1,12 @@
 // The one file of libs/dist that includes libtorch's c10d and Gloo.
 #include "libs/dist/gloo_group.h"
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <exception>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -37,8 +37,8 @@ Rendezvous::Rendezvous(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Rendezvous::~Rendezvous() = default;
 uint16_t Rendezvous::port() const { return impl_->store->getPort(); }
 
-absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Serve(const std::string& host, uint16_t port,
-                                                              int world_size, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Serve(const std::string& host, uint16_t port, int world_size,
+                                                              absl::Duration timeout) {
   try {
     c10d::TCPStoreOptions o;
     o.port = port;
@@ -75,8 +75,8 @@ class GlooGroup::Impl {
         work = group->allreduce(tensors, a);
       }
       if (!work->wait(Ms(options.timeout))) {
-        return absl::DeadlineExceededError(absl::StrCat(what, " did not finish within ",
-                                                        absl::FormatDuration(options.timeout)));
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, " did not finish within ", absl::FormatDuration(options.timeout)));
       }
       return absl::OkStatus();
     } catch (const std::exception& e) {
@@ -93,8 +93,8 @@ int GlooGroup::world_size() const { return impl_->options.world_size; }
 
 absl::StatusOr<std::unique_ptr<GlooGroup>> GlooGroup::Join(const GlooGroupOptions& options, Rendezvous* served) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " of world size ", options.world_size,
-                                                   ": want 0 <= rank < world_size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " of world size ", options.world_size, ": want 0 <= rank < world_size"));
   }
   if (options.rank == 0 && served == nullptr) {
     return absl::InvalidArgumentError("rank 0 serves the rendezvous: pass the Rendezvous it serves");
@@ -116,16 +116,16 @@ absl::StatusOr<std::unique_ptr<GlooGroup>> GlooGroup::Join(const GlooGroupOption
     gloo->threads = 1;
     impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank, options.world_size, gloo);
   } catch (const std::exception& e) {
-    return FromException(e, absl::StrCat("rank ", options.rank, " joining a group of ", options.world_size,
-                                         " at ", options.store_host, ":",
-                                         served ? served->port() : options.store_port));
+    return FromException(e, absl::StrCat("rank ", options.rank, " joining a group of ", options.world_size, " at ",
+                                         options.store_host, ":", served ? served->port() : options.store_port));
   }
   return std::unique_ptr<GlooGroup>(new GlooGroup(std::move(impl)));
 }
 
 absl::Status GlooGroup::AllReduceSum(float* data, size_t n) {
-  static metrics::Histogram* const seconds = metrics::Global().AddHistogram(
-      "rlfleet_dp_allreduce_seconds", "Gradient all-reduce time per call (data-parallel ranks).", {{"backend", "gloo"}});
+  static metrics::Histogram* const seconds =
+      metrics::Global().AddHistogram("rlfleet_dp_allreduce_seconds",
+                                     "Gradient all-reduce time per call (data-parallel ranks).", {{"backend", "gloo"}});
   static metrics::Counter* const bytes = metrics::Global().AddCounter(
       "rlfleet_dp_allreduce_bytes_total", "Bytes all-reduced (data-parallel ranks).", {{"backend", "gloo"}});
   const absl::Time start = absl::Now();

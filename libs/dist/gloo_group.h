@@ -20,9 +20,9 @@ namespace rlfleet::dist {
 struct GlooGroupOptions {
   int rank = 0;
   int world_size = 1;
-  std::string store_host = "127.0.0.1";  // where rank 0's Rendezvous listens
-  uint16_t store_port = 0;               // its port (ranks > 0)
-  std::string hostname = "127.0.0.1";    // this rank's address for Gloo's connections
+  std::string store_host = "127.0.0.1";        // where rank 0's Rendezvous listens
+  uint16_t store_port = 0;                     // its port (ranks > 0)
+  std::string hostname = "127.0.0.1";          // this rank's address for Gloo's connections
   absl::Duration timeout = absl::Seconds(60);  // rendezvous and every collective
 };
 
@@ -31,8 +31,8 @@ struct GlooGroupOptions {
 class Rendezvous {
  public:
   // port 0 picks a free one. UNAVAILABLE if it cannot listen.
-  static absl::StatusOr<std::unique_ptr<Rendezvous>> Serve(const std::string& host, uint16_t port,
-                                                           int world_size, absl::Duration timeout);
+  static absl::StatusOr<std::unique_ptr<Rendezvous>> Serve(const std::string& host, uint16_t port, int world_size,
+                                                           absl::Duration timeout);
   ~Rendezvous();
   uint16_t port() const;
 
@@ -49,8 +49,7 @@ class GlooGroup : public dist::GradientGroup {
   // Joins the group: rank 0 passes the Rendezvous it serves, the others connect to
   // options.store_host:store_port. Blocks until every rank has joined, up to the
   // timeout (DEADLINE_EXCEEDED). INVALID_ARGUMENT for a bad rank / world size.
-  static absl::StatusOr<std::unique_ptr<GlooGroup>> Join(const GlooGroupOptions& options,
-                                                          Rendezvous* served = nullptr);
+  static absl::StatusOr<std::unique_ptr<GlooGroup>> Join(const GlooGroupOptions& options, Rendezvous* served = nullptr);
   ~GlooGroup() override;
 
   int rank() const override;

@@ -12,8 +12,7 @@ LoopbackCluster::LoopbackCluster(int nodes, int ranks_per_node, transport::Fault
   std::vector<RankPlace> places;
   for (int r = 0; r < n; ++r) {
     intra_.push_back(transport::LoopbackTransport::Create());
-    inter_.push_back(std::make_unique<transport::FaultTransport>(transport::LoopbackTransport::Create(),
-                                                                 inter_node));
+    inter_.push_back(std::make_unique<transport::FaultTransport>(transport::LoopbackTransport::Create(), inter_node));
     places.push_back({r, absl::StrCat("node", r / ranks_per_node), 0, ""});
   }
   topology_ = *BuildTopology(places);

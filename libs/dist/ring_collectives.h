@@ -39,7 +39,7 @@ struct CollectiveOptions {
   // magnitudes up to 65504: a larger partial sum becomes inf (no loss scaling here).
   WirePrecision precision = WirePrecision::kFp32;
   absl::Duration timeout = absl::Seconds(30);  // per transfer
-  uint64_t tag = 1;  // distinguishes concurrent collectives between the same ranks
+  uint64_t tag = 1;                            // distinguishes concurrent collectives between the same ranks
 };
 
 // Sum of `data` over the ranks of `ring` (this rank among them), in ring order:

@@ -39,9 +39,8 @@ absl::StatusOr<Topology> BuildTopology(const std::vector<RankPlace>& places) {
     t.node_ranks[index[p->node]].push_back(p->rank);
   }
   for (std::vector<int>& ranks : t.node_ranks) {
-    std::sort(ranks.begin(), ranks.end(), [&](int a, int b) {
-      return std::tie(by_rank[a]->numa, a) < std::tie(by_rank[b]->numa, b);
-    });
+    std::sort(ranks.begin(), ranks.end(),
+              [&](int a, int b) { return std::tie(by_rank[a]->numa, a) < std::tie(by_rank[b]->numa, b); });
     t.leaders.push_back(ranks.front());
   }
   size_t widest = 0;

@@ -14,19 +14,19 @@
 
 #include "absl/status/statusor.h"
 #include "libs/dist/gloo_group.h"
+#include "libs/dist/gradient_group.h"
 #include "libs/dist/ring_collectives.h"
 #include "libs/dist/topology.h"
-#include "libs/dist/gradient_group.h"
 #include "libs/transport/transport.h"
 
 namespace rlfleet::dist {
 
 struct TransportGroupOptions {
-  std::string node;            // this rank's node (host) name; ranks with the same name share a node
-  bool hierarchical = true;    // hierarchical when the topology allows, else a flat ring
+  std::string node;          // this rank's node (host) name; ranks with the same name share a node
+  bool hierarchical = true;  // hierarchical when the topology allows, else a flat ring
   WirePrecision precision = WirePrecision::kFp32;
   absl::Duration timeout = absl::Seconds(60);  // per transfer
-  std::string ucx_tls;         // UCX_TLS for the data plane; empty: UCX's default
+  std::string ucx_tls;                         // UCX_TLS for the data plane; empty: UCX's default
   // UCX on the loopback interface only (every rank on this host); false for ranks on
   // several hosts.
   bool loopback_only = true;

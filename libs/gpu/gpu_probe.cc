@@ -6,14 +6,13 @@
 namespace rlfleet::gpu {
 
 std::string GpuInfo::ToString() const {
-  return absl::StrFormat(
-      "cuda runtime %d.%d, driver %d.%d, nccl %d, %d device(s)%s%s%s", cuda_runtime_version / 1000,
-      (cuda_runtime_version % 1000) / 10, cuda_driver_version / 1000,
-      (cuda_driver_version % 1000) / 10, nccl_version, device_count,
-      device_count > 0 ? absl::StrFormat(", device 0: %s sm_%d %.1f GiB", device_name,
-                                         compute_capability, total_memory_bytes / 1073741824.0)
-                       : "",
-      kernel_checked ? ", kernel ok" : "", nccl_checked ? ", nccl all-reduce ok" : "");
+  return absl::StrFormat("cuda runtime %d.%d, driver %d.%d, nccl %d, %d device(s)%s%s%s", cuda_runtime_version / 1000,
+                         (cuda_runtime_version % 1000) / 10, cuda_driver_version / 1000,
+                         (cuda_driver_version % 1000) / 10, nccl_version, device_count,
+                         device_count > 0 ? absl::StrFormat(", device 0: %s sm_%d %.1f GiB", device_name,
+                                                            compute_capability, total_memory_bytes / 1073741824.0)
+                                          : "",
+                         kernel_checked ? ", kernel ok" : "", nccl_checked ? ", nccl all-reduce ok" : "");
 }
 
 absl::StatusOr<GpuInfo> ProbeGpu(bool run_device_checks) {

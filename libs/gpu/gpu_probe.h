@@ -15,7 +15,7 @@ struct GpuInfo {
   int cuda_driver_version = 0;  // 0: no driver on this machine
   int nccl_version = 0;
   int device_count = 0;
-  std::string device_name;  // device 0
+  std::string device_name;     // device 0
   int compute_capability = 0;  // e.g. 90 for sm_90
   int64_t total_memory_bytes = 0;
   bool kernel_checked = false;

@@ -40,7 +40,8 @@ const Nvml& Library() {
     auto* n = new Nvml;
     void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
-      n->status = absl::UnavailableError(absl::StrCat("no NVIDIA driver (cannot load libnvidia-ml.so.1: ", dlerror(), ")"));
+      n->status =
+          absl::UnavailableError(absl::StrCat("no NVIDIA driver (cannot load libnvidia-ml.so.1: ", dlerror(), ")"));
       return n;
     }
     auto init = reinterpret_cast<nvmlReturn_t (*)()>(dlsym(lib, "nvmlInit_v2"));
@@ -111,8 +112,8 @@ int AddGpuMetrics(metrics::Registry& registry) {
         return s.ok() ? field(*s) : 0.0;
       };
     };
-    registry.AddCallbackGauge("rlfleet_gpu_utilization_ratio", "Fraction of NVML's sample period a kernel ran.",
-                              labels, read([](const GpuSample& s) { return s.utilization; }));
+    registry.AddCallbackGauge("rlfleet_gpu_utilization_ratio", "Fraction of NVML's sample period a kernel ran.", labels,
+                              read([](const GpuSample& s) { return s.utilization; }));
     registry.AddCallbackGauge("rlfleet_gpu_memory_used_bytes", "GPU memory in use (all processes).", labels,
                               read([](const GpuSample& s) { return static_cast<double>(s.memory_used); }));
     registry.AddCallbackGauge("rlfleet_gpu_memory_total_bytes", "GPU memory.", labels,

@@ -1,13 +1,13 @@
 // A tiny CUDA + NCCL probe: proves that nvcc (sm_90 + PTX) compiles and links in the
 // Bazel build and, on a GPU machine, that kernels and NCCL run.
-#include "libs/gpu/probe_kernels.h"
-
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <cstdio>
 #include <cstring>
 #include <vector>
+
+#include "libs/gpu/probe_kernels.h"
 
 namespace {
 
@@ -18,28 +18,25 @@ __global__ void AddKernel(const float* a, const float* b, float* c, int n) {
 
 }  // namespace
 
-#define PROBE_CUDA(call)                                                                 \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      snprintf(error, error_bytes, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(e_), \
-               __FILE__, __LINE__);                                                      \
-      return -1;                                                                         \
-    }                                                                                    \
+#define PROBE_CUDA(call)                                                                                        \
+  do {                                                                                                          \
+    cudaError_t e_ = (call);                                                                                    \
+    if (e_ != cudaSuccess) {                                                                                    \
+      snprintf(error, error_bytes, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      return -1;                                                                                                \
+    }                                                                                                           \
   } while (0)
 
-#define PROBE_NCCL(call)                                                                 \
-  do {                                                                                   \
-    ncclResult_t r_ = (call);                                                            \
-    if (r_ != ncclSuccess) {                                                             \
-      snprintf(error, error_bytes, "%s failed: %s (%s:%d)", #call, ncclGetErrorString(r_), \
-               __FILE__, __LINE__);                                                      \
-      return -1;                                                                         \
-    }                                                                                    \
+#define PROBE_NCCL(call)                                                                                        \
+  do {                                                                                                          \
+    ncclResult_t r_ = (call);                                                                                   \
+    if (r_ != ncclSuccess) {                                                                                    \
+      snprintf(error, error_bytes, "%s failed: %s (%s:%d)", #call, ncclGetErrorString(r_), __FILE__, __LINE__); \
+      return -1;                                                                                                \
+    }                                                                                                           \
   } while (0)
 
-extern "C" int RlfleetGpuProbe(RlfleetGpuProbeResult* out, int run_device_checks, char* error,
-                               int error_bytes) {
+extern "C" int RlfleetGpuProbe(RlfleetGpuProbeResult* out, int run_device_checks, char* error, int error_bytes) {
   memset(out, 0, sizeof(*out));
   PROBE_CUDA(cudaRuntimeGetVersion(&out->cuda_runtime_version));
   cudaDriverGetVersion(&out->cuda_driver_version);  // 0 without a driver: not an error

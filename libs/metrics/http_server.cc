@@ -5,13 +5,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
-#include <sys/time.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -38,8 +38,7 @@ bool HasControlBytes(absl::string_view s) {
 
 }  // namespace
 
-absl::StatusOr<std::optional<HttpRequestHead>> ParseHttpRequestHead(absl::string_view received,
-                                                                    size_t max_bytes) {
+absl::StatusOr<std::optional<HttpRequestHead>> ParseHttpRequestHead(absl::string_view received, size_t max_bytes) {
   const size_t end = received.substr(0, max_bytes).find("\r\n\r\n");
   if (end == absl::string_view::npos) {
     if (received.size() >= max_bytes) {
@@ -89,7 +88,7 @@ std::string HttpResponseFor(const absl::StatusOr<HttpRequestHead>& request, Regi
   std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
   if (!request.ok()) {
     status = request.status().code() == absl::StatusCode::kResourceExhausted ? "431 Request Header Fields Too Large"
-                                                                              : "400 Bad Request";
+                                                                             : "400 Bad Request";
     type = "text/plain; charset=utf-8";
     body = absl::StrCat(request.status().message(), "\n");
   } else if (request->method != "GET") {
@@ -104,13 +103,13 @@ std::string HttpResponseFor(const absl::StatusOr<HttpRequestHead>& request, Regi
     body = "not found: this server serves GET /metrics\n";
   }
   return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type, "\r\nContent-Length: ", body.size(),
-                      absl::StartsWith(status, "405") ? "\r\nAllow: GET" : "", "\r\nConnection: close\r\n\r\n",
-                      body);
+                      absl::StartsWith(status, "405") ? "\r\nAllow: GET" : "", "\r\nConnection: close\r\n\r\n", body);
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host, int port,
                                                                     Registry* registry) {
-  if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("metrics port ", port, " is out of range"));
+  if (port < 0 || port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("metrics port ", port, " is out of range"));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -243,8 +242,9 @@ void MetricsServer::Loop() {
       const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) break;
       if (connections.size() >= static_cast<size_t>(kMaxConnections)) {
-        auto oldest = std::min_element(connections.begin(), connections.end(),
-                                       [](const Connection& a, const Connection& b) { return a.deadline < b.deadline; });
+        auto oldest =
+            std::min_element(connections.begin(), connections.end(),
+                             [](const Connection& a, const Connection& b) { return a.deadline < b.deadline; });
         close(oldest->fd);
         connections.erase(oldest);
       }
@@ -303,8 +303,8 @@ absl::StatusOr<std::string> FetchMetrics(const std::string& host, int port, absl
   absl::StatusOr<HttpResponse> r = HttpGet(host, port, "/metrics", timeout);
   if (!r.ok()) return r.status();
   if (r->status != 200) {
-    return absl::InternalError(absl::StrCat("GET http://", host, ":", port, "/metrics: ",
-                                            r->head.substr(0, r->head.find('\r'))));
+    return absl::InternalError(
+        absl::StrCat("GET http://", host, ":", port, "/metrics: ", r->head.substr(0, r->head.find('\r'))));
   }
   return std::move(r->body);
 }

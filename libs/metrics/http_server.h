@@ -32,9 +32,9 @@ inline constexpr absl::Duration kConnectionDeadline = absl::Seconds(5);
 
 // The request line of an HTTP/1.x request head.
 struct HttpRequestHead {
-  std::string method;  // "GET"
-  std::string target;  // "/metrics?x=1"
-  std::string path;    // "/metrics" (the target up to '?')
+  std::string method;     // "GET"
+  std::string target;     // "/metrics?x=1"
+  std::string path;       // "/metrics" (the target up to '?')
   size_t head_bytes = 0;  // through the blank line that ends the head
 };
 
@@ -56,8 +56,7 @@ class MetricsServer {
   // Listens on host:port (IPv4; "" or "localhost" is 127.0.0.1; port 0 picks a free
   // one). INVALID_ARGUMENT for a host that is not an IPv4 address, UNAVAILABLE if it
   // cannot bind.
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& host, int port,
-                                                              Registry* registry);
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& host, int port, Registry* registry);
   ~MetricsServer();  // closes every connection and stops at once
   int port() const { return port_; }
   // The IPv4 address bound ("127.0.0.1", "0.0.0.0", ...).

@@ -165,9 +165,10 @@ void AddProcessMetrics(Registry& registry, const std::string& service) {
   const absl::Time start = absl::Now();
   const Labels labels = {{"service", service}};
   registry.AddCallbackGauge("rlfleet_up", "1 while the service runs.", labels, [] { return 1.0; });
-  registry.AddCallbackGauge("rlfleet_time_seconds", "This host's clock (Unix seconds) when scraped: "
-                            "rlfleet doctor --fleet compares it across replicas.", labels,
-                            [] { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); });
+  registry.AddCallbackGauge("rlfleet_time_seconds",
+                            "This host's clock (Unix seconds) when scraped: "
+                            "rlfleet doctor --fleet compares it across replicas.",
+                            labels, [] { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); });
   registry.AddCallbackGauge("rlfleet_process_uptime_seconds", "Seconds since the process started.", labels,
                             [start] { return absl::ToDoubleSeconds(absl::Now() - start); });
   registry.AddCallbackGauge("rlfleet_process_resident_memory_bytes", "Resident memory of the process.", labels, [] {
@@ -193,9 +194,9 @@ void AddProcessMetrics(Registry& registry, const std::string& service) {
     const std::string stats = entry.path().string() + "/statistics/";
     const Labels nic = {{"service", service}, {"device", dev}};
     const std::pair<const char*, const char*> counters[] = {
-        {"rx_bytes", "rlfleet_nic_receive_bytes_total"},     {"tx_bytes", "rlfleet_nic_transmit_bytes_total"},
-        {"rx_errors", "rlfleet_nic_receive_errors_total"},   {"tx_errors", "rlfleet_nic_transmit_errors_total"},
-        {"rx_dropped", "rlfleet_nic_receive_drops_total"},   {"tx_dropped", "rlfleet_nic_transmit_drops_total"}};
+        {"rx_bytes", "rlfleet_nic_receive_bytes_total"},   {"tx_bytes", "rlfleet_nic_transmit_bytes_total"},
+        {"rx_errors", "rlfleet_nic_receive_errors_total"}, {"tx_errors", "rlfleet_nic_transmit_errors_total"},
+        {"rx_dropped", "rlfleet_nic_receive_drops_total"}, {"tx_dropped", "rlfleet_nic_transmit_drops_total"}};
     for (const auto& [file, name] : counters) {
       registry.AddCallbackCounter(name, absl::StrCat("/sys/class/net/<device>/statistics/", file, "."), nic,
                                   [path = stats + file] { return ReadNumber(path); });

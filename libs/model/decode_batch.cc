@@ -216,7 +216,7 @@ class DecodeBatch::State {
   const int64_t width;  // cache positions per row
   int64_t allocated = 0;
   Policy::Impl::Cache cache;
-  torch::Tensor tokens;  // [allocated, width] the token at each cache position (PAD = 0)
+  torch::Tensor tokens;   // [allocated, width] the token at each cache position (PAD = 0)
   std::vector<Row> rows;  // live rows, dense: row i is cache row i
   int64_t position = 0;   // the cache position the next Step writes
 };
@@ -235,17 +235,14 @@ absl::Status DecodeBatch::Validate(const Sequence& sequence) const {
   if (o.temperature < 0) return absl::InvalidArgumentError("temperature is negative");
   if (o.top_p <= 0 || o.top_p > 1) return absl::InvalidArgumentError("top_p is outside (0, 1]");
   if (o.top_k < 0) return absl::InvalidArgumentError("top_k is negative");
-  if (o.max_new_tokens < 1 ||
-      static_cast<int64_t>(sequence.prompt.size()) + o.max_new_tokens > config.max_seq_len) {
+  if (o.max_new_tokens < 1 || static_cast<int64_t>(sequence.prompt.size()) + o.max_new_tokens > config.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("prompt (", sequence.prompt.size(), ") + max_new_tokens (",
                                                    o.max_new_tokens, ") exceeds max_seq_len ", config.max_seq_len));
   }
   return absl::OkStatus();
 }
 
-bool DecodeBatch::CanAdd(const std::vector<Sequence>& sequences) const {
-  return state_->Placement(sequences) >= 0;
-}
+bool DecodeBatch::CanAdd(const std::vector<Sequence>& sequences) const { return state_->Placement(sequences) >= 0; }
 
 absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Add(std::vector<Sequence> sequences) {
   if (sequences.empty()) return absl::InvalidArgumentError("no sequences to add");

@@ -1,16 +1,14 @@
 // The policy (policy.h) in libtorch; the module itself is in policy_impl.h.
 #include "libs/model/policy.h"
 
-#include <fstream>
-#include <iterator>
-
 #include <torch/torch.h>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <type_traits>
@@ -19,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "libs/common/status_macros.h"
-#include "libs/model/safetensors.h"
 #include "libs/model/policy_impl.h"
+#include "libs/model/safetensors.h"
 #include "libs/rl/rl.h"
 
 namespace rlfleet::model {
@@ -29,8 +27,8 @@ void SetComputeThreads(int threads) { torch::set_num_threads(std::max(1, threads
 
 const char* BlasCoreTypeForCpu() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq")) {
     return "SkylakeX";
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
@@ -50,10 +48,10 @@ absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& confi
                                                        uint64_t init_seed) {
   if (config.vocab_size < 4 || config.d_model < 8 || config.n_layers < 1 || config.n_heads < 1 ||
       config.d_model % config.n_heads != 0 || config.max_seq_len < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad model config: vocab_size ", config.vocab_size, ", d_model ", config.d_model, ", n_layers ",
-        config.n_layers, ", n_heads ", config.n_heads, " (d_model must divide by n_heads), max_seq_len ",
-        config.max_seq_len));
+    return absl::InvalidArgumentError(absl::StrCat("bad model config: vocab_size ", config.vocab_size, ", d_model ",
+                                                   config.d_model, ", n_layers ", config.n_layers, ", n_heads ",
+                                                   config.n_heads, " (d_model must divide by n_heads), max_seq_len ",
+                                                   config.max_seq_len));
   }
   try {
     torch::manual_seed(init_seed);
@@ -95,8 +93,7 @@ absl::StatusOr<std::vector<float>> Policy::Values(const std::vector<std::vector<
   for (const auto& s : sequences) longest = std::max(longest, s.size());
   if (static_cast<int>(longest) > impl_->config.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("Values: a sequence of ", longest,
-                                                   " tokens is longer than max_seq_len ",
-                                                   impl_->config.max_seq_len));
+                                                   " tokens is longer than max_seq_len ", impl_->config.max_seq_len));
   }
   // Left-padded, so every sequence ends at the last position (positions count real
   // tokens only, so padding changes nothing).
@@ -253,8 +250,8 @@ struct TrainSnapshot {
 constexpr char kNonFinitePayload[] = "type.rlfleet/model.NonFiniteLoss";
 
 absl::Status NonFiniteLossError(int64_t update) {
-  absl::Status s = absl::InternalError(absl::StrCat(
-      "non-finite loss or gradient in update ", update + 1, " of the step; the step is not applied"));
+  absl::Status s = absl::InternalError(
+      absl::StrCat("non-finite loss or gradient in update ", update + 1, " of the step; the step is not applied"));
   s.SetPayload(kNonFinitePayload, absl::Cord("1"));
   return s;
 }
@@ -274,10 +271,11 @@ absl::Status Policy::CheckBatch(const std::vector<TrainSequence>& batch, const T
   if (options.micro_batch_size < 0 || options.epochs < 1 || options.warmup_steps < 0) {
     return absl::InvalidArgumentError("micro_batch_size, epochs and warmup_steps must not be negative");
   }
-  for (double v : {static_cast<double>(options.learning_rate), static_cast<double>(options.weight_decay),
-                   static_cast<double>(options.grad_clip), static_cast<double>(options.beta1),
-                   static_cast<double>(options.beta2), static_cast<double>(options.eps), options.clip, options.clip_high,
-                   options.entropy_coef, options.gamma, options.gae_lambda, options.value_coef, options.value_clip}) {
+  for (double v :
+       {static_cast<double>(options.learning_rate), static_cast<double>(options.weight_decay),
+        static_cast<double>(options.grad_clip), static_cast<double>(options.beta1), static_cast<double>(options.beta2),
+        static_cast<double>(options.eps), options.clip, options.clip_high, options.entropy_coef, options.gamma,
+        options.gae_lambda, options.value_coef, options.value_clip}) {
     if (!std::isfinite(v) || v < 0) return absl::InvalidArgumentError("a training option is negative or not finite");
   }
   if (options.beta1 >= 1 || options.beta2 >= 1 || options.eps <= 0) {
@@ -299,8 +297,8 @@ absl::Status Policy::CheckBatch(const std::vector<TrainSequence>& batch, const T
     for (const std::vector<int32_t>* tokens : {&s.prompt, &s.response}) {
       for (int32_t t : *tokens) {
         if (t < 0 || t >= impl_->config.vocab_size) {
-          return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": token ", t,
-                                                         " is outside the vocabulary of ", impl_->config.vocab_size));
+          return absl::InvalidArgumentError(
+              absl::StrCat("sequence ", i, ": token ", t, " is outside the vocabulary of ", impl_->config.vocab_size));
         }
       }
     }
@@ -314,8 +312,7 @@ absl::Status Policy::CheckBatch(const std::vector<TrainSequence>& batch, const T
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch,
-                                             const TrainOptions& options) {
+absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch, const TrainOptions& options) {
   RETURN_IF_ERROR(CheckBatch(batch, options));
   size_t prompt_len = 0, response_len = 0;
   for (const TrainSequence& s : batch) {

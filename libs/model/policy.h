@@ -38,10 +38,10 @@ struct PolicyConfig {
 struct SamplingOptions {
   // Softmax temperature; 0 = greedy (argmax).
   float temperature = 1.0f;
-  int top_k = 0;        // keep the k most likely tokens; 0 = all
-  float top_p = 1.0f;   // nucleus mass in (0, 1]
+  int top_k = 0;       // keep the k most likely tokens; 0 = all
+  float top_p = 1.0f;  // nucleus mass in (0, 1]
   int max_new_tokens = 48;
-  uint64_t seed = 0;    // same seed, same prompts, same weights: same tokens
+  uint64_t seed = 0;  // same seed, same prompts, same weights: same tokens
   int32_t eos_id = 2;
   int32_t pad_id = 0;
   std::vector<int32_t> stop_ids;  // more tokens that end a sequence (kept in the response)
@@ -79,25 +79,24 @@ struct TrainSequence {
   std::vector<int32_t> prompt;
   std::vector<int32_t> response;
   std::vector<float> behaviour_logprobs;  // one per response token
-  float advantage = 0;  // the sequence's advantage (GRPO / RLOO); unused with GAE
-  float reward = 0;     // the sequence's reward, on its last token (GAE)
+  float advantage = 0;                    // the sequence's advantage (GRPO / RLOO); unused with GAE
+  float reward = 0;                       // the sequence's reward, on its last token (GAE)
 };
-
 
 struct TrainOptions {
   float learning_rate = 5e-4f;  // AdamW
   float weight_decay = 0.0f;
-  float beta1 = 0.9f;           // AdamW moment decays, in [0, 1)
+  float beta1 = 0.9f;  // AdamW moment decays, in [0, 1)
   float beta2 = 0.999f;
-  float eps = 1e-8f;            // AdamW epsilon, > 0
+  float eps = 1e-8f;  // AdamW epsilon, > 0
   // Linear learning-rate warmup: optimizer update t (counted from the optimizer's
   // first update, checkpoints included; t = 0 first) uses learning_rate *
   // min(1, (t + 1) / warmup_steps). 0 = none.
   int64_t warmup_steps = 0;
-  float grad_clip = 1.0f;       // max global gradient norm
-  double clip = 0.2;            // PPO-clip epsilon
-  double clip_high = 0.0;       // upper PPO-clip epsilon (asymmetric); 0 = clip
-  int epochs = 1;               // passes over the batch (PPO epochs)
+  float grad_clip = 1.0f;  // max global gradient norm
+  double clip = 0.2;       // PPO-clip epsilon
+  double clip_high = 0.0;  // upper PPO-clip epsilon (asymmetric); 0 = clip
+  int epochs = 1;          // passes over the batch (PPO epochs)
   // Optimizer updates per epoch: the batch is split into this many contiguous
   // mini-batches (sizes differ by at most one), one update each. 1..batch size.
   int mini_batches = 1;
@@ -106,7 +105,7 @@ struct TrainOptions {
   // the mini-batch's token-mean gradient (less memory, same update). 0 = the whole
   // mini-batch.
   int micro_batch_size = 0;
-  double entropy_coef = 0.0;    // weight of the entropy bonus (keeps sampling diverse)
+  double entropy_coef = 0.0;  // weight of the entropy bonus (keeps sampling diverse)
   // PPO with a critic: per-token advantages by GAE(gamma, lambda) over the value head's
   // estimates at the start of the step (whitened over the batch's tokens), and a
   // clipped value loss towards the GAE returns weighted by value_coef. Needs
@@ -126,9 +125,9 @@ struct TrainStats {
   float policy_loss = 0;
   float clip_fraction = 0;
   float approx_kl = 0;
-  float grad_norm = 0;  // before clipping, last epoch
-  float entropy = 0;    // mean policy entropy over response tokens, nats
-  float value_loss = 0; // GAE only: the clipped value loss, last epoch
+  float grad_norm = 0;   // before clipping, last epoch
+  float entropy = 0;     // mean policy entropy over response tokens, nats
+  float value_loss = 0;  // GAE only: the clipped value loss, last epoch
   int64_t tokens = 0;
   int64_t optimizer_steps = 0;  // updates applied (epochs x mini-batches)
   float learning_rate = 0;      // learning rate of the last update (after warmup)
@@ -148,8 +147,7 @@ class Policy {
  public:
   // A randomly initialised policy (deterministic in `init_seed`). INVALID_ARGUMENT for
   // a config that does not make a model (d_model not divisible by n_heads, ...).
-  static absl::StatusOr<std::unique_ptr<Policy>> Create(const PolicyConfig& config,
-                                                        const std::string& device = "cpu",
+  static absl::StatusOr<std::unique_ptr<Policy>> Create(const PolicyConfig& config, const std::string& device = "cpu",
                                                         uint64_t init_seed = 0);
   ~Policy();
 

@@ -70,9 +70,7 @@ class Policy::Impl : public torch::nn::Module {
 
   // Runs tokens [B, t] at positions [p0, p0 + t) through the model, writing their
   // keys and values into `cache`; returns logits [B, t, V].
-  torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache& cache) {
-    return Forward(tokens, p0, &cache);
-  }
+  torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache& cache) { return Forward(tokens, p0, &cache); }
 
   // Without a cache (training): p0 must be 0 and keys are this call's tokens, so
   // autograd sees no in-place writes.
@@ -99,8 +97,8 @@ class Policy::Impl : public torch::nn::Module {
     // that are not PAD.
     const int64_t T = p0 + t;
     auto kpos = torch::arange(T, positions.options());
-    torch::Tensor allowed = kpos.unsqueeze(0).le(positions.unsqueeze(1));       // [t, T]
-    allowed = allowed.unsqueeze(0) & key_ok.unsqueeze(1);  // [B, t, T]
+    torch::Tensor allowed = kpos.unsqueeze(0).le(positions.unsqueeze(1));  // [t, T]
+    allowed = allowed.unsqueeze(0) & key_ok.unsqueeze(1);                  // [B, t, T]
     // A query at a PAD position would see nothing: let every query see itself, which
     // keeps the softmax finite (PAD rows' outputs are never used).
     allowed = allowed | kpos.unsqueeze(0).eq(positions.unsqueeze(1)).unsqueeze(0);
@@ -208,13 +206,13 @@ inline absl::Status CheckTokens(const std::vector<std::vector<int32_t>>& rows, i
   for (size_t b = 0; b < rows.size(); ++b) {
     if (rows[b].empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " is empty"));
     if (equal_length && rows[b].size() != rows[0].size()) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " has length ", rows[b].size(),
-                                                     ", sequence 0 has ", rows[0].size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", b, " has length ", rows[b].size(), ", sequence 0 has ", rows[0].size()));
     }
     for (size_t i = 0; i < rows[b].size(); ++i) {
       if (rows[b][i] < 0 || rows[b][i] >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("token ", rows[b][i], " at [", b, "][", i,
-                                                       "] is outside the vocabulary of ", vocab));
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", rows[b][i], " at [", b, "][", i, "] is outside the vocabulary of ", vocab));
       }
     }
   }

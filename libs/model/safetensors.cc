@@ -104,8 +104,7 @@ class Json {
         }
       } else {
         const size_t from = i_;
-        while (i_ < s_.size() && s_[i_] != ',' && s_[i_] != '}' && s_[i_] != ']' &&
-               !absl::ascii_isspace(s_[i_])) {
+        while (i_ < s_.size() && s_[i_] != ',' && s_[i_] != '}' && s_[i_] != ']' && !absl::ascii_isspace(s_[i_])) {
           ++i_;
         }
         if (i_ == from) return Error("expected a value");
@@ -157,8 +156,7 @@ std::string Serialize(const std::map<std::string, Tensor>& tensors, std::string 
   bool first = true;
   for (const auto& [name, t] : tensors) {
     absl::StrAppend(&header, first ? "" : ",", Quoted(name), ":{\"dtype\":", Quoted(t.dtype), ",\"shape\":[",
-                    absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",",
-                    offset + t.bytes.size(), "]}");
+                    absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",", offset + t.bytes.size(), "]}");
     offset += t.bytes.size();
     first = false;
   }
@@ -215,7 +213,7 @@ namespace {
 
 // Blobs of `views`, their bytes copied or not.
 absl::StatusOr<std::map<std::string, TensorBlob>> Blobs(absl::StatusOr<std::map<std::string, TensorView>> views,
-                                                       bool with_bytes) {
+                                                        bool with_bytes) {
   if (!views.ok()) return views.status();
   std::map<std::string, TensorBlob> out;
   for (auto& [name, v] : *views) {

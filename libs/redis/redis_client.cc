@@ -1,10 +1,9 @@
 #include "libs/redis/redis_client.h"
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-
-#include <poll.h>
 
 #include <cerrno>
 #include <cstring>
@@ -80,8 +79,7 @@ absl::StatusOr<Url> ParseUrl(absl::string_view connection, absl::string_view def
   return url;
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& host, int port,
-                                                        absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& host, int port, absl::Duration timeout) {
   std::unique_ptr<Client> client(new Client(host, port, timeout));
   ASSIGN_OR_RETURN(Reply pong, client->Command({"PING"}));
   (void)pong;
@@ -182,8 +180,7 @@ bool Client::SendLocked(const std::vector<std::vector<absl::string_view>>& comma
   return true;
 }
 
-absl::StatusOr<std::vector<Reply>> Client::RunLocked(
-    const std::vector<std::vector<absl::string_view>> &commands) {
+absl::StatusOr<std::vector<Reply>> Client::RunLocked(const std::vector<std::vector<absl::string_view>>& commands) {
   // A connection Redis closed while it sat idle (Redis restarted) is found before
   // anything is sent on it and dialled again: that resend is safe, nothing of this call
   // reached Redis. Once a byte is sent, a failure is returned and never resent: Redis
@@ -201,9 +198,8 @@ absl::StatusOr<std::vector<Reply>> Client::RunLocked(
       const int err = errno;
       DropConnectionLocked();
       if (sent == 0 && attempt == 0) continue;  // (nothing reached Redis: safe to send again)
-      return absl::UnavailableError(absl::StrCat("Redis at ", address(), ": sending failed after ", sent,
-                                                 " bytes (", strerror(err),
-                                                 "); the commands may or may not have been applied"));
+      return absl::UnavailableError(absl::StrCat("Redis at ", address(), ": sending failed after ", sent, " bytes (",
+                                                 strerror(err), "); the commands may or may not have been applied"));
     }
     break;
   }
@@ -221,12 +217,11 @@ absl::StatusOr<std::vector<Reply>> Client::RunLocked(
       // The rest of this call's replies may still arrive on this connection: it is
       // closed so that no later call reads them as its own.
       DropConnectionLocked();
-      const std::string what = absl::StrCat("Redis at ", address(), " did not answer command ", i + 1, " of ",
-                                            commands.size(), " (", why,
-                                            "); the commands may or may not have been applied");
+      const std::string what =
+          absl::StrCat("Redis at ", address(), " did not answer command ", i + 1, " of ", commands.size(), " (", why,
+                       "); the commands may or may not have been applied");
       if (timed_out) {
-        return absl::DeadlineExceededError(
-            absl::StrCat(what, ": no reply within ", absl::FormatDuration(timeout_)));
+        return absl::DeadlineExceededError(absl::StrCat(what, ": no reply within ", absl::FormatDuration(timeout_)));
       }
       return absl::UnavailableError(what);
     }
@@ -277,15 +272,13 @@ absl::StatusOr<Reply> Client::Command(const std::vector<std::string>& argv) {
   return std::move(replies[0]);
 }
 
-absl::StatusOr<std::vector<Reply>> Client::Pipeline(
-    const std::vector<std::vector<std::string>>& commands) {
+absl::StatusOr<std::vector<Reply>> Client::Pipeline(const std::vector<std::vector<std::string>>& commands) {
   if (commands.empty()) return std::vector<Reply>{};
   absl::MutexLock lock(&mu_);
   return RunLocked(Views(commands));
 }
 
-absl::StatusOr<std::vector<Reply>> Client::PipelineViews(
-    const std::vector<std::vector<absl::string_view>>& commands) {
+absl::StatusOr<std::vector<Reply>> Client::PipelineViews(const std::vector<std::vector<absl::string_view>>& commands) {
   if (commands.empty()) return std::vector<Reply>{};
   absl::MutexLock lock(&mu_);
   return RunLocked(commands);

@@ -37,8 +37,7 @@ std::map<std::string, std::string> ProcessEnv() {
   return env;
 }
 
-absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Start(Options options, Fill fill, Log log,
-                                                            Rejoined rejoined) {
+absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Start(Options options, Fill fill, Log log, Rejoined rejoined) {
   if (options.replica.replica_id().empty()) {
     std::string role = v1::ReplicaRole_Name(options.replica.role());  // REPLICA_ROLE_ROLLOUT -> rollout
     if (role.rfind("REPLICA_ROLE_", 0) == 0) role = role.substr(13);

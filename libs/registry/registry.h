@@ -48,25 +48,20 @@ class Registry {
 
   // Renews the lease and records load and policy version. NOT_FOUND if the lease is
   // unknown or expired (the replica must register again); INVALID_ARGUMENT for bad ids.
-  virtual absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id,
-                                                    absl::string_view lease_id,
-                                                    const v1::LoadStats& load,
-                                                    const v1::PolicyVersion& version) = 0;
+  virtual absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
+                                                    const v1::LoadStats& load, const v1::PolicyVersion& version) = 0;
 
   // Removes the registration. Returns false (not an error) if there was none, so that
   // repeating it is safe. INVALID_ARGUMENT for bad ids.
-  virtual absl::StatusOr<bool> Deregister(absl::string_view replica_id,
-                                          absl::string_view lease_id) = 0;
+  virtual absl::StatusOr<bool> Deregister(absl::string_view replica_id, absl::string_view lease_id) = 0;
 
   // Live replicas of `role` (UNSPECIFIED = all), ordered by replica id.
-  virtual absl::StatusOr<std::vector<v1::ReplicaInfo>> List(v1::ReplicaRole role,
-                                                            bool only_admitted) = 0;
+  virtual absl::StatusOr<std::vector<v1::ReplicaInfo>> List(v1::ReplicaRole role, bool only_admitted) = 0;
 };
 
 // Opens a registry from a connection string. INVALID_ARGUMENT for an unknown scheme or
 // a malformed address; UNAVAILABLE if Redis cannot be reached. `clock` is not owned.
-absl::StatusOr<std::unique_ptr<Registry>> OpenRegistry(absl::string_view connection,
-                                                       common::Clock* clock);
+absl::StatusOr<std::unique_ptr<Registry>> OpenRegistry(absl::string_view connection, common::Clock* clock);
 
 // Shared validation of a registration: INVALID_ARGUMENT naming the field.
 absl::Status ValidateRegistration(const v1::ReplicaInfo& replica, absl::Duration ttl);

@@ -91,8 +91,9 @@ __attribute__((target("avx2"))) uint64_t DigestAvx2(const uint8_t* p, uint64_t n
 // inside this function's 512-bit stores to its own stack arrays (a read of a
 // nonsense address at the store, seen in every caller under --config=asan); the
 // scalar and AVX2 kernels, which compute the same digest, stay instrumented.
-__attribute__((target("avx512f,avx512bw"), no_sanitize("address"))) uint64_t DigestAvx512(const uint8_t* p, uint64_t n, uint64_t first,
-                                                                   uint8_t* copy_to = nullptr) {
+__attribute__((target("avx512f,avx512bw"), no_sanitize("address"))) uint64_t DigestAvx512(const uint8_t* p, uint64_t n,
+                                                                                          uint64_t first,
+                                                                                          uint8_t* copy_to = nullptr) {
   const __m512i salt = _mm512_set1_epi32(static_cast<int>(kDigestSalt));
   const __m512i c1 = _mm512_set1_epi32(static_cast<int>(0x85ebca6bu));
   const __m512i c2 = _mm512_set1_epi32(static_cast<int>(0xc2b2ae35u));
@@ -120,8 +121,7 @@ __attribute__((target("avx512f,avx512bw"), no_sanitize("address"))) uint64_t Dig
   _mm512_storeu_si512(prefix + 8, p_hi);
   if (copy_to != nullptr) std::memcpy(copy_to + 32 * steps, p + 32 * steps, 2 * (n - 16 * steps));
   return Combine(f, prefix, 16, steps, first) +
-         DigestScalar(copy_to != nullptr ? copy_to + 32 * steps : p + 32 * steps, n - 16 * steps,
-                      first + 16 * steps);
+         DigestScalar(copy_to != nullptr ? copy_to + 32 * steps : p + 32 * steps, n - 16 * steps, first + 16 * steps);
 }
 
 bool HaveAvx512() {
@@ -152,8 +152,7 @@ uint64_t CopyAndDigest(void* dst, const void* src, uint64_t bytes, uint64_t shar
   return DigestScalar(d, bytes / 2, shard_offset / 2);  // (the copy: `src` may change meanwhile)
 }
 
-uint64_t CopyAndDigestUsing(DigestImpl impl, void* dst, const void* src, uint64_t bytes,
-                            uint64_t shard_offset) {
+uint64_t CopyAndDigestUsing(DigestImpl impl, void* dst, const void* src, uint64_t bytes, uint64_t shard_offset) {
   const auto* p = static_cast<const uint8_t*>(src);
   auto* d = static_cast<uint8_t*>(dst);
   if (impl == DigestImpl::kAvx512 && HaveAvx512()) return DigestAvx512(p, bytes / 2, shard_offset / 2, d);

@@ -49,8 +49,7 @@ uint64_t DigestBytesUsing(DigestImpl impl, const void* data, uint64_t bytes, uin
 // from `src` once, so what is digested is what was written, even if another process
 // stores into `src` meanwhile.
 uint64_t CopyAndDigest(void* dst, const void* src, uint64_t bytes, uint64_t shard_offset);
-uint64_t CopyAndDigestUsing(DigestImpl impl, void* dst, const void* src, uint64_t bytes,
-                            uint64_t shard_offset);
+uint64_t CopyAndDigestUsing(DigestImpl impl, void* dst, const void* src, uint64_t bytes, uint64_t shard_offset);
 // The portable scalar version (tests compare the two).
 uint64_t DigestBytesPortable(const void* data, uint64_t bytes, uint64_t shard_offset);
 

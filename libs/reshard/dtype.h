@@ -25,8 +25,8 @@ struct DTypeRow {
 };
 
 inline constexpr DTypeRow kDTypes[] = {
-    {DType::kF32, "f32", 4, "F32", v1::DTYPE_FLOAT32},   {DType::kBF16, "bf16", 2, "BF16", v1::DTYPE_BFLOAT16},
-    {DType::kF16, "f16", 2, "F16", v1::DTYPE_FLOAT16},   {DType::kI32, "i32", 4, "I32", v1::DTYPE_INT32},
+    {DType::kF32, "f32", 4, "F32", v1::DTYPE_FLOAT32}, {DType::kBF16, "bf16", 2, "BF16", v1::DTYPE_BFLOAT16},
+    {DType::kF16, "f16", 2, "F16", v1::DTYPE_FLOAT16}, {DType::kI32, "i32", 4, "I32", v1::DTYPE_INT32},
     {DType::kI64, "i64", 8, "I64", v1::DTYPE_INT64},
 };
 

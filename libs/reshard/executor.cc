@@ -32,9 +32,7 @@ class HostMemoryOps : public MemoryOps {
  public:
   transport::MemoryKind kind() const override { return transport::MemoryKind::kHost; }
   void Copy(void* dst, const void* src, uint64_t bytes) override { std::memcpy(dst, src, bytes); }
-  void CastF32ToBf16(void* dst, const void* src, uint64_t count) override {
-    reshard::CastF32ToBf16(dst, src, count);
-  }
+  void CastF32ToBf16(void* dst, const void* src, uint64_t count) override { reshard::CastF32ToBf16(dst, src, count); }
   void ResetDigests(int slots) override { digests_.assign(slots, 0); }
   void AddDigest(int slot, const void* data, uint64_t bytes, uint64_t shard_offset) override {
     digests_[slot] += DigestBytes(data, bytes, shard_offset);
@@ -54,7 +52,7 @@ struct Round {
   uint64_t index = 0;
   std::unique_ptr<Completion> done;
   std::vector<std::pair<const Message*, uint64_t>> unpack;  // message, staging offset
-  std::vector<const Message*> received;  // (verify_received: digested once it arrived)
+  std::vector<const Message*> received;                     // (verify_received: digested once it arrived)
   // What a relay passes on once the round arrived: same tags, same bytes.
   std::vector<transport::Transport::TwoSidedOp> forward;
 };
@@ -65,8 +63,7 @@ struct Forward {
   std::unique_ptr<Completion> done;
 };
 
-absl::Status CheckRoles(const Plan& plan, const SourceRole* source,
-                        const DestinationRole* destination) {
+absl::Status CheckRoles(const Plan& plan, const SourceRole* source, const DestinationRole* destination) {
   if (source == nullptr && destination == nullptr) {
     return absl::InvalidArgumentError("Execute: neither a source nor a destination role");
   }
@@ -77,30 +74,27 @@ absl::Status CheckRoles(const Plan& plan, const SourceRole* source,
     }
     if (source->dst_peers.size() != static_cast<size_t>(plan.dst.ranks)) {
       return absl::InvalidArgumentError(absl::StrCat("source role has ", source->dst_peers.size(),
-                                                     " destination peers; the plan has ",
-                                                     plan.dst.ranks, " destination ranks"));
+                                                     " destination peers; the plan has ", plan.dst.ranks,
+                                                     " destination ranks"));
     }
     if (source->shard.length < plan.src_shard_bytes[source->rank]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "source rank ", source->rank, "'s shard is ", source->shard.length,
-          " bytes; the plan needs ", plan.src_shard_bytes[source->rank]));
+      return absl::InvalidArgumentError(absl::StrCat("source rank ", source->rank, "'s shard is ", source->shard.length,
+                                                     " bytes; the plan needs ", plan.src_shard_bytes[source->rank]));
     }
   }
   if (destination != nullptr) {
     if (destination->rank < 0 || destination->rank >= plan.dst.ranks) {
-      return absl::InvalidArgumentError(absl::StrCat("destination rank ", destination->rank,
-                                                     " is not in [0, ", plan.dst.ranks, ")"));
-    }
-    if (destination->relay_from == 0 &&
-        destination->src_peers.size() != static_cast<size_t>(plan.src.ranks)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("destination role has ", destination->src_peers.size(),
-                       " source peers; the plan has ", plan.src.ranks, " source ranks"));
+          absl::StrCat("destination rank ", destination->rank, " is not in [0, ", plan.dst.ranks, ")"));
+    }
+    if (destination->relay_from == 0 && destination->src_peers.size() != static_cast<size_t>(plan.src.ranks)) {
+      return absl::InvalidArgumentError(absl::StrCat("destination role has ", destination->src_peers.size(),
+                                                     " source peers; the plan has ", plan.src.ranks, " source ranks"));
     }
     if (destination->shard.length < plan.dst_shard_bytes[destination->rank]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "destination rank ", destination->rank, "'s shard is ", destination->shard.length,
-          " bytes; the plan needs ", plan.dst_shard_bytes[destination->rank]));
+      return absl::InvalidArgumentError(absl::StrCat("destination rank ", destination->rank, "'s shard is ",
+                                                     destination->shard.length, " bytes; the plan needs ",
+                                                     plan.dst_shard_bytes[destination->rank]));
     }
   }
   return absl::OkStatus();
@@ -116,8 +110,8 @@ StagingPool::~StagingPool() {
   if (control_.id != 0) transport_.DeregisterMemory(control_).IgnoreError();
 }
 
-absl::StatusOr<MemoryHandle> StagingPool::Reuse(MemoryHandle& handle, uint64_t bytes,
-                                                transport::MemoryKind kind, int device) {
+absl::StatusOr<MemoryHandle> StagingPool::Reuse(MemoryHandle& handle, uint64_t bytes, transport::MemoryKind kind,
+                                                int device) {
   if (handle.id != 0 && handle.length >= bytes && handle.kind == kind && handle.device == device) {
     return handle;
   }
@@ -129,8 +123,7 @@ absl::StatusOr<MemoryHandle> StagingPool::Reuse(MemoryHandle& handle, uint64_t b
   return handle;
 }
 
-absl::StatusOr<MemoryHandle> StagingPool::Get(uint64_t bytes, transport::MemoryKind kind,
-                                              int device) {
+absl::StatusOr<MemoryHandle> StagingPool::Get(uint64_t bytes, transport::MemoryKind kind, int device) {
   return Reuse(handle_, bytes, kind, device);
 }
 
@@ -138,8 +131,7 @@ absl::StatusOr<MemoryHandle> StagingPool::GetControl(uint64_t bytes) {
   return Reuse(control_, bytes, transport::MemoryKind::kHost, 0);
 }
 
-absl::StatusOr<transport::RemoteMapping*> StagingPool::Map(PeerId peer,
-                                                           const v1::RemoteMemoryDescriptor& remote) {
+absl::StatusOr<transport::RemoteMapping*> StagingPool::Map(PeerId peer, const v1::RemoteMemoryDescriptor& remote) {
   for (const Mapped& m : mappings_) {
     if (m.peer == peer && m.registration == remote.registration_id() && m.base == remote.base_address() &&
         m.length == remote.length_bytes() && m.epoch == remote.registration_epoch()) {
@@ -153,8 +145,7 @@ absl::StatusOr<transport::RemoteMapping*> StagingPool::Map(PeerId peer,
   return mappings_.back().mapping.get();
 }
 
-std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes,
-                                 uint64_t direct_min_bytes) {
+std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes, uint64_t direct_min_bytes) {
   std::vector<Message> out;
   auto adjacent = [](const Range& a, const Range& b) { return a.dst_offset + a.dst_bytes() == b.dst_offset; };
   auto emit = [&](Message& m) {
@@ -208,8 +199,7 @@ std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chun
   return out;
 }
 
-absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
-                                       const SourceRole* source,
+absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan, const SourceRole* source,
                                        const DestinationRole* destination, MemoryOps& ops,
                                        const ExecutorOptions& options) {
   RETURN_IF_ERROR(CheckRoles(plan, source, destination));
@@ -217,21 +207,19 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
     return absl::InvalidArgumentError("Execute: chunk_bytes must be >= 8 and depth >= 1");
   }
   if (options.tag_epoch < 0 || options.tag_epoch >= (1 << kTagEpochBits)) {
-    return absl::InvalidArgumentError(absl::StrCat("Execute: tag_epoch ", options.tag_epoch, " is not in [0, ",
-                                                   1 << kTagEpochBits, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Execute: tag_epoch ", options.tag_epoch, " is not in [0, ", 1 << kTagEpochBits, ")"));
   }
   if (plan.src.ranks > (1 << kTagRankBits)) {
-    return absl::InvalidArgumentError(absl::StrCat("Execute: ", plan.src.ranks, " source ranks; at most ",
-                                                   1 << kTagRankBits));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Execute: ", plan.src.ranks, " source ranks; at most ", 1 << kTagRankBits));
   }
   const absl::Time start = absl::Now();
   ExecutionStats stats;
 
   std::vector<Pair> pairs;
-  auto add_pair = [&](bool send, int peer_rank, int src_rank, PeerId peer,
-                      const std::vector<Range>& ranges) {
-    Pair p{send, peer_rank, src_rank, peer,
-           CutMessages(ranges, options.chunk_bytes, options.direct_min_bytes), {}};
+  auto add_pair = [&](bool send, int peer_rank, int src_rank, PeerId peer, const std::vector<Range>& ranges) {
+    Pair p{send, peer_rank, src_rank, peer, CutMessages(ranges, options.chunk_bytes, options.direct_min_bytes), {}};
     if (p.messages.empty()) return;
     // Rounds: consecutive messages up to chunk_bytes together (at least one).
     uint64_t in_round = 0;
@@ -261,17 +249,16 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   for (const Pair& p : pairs) {
     rounds = std::max<uint64_t>(rounds, p.rounds());
     if (p.messages.size() + p.rounds() + 2 >= (uint64_t{1} << kTagIndexBits)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Execute: ", p.messages.size(), " messages between source ", p.src_rank,
-          " and its peer exceed 2^", kTagIndexBits, "; raise chunk_bytes or direct_min_bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("Execute: ", p.messages.size(), " messages between source ",
+                                                     p.src_rank, " and its peer exceed 2^", kTagIndexBits,
+                                                     "; raise chunk_bytes or direct_min_bytes"));
     }
     max_tag = std::max(max_tag, TagOf(options.tag_epoch, p.src_rank, p.messages.size()));
   }
   if (max_tag > transport.GetCapabilities().max_tag) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Execute: the plan needs message tags up to ", max_tag, "; the ",
-        transport.GetCapabilities().backend, " backend allows ", transport.GetCapabilities().max_tag,
-        " (too many source ranks)"));
+    return absl::InvalidArgumentError(absl::StrCat("Execute: the plan needs message tags up to ", max_tag, "; the ",
+                                                   transport.GetCapabilities().backend, " backend allows ",
+                                                   transport.GetCapabilities().max_tag, " (too many source ranks)"));
   }
   stats.rounds = rounds;
   // Digest accumulators: the sources' shares in slots [0, dst ranks), what this rank
@@ -330,9 +317,8 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   bool owned = false;
   if (slot_bytes > 0) {
     const int device = source != nullptr ? source->shard.device : destination->shard.device;
-    auto allocated = options.staging_pool != nullptr
-                         ? options.staging_pool->Get(slot_bytes * slots, ops.kind(), device)
-                         : transport.AllocateMemory(slot_bytes * slots, ops.kind(), device);
+    auto allocated = options.staging_pool != nullptr ? options.staging_pool->Get(slot_bytes * slots, ops.kind(), device)
+                                                     : transport.AllocateMemory(slot_bytes * slots, ops.kind(), device);
     if (!allocated.ok()) {
       return common::Annotate(allocated.status(), "allocating the resharding staging buffer");
     }
@@ -359,7 +345,8 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   };
   auto finish_oldest = [&]() -> absl::Status {
     Round& round = in_flight.front();
-    RETURN_IF_ERROR(internal::Await(*round.done, options, absl::StrCat("resharding round ", round.index, " of ", rounds)));
+    RETURN_IF_ERROR(
+        internal::Await(*round.done, options, absl::StrCat("resharding round ", round.index, " of ", rounds)));
     for (const auto& [message, offset] : round.unpack) {
       uint64_t pos = 0;
       for (const Range& piece : message->pieces) {
@@ -377,8 +364,9 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
     return absl::OkStatus();
   };
   auto finish_forward = [&]() -> absl::Status {
-    RETURN_IF_ERROR(internal::Await(*forwards.front().done, options,
-                          absl::StrCat("forwarding resharding round ", forwards.front().index, " to the next replica")));
+    RETURN_IF_ERROR(
+        internal::Await(*forwards.front().done, options,
+                        absl::StrCat("forwarding resharding round ", forwards.front().index, " to the next replica")));
     forwards.pop_front();
     return absl::OkStatus();
   };
@@ -474,11 +462,9 @@ absl::StatusOr<ExecutionStats> Execute(Transport& transport, const Plan& plan,
   return finish();
 }
 
-absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* shard,
-                                     MemoryOps& ops, void* copy_to) {
+absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* shard, MemoryOps& ops, void* copy_to) {
   if (rank < 0 || rank >= plan.dst.ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("destination rank ", rank, " is not in [0, ",
-                                                   plan.dst.ranks, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("destination rank ", rank, " is not in [0, ", plan.dst.ranks, ")"));
   }
   ops.ResetDigests(1);
   const auto* base = static_cast<const uint8_t*>(shard);
@@ -501,9 +487,8 @@ absl::Status VerifyDigest(const Plan& plan, int rank, const void* shard, MemoryO
   uint64_t want = 0;
   for (uint64_t share : shares_from_sources) want += share;
   if (got != want) {
-    return absl::DataLossError(absl::StrCat("destination rank ", rank, ": shard digest ",
-                                            absl::Hex(got), " != ", absl::Hex(want),
-                                            ", the sum of the sources' shares"));
+    return absl::DataLossError(absl::StrCat("destination rank ", rank, ": shard digest ", absl::Hex(got),
+                                            " != ", absl::Hex(want), ", the sum of the sources' shares"));
   }
   return absl::OkStatus();
 }

@@ -59,8 +59,7 @@ class MemoryOps {
   virtual void ResetDigests(int slots) = 0;
   virtual void AddDigest(int slot, const void* data, uint64_t bytes, uint64_t shard_offset) = 0;
   // Copy, and AddDigest of the bytes copied; the host does both in one pass.
-  virtual void CopyAndDigest(int slot, void* dst, const void* src, uint64_t bytes,
-                             uint64_t shard_offset) {
+  virtual void CopyAndDigest(int slot, void* dst, const void* src, uint64_t bytes, uint64_t shard_offset) {
     Copy(dst, src, bytes);
     AddDigest(slot, dst, bytes, shard_offset);
   }
@@ -88,8 +87,7 @@ class StagingPool {
   // The mapping of a peer's registration, kept too: mapping afresh each sync would
   // page-fault every page of the destination's shard again. The pool keeps the last
   // kMaxMappings.
-  absl::StatusOr<transport::RemoteMapping*> Map(transport::PeerId peer,
-                                                const v1::RemoteMemoryDescriptor& remote);
+  absl::StatusOr<transport::RemoteMapping*> Map(transport::PeerId peer, const v1::RemoteMemoryDescriptor& remote);
   static constexpr size_t kMaxMappings = 16;
 
  private:
@@ -112,9 +110,9 @@ struct ExecutorOptions {
   // An uncast range this large is sent in place, not copied through staging.
   uint64_t direct_min_bytes = 256ull << 10;
   int depth = 4;
-  absl::Duration timeout = absl::Seconds(60);  // per round
+  absl::Duration timeout = absl::Seconds(60);    // per round
   absl::Time deadline = absl::InfiniteFuture();  // for the whole call
-  bool digests = true;                          // compute the sources' digest shares
+  bool digests = true;                           // compute the sources' digest shares
   // Where a pair's two ends share a host (Transport::MapRemote), the sender stores the
   // bytes straight into the destination's shard (the digest in the same pass; column
   // splits gathered on the way, no staging) and signals each round with a small
@@ -128,7 +126,7 @@ struct ExecutorOptions {
   // between the same processes (e.g. the weight version mod 16): a message that a call
   // which failed left behind (sent but never received) then never matches this one.
   int tag_epoch = 0;
-  StagingPool* staging_pool = nullptr;          // null: allocate and free per call
+  StagingPool* staging_pool = nullptr;  // null: allocate and free per call
 };
 
 // This process as a source rank: its shard (registered with the transport, plan
@@ -161,8 +159,8 @@ struct ExecutionStats {
   uint64_t messages = 0;         // sent + received
   uint64_t staged_messages = 0;  // that needed packing or unpacking
   uint64_t rounds = 0;
-  uint64_t staging_bytes = 0;    // staging memory this process allocated
-  uint64_t mapped_pairs = 0;     // pairs (and forwards) that moved through a mapping
+  uint64_t staging_bytes = 0;  // staging memory this process allocated
+  uint64_t mapped_pairs = 0;   // pairs (and forwards) that moved through a mapping
   absl::Duration elapsed;
   // As a source: digest_shares[d] = this rank's share of destination d's digest.
   std::vector<uint64_t> digest_shares;
@@ -173,16 +171,15 @@ struct ExecutionStats {
 // Runs the part of `plan` that this process plays: as a source, a destination, or both
 // (either may be null). INVALID_ARGUMENT for roles that do not fit the plan (rank out of
 // range, a peer list of the wrong size, a shard smaller than the plan's).
-absl::StatusOr<ExecutionStats> Execute(transport::Transport& transport, const Plan& plan,
-                                       const SourceRole* source,
+absl::StatusOr<ExecutionStats> Execute(transport::Transport& transport, const Plan& plan, const SourceRole* source,
                                        const DestinationRole* destination, MemoryOps& ops,
                                        const ExecutorOptions& options = {});
 
 // The digest of destination `rank`'s shard (its parts, not the padding) at `shard`.
 // With `copy_to` (as long as the shard), each part is also copied there, at its own
 // offset, in the same pass, and the digest is the copy's.
-absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* shard,
-                                     MemoryOps& ops, void* copy_to = nullptr);
+absl::StatusOr<uint64_t> ShardDigest(const Plan& plan, int rank, const void* shard, MemoryOps& ops,
+                                     void* copy_to = nullptr);
 
 // DATA_LOSS naming the destination when its digest differs from the sum of the shares.
 // With `copy_to`: the copy is what is verified (ShardDigest), for a shard that peers can
@@ -204,8 +201,7 @@ struct Message {
 // direct_min_bytes (a column split's rows, from an FSDP source) become messages of
 // their own that the receiver takes without unpacking. The rest is packed together
 // into staged messages of <= chunk_bytes.
-std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes,
-                                 uint64_t direct_min_bytes);
+std::vector<Message> CutMessages(const std::vector<Range>& ranges, uint64_t chunk_bytes, uint64_t direct_min_bytes);
 
 }  // namespace rlfleet::reshard
 

@@ -60,7 +60,6 @@ inline absl::Status Await(Completion& c, const ExecutorOptions& options, const s
   return s.ok() ? s : common::Annotate(s, what);
 }
 
-
 // Calls fn(dst_offset, bytes) once per run of `pieces` that lie end to end at the
 // destination (one copy or digest per run instead of per piece).
 template <typename Fn>
@@ -68,7 +67,8 @@ void ForEachDestinationRun(const std::vector<Range>& pieces, Fn fn) {
   for (size_t a = 0; a < pieces.size();) {
     uint64_t bytes = pieces[a].dst_bytes();
     size_t b = a + 1;
-    for (; b < pieces.size() && pieces[b].dst_offset == pieces[a].dst_offset + bytes; ++b) bytes += pieces[b].dst_bytes();
+    for (; b < pieces.size() && pieces[b].dst_offset == pieces[a].dst_offset + bytes; ++b)
+      bytes += pieces[b].dst_bytes();
     if (bytes > 0) fn(pieces[a].dst_offset, bytes);
     a = b;
   }
@@ -77,18 +77,16 @@ void ForEachDestinationRun(const std::vector<Range>& pieces, Fn fn) {
 // Adds the digest of what `pieces` delivered into the destination shard at `dst_base`
 // to accumulator `slot`.
 inline void AddReceivedDigest(MemoryOps& ops, int slot, const uint8_t* dst_base, const std::vector<Range>& pieces) {
-  ForEachDestinationRun(pieces, [&](uint64_t offset, uint64_t bytes) {
-    ops.AddDigest(slot, dst_base + offset, bytes, offset);
-  });
+  ForEachDestinationRun(
+      pieces, [&](uint64_t offset, uint64_t bytes) { ops.AddDigest(slot, dst_base + offset, bytes, offset); });
 }
 
 // The mapped path of one Execute (mapped_run.cc): negotiation, then the copies and
 // notices. The pairs it maps are marked `mapped`; Execute runs the rest tagged.
 class MappedRun {
  public:
-  MappedRun(Transport& transport, const Plan& plan, const SourceRole* source,
-            const DestinationRole* destination, MemoryOps& ops, const ExecutorOptions& options,
-            ExecutionStats& stats, std::vector<Pair>& pairs);
+  MappedRun(Transport& transport, const Plan& plan, const SourceRole* source, const DestinationRole* destination,
+            MemoryOps& ops, const ExecutorOptions& options, ExecutionStats& stats, std::vector<Pair>& pairs);
   // Host memory the run needs for its control messages.
   uint64_t ControlBytes() const;
   // Decides per pair whether it is mapped. Hellos go up (a relay sends its own once it

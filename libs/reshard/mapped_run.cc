@@ -14,7 +14,7 @@
 namespace rlfleet::reshard::internal {
 namespace {
 
-constexpr uint64_t kHelloBytes = 16 << 10;       // [accept byte][serialized descriptor]
+constexpr uint64_t kHelloBytes = 16 << 10;         // [accept byte][serialized descriptor]
 constexpr uint64_t kLinkBytes = kHelloBytes + 64;  // a hello, then the answer
 
 // Makes stores through a mapping (non-temporal ones too) visible before the notice
@@ -47,8 +47,14 @@ struct Cursor {
 MappedRun::MappedRun(Transport& transport, const Plan& plan, const SourceRole* source,
                      const DestinationRole* destination, MemoryOps& ops, const ExecutorOptions& options,
                      ExecutionStats& stats, std::vector<Pair>& pairs)
-    : t_(transport), plan_(plan), source_(source), destination_(destination), ops_(ops),
-      options_(options), stats_(stats), pairs_(pairs) {
+    : t_(transport),
+      plan_(plan),
+      source_(source),
+      destination_(destination),
+      ops_(ops),
+      options_(options),
+      stats_(stats),
+      pairs_(pairs) {
   for (size_t i = 0; i < pairs_.size(); ++i) (pairs_[i].send ? sends_ : recvs_).push_back(i);
   forward_ = destination_ != nullptr && destination_->forward_to != 0;
   for (const Pair& p : pairs_) rounds_ = std::max(rounds_, p.rounds());
@@ -80,12 +86,14 @@ absl::Status MappedRun::Negotiate(const transport::MemoryHandle& control) {
   };
   for (size_t k = 0; k < sends_.size(); ++k) {
     const Pair& p = pairs_[sends_[k]];
-    hellos_in.push_back(t_.Recv(p.peer, TagOf(options_.tag_epoch, p.src_rank, kHelloIndex), control_, SendLink(k), kHelloBytes));
+    hellos_in.push_back(
+        t_.Recv(p.peer, TagOf(options_.tag_epoch, p.src_rank, kHelloIndex), control_, SendLink(k), kHelloBytes));
   }
   if (forward_) {
     for (size_t j = 0; j < recvs_.size(); ++j) {
-      forward_hellos_in.push_back(t_.Recv(destination_->forward_to, TagOf(options_.tag_epoch, pairs_[recvs_[j]].src_rank, kHelloIndex),
-                                          control_, ForwardLink(j), kHelloBytes));
+      forward_hellos_in.push_back(t_.Recv(destination_->forward_to,
+                                          TagOf(options_.tag_epoch, pairs_[recvs_[j]].src_rank, kHelloIndex), control_,
+                                          ForwardLink(j), kHelloBytes));
     }
     // A relay first learns whether it can map the next replica's shard.
     bool can = host;
@@ -125,15 +133,16 @@ absl::Status MappedRun::Negotiate(const transport::MemoryHandle& control) {
     if (accept) std::memcpy(hello + 1, descriptor.data(), descriptor.size());
     hellos_out.push_back(t_.Send(p.peer, TagOf(options_.tag_epoch, p.src_rank, kHelloIndex), control_, RecvLink(j),
                                  1 + (accept ? descriptor.size() : 0)));
-    answers_in.push_back(t_.Recv(p.peer, TagOf(options_.tag_epoch, p.src_rank, kAnswerIndex), control_, RecvLink(j) + kHelloBytes, 8));
+    answers_in.push_back(
+        t_.Recv(p.peer, TagOf(options_.tag_epoch, p.src_rank, kAnswerIndex), control_, RecvLink(j) + kHelloBytes, 8));
   }
   for (size_t j = 0; j < recvs_.size(); ++j) {
     Pair& p = pairs_[recvs_[j]];
     const std::string from = absl::StrCat(destination_->relay_from != 0 ? "the previous replica" : "source rank ",
                                           destination_->relay_from != 0 ? "" : absl::StrCat(p.src_rank));
-    RETURN_IF_ERROR(Await(*answers_in[j], options_,
-                          absl::StrCat("waiting for the resharding answer of ", from,
-                                       " (do all ranks set the same map_peer_memory?)")));
+    RETURN_IF_ERROR(Await(
+        *answers_in[j], options_,
+        absl::StrCat("waiting for the resharding answer of ", from, " (do all ranks set the same map_peer_memory?)")));
     RETURN_IF_ERROR(Await(*hellos_out[j], options_, absl::StrCat("sending the resharding hello to ", from)));
     p.mapped = base_[RecvLink(j) + kHelloBytes] == 1;
   }
@@ -154,14 +163,15 @@ absl::Status MappedRun::Negotiate(const transport::MemoryHandle& control) {
       }
     }
     base_[SendLink(k) + kHelloBytes] = p.mapped ? 1 : 0;
-    answers_out.push_back(t_.Send(p.peer, TagOf(options_.tag_epoch, p.src_rank, kAnswerIndex), control_, SendLink(k) + kHelloBytes, 1));
+    answers_out.push_back(
+        t_.Send(p.peer, TagOf(options_.tag_epoch, p.src_rank, kAnswerIndex), control_, SendLink(k) + kHelloBytes, 1));
   }
   if (forward_) {
     for (size_t j = 0; j < recvs_.size(); ++j) {
       const Pair& p = pairs_[recvs_[j]];
       base_[ForwardLink(j) + kHelloBytes] = p.mapped ? 1 : 0;  // forwards as it receives
-      answers_out.push_back(t_.Send(destination_->forward_to, TagOf(options_.tag_epoch, p.src_rank, kAnswerIndex), control_,
-                                    ForwardLink(j) + kHelloBytes, 1));
+      answers_out.push_back(t_.Send(destination_->forward_to, TagOf(options_.tag_epoch, p.src_rank, kAnswerIndex),
+                                    control_, ForwardLink(j) + kHelloBytes, 1));
     }
   }
   for (auto& c : answers_out) RETURN_IF_ERROR(Await(*c, options_, "sending a resharding answer"));
@@ -188,7 +198,8 @@ absl::Status MappedRun::Run() {
     const Pair& p = pairs_[recvs_[j]];
     if (!p.mapped) continue;
     for (uint64_t k = 0; k < p.rounds(); ++k, notice_at += 8) {
-      notices[j].push_back(t_.Recv(p.peer, TagOf(options_.tag_epoch, p.src_rank, NoticeIndex(k)), control_, notice_at, 8));
+      notices[j].push_back(
+          t_.Recv(p.peer, TagOf(options_.tag_epoch, p.src_rank, NoticeIndex(k)), control_, notice_at, 8));
     }
   }
   const bool digests = options_.digests && source_ != nullptr;
@@ -232,7 +243,8 @@ absl::Status MappedRun::Run() {
     if (next->index == 0 && next->message == p.round_start[round_of[c] + 1]) {
       RETURN_IF_ERROR(ops_.Sync());
       StoreFence();
-      sent.push_back(t_.Send(p.peer, TagOf(options_.tag_epoch, p.src_rank, NoticeIndex(round_of[c])), control_, table + 8 * round_of[c], 8));
+      sent.push_back(t_.Send(p.peer, TagOf(options_.tag_epoch, p.src_rank, NoticeIndex(round_of[c])), control_,
+                             table + 8 * round_of[c], 8));
       ++round_of[c];
     }
   }
@@ -243,9 +255,9 @@ absl::Status MappedRun::Run() {
     for (size_t j = 0; j < recvs_.size(); ++j) {
       const Pair& p = pairs_[recvs_[j]];
       if (!p.mapped || k >= p.rounds()) continue;
-      RETURN_IF_ERROR(Await(*notices[j][k], options_,
-                            absl::StrCat("resharding round ", k, " of ", p.rounds(), " from source rank ",
-                                         p.src_rank, " (mapped)")));
+      RETURN_IF_ERROR(Await(
+          *notices[j][k], options_,
+          absl::StrCat("resharding round ", k, " of ", p.rounds(), " from source rank ", p.src_rank, " (mapped)")));
       for (size_t m = p.round_start[k]; m < p.round_start[k + 1]; ++m) {
         stats_.bytes_received += p.messages[m].wire_bytes;
         ++stats_.messages;
@@ -262,7 +274,8 @@ absl::Status MappedRun::Run() {
       RETURN_IF_ERROR(ops_.Sync());
       StoreFence();
       for (const Pair* p : told) {
-        sent.push_back(t_.Send(destination_->forward_to, TagOf(options_.tag_epoch, p->src_rank, NoticeIndex(k)), control_, table + 8 * k, 8));
+        sent.push_back(t_.Send(destination_->forward_to, TagOf(options_.tag_epoch, p->src_rank, NoticeIndex(k)),
+                               control_, table + 8 * k, 8));
       }
     }
   }

@@ -21,20 +21,18 @@ std::pair<uint64_t, uint64_t> ChunkBounds(uint64_t extent, int ranks, int rank) 
   return {first, last};
 }
 
-absl::Status CheckLayout(const char* side, const Layout& layout,
-                         const std::vector<TensorSpec>& tensors) {
+absl::Status CheckLayout(const char* side, const Layout& layout, const std::vector<TensorSpec>& tensors) {
   if (layout.ranks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(side, " layout: ranks must be >= 1, got ",
-                                                   layout.ranks));
+    return absl::InvalidArgumentError(absl::StrCat(side, " layout: ranks must be >= 1, got ", layout.ranks));
   }
   if (layout.splits.size() != tensors.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(side, " layout: ", layout.splits.size(),
-                                                   " splits for ", tensors.size(), " tensors"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(side, " layout: ", layout.splits.size(), " splits for ", tensors.size(), " tensors"));
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (layout.splits[i] == Split::kColumns && tensors[i].shape.size() < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(side, " layout: tensor '", tensors[i].name,
-                                                     "' has ", tensors[i].shape.size(),
+      return absl::InvalidArgumentError(absl::StrCat(side, " layout: tensor '", tensors[i].name, "' has ",
+                                                     tensors[i].shape.size(),
                                                      " dimension(s); kColumns needs 2 or more"));
     }
   }
@@ -42,9 +40,8 @@ absl::Status CheckLayout(const char* side, const Layout& layout,
 }
 
 // Computes where every tensor's part sits in each rank's shard buffer.
-void PlaceParts(const std::vector<TensorSpec>& tensors, const Layout& layout,
-                const std::vector<DType>& dtypes, std::vector<std::vector<ShardPart>>* parts,
-                std::vector<uint64_t>* shard_bytes) {
+void PlaceParts(const std::vector<TensorSpec>& tensors, const Layout& layout, const std::vector<DType>& dtypes,
+                std::vector<std::vector<ShardPart>>* parts, std::vector<uint64_t>* shard_bytes) {
   parts->assign(layout.ranks, std::vector<ShardPart>(tensors.size()));
   shard_bytes->assign(layout.ranks, 0);
   for (int r = 0; r < layout.ranks; ++r) {
@@ -66,8 +63,7 @@ void Append(std::vector<Range>* out, const Range& r) {
   if (!out->empty()) {
     Range& last = out->back();
     if (last.src_elem == r.src_elem && last.dst_elem == r.dst_elem &&
-        last.src_offset + last.src_bytes() == r.src_offset &&
-        last.dst_offset + last.dst_bytes() == r.dst_offset) {
+        last.src_offset + last.src_bytes() == r.src_offset && last.dst_offset + last.dst_bytes() == r.dst_offset) {
       last.elements += r.elements;
       return;
     }
@@ -77,13 +73,16 @@ void Append(std::vector<Range>* out, const Range& r) {
 
 }  // namespace
 
-
 const char* SplitName(Split split) {
   switch (split) {
-    case Split::kFlat: return "flat";
-    case Split::kRows: return "rows";
-    case Split::kColumns: return "columns";
-    case Split::kReplicated: return "replicated";
+    case Split::kFlat:
+      return "flat";
+    case Split::kRows:
+      return "rows";
+    case Split::kColumns:
+      return "columns";
+    case Split::kReplicated:
+      return "replicated";
   }
   return "?";
 }
@@ -98,9 +97,7 @@ Layout Layout::Fsdp(int ranks, size_t num_tensors) {
   return Layout{ranks, std::vector<Split>(num_tensors, Split::kFlat)};
 }
 
-Layout Layout::Tp(int ranks, std::vector<Split> per_tensor) {
-  return Layout{ranks, std::move(per_tensor)};
-}
+Layout Layout::Tp(int ranks, std::vector<Split> per_tensor) { return Layout{ranks, std::move(per_tensor)}; }
 
 std::vector<Interval> PartIntervals(const TensorSpec& spec, Split split, int ranks, int rank) {
   const uint64_t numel = spec.numel();
@@ -191,11 +188,10 @@ double PlanCost(const std::vector<TensorSpec>& tensors, const Layout& src, const
   return cost;
 }
 
-absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layout& src,
-                              const Layout& dst, const PlanOptions& options) {
+absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layout& src, const Layout& dst,
+                              const PlanOptions& options) {
   if (tensors.size() > kMaxPlanTensors) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(tensors.size(), " tensors; a plan has at most ", kMaxPlanTensors));
+    return absl::InvalidArgumentError(absl::StrCat(tensors.size(), " tensors; a plan has at most ", kMaxPlanTensors));
   }
   for (const char* side : {"source", "destination"}) {
     const Layout& l = side[0] == 's' ? src : dst;
@@ -212,9 +208,9 @@ absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layo
   if (absl::Status s = CheckLayout("destination", dst, tensors); !s.ok()) return s;
   // The planning work is bounded before any of it is done or allocated.
   if (const double cost = PlanCost(tensors, src, dst); cost > static_cast<double>(kMaxPlanCost)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the plan from ", src.ranks, " to ", dst.ranks, " ranks over ", tensors.size(), " tensors costs ~", cost,
-        " interval steps; at most ", kMaxPlanCost, " (fewer ranks, or fewer column-split rows)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan from ", src.ranks, " to ", dst.ranks, " ranks over ", tensors.size(), " tensors costs ~",
+                     cost, " interval steps; at most ", kMaxPlanCost, " (fewer ranks, or fewer column-split rows)"));
   }
 
   Plan plan;
@@ -225,8 +221,7 @@ absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layo
   std::vector<DType> src_types, dst_types;
   for (const TensorSpec& t : tensors) {
     src_types.push_back(t.dtype);
-    dst_types.push_back(options.cast_f32_to_bf16 && t.dtype == DType::kF32 ? DType::kBF16
-                                                                           : t.dtype);
+    dst_types.push_back(options.cast_f32_to_bf16 && t.dtype == DType::kF32 ? DType::kBF16 : t.dtype);
   }
   PlaceParts(tensors, src, src_types, &plan.src_parts, &plan.src_shard_bytes);
   PlaceParts(tensors, dst, dst_types, &plan.dst_parts, &plan.dst_shard_bytes);
@@ -250,8 +245,7 @@ absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layo
         owners.push_back({iv, s});
       }
     }
-    std::sort(owners.begin(), owners.end(),
-              [](const Owned& a, const Owned& b) { return a.iv.global < b.iv.global; });
+    std::sort(owners.begin(), owners.end(), [](const Owned& a, const Owned& b) { return a.iv.global < b.iv.global; });
 
     for (int d = 0; d < dst.ranks; ++d) {
       const uint64_t dst_base = plan.dst_parts[d][t].offset;

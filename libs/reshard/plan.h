@@ -34,7 +34,6 @@
 
 namespace rlfleet::reshard {
 
-
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
@@ -127,8 +126,8 @@ double PlanCost(const std::vector<TensorSpec>& tensors, const Layout& src, const
 // and, before any planning, more than kMaxPlanRanks ranks or kMaxPlanTensors tensors,
 // a tensor of more than kMaxPlanElements elements, or a PlanCost over kMaxPlanCost.
 // (Any split may be used on either side: kFlat -> kFlat reshards FSDP checkpoints.)
-absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layout& src,
-                              const Layout& dst, const PlanOptions& options = {});
+absl::StatusOr<Plan> MakePlan(const std::vector<TensorSpec>& tensors, const Layout& src, const Layout& dst,
+                              const PlanOptions& options = {});
 
 // The part of `spec` that rank `rank` of `ranks` holds under `split`, as intervals of
 // the flattened tensor: (first element, count, first element's index in the part).

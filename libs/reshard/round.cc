@@ -54,11 +54,10 @@ v1::LayoutKind SplitToProto(Split split) {
   return v1::LAYOUT_KIND_UNSPECIFIED;
 }
 
-absl::StatusOr<ModelLayout> ModelLayoutFromProto(const v1::ShardLayout& proto, absl::string_view field,
-                                                 int max_ranks) {
+absl::StatusOr<ModelLayout> ModelLayoutFromProto(const v1::ShardLayout& proto, absl::string_view field, int max_ranks) {
   if (proto.tensors_size() == 0 || proto.tensors_size() > kMaxTensors) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".tensors: ", proto.tensors_size(), " tensors; want 1..",
-                                                   kMaxTensors));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".tensors: ", proto.tensors_size(), " tensors; want 1..", kMaxTensors));
   }
   if (proto.world_size() < 1 || proto.world_size() > static_cast<uint32_t>(max_ranks)) {
     return absl::InvalidArgumentError(
@@ -112,9 +111,9 @@ absl::StatusOr<Plan> PlanOfRound(const v1::ReshardRound& round) {
   Layout dst;
   if (round.destination_layout().tensors_size() == 0) {
     if (round.destination_layout().world_size() > static_cast<uint32_t>(kMaxDestinationRanks)) {
-      return absl::InvalidArgumentError(absl::StrCat("destination_layout.world_size: ",
-                                                     round.destination_layout().world_size(), "; want 1..",
-                                                     kMaxDestinationRanks));
+      return absl::InvalidArgumentError(
+          absl::StrCat("destination_layout.world_size: ", round.destination_layout().world_size(), "; want 1..",
+                       kMaxDestinationRanks));
     }
     dst = Layout::Tp(std::max<int>(1, static_cast<int>(round.destination_layout().world_size())),
                      std::vector<Split>(src.tensors.size(), Split::kReplicated));
@@ -147,8 +146,8 @@ absl::StatusOr<Plan> PlanOfRound(const v1::ReshardRound& round) {
   }
   const int sources = src.layout.ranks;
   if (round.relay_from().empty() && round.source_addresses_size() != sources) {
-    return absl::InvalidArgumentError(absl::StrCat("source_addresses: ", round.source_addresses_size(),
-                                                   " addresses for ", sources, " source ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("source_addresses: ", round.source_addresses_size(), " addresses for ", sources, " source ranks"));
   }
   if (round.digest_shares_size() != sources) {
     return absl::InvalidArgumentError(
@@ -162,8 +161,8 @@ absl::StatusOr<Plan> PlanOfRound(const v1::ReshardRound& round) {
     return absl::InvalidArgumentError(absl::StrCat("tag_epoch: ", round.tag_epoch(), "; want 0..15"));
   }
   if (round.round_timeout_ms() < 0 || round.round_timeout_ms() > kMaxRoundTimeoutMs) {
-    return absl::InvalidArgumentError(absl::StrCat("round_timeout_ms: ", round.round_timeout_ms(),
-                                                   "; want 0 (10 s) .. ", kMaxRoundTimeoutMs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("round_timeout_ms: ", round.round_timeout_ms(), "; want 0 (10 s) .. ", kMaxRoundTimeoutMs));
   }
   ASSIGN_OR_RETURN(Plan plan, MakePlan(src.tensors, src.layout, dst));
   const uint64_t chunk = round.chunk_bytes() == 0 ? ExecutorOptions().chunk_bytes : round.chunk_bytes();
@@ -190,8 +189,7 @@ absl::StatusOr<std::vector<uint64_t>> SourceDigestShares(const Plan& plan, int s
 
 absl::string_view ShardReceiver::Received::Part(size_t t) const {
   const ShardPart& part = plan.dst_parts[rank][t];
-  return absl::string_view(reinterpret_cast<const char*>(shard) + part.offset,
-                           part.elements * DTypeSize(part.dtype));
+  return absl::string_view(reinterpret_cast<const char*>(shard) + part.offset, part.elements * DTypeSize(part.dtype));
 }
 
 ShardReceiver::ShardReceiver(transport::Transport& transport)
@@ -257,9 +255,9 @@ absl::StatusOr<ShardReceiver::Received> ShardReceiver::Receive(const v1::Reshard
   if (round.chunk_bytes() > 0) options.chunk_bytes = round.chunk_bytes();
   options.map_peer_memory = round.map_peer_memory();
   options.tag_epoch = static_cast<int>(round.tag_epoch());
-  options.timeout = std::min(round.round_timeout_ms() > 0 ? absl::Milliseconds(round.round_timeout_ms())
-                                                          : absl::Seconds(10),
-                             std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+  options.timeout =
+      std::min(round.round_timeout_ms() > 0 ? absl::Milliseconds(round.round_timeout_ms()) : absl::Seconds(10),
+               std::max(deadline - absl::Now(), absl::Milliseconds(1)));
   options.deadline = deadline;
   options.digests = false;  // (a destination's own; the sources' shares come with the round)
   options.staging_pool = &pool_;

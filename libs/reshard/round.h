@@ -44,8 +44,7 @@ struct ModelLayout {
   std::vector<TensorSpec> tensors;
   Layout layout;
 };
-absl::StatusOr<ModelLayout> ModelLayoutFromProto(const v1::ShardLayout& proto, absl::string_view field,
-                                                 int max_ranks);
+absl::StatusOr<ModelLayout> ModelLayoutFromProto(const v1::ShardLayout& proto, absl::string_view field, int max_ranks);
 v1::ShardLayout ModelLayoutToProto(const std::vector<TensorSpec>& tensors, const Layout& layout);
 
 // The plan of a round: the source layout's tensors, from the source layout to the

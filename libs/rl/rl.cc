@@ -22,8 +22,8 @@ torch::Tensor MaskedMean(const torch::Tensor& x, const torch::Tensor& mask) {
   return (x * m).sum() / m.sum().clamp_min(1.0);
 }
 
-GaeResult Gae(const torch::Tensor& rewards, const torch::Tensor& values, const torch::Tensor& mask,
-              double gamma, double lambda) {
+GaeResult Gae(const torch::Tensor& rewards, const torch::Tensor& values, const torch::Tensor& mask, double gamma,
+              double lambda) {
   const int64_t T = rewards.size(1);
   torch::Tensor m = mask.to(rewards.dtype());
   torch::Tensor adv = torch::zeros_like(rewards);

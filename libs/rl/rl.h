@@ -25,16 +25,16 @@ struct GaeResult {
 // GAE(gamma, lambda) for PPO with a value head: rewards [B, T] (usually only the last
 // real token carries the sequence reward), values [B, T], mask [B, T]. Positions past
 // a row's last real token are masked out and do not bootstrap.
-GaeResult Gae(const torch::Tensor& rewards, const torch::Tensor& values, const torch::Tensor& mask,
-              double gamma = 1.0, double lambda = 0.95);
+GaeResult Gae(const torch::Tensor& rewards, const torch::Tensor& values, const torch::Tensor& mask, double gamma = 1.0,
+              double lambda = 0.95);
 
 // Sum over masked positions divided by their count (0 when there are none).
 torch::Tensor MaskedMean(const torch::Tensor& x, const torch::Tensor& mask);
 
 struct PpoOptions {
-  double clip = 0.2;            // PPO-clip epsilon
-  double kl_coef = 0.0;         // weight of the KL penalty against the reference policy
-  double entropy_coef = 0.0;    // weight of the entropy bonus
+  double clip = 0.2;          // PPO-clip epsilon
+  double kl_coef = 0.0;       // weight of the KL penalty against the reference policy
+  double entropy_coef = 0.0;  // weight of the entropy bonus
   // Off-policy correction for stale tokens: the behaviour policy (the rollout's
   // logprobs) may be older than `old` (the trainer's logprobs at the start of the
   // step); each token is weighted by exp(old - behaviour) truncated at this cap.
@@ -57,9 +57,9 @@ struct PpoLoss {
 // The PPO clipped policy loss. `advantages` is [B, T] or [B] (broadcast over tokens).
 // `behaviour`, `reference` and `entropies` may be undefined tensors.
 PpoLoss PpoPolicyLoss(const torch::Tensor& new_logprobs, const torch::Tensor& old_logprobs,
-                      const torch::Tensor& advantages, const torch::Tensor& mask,
-                      const PpoOptions& options = {}, const torch::Tensor& behaviour_logprobs = {},
-                      const torch::Tensor& reference_logprobs = {}, const torch::Tensor& entropies = {});
+                      const torch::Tensor& advantages, const torch::Tensor& mask, const PpoOptions& options = {},
+                      const torch::Tensor& behaviour_logprobs = {}, const torch::Tensor& reference_logprobs = {},
+                      const torch::Tensor& entropies = {});
 
 }  // namespace rlfleet::rl
 

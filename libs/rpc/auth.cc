@@ -11,16 +11,14 @@
 #include "libs/common/hmac.h"
 #include "libs/common/status_macros.h"
 
-ABSL_FLAG(std::string, auth_token, "",
-          "Bearer token: servers require it on every call, clients send it. Empty: off.");
-ABSL_FLAG(std::string, auth_token_file, "", "File holding the bearer token (preferred over "
-                                            "--auth_token, which shows in `ps`).");
+ABSL_FLAG(std::string, auth_token, "", "Bearer token: servers require it on every call, clients send it. Empty: off.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the bearer token (preferred over "
+          "--auth_token, which shows in `ps`).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of this side; enables TLS on servers.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA bundle that signs the peer's certificate; enables TLS on clients.");
-ABSL_FLAG(bool, tls_require_client_cert, false,
-          "Servers: require and verify a client certificate (mutual TLS).");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that signs the peer's certificate; enables TLS on clients.");
+ABSL_FLAG(bool, tls_require_client_cert, false, "Servers: require and verify a client certificate (mutual TLS).");
 
 ABSL_FLAG(std::string, admin_token, "",
           "Controller role's bearer token: servers require it on controller-only RPCs; the controller "
@@ -83,16 +81,15 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
   in.read(data.data(), static_cast<std::streamsize>(data.size()));
   data.resize(static_cast<size_t>(in.gcount()));
   if (data.size() > kMaxPemBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is larger than ", kMaxPemBytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(path, " is larger than ", kMaxPemBytes, " bytes"));
   }
   return data;
 }
 
 absl::StatusOr<AuthOptions> AuthOptionsFromFlags() {
   AuthOptions options;
-  ASSIGN_OR_RETURN(options.token, TokenFromFlags(absl::GetFlag(FLAGS_auth_token),
-                                                 absl::GetFlag(FLAGS_auth_token_file), "auth_token"));
+  ASSIGN_OR_RETURN(options.token,
+                   TokenFromFlags(absl::GetFlag(FLAGS_auth_token), absl::GetFlag(FLAGS_auth_token_file), "auth_token"));
   ASSIGN_OR_RETURN(options.admin_token, TokenFromFlags(absl::GetFlag(FLAGS_admin_token),
                                                        absl::GetFlag(FLAGS_admin_token_file), "admin_token"));
   if (!options.admin_token.empty() && options.admin_token == options.token) {
@@ -106,12 +103,10 @@ absl::StatusOr<AuthOptions> AuthOptionsFromFlags() {
   return options;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const AuthOptions& options) {
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const AuthOptions& options) {
   if (!options.tls_enabled_for_server()) {
     if (!options.tls_key_file.empty() || options.require_client_cert) {
-      return absl::InvalidArgumentError(
-          "--tls_key / --tls_require_client_cert need --tls_cert on a server");
+      return absl::InvalidArgumentError("--tls_key / --tls_require_client_cert need --tls_cert on a server");
     }
     return grpc::InsecureServerCredentials();
   }
@@ -119,8 +114,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     return absl::InvalidArgumentError("--tls_cert needs --tls_key on a server");
   }
   if (options.require_client_cert && options.tls_ca_file.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls_require_client_cert needs --tls_ca to verify client certificates");
+    return absl::InvalidArgumentError("--tls_require_client_cert needs --tls_ca to verify client certificates");
   }
   grpc::SslServerCredentialsOptions ssl;
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
@@ -136,8 +130,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
-    const AuthOptions& options) {
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const AuthOptions& options) {
   if (!options.tls_enabled_for_client()) {
     if (!options.tls_cert_file.empty()) {
       return absl::InvalidArgumentError("a client certificate (--tls_cert) needs --tls_ca");
@@ -167,8 +160,9 @@ absl::Status Authorize(const grpc::ServerContextBase& context, const CallAuth& a
     if (!auth.admin_token.empty() && ConstantTimeEquals(bearer, auth.admin_token)) return absl::OkStatus();
     if (PeerHasIdentity(context, auth.admin_identities)) return CheckBearerToken(context, auth.token);
     return absl::PermissionDeniedError(
-        absl::StrCat(method, " is a controller-only RPC: present the admin token (--admin_token_file) or a "
-                             "client certificate named in the server's --admin_identities"));
+        absl::StrCat(method,
+                     " is a controller-only RPC: present the admin token (--admin_token_file) or a "
+                     "client certificate named in the server's --admin_identities"));
   }
   if (!auth.admin_token.empty() && ConstantTimeEquals(BearerOf(context), auth.admin_token)) {
     return absl::OkStatus();
@@ -176,8 +170,7 @@ absl::Status Authorize(const grpc::ServerContextBase& context, const CallAuth& a
   return CheckBearerToken(context, auth.token);
 }
 
-absl::Status CheckBearerToken(const grpc::ServerContextBase& context,
-                              const std::string& expected_token) {
+absl::Status CheckBearerToken(const grpc::ServerContextBase& context, const std::string& expected_token) {
   if (expected_token.empty()) return absl::OkStatus();
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kAuthorizationKey);

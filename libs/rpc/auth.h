@@ -79,18 +79,15 @@ absl::StatusOr<AuthOptions> AuthOptionsFromFlags();
 // Server credentials for `options`: insecure, TLS, or mutual TLS. NOT_FOUND naming the
 // file when a PEM file cannot be read; INVALID_ARGUMENT for inconsistent options
 // (a key without a cert, require_client_cert without a CA).
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const AuthOptions& options);
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const AuthOptions& options);
 
 // Channel credentials for `options` (insecure or TLS, with a client certificate when
 // given). Errors as for MakeServerCredentials.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
-    const AuthOptions& options);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const AuthOptions& options);
 
 // Checks a server call's bearer token in constant time. OK when `expected_token` is
 // empty (auth off); UNAUTHENTICATED, saying what was wrong, otherwise.
-absl::Status CheckBearerToken(const grpc::ServerContextBase& context,
-                              const std::string& expected_token);
+absl::Status CheckBearerToken(const grpc::ServerContextBase& context, const std::string& expected_token);
 
 // Who may call an RPC.
 enum class Role {
@@ -100,8 +97,8 @@ enum class Role {
 
 // What every handler needs to authorise a call. Copyable; immutable after start.
 struct CallAuth {
-  std::string token;        // fleet bearer token; empty: fleet RPCs need no token
-  std::string admin_token;  // controller role's bearer token; empty: none
+  std::string token;                          // fleet bearer token; empty: fleet RPCs need no token
+  std::string admin_token;                    // controller role's bearer token; empty: none
   std::vector<std::string> admin_identities;  // controller role's certificate names
 
   // True when controller-only RPCs need more than the fleet check.

@@ -29,8 +29,7 @@ absl::Duration BackoffFor(const RetryPolicy& policy, int retry, absl::BitGenRef 
   return base * factor;
 }
 
-absl::Status CallWithRetry(const RetryPolicy& policy, absl::Duration timeout,
-                           common::Clock* clock, absl::BitGenRef gen,
+absl::Status CallWithRetry(const RetryPolicy& policy, absl::Duration timeout, common::Clock* clock, absl::BitGenRef gen,
                            const std::function<absl::Status(absl::Time)>& attempt) {
   const absl::Time deadline = clock->Now() + timeout;
   const int max_attempts = std::max(policy.max_attempts, 1);
@@ -66,8 +65,7 @@ absl::StatusOr<ClientOptions> ClientOptionsFromFlags(const std::string& target) 
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ClientOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("empty gRPC target");
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds,
-                   MakeChannelCredentials(options.auth));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds, MakeChannelCredentials(options.auth));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -79,37 +77,32 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ClientOptions& 
   return grpc::CreateCustomChannel(options.target, creds, args);
 }
 
-ClientBase::ClientBase(std::shared_ptr<grpc::Channel> channel, ClientOptions options,
-                       common::Clock* clock)
+ClientBase::ClientBase(std::shared_ptr<grpc::Channel> channel, ClientOptions options, common::Clock* clock)
     : channel_(std::move(channel)), options_(std::move(options)), clock_(clock) {}
 
-void PrepareCallContext(const ClientOptions& options, absl::Time deadline,
-                        grpc::ClientContext* context) {
+void PrepareCallContext(const ClientOptions& options, absl::Time deadline, grpc::ClientContext* context) {
   context->set_deadline(absl::ToChronoTime(deadline));
   // The admin token, when this client holds one, grants fleet RPCs too.
   const std::string& token = options.auth.admin_token.empty() ? options.auth.token : options.auth.admin_token;
   if (!token.empty()) context->AddMetadata(kAuthorizationKey, absl::StrCat("Bearer ", token));
 }
 
-std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientOptions& options,
-                                                    absl::Duration timeout) {
+std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientOptions& options, absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) timeout = options.default_timeout;
   auto context = std::make_unique<grpc::ClientContext>();
   PrepareCallContext(options, absl::Now() + timeout, context.get());
   return context;
 }
 
-absl::Status ClientBase::Call(absl::string_view method,
-                              const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
+absl::Status ClientBase::Call(absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
                               absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
   thread_local absl::BitGen gen;
-  absl::Status status = CallWithRetry(
-      options_.retry, timeout, clock_, gen, [&](absl::Time attempt_deadline) {
-        grpc::ClientContext context;
-        PrepareCallContext(options_, attempt_deadline, &context);
-        return ToAbslStatus(rpc(&context));
-      });
+  absl::Status status = CallWithRetry(options_.retry, timeout, clock_, gen, [&](absl::Time attempt_deadline) {
+    grpc::ClientContext context;
+    PrepareCallContext(options_, attempt_deadline, &context);
+    return ToAbslStatus(rpc(&context));
+  });
   return common::Annotate(status, absl::StrCat(method, " to ", options_.target));
 }
 

@@ -46,8 +46,7 @@ absl::Duration BackoffFor(const RetryPolicy& policy, int retry, absl::BitGenRef 
 // policy's attempts run out, or `timeout` has passed (measured on `clock`). Backoffs
 // sleep on `clock` and never run past the overall deadline. The returned error is the
 // last attempt's, annotated with the attempt count when there were retries.
-absl::Status CallWithRetry(const RetryPolicy& policy, absl::Duration timeout,
-                           common::Clock* clock, absl::BitGenRef gen,
+absl::Status CallWithRetry(const RetryPolicy& policy, absl::Duration timeout, common::Clock* clock, absl::BitGenRef gen,
                            const std::function<absl::Status(absl::Time)>& attempt);
 
 struct ClientOptions {
@@ -69,11 +68,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ClientOptions& 
 
 // Sets `context`'s deadline and adds the bearer token of `options`: what every call of
 // ours carries.
-void PrepareCallContext(const ClientOptions& options, absl::Time deadline,
-                        grpc::ClientContext* context);
+void PrepareCallContext(const ClientOptions& options, absl::Time deadline, grpc::ClientContext* context);
 // A context for one call, its deadline `timeout` from now (zero: options.default_timeout).
-std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientOptions& options,
-                                                    absl::Duration timeout);
+std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientOptions& options, absl::Duration timeout);
 
 // Base of every typed client: subclasses hold a stub and implement each RPC as
 //   return Call("Register", [&](grpc::ClientContext* ctx) {
@@ -92,8 +89,7 @@ class ClientBase {
   // Makes the call with retries (see CallWithRetry). Each attempt gets a fresh
   // ClientContext with its deadline and the bearer token. `timeout` zero means
   // options().default_timeout. Errors are annotated with `method` and the target.
-  absl::Status Call(absl::string_view method,
-                    const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
+  absl::Status Call(absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
                     absl::Duration timeout = absl::ZeroDuration());
 
  private:

@@ -1,10 +1,8 @@
 #include "libs/rpc/server_runner.h"
 
 #include <errno.h>
-
-#include <iostream>
-
 #include <fcntl.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -12,8 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
-
-#include <grpcpp/health_check_service_interface.h>
+#include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
@@ -119,8 +116,7 @@ ServerRunner::~ServerRunner() {
 void ServerRunner::AddService(grpc::Service* service) { services_.push_back(service); }
 
 absl::Status ServerRunner::Start() {
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
-                   MakeServerCredentials(options_.auth));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, MakeServerCredentials(options_.auth));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string listen = JoinHostPort(options_.host, options_.port);
@@ -133,8 +129,7 @@ absl::Status ServerRunner::Start() {
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
-    return absl::UnavailableError(absl::StrCat("cannot serve on ", listen,
-                                               " (address in use or not local?)"));
+    return absl::UnavailableError(absl::StrCat("cannot serve on ", listen, " (address in use or not local?)"));
   }
   SetServing(true);
   if (options_.handle_signals) RETURN_IF_ERROR(InstallSignalHandlers());
@@ -182,8 +177,7 @@ void ServerRunner::Shutdown() {
   }
   if (server_ == nullptr) return;
   SetServing(false);
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    absl::ToChronoMilliseconds(options_.drain_timeout));
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.drain_timeout));
   server_->Wait();
 }
 

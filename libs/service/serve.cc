@@ -22,8 +22,8 @@ int ServeUntilTerminated(rpc::ServerRunner& runner, const ServeSpec& spec) {
             << (options.auth.tls_enabled_for_server() ? " (TLS)" : "") << std::endl;
   absl::StatusOr<std::unique_ptr<registry::Registrar>> registrar = nullptr;
   if (spec.role != v1::REPLICA_ROLE_UNSPECIFIED) {
-    registrar = registry::RegisterFromFlags(spec.role, runner.address(), runner.metrics_port(), spec.fill,
-                                            spec.binary, spec.rejoined);
+    registrar = registry::RegisterFromFlags(spec.role, runner.address(), runner.metrics_port(), spec.fill, spec.binary,
+                                            spec.rejoined);
     if (!registrar.ok()) {
       std::cerr << spec.binary << ": " << registrar.status() << "\n";
       return 1;

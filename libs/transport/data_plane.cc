@@ -63,8 +63,7 @@ bool IsLoopbackHost(const std::string& host) {
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> OpenDataPlaneFromFlags(const std::string& serving_host,
-                                                                 const std::string& name,
-                                                                 const std::string& without) {
+                                                                  const std::string& name, const std::string& without) {
   const std::string kind = absl::GetFlag(FLAGS_data_plane);
   if (kind == "none") return std::unique_ptr<Transport>();
   if (kind != "ucx") return absl::InvalidArgumentError(absl::StrCat("--data_plane=", kind, ": want ucx or none"));

@@ -26,7 +26,7 @@ absl::StatusOr<std::string> DataPlaneSecretFromFlags();
 // UCX data plane (why); `without`"). INVALID_ARGUMENT for another flag value; an error
 // too when devices or transports the flags chose cannot start, or the secret file is bad.
 absl::StatusOr<std::unique_ptr<Transport>> OpenDataPlaneFromFlags(const std::string& serving_host,
-                                                                 const std::string& name, const std::string& without);
+                                                                  const std::string& name, const std::string& without);
 
 }  // namespace rlfleet::transport
 

@@ -67,8 +67,8 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescr
   const std::string& path = d.segment().worker_address();
   if (path.empty()) return absl::InvalidArgumentError("segment.worker_address: empty (the file's path)");
   if (options_.file_root.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("segment.backend: FILE descriptors are not accepted here (no ",
-                                                   options_.file_root_flag, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment.backend: FILE descriptors are not accepted here (no ", options_.file_root_flag, ")"));
   }
   // The real path must lie under the root: no "..", no symlink out of it.
   ASSIGN_OR_RETURN(const std::filesystem::path resolved,
@@ -141,10 +141,9 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   ReleaseFinished();
   {
     absl::MutexLock lock(&mu_);
-    if (pending_bytes_ > options_.max_pending_bytes ||
-        d.length_bytes() > options_.max_pending_bytes - pending_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          pending_bytes_, " bytes of fetches that timed out are still in flight; retry when they finish"));
+    if (pending_bytes_ > options_.max_pending_bytes || d.length_bytes() > options_.max_pending_bytes - pending_bytes_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(pending_bytes_, " bytes of fetches that timed out are still in flight; retry when they finish"));
     }
   }
   ASSIGN_OR_RETURN(PeerId peer, transport_->Connect(d.segment().worker_address()));
@@ -156,8 +155,7 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   std::string bytes = common::ReuseOrNewHugeString(std::move(reuse), d.length_bytes());
   const absl::Time transfer_start = absl::Now();
   timings->allocate = transfer_start - allocate_start;
-  ASSIGN_OR_RETURN(MemoryHandle local,
-                   transport_->RegisterMemory(bytes.data(), bytes.size(), MemoryKind::kHost, 0));
+  ASSIGN_OR_RETURN(MemoryHandle local, transport_->RegisterMemory(bytes.data(), bytes.size(), MemoryKind::kHost, 0));
   std::unique_ptr<Completion> get = transport_->Get(peer, local, 0, d.segment(), d.offset_bytes(), d.length_bytes());
   absl::Status s = get->Wait(deadline - absl::Now());
   if (absl::IsDeadlineExceeded(s) && !get->Done()) {

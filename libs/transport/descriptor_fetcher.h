@@ -70,8 +70,8 @@ class DescriptorFetcher {
   // payload: a caller that fetches one version after another (a rollout
   // replica) keeps two buffers instead of faulting in a fresh one per pull (a fresh
   // 400 MB buffer: 46 ms here when memory is warm, 460-780 ms when it is not).
-  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline,
-                                    std::string reuse, FetchTimings* timings = nullptr);
+  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline, std::string reuse,
+                                    FetchTimings* timings = nullptr);
   const Options& options() const { return options_; }
 
   // Fetches that timed out and whose memory is still held (their transfer has not

@@ -22,17 +22,14 @@ class ForwardingTransport : public Transport {
   Capabilities GetCapabilities() const override { return inner_->GetCapabilities(); }
   std::string LocalAddress() const override { return inner_->LocalAddress(); }
   absl::StatusOr<PeerId> Connect(absl::string_view a) override { return inner_->Connect(a); }
-  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind,
-                                              int device) override {
+  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind, int device) override {
     return inner_->RegisterMemory(base, length, kind, device);
   }
   absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind, int device) override {
     return inner_->AllocateMemory(length, kind, device);
   }
   absl::Status DeregisterMemory(const MemoryHandle& h) override { return inner_->DeregisterMemory(h); }
-  absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& h) override {
-    return inner_->Describe(h);
-  }
+  absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& h) override { return inner_->Describe(h); }
   std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                   const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
                                   uint64_t length) override {

@@ -8,8 +8,7 @@ namespace rlfleet::transport {
 absl::Status PendingCompletion::Wait(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("transfer not finished after ", absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat("transfer not finished after ", absl::FormatDuration(timeout)));
   }
   return status_;
 }
@@ -106,8 +105,7 @@ std::unique_ptr<Completion> Transport::PutBatch(PeerId peer, const std::vector<P
   return AllOf(std::move(parts));
 }
 
-absl::StatusOr<std::unique_ptr<RemoteMapping>> Transport::MapRemote(
-    PeerId, const v1::RemoteMemoryDescriptor&) {
+absl::StatusOr<std::unique_ptr<RemoteMapping>> Transport::MapRemote(PeerId, const v1::RemoteMemoryDescriptor&) {
   return absl::UnimplementedError(
       absl::StrCat("the ", GetCapabilities().backend, " backend cannot map a peer's memory"));
 }
@@ -123,13 +121,11 @@ std::unique_ptr<Completion> Transport::SendRecvBatch(const std::vector<TwoSidedO
   return AllOf(std::move(parts));
 }
 
-absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t length,
-                        uint64_t region_length) {
+absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t length, uint64_t region_length) {
   if (length == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": zero-length transfer"));
   if (offset > region_length || length > region_length - offset) {
-    return absl::OutOfRangeError(absl::StrCat(what, ": bytes [", offset, ", ", offset + length,
-                                              ") are outside the ", region_length,
-                                              "-byte registration"));
+    return absl::OutOfRangeError(absl::StrCat(what, ": bytes [", offset, ", ", offset + length, ") are outside the ",
+                                              region_length, "-byte registration"));
   }
   return absl::OkStatus();
 }

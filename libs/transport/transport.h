@@ -49,19 +49,19 @@ namespace rlfleet::transport {
 enum class MemoryKind { kHost, kCuda };
 
 struct Capabilities {
-  std::string backend;         // "loopback", "ucx", "nccl", "fault(<inner>)"
-  bool host_memory = false;    // can register host memory
-  bool cuda_memory = false;    // can register CUDA device memory
-  bool one_sided = false;      // Put / Get offered
-  bool two_sided = false;      // Send / Recv offered
+  std::string backend;       // "loopback", "ucx", "nccl", "fault(<inner>)"
+  bool host_memory = false;  // can register host memory
+  bool cuda_memory = false;  // can register CUDA device memory
+  bool one_sided = false;    // Put / Get offered
+  bool two_sided = false;    // Send / Recv offered
   // False when one-sided operations are emulated slowly (UCX 1.13 over tcp): bulk
   // transfers should then go through Send / Recv.
   bool one_sided_fast = false;
   // MapRemote can map a same-host peer's memory (UCX with a shared-memory transport).
   bool maps_peer_memory = false;
-  uint64_t max_message_bytes = 0;  // largest single transfer
+  uint64_t max_message_bytes = 0;   // largest single transfer
   uint64_t max_tag = ~uint64_t{0};  // largest Send / Recv tag (UCX: 2^32 - 1)
-  std::string detail;          // backend specifics, e.g. the UCX transports in use
+  std::string detail;               // backend specifics, e.g. the UCX transports in use
 };
 
 // A local registration. Copyable value; the registration itself lives in the Transport
@@ -120,15 +120,13 @@ class Transport {
 
   // Registers [base, base + length) for transfers. INVALID_ARGUMENT for a null base,
   // zero length or an unsupported memory kind.
-  virtual absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length,
-                                                      MemoryKind kind = MemoryKind::kHost,
+  virtual absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind = MemoryKind::kHost,
                                                       int device = 0) = 0;
   // Allocates `length` bytes in the way this backend serves best and registers them
   // (UCX: memory peers on this host map directly, so their Put / Get are a plain
-  // memcpy; NCCL: device memory). Its contents are unspecified. DeregisterMemory frees it. INVALID_ARGUMENT for zero length;
-  // RESOURCE_EXHAUSTED when the allocation fails.
-  virtual absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length,
-                                                      MemoryKind kind = MemoryKind::kHost,
+  // memcpy; NCCL: device memory). Its contents are unspecified. DeregisterMemory frees it. INVALID_ARGUMENT for zero
+  // length; RESOURCE_EXHAUSTED when the allocation fails.
+  virtual absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind = MemoryKind::kHost,
                                                       int device = 0) = 0;
 
   // Releases a registration (and frees the memory if AllocateMemory made it). Peers
@@ -142,10 +140,9 @@ class Transport {
 
   // One-sided: writes local[local_offset, +length) to the peer's registration `remote`
   // at remote_offset. Completes when the bytes are in the peer's memory.
-  virtual std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local,
-                                          uint64_t local_offset,
-                                          const v1::RemoteMemoryDescriptor& remote,
-                                          uint64_t remote_offset, uint64_t length) = 0;
+  virtual std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                          const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                          uint64_t length) = 0;
   // One one-sided write of a batch (see PutBatch). `remote` must stay valid during the
   // PutBatch call.
   struct PutOp {
@@ -162,19 +159,18 @@ class Transport {
   virtual std::unique_ptr<Completion> PutBatch(PeerId peer, const std::vector<PutOp>& ops);
 
   // One-sided: reads the peer's remote[remote_offset, +length) into local at local_offset.
-  virtual std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local,
-                                          uint64_t local_offset,
-                                          const v1::RemoteMemoryDescriptor& remote,
-                                          uint64_t remote_offset, uint64_t length) = 0;
+  virtual std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                          const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                          uint64_t length) = 0;
 
   // Two-sided: sends local[offset, +length) to `peer` under `tag`; matched in order
   // with the peer's Recv(this process's PeerId there, tag).
-  virtual std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                           uint64_t offset, uint64_t length) = 0;
+  virtual std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                           uint64_t length) = 0;
   // Receives one message from `peer` under `tag` into local[offset, +capacity).
   // DATA_LOSS if the message was larger than capacity.
-  virtual std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                           uint64_t offset, uint64_t capacity) = 0;
+  virtual std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                           uint64_t capacity) = 0;
 
   // Maps the peer's registration `remote` into this process, where the backend can: UCX
   // for a peer on this host whose memory came from its AllocateMemory, over a
@@ -184,8 +180,8 @@ class Transport {
   // the mapping is destroyed; stores after the owner deregistered it reach memory that
   // nobody reads. UNIMPLEMENTED where it cannot map (another host, device memory, no
   // shared-memory transport); the caller then moves bytes with Send / Recv or Put / Get.
-  virtual absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(
-      PeerId peer, const v1::RemoteMemoryDescriptor& remote);
+  virtual absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(PeerId peer,
+                                                                   const v1::RemoteMemoryDescriptor& remote);
 
   // One Send (send = true) or Recv of a batch.
   struct TwoSidedOp {
@@ -232,8 +228,7 @@ std::unique_ptr<Completion> Share(std::shared_ptr<PendingCompletion> pending);
 std::string BaseBackend(const Capabilities& capabilities);
 
 // Shared validation of a range against a region: OUT_OF_RANGE naming `what`.
-absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t length,
-                        uint64_t region_length);
+absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t length, uint64_t region_length);
 
 }  // namespace rlfleet::transport
 

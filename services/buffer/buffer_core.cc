@@ -1,13 +1,12 @@
 #include "services/buffer/buffer_core.h"
 
-#include <optional>
-
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "absl/strings/escaping.h"
 #include "libs/common/checks.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
@@ -19,8 +18,8 @@ constexpr uint64_t kDefaultCapacity = 1ull << 30;
 constexpr int64_t kDefaultLeaseTtlMs = 60000;
 constexpr uint64_t kHistogramBuckets = 8;
 
-void Reject(v1::PutExperiencesResponse* response, uint32_t index, const std::string& id,
-            v1::RejectReason reason, std::string message) {
+void Reject(v1::PutExperiencesResponse* response, uint32_t index, const std::string& id, v1::RejectReason reason,
+            std::string message) {
   v1::Rejection* r = response->add_rejections();
   r->set_index(index);
   r->mutable_experience_id()->set_value(id);
@@ -100,8 +99,8 @@ absl::Status BufferCore::Recover(std::vector<std::string>* skipped) {
   if (snapshot.policy_version <= kMaxPolicyVersion) {
     current_version_ = std::max(current_version_, snapshot.policy_version);
   } else {
-    skipped->push_back(absl::StrCat("the stored policy version ", snapshot.policy_version, " is above ",
-                                    kMaxPolicyVersion));
+    skipped->push_back(
+        absl::StrCat("the stored policy version ", snapshot.policy_version, " is above ", kMaxPolicyVersion));
   }
   for (std::string& id : snapshot.seen_ids) seen_.insert(std::move(id));
   ExperienceReader reader;
@@ -170,8 +169,7 @@ absl::Status BufferCore::ValidConfig(const v1::ConfigureRequest& request) {
   return absl::OkStatus();
 }
 
-absl::Status BufferCore::Configure(const v1::ConfigureRequest& request,
-                                   v1::ConfigureResponse* response) {
+absl::Status BufferCore::Configure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response) {
   RETURN_IF_ERROR(ValidConfig(request));
   absl::MutexLock lock(&mu_);
   if (request.group_size() != config_.group_size() &&
@@ -215,8 +213,7 @@ uint64_t BufferCore::ReplyBytes(const std::string& group_id, const std::string& 
 }
 
 bool BufferCore::TooStaleLocked(uint64_t oldest_version, uint64_t current) const {
-  return config_.has_max_staleness() && current > oldest_version &&
-         current - oldest_version > config_.max_staleness();
+  return config_.has_max_staleness() && current > oldest_version && current - oldest_version > config_.max_staleness();
 }
 
 absl::Status BufferCore::ForgetLocked(const std::vector<const Group*>& groups, const std::string& counter) {
@@ -289,8 +286,8 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   if (!request->run_id().empty() && !config_.run_id().empty() && request->run_id() != config_.run_id()) {
     const std::string run = config_.run_id();
     mu_.Unlock();
-    return absl::FailedPreconditionError(absl::StrCat("run_id `", request->run_id(),
-                                                      "` is not this buffer's run `", run, "`"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("run_id `", request->run_id(), "` is not this buffer's run `", run, "`"));
   }
   ExpireLeasesLocked();
   const uint32_t group_size = config_.group_size();
@@ -326,8 +323,8 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
     }
     if (TooStaleLocked(f.oldest_version, current_version_)) {
       Reject(response, i, id, v1::REJECT_REASON_STALE,
-             absl::StrCat("token_policy_versions: oldest ", f.oldest_version, " is more than ",
-                          config_.max_staleness(), " behind ", current_version_));
+             absl::StrCat("token_policy_versions: oldest ", f.oldest_version, " is more than ", config_.max_staleness(),
+                          " behind ", current_version_));
       continue;
     }
     const uint64_t bytes = request->experiences(i).size();
@@ -351,8 +348,8 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
       }
       // A group that no SampleBatch reply could hold would never leave the queue.
       const uint64_t group_bytes = (it == filling_.end() ? 0 : it->second.bytes) +
-                                   (reserved == reserved_groups_.end() ? 0 : reserved->second.bytes) +
-                                   adding.bytes + bytes;
+                                   (reserved == reserved_groups_.end() ? 0 : reserved->second.bytes) + adding.bytes +
+                                   bytes;
       if (ReplyBytes(group, f.prompt_id, group_bytes, have + 1) > kMaxReplyBytes) {
         Reject(response, i, id, v1::REJECT_REASON_TOO_LARGE,
                absl::StrCat("group_id `", group, "` would hold ", group_bytes, " bytes of experiences with this one; ",
@@ -377,10 +374,10 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   response->set_rejected(response->rejections_size());
   if (bytes_ + reserved_bytes_ + adding_bytes > config_.capacity_bytes()) {
     // Nothing is taken or counted: the producer retries the same batch.
-    const std::string message = absl::StrCat(
-        "buffer full: ", bytes_ + reserved_bytes_, " of ", config_.capacity_bytes(),
-        " bytes held or being written, this batch needs ", adding_bytes,
-        " more; retry after the trainer consumes a batch (nothing was taken)");
+    const std::string message =
+        absl::StrCat("buffer full: ", bytes_ + reserved_bytes_, " of ", config_.capacity_bytes(),
+                     " bytes held or being written, this batch needs ", adding_bytes,
+                     " more; retry after the trainer consumes a batch (nothing was taken)");
     for (int i : accept) seen_.erase(facts[i].id);
     mu_.Unlock();
     return absl::ResourceExhaustedError(message);
@@ -424,8 +421,8 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   --reserving_puts_;
   if (!stored.ok()) {
     for (int i : accept) seen_.erase(facts[i].id);
-    return absl::UnavailableError(absl::StrCat("cannot record experiences durably (nothing was taken): ",
-                                               stored.message()));
+    return absl::UnavailableError(
+        absl::StrCat("cannot record experiences durably (nothing was taken): ", stored.message()));
   }
   for (int i : accept) {
     Member m = MemberOf(facts[i]);
@@ -465,8 +462,7 @@ void BufferCore::ReleaseEarlierIncarnationsLocked(const std::string& consumer, c
   });
 }
 
-absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
-                                     v1::SampleBatchResponse* response) {
+absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request, v1::SampleBatchResponse* response) {
   if (request.num_groups() < 1 || request.num_groups() > kMaxGroupsPerSample) {
     return absl::InvalidArgumentError(absl::StrCat("num_groups ", request.num_groups(), " is outside 1..1024"));
   }
@@ -486,8 +482,7 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
   }
   const uint32_t want = std::max<uint32_t>(request.min_groups(), 1);
   absl::MutexLock lock(&mu_);
-  if (std::string why = BadVersionLocked("current_policy_version", request.current_policy_version());
-      !why.empty()) {
+  if (std::string why = BadVersionLocked("current_policy_version", request.current_policy_version()); !why.empty()) {
     return absl::InvalidArgumentError(why);
   }
   ExpireLeasesLocked();
@@ -511,7 +506,7 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
   const bool staleness_override = request.has_max_staleness();
   LeaseState lease;
   std::vector<std::pair<std::string, Group>> unrecorded;  // drops the store did not take
-  uint64_t reply_bytes = 256;  // (the lease id, its expiry and the drop counts)
+  uint64_t reply_bytes = 256;                             // (the lease id, its expiry and the drop counts)
   while (!ready_.empty() && lease.groups.size() < request.num_groups()) {
     const uint64_t group_reply_bytes = ReplyBytes(ready_.front().first, ready_.front().second.prompt_id,
                                                   ready_.front().second.bytes, ready_.front().second.members.size());
@@ -532,9 +527,8 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
     const double n = static_cast<double>(group.members.size());
     const double mean = sum / n;
     const double stddev = std::sqrt(std::max(0.0, sq / n - mean * mean));
-    const bool stale = staleness_override
-                           ? (current > oldest && current - oldest > request.max_staleness())
-                           : TooStaleLocked(oldest, current);
+    const bool stale = staleness_override ? (current > oldest && current - oldest > request.max_staleness())
+                                          : TooStaleLocked(oldest, current);
     // A drop the store cannot record is not made: the group stays (it is looked at
     // again next time), so what the buffer counts is what a restart would find.
     auto drop = [&](const char* counter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -552,16 +546,14 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request,
       }
       continue;
     }
-    if (config_.filter_zero_variance() && group.members.size() > 1 &&
-        stddev <= config_.zero_variance_epsilon()) {
+    if (config_.filter_zero_variance() && group.members.size() > 1 && stddev <= config_.zero_variance_epsilon()) {
       if (drop("dropped_zero_variance")) {
         response->set_dropped_zero_variance_groups(response->dropped_zero_variance_groups() + 1);
         dropped_.set_zero_variance(dropped_.zero_variance() + group.members.size());
       }
       continue;
     }
-    staleness_[std::min<uint64_t>(current - std::min(current, oldest), kHistogramBuckets - 1)] +=
-        group.members.size();
+    staleness_[std::min<uint64_t>(current - std::min(current, oldest), kHistogramBuckets - 1)] += group.members.size();
     v1::ExperienceGroup* out = response->add_groups();
     out->set_group_id(id);
     out->set_prompt_id(group.prompt_id);
@@ -597,15 +589,14 @@ absl::Status BufferCore::Ack(const v1::AckBatchRequest& request, v1::AckBatchRes
   }
   auto it = leases_.find(request.lease_id());
   if (it == leases_.end()) {
-    return absl::NotFoundError(absl::StrCat("lease `", request.lease_id(),
-                                            "` is unknown or expired (its groups are back in the buffer)"));
+    return absl::NotFoundError(
+        absl::StrCat("lease `", request.lease_id(), "` is unknown or expired (its groups are back in the buffer)"));
   }
   {
     std::vector<const Group*> groups;
     for (const auto& [id, group] : it->second.groups) groups.push_back(&group);
     if (absl::Status s = ForgetLocked(groups, "consumed_total"); !s.ok()) {
-      return absl::UnavailableError(absl::StrCat("cannot record the ack durably (lease still open): ",
-                                                 s.message()));
+      return absl::UnavailableError(absl::StrCat("cannot record the ack durably (lease still open): ", s.message()));
     }
   }
   uint32_t consumed = 0;

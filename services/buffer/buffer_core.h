@@ -28,10 +28,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/common/clock.h"
+#include "libs/transport/descriptor_fetcher.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "services/buffer/buffer_store.h"
 #include "services/buffer/experience_reader.h"
-#include "libs/transport/descriptor_fetcher.h"
 
 namespace rlfleet::buffer {
 
@@ -75,15 +75,13 @@ class BufferCore {
   // INVALID_ARGUMENT for an empty or oversized batch; FAILED_PRECONDITION for a run_id
   // that is not the configured run's;
   // RESOURCE_EXHAUSTED (nothing taken) when the acceptable experiences do not fit in
-  // the capacity; UNAVAILABLE (nothing taken) when the store cannot record them. Per-experience problems are rejections in the response, not errors.
-  // Experiences with a remote_payload are fetched through the payload fetcher first;
-  // one that cannot be fetched (or is not the experience it claims) is rejected as
-  // REJECT_REASON_INVALID with a message starting "remote_payload: ".
-  // The request in wire form (each experience still serialized: what the stream
-  // reads): the buffer parses each to check it and keeps the bytes it was sent. The
-  // accepted experiences' bytes are moved out of `*request`; on an error nothing is
-  // taken and `*request` still holds every experience (remote payloads may have been
-  // replaced by the bytes fetched), so it can be retried.
+  // the capacity; UNAVAILABLE (nothing taken) when the store cannot record them. Per-experience problems are rejections
+  // in the response, not errors. Experiences with a remote_payload are fetched through the payload fetcher first; one
+  // that cannot be fetched (or is not the experience it claims) is rejected as REJECT_REASON_INVALID with a message
+  // starting "remote_payload: ". The request in wire form (each experience still serialized: what the stream reads):
+  // the buffer parses each to check it and keeps the bytes it was sent. The accepted experiences' bytes are moved out
+  // of `*request`; on an error nothing is taken and `*request` still holds every experience (remote payloads may have
+  // been replaced by the bytes fetched), so it can be retried.
   absl::Status Put(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response);
   // The same for a typed request (serialized first).
   absl::Status Put(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response);
@@ -157,8 +155,7 @@ class BufferCore {
 
   // Adds an accepted experience to its group (no store writes; its id is in seen_
   // already).
-  void AddLocked(Member m, const std::string& group, const ExperienceFacts& facts)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddLocked(Member m, const std::string& group, const ExperienceFacts& facts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets a group's members in the store, counting them under `counter`.
   absl::Status ForgetLocked(const std::vector<const Group*>& groups, const std::string& counter)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

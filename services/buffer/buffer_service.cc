@@ -73,10 +73,11 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       grpc::Status parsed =
           grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(&messages_[current], &request_);
       StartReading(&messages_[1 - current]);  // the next message, while this one is applied
-      absl::Status s = parsed.ok() ? Apply(&request_, index)
-                                   : absl::InvalidArgumentError(absl::StrCat(
-                                         "message ", index, " of the stream is not a PutExperiencesRequest: ",
-                                         parsed.error_message()));
+      absl::Status s =
+          parsed.ok()
+              ? Apply(&request_, index)
+              : absl::InvalidArgumentError(absl::StrCat(
+                    "message ", index, " of the stream is not a PutExperiencesRequest: ", parsed.error_message()));
       if (!s.ok()) {
         AwaitRead();  // (Finish with no read outstanding)
         return Finish(rpc::ToGrpcStatus(s));
@@ -123,7 +124,7 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 }  // namespace
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::StreamExperiences(grpc::CallbackServerContext* c,
-                                                                              grpc::ByteBuffer* resp) {
+                                                                                grpc::ByteBuffer* resp) {
   if (absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "StreamExperiences"); !s.ok()) {
     return new rpc::FinishedStream<grpc::ServerReadReactor<grpc::ByteBuffer>>(rpc::ToGrpcStatus(s));
   }

@@ -19,20 +19,17 @@ namespace rlfleet::buffer {
 class BufferServiceImpl final
     : public v1::BufferService::WithRawCallbackMethod_StreamExperiences<v1::BufferService::CallbackService> {
  public:
-  BufferServiceImpl(BufferCore* core, rpc::CallAuth auth,
-                    absl::Duration full_wait = absl::Seconds(30))
+  BufferServiceImpl(BufferCore* core, rpc::CallAuth auth, absl::Duration full_wait = absl::Seconds(30))
       : core_(core), auth_(std::move(auth)), full_wait_(full_wait) {}
 
   grpc::ServerReadReactor<grpc::ByteBuffer>* StreamExperiences(grpc::CallbackServerContext* c,
                                                                grpc::ByteBuffer* resp) override;
 
-  grpc::ServerUnaryReactor* PutExperiences(grpc::CallbackServerContext* c,
-                                           const v1::PutExperiencesRequest* req,
+  grpc::ServerUnaryReactor* PutExperiences(grpc::CallbackServerContext* c, const v1::PutExperiencesRequest* req,
                                            v1::PutExperiencesResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->Put(*req, resp); });
   }
-  grpc::ServerUnaryReactor* SampleBatch(grpc::CallbackServerContext* c,
-                                        const v1::SampleBatchRequest* req,
+  grpc::ServerUnaryReactor* SampleBatch(grpc::CallbackServerContext* c, const v1::SampleBatchRequest* req,
                                         v1::SampleBatchResponse* resp) override {
     // May wait up to wait_ms for groups; the caller's deadline should exceed it.
     return rpc::HandleUnary(c, auth_, [&] { return core_->SampleBatch(*req, resp); });
@@ -41,8 +38,7 @@ class BufferServiceImpl final
                                      v1::AckBatchResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->Ack(*req, resp); });
   }
-  grpc::ServerUnaryReactor* NackBatch(grpc::CallbackServerContext* c,
-                                      const v1::NackBatchRequest* req,
+  grpc::ServerUnaryReactor* NackBatch(grpc::CallbackServerContext* c, const v1::NackBatchRequest* req,
                                       v1::NackBatchResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->Nack(*req, resp); });
   }
@@ -50,8 +46,7 @@ class BufferServiceImpl final
                                      v1::GetStatsResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->GetStats(resp); });
   }
-  grpc::ServerUnaryReactor* Configure(grpc::CallbackServerContext* c,
-                                      const v1::ConfigureRequest* req,
+  grpc::ServerUnaryReactor* Configure(grpc::CallbackServerContext* c, const v1::ConfigureRequest* req,
                                       v1::ConfigureResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->Configure(*req, resp); });
   }

@@ -80,9 +80,8 @@ class RedisBufferStore : public BufferStore {
     }
     queue_mu_.Lock();
     writers_.push_back(&w);
-    auto leader_or_done = [&w, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
-      return w.done || writers_.front() == &w;
-    };
+    auto leader_or_done = [&w, this]()
+                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) { return w.done || writers_.front() == &w; };
     queue_mu_.Await(absl::Condition(&leader_or_done));
     if (w.done) {
       queue_mu_.Unlock();
@@ -113,7 +112,7 @@ class RedisBufferStore : public BufferStore {
     if (refs.empty()) return absl::OkStatus();
     const char reason = ReasonCode(counter);
     if (reason == 0) return absl::InvalidArgumentError(absl::StrCat("unknown removal counter `", counter, "`"));
-    absl::MutexLock lock(&mu_);  // (removals are rare: one round trip under the lock)
+    absl::MutexLock lock(&mu_);            // (removals are rare: one round trip under the lock)
     std::map<uint64_t, std::string> gone;  // segment -> records
     std::map<uint64_t, uint32_t> removing;
     for (const StoredRef& r : refs) {
@@ -171,17 +170,16 @@ class RedisBufferStore : public BufferStore {
   }
 
   absl::StatusOr<BufferSnapshot> Load() override {
-    ASSIGN_OR_RETURN(std::vector<redis::Reply> r,
-                     client_->Pipeline({{"EXISTS", prefix_ + "exp"},
-                                        {"SMEMBERS", segs_key_},
-                                        {"SMEMBERS", done_key_},
-                                        {"HGETALL", counters_key_},
-                                        {"GET", prefix_ + "config"},
-                                        {"ZSCORE", version_key_, "policy"}}));
+    ASSIGN_OR_RETURN(std::vector<redis::Reply> r, client_->Pipeline({{"EXISTS", prefix_ + "exp"},
+                                                                     {"SMEMBERS", segs_key_},
+                                                                     {"SMEMBERS", done_key_},
+                                                                     {"HGETALL", counters_key_},
+                                                                     {"GET", prefix_ + "config"},
+                                                                     {"ZSCORE", version_key_, "policy"}}));
     if (r[0].integer != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the store under `", prefix_, "` holds experiences in the layout before segments (hash `", prefix_,
-          "exp`): drain them with the rlfleet-buffer that wrote them, or use a new prefix"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the store under `", prefix_, "` holds experiences in the layout before segments (hash `",
+                       prefix_, "exp`): drain them with the rlfleet-buffer that wrote them, or use a new prefix"));
     }
     // A record that does not read is skipped and named in snapshot.skipped: one bad
     // record must not keep the buffer from starting (what it held is lost either way).
@@ -234,7 +232,7 @@ class RedisBufferStore : public BufferStore {
     absl::MutexLock lock(&mu_);
     live_.clear();
     std::vector<uint64_t> empty;  // live segments with nothing left in them
-    ExperienceReader reader;  // (for the ids)
+    ExperienceReader reader;      // (for the ids)
     ExperienceFacts facts;
     for (size_t s = 0; s < live.size(); ++s) {
       absl::string_view records = data[2 * s].str;
@@ -266,8 +264,11 @@ class RedisBufferStore : public BufferStore {
     snapshot.counters["accepted_total"] += seen.size();
     snapshot.seen_ids.assign(seen.begin(), seen.end());
     for (uint64_t n : empty) {  // retire them (best effort: they are empty either way)
-      (void)client_->Pipeline({{"MULTI"}, {"DEL", SegmentKey(n)}, {"SREM", segs_key_, absl::StrCat(n)},
-                               {"SADD", done_key_, absl::StrCat(n)}, {"EXEC"}});
+      (void)client_->Pipeline({{"MULTI"},
+                               {"DEL", SegmentKey(n)},
+                               {"SREM", segs_key_, absl::StrCat(n)},
+                               {"SADD", done_key_, absl::StrCat(n)},
+                               {"EXEC"}});
     }
     done_.clear();
     done_.insert(done.begin(), done.end());
@@ -334,13 +335,15 @@ class RedisBufferStore : public BufferStore {
     bool bad = false;
     for (int index = 0; GetRecord(&log, &record, &bad); ++index) {
       if (record.empty() || ReasonCounter(record[0]) == nullptr) {
-        if (skipped != nullptr) skipped->push_back(absl::StrCat("`", GoneKey(n), "` record ", index, " has no known reason"));
+        if (skipped != nullptr)
+          skipped->push_back(absl::StrCat("`", GoneKey(n), "` record ", index, " has no known reason"));
         continue;
       }
       removed->emplace(record.substr(1), record[0]);
     }
     if (bad && skipped != nullptr) {
-      skipped->push_back(absl::StrCat("`", GoneKey(n), "` is cut or garbled after its valid records (the rest skipped)"));
+      skipped->push_back(
+          absl::StrCat("`", GoneKey(n), "` is cut or garbled after its valid records (the rest skipped)"));
     }
   }
 
@@ -418,7 +421,7 @@ class RedisBufferStore : public BufferStore {
   std::deque<Writer*> writers_ ABSL_GUARDED_BY(queue_mu_);
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, uint32_t> live_ ABSL_GUARDED_BY(mu_);  // segment -> experiences not removed
-  std::set<uint64_t> done_ ABSL_GUARDED_BY(mu_);  // retired segments whose gone logs are kept
+  std::set<uint64_t> done_ ABSL_GUARDED_BY(mu_);                       // retired segments whose gone logs are kept
   const size_t keep_retired_;
   uint64_t next_segment_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t segment_limit_ ABSL_GUARDED_BY(mu_) = 0;

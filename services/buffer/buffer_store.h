@@ -44,9 +44,9 @@ struct StoredRef {
 struct BufferSnapshot {
   std::optional<v1::ConfigureRequest> config;  // the last configuration saved, if any
   uint64_t policy_version = 0;                 // the highest policy version recorded
-  std::vector<StoredExperience> experiences;  // accepted and not yet consumed or dropped
-  std::vector<std::string> seen_ids;          // every id ever accepted
-  std::map<std::string, uint64_t> counters;   // accepted_total, consumed_total, dropped_*
+  std::vector<StoredExperience> experiences;   // accepted and not yet consumed or dropped
+  std::vector<std::string> seen_ids;           // every id ever accepted
+  std::map<std::string, uint64_t> counters;    // accepted_total, consumed_total, dropped_*
   // Records that did not read and were left out, each naming its key ("`p:seg:7`
   // record 3 is not a serialized Experience").
   std::vector<std::string> skipped;
@@ -85,8 +85,7 @@ class BufferStore {
 // the newest `keep_retired` retired segments (one segment per group commit: what a
 // restarted buffer still refuses as duplicates) and folds older ones into its counters,
 // so that what it holds stays bounded on a long run.
-absl::StatusOr<std::unique_ptr<BufferStore>> OpenBufferStore(absl::string_view connection,
-                                                             size_t keep_retired = 1024);
+absl::StatusOr<std::unique_ptr<BufferStore>> OpenBufferStore(absl::string_view connection, size_t keep_retired = 1024);
 
 }  // namespace rlfleet::buffer
 

@@ -71,8 +71,8 @@ bool CountPackedVarints(absl::string_view packed, uint64_t* count) {
       continue;
     }
     if (run + __builtin_ctzll(ends) / 8 > 9) return false;  // (bytes before the first end)
-    total += ((ends >> 7) * 0x0101010101010101ull) >> 56;  // (popcount of one bit per byte, without POPCNT)
-    run = 7 - (63 - __builtin_clzll(ends)) / 8;  // bytes after the last end (runs inside are < 8)
+    total += ((ends >> 7) * 0x0101010101010101ull) >> 56;   // (popcount of one bit per byte, without POPCNT)
+    run = 7 - (63 - __builtin_clzll(ends)) / 8;             // bytes after the last end (runs inside are < 8)
   }
   for (; i < n; ++i) {
     if (static_cast<uint8_t>(p[i]) & 0x80) {

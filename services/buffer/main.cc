@@ -50,8 +50,8 @@ int main(int argc, char** argv) {
   rlfleet::buffer::BufferCore core(rlfleet::common::Clock::Real(), store->get());
   core.SetRememberedRemovedIds(absl::GetFlag(FLAGS_dedupe_ids));
   // Payloads by descriptor: FILE under --payload_dir; memory over the data plane.
-  auto data_plane = rlfleet::transport::OpenDataPlaneFromFlags(options->host, "rlfleet-buffer",
-                                                               "remote payloads by FILE only");
+  auto data_plane =
+      rlfleet::transport::OpenDataPlaneFromFlags(options->host, "rlfleet-buffer", "remote payloads by FILE only");
   if (!data_plane.ok()) {
     std::cerr << "rlfleet-buffer: " << data_plane.status() << "\n";
     return 2;

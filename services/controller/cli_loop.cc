@@ -50,7 +50,6 @@ namespace {
 
 namespace v1 = rlfleet::v1;
 
-
 constexpr absl::Duration kCallTimeout = absl::Seconds(120);
 
 int Fail(const absl::Status& s, absl::string_view what) {
@@ -107,7 +106,8 @@ int StartRunAndWatch(ControllerClient& client) {
       if (unreachable_since == absl::InfiniteFuture()) {
         unreachable_since = absl::Now();
         std::cout << (live ? "\r\033[K" : "") << "controller unreachable (" << status.status().message()
-                  << "); waiting for it (5 min)\n" << std::flush;
+                  << "); waiting for it (5 min)\n"
+                  << std::flush;
       }
       if (absl::Now() - unreachable_since > absl::Minutes(5)) return Fail(status.status(), "GetStatus");
       absl::SleepFor(absl::Seconds(1));
@@ -115,9 +115,11 @@ int StartRunAndWatch(ControllerClient& client) {
     }
     if (!status.ok()) return Fail(status.status(), "GetStatus");
     if (unreachable_since != absl::InfiniteFuture()) {
-      std::cout << "controller back after " << absl::FormatDuration(absl::Trunc(absl::Now() - unreachable_since, absl::Seconds(1)))
+      std::cout << "controller back after "
+                << absl::FormatDuration(absl::Trunc(absl::Now() - unreachable_since, absl::Seconds(1)))
                 << (status->resumes() > 0 ? absl::StrCat("; run resumed (", status->resumes(), " time(s))") : "")
-                << "\n" << std::flush;
+                << "\n"
+                << std::flush;
       unreachable_since = absl::InfiniteFuture();
     }
     if (status->run_id() != run_id) return Fail(absl::AbortedError("another run replaced this one"), "watch");
@@ -128,8 +130,8 @@ int StartRunAndWatch(ControllerClient& client) {
     const std::string line = absl::StrFormat(
         "step %4d  %6.1f s  policy v%-4d  train reward %.3f  %5.0f tok/s  staleness %.2f  sync %4.0f ms  "
         "held-out exact %.3f",
-        step, m.elapsed_ms() / 1000.0, status->policy_version().version(), m.reward_mean(),
-        m.rollout_tokens_per_s(), m.mean_staleness(), m.weight_sync_ms(), m.eval_exact_match());
+        step, m.elapsed_ms() / 1000.0, status->policy_version().version(), m.reward_mean(), m.rollout_tokens_per_s(),
+        m.mean_staleness(), m.weight_sync_ms(), m.eval_exact_match());
     if (step != printed && eval_every > 0 && (step % eval_every == 0 || ended)) {
       // A line to keep at every evaluation (and at the end).
       printed = step;
@@ -209,17 +211,18 @@ int RunLoop(const rpc::ClientOptions& base) {
     std::cerr << "rlfleet loop: " << s.message() << "\n";
     return 2;
   }
-  std::cout << "loop: " << config.task << " n=" << config.min_len << ".." << config.max_len << ", "
-            << config.prompts << " prompts x " << config.samples << " samples per step\n";
+  std::cout << "loop: " << config.task << " n=" << config.min_len << ".." << config.max_len << ", " << config.prompts
+            << " prompts x " << config.samples << " samples per step\n";
   LoopProgress last;
   auto on_progress = [&](const LoopProgress& p) {
     metrics.Add(p);
     last = p;
     if (!p.held_out_exact) return;
-    std::cout << absl::StrFormat("step %4d  %6.1f s  policy v%-4d  train reward %.3f  %5.0f tok/s  "
-                                 "staleness %.2f  sync %4.0f ms  entropy %.3f  idle steps %d  held-out exact %.3f\n",
-                                 p.step, p.seconds, p.policy_version, p.train_reward, p.tokens_per_s,
-                                 p.mean_staleness, p.sync_seconds * 1e3, p.entropy, p.idle_steps, *p.held_out_exact)
+    std::cout << absl::StrFormat(
+                     "step %4d  %6.1f s  policy v%-4d  train reward %.3f  %5.0f tok/s  "
+                     "staleness %.2f  sync %4.0f ms  entropy %.3f  idle steps %d  held-out exact %.3f\n",
+                     p.step, p.seconds, p.policy_version, p.train_reward, p.tokens_per_s, p.mean_staleness,
+                     p.sync_seconds * 1e3, p.entropy, p.idle_steps, *p.held_out_exact)
               << std::flush;
   };
   std::atomic<bool> stop{false};

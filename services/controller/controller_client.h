@@ -28,60 +28,50 @@ class ControllerClient : public rpc::ClientBase {
   }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request) {
-    return Unary<v1::RegisterResponse>("Register", [&](grpc::ClientContext* c, auto* r) {
-      return registry_->Register(c, request, r);
-    });
+    return Unary<v1::RegisterResponse>(
+        "Register", [&](grpc::ClientContext* c, auto* r) { return registry_->Register(c, request, r); });
   }
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request) {
-    return Unary<v1::HeartbeatResponse>("Heartbeat", [&](grpc::ClientContext* c, auto* r) {
-      return registry_->Heartbeat(c, request, r);
-    });
+    return Unary<v1::HeartbeatResponse>(
+        "Heartbeat", [&](grpc::ClientContext* c, auto* r) { return registry_->Heartbeat(c, request, r); });
   }
   absl::StatusOr<v1::DeregisterResponse> Deregister(const v1::DeregisterRequest& request) {
-    return Unary<v1::DeregisterResponse>("Deregister", [&](grpc::ClientContext* c, auto* r) {
-      return registry_->Deregister(c, request, r);
-    });
+    return Unary<v1::DeregisterResponse>(
+        "Deregister", [&](grpc::ClientContext* c, auto* r) { return registry_->Deregister(c, request, r); });
   }
   absl::StatusOr<v1::ListReplicasResponse> ListReplicas(const v1::ListReplicasRequest& request) {
-    return Unary<v1::ListReplicasResponse>("ListReplicas", [&](grpc::ClientContext* c, auto* r) {
-      return registry_->ListReplicas(c, request, r);
-    });
+    return Unary<v1::ListReplicasResponse>(
+        "ListReplicas", [&](grpc::ClientContext* c, auto* r) { return registry_->ListReplicas(c, request, r); });
   }
   absl::StatusOr<v1::GetStatusResponse> GetStatus() {
     v1::GetStatusRequest request;
-    return Unary<v1::GetStatusResponse>("GetStatus", [&](grpc::ClientContext* c, auto* r) {
-      return controller_->GetStatus(c, request, r);
-    });
+    return Unary<v1::GetStatusResponse>(
+        "GetStatus", [&](grpc::ClientContext* c, auto* r) { return controller_->GetStatus(c, request, r); });
   }
   absl::StatusOr<v1::StartRunResponse> StartRun(const v1::StartRunRequest& request) {
-    return Unary<v1::StartRunResponse>("StartRun", [&](grpc::ClientContext* c, auto* r) {
-      return controller_->StartRun(c, request, r);
-    });
+    return Unary<v1::StartRunResponse>(
+        "StartRun", [&](grpc::ClientContext* c, auto* r) { return controller_->StartRun(c, request, r); });
   }
   absl::StatusOr<v1::ScaleResponse> Scale(const v1::ScaleRequest& request) {
-    return Unary<v1::ScaleResponse>("Scale", [&](grpc::ClientContext* c, auto* r) {
-      return controller_->Scale(c, request, r);
-    });
+    return Unary<v1::ScaleResponse>("Scale",
+                                    [&](grpc::ClientContext* c, auto* r) { return controller_->Scale(c, request, r); });
   }
   absl::StatusOr<v1::StopRunResponse> StopRun(const v1::StopRunRequest& request) {
-    return Unary<v1::StopRunResponse>("StopRun", [&](grpc::ClientContext* c, auto* r) {
-      return controller_->StopRun(c, request, r);
-    });
+    return Unary<v1::StopRunResponse>(
+        "StopRun", [&](grpc::ClientContext* c, auto* r) { return controller_->StopRun(c, request, r); });
   }
   // The server's overall health (grpc.health.v1, service "").
   absl::StatusOr<grpc::health::v1::HealthCheckResponse> CheckHealth() {
     grpc::health::v1::HealthCheckRequest request;
     return Unary<grpc::health::v1::HealthCheckResponse>(
-        "Health.Check",
-        [&](grpc::ClientContext* c, auto* r) { return health_->Check(c, request, r); });
+        "Health.Check", [&](grpc::ClientContext* c, auto* r) { return health_->Check(c, request, r); });
   }
 
  private:
   template <typename Response, typename Fn>
   absl::StatusOr<Response> Unary(absl::string_view method, Fn&& fn) {
     Response response;
-    absl::Status status =
-        Call(method, [&](grpc::ClientContext* context) { return fn(context, &response); });
+    absl::Status status = Call(method, [&](grpc::ClientContext* context) { return fn(context, &response); });
     if (!status.ok()) return status;
     return response;
   }

@@ -13,8 +13,7 @@ namespace {
 
 constexpr char kPageTokenPrefix[] = "after:";
 
-bool LabelsMatch(const v1::ReplicaInfo& replica,
-                 const google::protobuf::Map<std::string, std::string>& selector) {
+bool LabelsMatch(const v1::ReplicaInfo& replica, const google::protobuf::Map<std::string, std::string>& selector) {
   for (const auto& [key, value] : selector) {
     auto it = replica.labels().find(key);
     if (it == replica.labels().end() || it->second != value) return false;
@@ -27,14 +26,12 @@ bool LabelsMatch(const v1::ReplicaInfo& replica,
 ControllerCore::ControllerCore(registry::Registry* registry, common::Clock* clock)
     : registry_(registry), clock_(clock), watch_(registry, clock) {}
 
-absl::Status ControllerCore::Register(const v1::RegisterRequest& request,
-                                      v1::RegisterResponse* response) {
+absl::Status ControllerCore::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) {
   if (!request.has_replica()) return absl::InvalidArgumentError("replica is missing");
   if (request.ttl_ms() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("ttl_ms ", request.ttl_ms(), " is negative"));
   }
-  ASSIGN_OR_RETURN(registry::Lease lease,
-                   registry_->Register(request.replica(), absl::Milliseconds(request.ttl_ms())));
+  ASSIGN_OR_RETURN(registry::Lease lease, registry_->Register(request.replica(), absl::Milliseconds(request.ttl_ms())));
   response->set_lease_id(lease.lease_id);
   response->set_ttl_ms(absl::ToInt64Milliseconds(lease.ttl));
   response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(lease.ttl) / 3);
@@ -42,35 +39,29 @@ absl::Status ControllerCore::Register(const v1::RegisterRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status ControllerCore::Heartbeat(const v1::HeartbeatRequest& request,
-                                       v1::HeartbeatResponse* response) {
-  ASSIGN_OR_RETURN(registry::HeartbeatResult result,
-                   registry_->Heartbeat(request.replica_id(), request.lease_id(), request.load(),
-                                        request.policy_version()));
+absl::Status ControllerCore::Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response) {
+  ASSIGN_OR_RETURN(registry::HeartbeatResult result, registry_->Heartbeat(request.replica_id(), request.lease_id(),
+                                                                          request.load(), request.policy_version()));
   response->set_ttl_ms(absl::ToInt64Milliseconds(result.ttl));
   response->set_admitted(result.admitted);
   return absl::OkStatus();
 }
 
-absl::Status ControllerCore::Deregister(const v1::DeregisterRequest& request,
-                                        v1::DeregisterResponse* response) {
-  ASSIGN_OR_RETURN(bool was_registered,
-                   registry_->Deregister(request.replica_id(), request.lease_id()));
+absl::Status ControllerCore::Deregister(const v1::DeregisterRequest& request, v1::DeregisterResponse* response) {
+  ASSIGN_OR_RETURN(bool was_registered, registry_->Deregister(request.replica_id(), request.lease_id()));
   if (was_registered) watch_.NoteDeregistered(request.replica_id());
   response->set_was_registered(was_registered);
   return absl::OkStatus();
 }
 
-absl::Status ControllerCore::ListReplicas(const v1::ListReplicasRequest& request,
-                                          v1::ListReplicasResponse* response) {
+absl::Status ControllerCore::ListReplicas(const v1::ListReplicasRequest& request, v1::ListReplicasResponse* response) {
   if (!v1::ReplicaRole_IsValid(request.role())) {
     return absl::InvalidArgumentError(absl::StrCat("role ", request.role(), " is unknown"));
   }
   uint32_t page_size = request.page().page_size();
   if (page_size == 0) page_size = kDefaultPageSize;
   if (page_size > kMaxPageSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page.page_size ", page_size, " exceeds ", kMaxPageSize));
+    return absl::InvalidArgumentError(absl::StrCat("page.page_size ", page_size, " exceeds ", kMaxPageSize));
   }
   absl::string_view after;
   if (!request.page().page_token().empty()) {
@@ -79,14 +70,12 @@ absl::Status ControllerCore::ListReplicas(const v1::ListReplicasRequest& request
       return absl::InvalidArgumentError("page.page_token is not one this server issued");
     }
   }
-  ASSIGN_OR_RETURN(std::vector<v1::ReplicaInfo> replicas,
-                   registry_->List(request.role(), request.only_admitted()));
+  ASSIGN_OR_RETURN(std::vector<v1::ReplicaInfo> replicas, registry_->List(request.role(), request.only_admitted()));
   for (v1::ReplicaInfo& replica : replicas) {  // ordered by id
     if (!after.empty() && replica.replica_id() <= after) continue;
     if (!LabelsMatch(replica, request.label_selector())) continue;
     if (static_cast<uint32_t>(response->replicas_size()) == page_size) {
-      response->set_next_page_token(
-          absl::StrCat(kPageTokenPrefix, response->replicas(page_size - 1).replica_id()));
+      response->set_next_page_token(absl::StrCat(kPageTokenPrefix, response->replicas(page_size - 1).replica_id()));
       break;
     }
     *response->add_replicas() = std::move(replica);
@@ -94,8 +83,7 @@ absl::Status ControllerCore::ListReplicas(const v1::ListReplicasRequest& request
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<registry::Subscription>> ControllerCore::Watch(
-    const v1::WatchReplicasRequest& request) {
+absl::StatusOr<std::shared_ptr<registry::Subscription>> ControllerCore::Watch(const v1::WatchReplicasRequest& request) {
   if (!v1::ReplicaRole_IsValid(request.role())) {
     return absl::InvalidArgumentError(absl::StrCat("role ", request.role(), " is unknown"));
   }
@@ -106,11 +94,9 @@ absl::StatusOr<std::shared_ptr<registry::Subscription>> ControllerCore::Watch(
 
 void ControllerCore::StartWatching(absl::Duration interval) { watch_.Start(interval); }
 
-absl::Status ControllerCore::GetStatus(const v1::GetStatusRequest& /*request*/,
-                                       v1::GetStatusResponse* response) {
+absl::Status ControllerCore::GetStatus(const v1::GetStatusRequest& /*request*/, v1::GetStatusResponse* response) {
   response->set_state(v1::RUN_STATE_IDLE);
-  ASSIGN_OR_RETURN(std::vector<v1::ReplicaInfo> replicas,
-                   registry_->List(v1::REPLICA_ROLE_UNSPECIFIED, false));
+  ASSIGN_OR_RETURN(std::vector<v1::ReplicaInfo> replicas, registry_->List(v1::REPLICA_ROLE_UNSPECIFIED, false));
   std::map<int, v1::RoleSummary> by_role;
   for (const v1::ReplicaInfo& replica : replicas) {
     v1::RoleSummary& summary = by_role[replica.role()];

@@ -43,10 +43,8 @@ class ControllerCore {
   // the field, NOT_FOUND for an expired lease).
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
-  absl::Status Deregister(const v1::DeregisterRequest& request,
-                          v1::DeregisterResponse* response);
-  absl::Status ListReplicas(const v1::ListReplicasRequest& request,
-                            v1::ListReplicasResponse* response);
+  absl::Status Deregister(const v1::DeregisterRequest& request, v1::DeregisterResponse* response);
+  absl::Status ListReplicas(const v1::ListReplicasRequest& request, v1::ListReplicasResponse* response);
 
   // Fleet status: run state (IDLE until a run exists) and replicas per role.
   absl::Status GetStatus(const v1::GetStatusRequest& request, v1::GetStatusResponse* response);

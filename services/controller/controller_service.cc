@@ -107,11 +107,10 @@ grpc::ServerUnaryReactor* RegistryServiceImpl::Deregister(grpc::CallbackServerCo
   return rpc::HandleUnary(context, auth_, [&] { return core_->Deregister(*request, response); });
 }
 
-grpc::ServerUnaryReactor* RegistryServiceImpl::ListReplicas(
-    grpc::CallbackServerContext* context, const v1::ListReplicasRequest* request,
-    v1::ListReplicasResponse* response) {
-  return rpc::HandleUnary(context, auth_,
-                          [&] { return core_->ListReplicas(*request, response); });
+grpc::ServerUnaryReactor* RegistryServiceImpl::ListReplicas(grpc::CallbackServerContext* context,
+                                                            const v1::ListReplicasRequest* request,
+                                                            v1::ListReplicasResponse* response) {
+  return rpc::HandleUnary(context, auth_, [&] { return core_->ListReplicas(*request, response); });
 }
 
 grpc::ServerUnaryReactor* ControllerServiceImpl::GetStatus(grpc::CallbackServerContext* context,
@@ -149,8 +148,7 @@ grpc::ServerUnaryReactor* ControllerServiceImpl::StopRun(grpc::CallbackServerCon
 }
 
 grpc::ServerUnaryReactor* ControllerServiceImpl::Scale(grpc::CallbackServerContext* context,
-                                                       const v1::ScaleRequest* request,
-                                                       v1::ScaleResponse* response) {
+                                                       const v1::ScaleRequest* request, v1::ScaleResponse* response) {
   return rpc::HandleUnary(context, auth_, rpc::Role::kController, "Scale",
                           [&] { return core_->Scale(*request, response); });
 }

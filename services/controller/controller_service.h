@@ -15,20 +15,16 @@ class RegistryServiceImpl final : public v1::RegistryService::CallbackService {
  public:
   RegistryServiceImpl(ControllerCore* core, rpc::CallAuth auth) : core_(core), auth_(auth) {}
 
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
-                                     const v1::RegisterRequest* request,
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override;
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const v1::HeartbeatRequest* request,
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
-  grpc::ServerUnaryReactor* Deregister(grpc::CallbackServerContext* context,
-                                       const v1::DeregisterRequest* request,
+  grpc::ServerUnaryReactor* Deregister(grpc::CallbackServerContext* context, const v1::DeregisterRequest* request,
                                        v1::DeregisterResponse* response) override;
-  grpc::ServerUnaryReactor* ListReplicas(grpc::CallbackServerContext* context,
-                                         const v1::ListReplicasRequest* request,
+  grpc::ServerUnaryReactor* ListReplicas(grpc::CallbackServerContext* context, const v1::ListReplicasRequest* request,
                                          v1::ListReplicasResponse* response) override;
-  grpc::ServerWriteReactor<v1::ReplicaEvent>* WatchReplicas(
-      grpc::CallbackServerContext* context, const v1::WatchReplicasRequest* request) override;
+  grpc::ServerWriteReactor<v1::ReplicaEvent>* WatchReplicas(grpc::CallbackServerContext* context,
+                                                            const v1::WatchReplicasRequest* request) override;
 
  private:
   ControllerCore* const core_;
@@ -41,17 +37,13 @@ class ControllerServiceImpl final : public v1::ControllerService::CallbackServic
   ControllerServiceImpl(ControllerCore* core, RunManager* runs, rpc::CallAuth auth)
       : core_(core), runs_(runs), auth_(auth) {}
 
-  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
-                                      const v1::GetStatusRequest* request,
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context, const v1::GetStatusRequest* request,
                                       v1::GetStatusResponse* response) override;
-  grpc::ServerUnaryReactor* StartRun(grpc::CallbackServerContext* context,
-                                     const v1::StartRunRequest* request,
+  grpc::ServerUnaryReactor* StartRun(grpc::CallbackServerContext* context, const v1::StartRunRequest* request,
                                      v1::StartRunResponse* response) override;
-  grpc::ServerUnaryReactor* StopRun(grpc::CallbackServerContext* context,
-                                    const v1::StopRunRequest* request,
+  grpc::ServerUnaryReactor* StopRun(grpc::CallbackServerContext* context, const v1::StopRunRequest* request,
                                     v1::StopRunResponse* response) override;
-  grpc::ServerUnaryReactor* Scale(grpc::CallbackServerContext* context,
-                                  const v1::ScaleRequest* request,
+  grpc::ServerUnaryReactor* Scale(grpc::CallbackServerContext* context, const v1::ScaleRequest* request,
                                   v1::ScaleResponse* response) override;
 
  private:

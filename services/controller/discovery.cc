@@ -69,8 +69,8 @@ absl::StatusOr<std::unique_ptr<RolloutDiscovery>> RolloutDiscovery::Start(Contro
       new RolloutDiscovery(core, sub, runs, std::move(make), std::move(log), reconcile_every, retry_after));
 }
 
-RolloutDiscovery::RolloutDiscovery(ControllerCore* core, std::shared_ptr<registry::Subscription> sub,
-                                   RunManager* runs, MakeReplica make, Log log, absl::Duration reconcile_every,
+RolloutDiscovery::RolloutDiscovery(ControllerCore* core, std::shared_ptr<registry::Subscription> sub, RunManager* runs,
+                                   MakeReplica make, Log log, absl::Duration reconcile_every,
                                    absl::Duration retry_after)
     : core_(core),
       sub_(std::move(sub)),
@@ -113,8 +113,8 @@ void RolloutDiscovery::Reconcile() {
     const absl::Status s = Offer(address);
     if (absl::IsAlreadyExists(s)) continue;
     if (log_) {
-      log_(absl::StrCat("discovery: registered rollout replica ", address, " was not in the run: ",
-                        s.ok() ? "admitted" : s.ToString()));
+      log_(absl::StrCat("discovery: registered rollout replica ", address,
+                        " was not in the run: ", s.ok() ? "admitted" : s.ToString()));
     }
   }
 }

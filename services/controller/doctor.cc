@@ -41,9 +41,12 @@ int64_t ReadNumber(const fs::path& path, int64_t fallback) {
 
 const char* CheckStatusName(CheckStatus s) {
   switch (s) {
-    case CheckStatus::kPass: return "pass";
-    case CheckStatus::kWarn: return "warn";
-    case CheckStatus::kFail: return "fail";
+    case CheckStatus::kPass:
+      return "pass";
+    case CheckStatus::kWarn:
+      return "warn";
+    case CheckStatus::kFail:
+      return "fail";
   }
   return "?";
 }
@@ -104,7 +107,8 @@ std::vector<CheckResult> CheckNics(const std::string& sysfs_net) {
       out.push_back({"nic", CheckStatus::kWarn, counts,
                      absl::StrCat("ethtool -S ", name, "; raise ring buffers (ethtool -G) or check congestion")});
     } else if (mtu >= 0 && mtu < 1500) {
-      out.push_back({"nic", CheckStatus::kWarn, counts, absl::StrCat("ip link set ", name, " mtu 1500 (or 9000 for jumbo frames)")});
+      out.push_back({"nic", CheckStatus::kWarn, counts,
+                     absl::StrCat("ip link set ", name, " mtu 1500 (or 9000 for jumbo frames)")});
     } else {
       out.push_back({"nic", CheckStatus::kPass, counts, ""});
     }

@@ -24,7 +24,7 @@ enum class CheckStatus { kPass, kWarn, kFail };
 const char* CheckStatusName(CheckStatus s);
 
 struct CheckResult {
-  std::string check;   // e.g. "nccl_env"
+  std::string check;  // e.g. "nccl_env"
   CheckStatus status = CheckStatus::kPass;
   std::string detail;  // what was found
   std::string fix;     // what to do (empty when it passes)

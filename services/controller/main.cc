@@ -15,8 +15,7 @@
 #include "services/controller/run_peers_factory.h"
 #include "services/controller/run_store.h"
 
-ABSL_FLAG(std::string, registry, "memory://",
-          "Replica registry: memory:// (in-process) or redis://host:port.");
+ABSL_FLAG(std::string, registry, "memory://", "Replica registry: memory:// (in-process) or redis://host:port.");
 ABSL_FLAG(std::string, rollout, "",
           "Rollout replica addresses (host:port, comma-separated) runs use, besides the rollout replicas "
           "registered with this controller (rlfleet-rollout --registry_address), which join and leave "
@@ -86,16 +85,15 @@ int main(int argc, char** argv) {
   }
   // The desired counts (Scale) a previous controller was given, and later ones, kept there.
   if (absl::Status s = core.UseDesiredStore(run_store->get()); !s.ok()) {
-    std::cerr << "rlfleet-controller: --run_store: the saved desired counts do not read (starting with none): "
-              << s << "\n";
+    std::cerr << "rlfleet-controller: --run_store: the saved desired counts do not read (starting with none): " << s
+              << "\n";
   }
-  rlfleet::controller::RunManager runs(
-      [&peers] { return peers.Make(); }, [](const std::string& line) { std::cout << line << std::endl; },
-      absl::GetFlag(FLAGS_runs_dir), run_store->get());
+  rlfleet::controller::RunManager runs([&peers] { return peers.Make(); },
+                                       [](const std::string& line) { std::cout << line << std::endl; },
+                                       absl::GetFlag(FLAGS_runs_dir), run_store->get());
   rlfleet::controller::ControllerServiceImpl controller_service(&core, &runs, auth);
   auto discovery = rlfleet::controller::RolloutDiscovery::Start(
-      &core, &runs,
-      [&peers](const std::string& address) { return peers.Replica(address); },
+      &core, &runs, [&peers](const std::string& address) { return peers.Replica(address); },
       [](const std::string& line) { std::cout << line << std::endl; });
   if (!discovery.ok()) {
     std::cerr << "rlfleet-controller: " << discovery.status() << "\n";

@@ -35,21 +35,21 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "libs/common/ids.h"
 #include "libs/common/config.h"
-#include "rlfleet/v1/common.pb.h"
+#include "libs/common/ids.h"
+#include "libs/metrics/http_server.h"
 #include "libs/model/tokenizer.h"
+#include "libs/nccl_tuning/nccl_env.h"
+#include "libs/nccl_tuning/nccl_log.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
+#include "rlfleet/v1/common.pb.h"
 #include "rlfleet/v1/reward.grpc.pb.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
 #include "services/controller/cli_loop.h"
 #include "services/controller/cli_util.h"
-#include "libs/metrics/http_server.h"
-#include "libs/nccl_tuning/nccl_env.h"
-#include "libs/nccl_tuning/nccl_log.h"
-#include "services/controller/doctor.h"
 #include "services/controller/controller_client.h"
+#include "services/controller/doctor.h"
 
 ABSL_FLAG(std::string, controller, "127.0.0.1:7000", "Controller address (host:port).");
 ABSL_FLAG(std::string, role, "", "replicas: only this role (rollout, reward, ...).");
@@ -88,8 +88,7 @@ int Health(ControllerClient& client) {
   if (!health.ok()) return Fail(health.status());
   const bool serving = health->status() == grpc::health::v1::HealthCheckResponse::SERVING;
   std::cout << "controller " << client.options().target << ": "
-            << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(health->status())
-            << "\n";
+            << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(health->status()) << "\n";
   return serving ? 0 : 1;
 }
 
@@ -98,8 +97,7 @@ int Status(ControllerClient& client) {
   auto status = client.GetStatus();
   if (!status.ok()) return Fail(status.status());
   std::cout << "run: " << (status->run_id().empty() ? "(none)" : status->run_id())
-            << "  state: " << v1::RunState_Name(status->state())
-            << "  step: " << status->step()
+            << "  state: " << v1::RunState_Name(status->state()) << "  step: " << status->step()
             << "  policy version: " << status->policy_version().version() << "\n";
   if (status->replicas().empty()) std::cout << "replicas: none registered\n";
   for (const v1::RoleSummary& role : status->replicas()) {
@@ -219,8 +217,8 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
   auto reward = v1::RewardService::NewStub(reward_channel);
   if (auto s = reward->Score(Context(base).get(), score, &scored); !s.ok()) return Fail(s, "Score");
   if (scored.results_size() != score.items_size()) {
-    return Fail(absl::InternalError(absl::StrCat("Score: ", scored.results_size(), " results for ", score.items_size(),
-                                                 " samples")));
+    return Fail(absl::InternalError(
+        absl::StrCat("Score: ", scored.results_size(), " results for ", score.items_size(), " samples")));
   }
 
   std::cout << "prompt " << prompt << " (policy version "
@@ -245,8 +243,8 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
     v1::GetStatsResponse stats;
     if (auto s = buffer->GetStats(Context(base).get(), {}, &stats); !s.ok()) return Fail(s, "GetStats");
     std::cout << "buffer: accepted " << put_response.accepted() << ", holds " << stats.depth_experiences()
-              << " experiences in " << stats.complete_groups() << " complete groups ("
-              << stats.buffer_bytes() << " bytes)\n";
+              << " experiences in " << stats.complete_groups() << " complete groups (" << stats.buffer_bytes()
+              << " bytes)\n";
   }
   return 0;
 }
@@ -295,8 +293,8 @@ absl::Status FleetChecks(ControllerClient& client, std::vector<rlfleet::controll
     sample.received = absl::Now();
     if (exposition.ok()) sample.unix_seconds = rlfleet::metrics::FindSample(*exposition, "rlfleet_time_seconds");
     if (!sample.unix_seconds) {
-      sample.error = exposition.ok() ? "no rlfleet_time_seconds in its /metrics"
-                                     : std::string(exposition.status().message());
+      sample.error =
+          exposition.ok() ? "no rlfleet_time_seconds in its /metrics" : std::string(exposition.status().message());
     }
     clocks.push_back(std::move(sample));
   }
@@ -319,8 +317,8 @@ int Scale(ControllerClient& client, const std::string& spec) {
   request.set_target_count(count);
   auto scaled = client.Scale(request);
   if (!scaled.ok()) return Fail(scaled.status());
-  std::cout << absl::StrFormat("%s: desired %u (was %u), %u registered now\n", RoleName(*role),
-                               scaled->target_count(), scaled->previous_count(), scaled->registered());
+  std::cout << absl::StrFormat("%s: desired %u (was %u), %u registered now\n", RoleName(*role), scaled->target_count(),
+                               scaled->previous_count(), scaled->registered());
   return 0;
 }
 

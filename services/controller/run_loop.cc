@@ -64,8 +64,7 @@ absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& 
   gen.set_request_id(request_id);
   gen.set_num_samples(samples);
   gen.mutable_sampling()->set_temperature(temperature);
-  gen.mutable_sampling()->set_max_new_tokens(config.max_new_tokens > 0 ? config.max_new_tokens
-                                                                       : config.max_len + 3);
+  gen.mutable_sampling()->set_max_new_tokens(config.max_new_tokens > 0 ? config.max_new_tokens : config.max_len + 3);
   gen.mutable_sampling()->set_seed(seed);
   for (size_t i = 0; i < examples.size(); ++i) {
     v1::BatchPrompt* p = gen.add_prompts();
@@ -89,8 +88,7 @@ absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& 
     item->set_task(e.task());
     item->set_prompt_text(examples[i / samples].prompt);
     item->set_reference_answer(examples[i / samples].answer);
-    item->set_response_text(
-        Tokenizer::DecodeResponse({e.response_token_ids().begin(), e.response_token_ids().end()}));
+    item->set_response_text(Tokenizer::DecodeResponse({e.response_token_ids().begin(), e.response_token_ids().end()}));
   }
   RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
                                                     [&] {
@@ -122,8 +120,8 @@ bool HasLearningSignal(const v1::PutExperiencesRequest& put, int samples) {
 
 // Why the buffer took none of a step's experiences: the first reasons it gave.
 std::string PutRefusal(const v1::PutExperiencesResponse& r) {
-  std::string why = absl::StrCat("the buffer accepted none of them (", r.duplicates(), " duplicates, ",
-                                 r.rejected(), " rejected");
+  std::string why =
+      absl::StrCat("the buffer accepted none of them (", r.duplicates(), " duplicates, ", r.rejected(), " rejected");
   if (r.rejections_size() > 0) absl::StrAppend(&why, "; first: ", r.rejections(0).ShortDebugString());
   return why + ")";
 }
@@ -142,16 +140,17 @@ absl::Status Installed(RolloutReplica& replica, const absl::Status& s, const v1:
   if (!absl::IsFailedPrecondition(s)) return s;
   const uint64_t want = request.manifest().version().version();
   absl::StatusOr<uint64_t> has = replica.InstalledVersion();
-  if (!has.ok()) return common::Annotate(has.status(), absl::StrCat("after it refused version ", want, " (", s.message(), ")"));
+  if (!has.ok())
+    return common::Annotate(has.status(), absl::StrCat("after it refused version ", want, " (", s.message(), ")"));
   if (*has == want) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat("refused version ", want, " (", s.message(), ") and serves version ",
-                                                    *has, ": it cannot serve this run's policy"));
+  return absl::FailedPreconditionError(absl::StrCat("refused version ", want, " (", s.message(),
+                                                    ") and serves version ", *has,
+                                                    ": it cannot serve this run's policy"));
 }
 
 }  // namespace
 
-RolloutPool::RolloutPool(std::vector<std::unique_ptr<RolloutReplica>> replicas, Log log)
-    : log_(std::move(log)) {
+RolloutPool::RolloutPool(std::vector<std::unique_ptr<RolloutReplica>> replicas, Log log) : log_(std::move(log)) {
   absl::MutexLock lock(&mu_);
   for (auto& r : replicas) replicas_.push_back({std::move(r), true});
 }
@@ -166,13 +165,11 @@ int RolloutPool::live() {
 void RolloutPool::Drop(Replica& replica, const absl::Status& why, const std::string& what) {
   replica.alive = false;
   if (log_) {
-    log_(absl::StrCat("rollout replica ", replica.peer->address(), " failed (", why.message(),
-                      "): dropped", what));
+    log_(absl::StrCat("rollout replica ", replica.peer->address(), " failed (", why.message(), "): dropped", what));
   }
 }
 
-absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request,
-                                   v1::GenerateBatchResponse* response) {
+absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response) {
   absl::MutexLock lock(&mu_);
   std::vector<size_t> alive;
   for (size_t r = 0; r < replicas_.size(); ++r) {
@@ -185,8 +182,8 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request,
   // replica failed goes back on the queue for the others; the replica is dropped.
   constexpr int kCallsInFlight = 2;
   const int prompts = request.prompts_size(), samples = request.num_samples();
-  const int chunk = std::max<int>(
-      1, (prompts + 2 * kCallsInFlight * alive.size() - 1) / (2 * kCallsInFlight * alive.size()));
+  const int chunk =
+      std::max<int>(1, (prompts + 2 * kCallsInFlight * alive.size() - 1) / (2 * kCallsInFlight * alive.size()));
   std::deque<std::vector<int>> queue;
   for (int i = 0; i < prompts; i += chunk) {
     std::vector<int>& c = queue.emplace_back();
@@ -236,8 +233,8 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request,
       absl::Status s = peer->GenerateBatch(part, &reply);
       if (s.ok() && reply.completions_size() != static_cast<int>(mine.size()) * samples) {
         s = absl::InternalError(absl::StrCat("rollout replica ", peer->address(), " returned ",
-                                             reply.completions_size(), " completions for ", mine.size(),
-                                             " prompts x ", samples));
+                                             reply.completions_size(), " completions for ", mine.size(), " prompts x ",
+                                             samples));
       }
       if (s.ok()) {  // each prompt belongs to one chunk: no two workers write one slot
         for (size_t j = 0; j < mine.size(); ++j) {
@@ -305,10 +302,10 @@ absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request
       peers.empty() ? std::vector<absl::Status>() : peers[0]->UpdateWeightsTogether(peers, request);
   absl::Status fatal, dropped;
   for (size_t i = 0; i < alive.size(); ++i) {
-    const absl::Status s = Installed(*alive[i]->peer,
-                                     i < installed.size() ? installed[i] : absl::InternalError("no status for the replica"),
-                                     request);
-    if (s.ok()) continue;  // installed, or serving it already
+    const absl::Status s =
+        Installed(*alive[i]->peer,
+                  i < installed.size() ? installed[i] : absl::InternalError("no status for the replica"), request);
+    if (s.ok()) continue;                 // installed, or serving it already
     if (absl::IsFailedPrecondition(s)) {  // another version: it gets no work in this run
       Drop(*alive[i], s, "");
       dropped = common::Annotate(s, absl::StrCat("rollout replica ", alive[i]->peer->address()));
@@ -367,7 +364,7 @@ absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
     }
     absl::MutexLock lock(&mu_);
     if (weights_->manifest().version().version() != version) continue;  // (a newer one: install it too)
-    RETURN_IF_ERROR(JoinedLocked(address));  // (another Admit of it may have won meanwhile)
+    RETURN_IF_ERROR(JoinedLocked(address));                             // (another Admit of it may have won meanwhile)
     replicas_.push_back({std::move(replica), true});
     if (log_) log_(absl::StrCat("rollout replica ", address, " admitted with version ", version));
     return absl::OkStatus();
@@ -471,8 +468,8 @@ absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const LoopC
   return response.path().empty() ? request.path() : response.path();
 }
 
-absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward,
-                     BufferPeer& buffer, TrainerPeer& trainer, const std::atomic<bool>& stop,
+absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward, BufferPeer& buffer,
+                     TrainerPeer& trainer, const std::atomic<bool>& stop,
                      const std::function<void(const LoopProgress&)>& on_progress) {
   RETURN_IF_ERROR(ValidateLoopConfig(config));
   const tasks::Task* task = tasks::FindTask(config.task);
@@ -571,9 +568,9 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     const absl::Time begin = absl::Now();
     // The sampling seed: the run's, mixed with the step's number.
     const uint64_t seed = config.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step);
-    p->status = RolloutAndScore(config, stop, rollout, reward, examples, config.samples,
-                                static_cast<float>(config.temperature), seed, absl::StrCat(tag, "-s", step),
-                                &p->generated, &p->scored);
+    p->status =
+        RolloutAndScore(config, stop, rollout, reward, examples, config.samples, static_cast<float>(config.temperature),
+                        seed, absl::StrCat(tag, "-s", step), &p->generated, &p->scored);
     p->seconds = absl::ToDoubleSeconds(absl::Now() - begin);
     return p;
   };
@@ -594,9 +591,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   // A resumed run's prompts go on where they were: the steps done drew theirs first.
   for (int step = 1; step < first_step; ++step) (void)make_examples();
   for (int step = first_step; step <= config.steps && !stop.load(); ++step) {
-    auto at_step = [&](const absl::Status& s) {
-      return common::Annotate(s, absl::StrCat("step ", step));
-    };
+    auto at_step = [&](const absl::Status& s) { return common::Annotate(s, absl::StrCat("step ", step)); };
     std::shared_ptr<Produced> now;
     if (config.max_staleness == 0) {
       now = produce(step, make_examples());
@@ -606,9 +601,8 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       now = next;
       if (step < config.steps && !stop.load()) {
         // The next step's generation runs while this step trains.
-        ahead = std::thread([&, s = step + 1, examples = make_examples()]() mutable {
-          next = produce(s, std::move(examples));
-        });
+        ahead = std::thread(
+            [&, s = step + 1, examples = make_examples()]() mutable { next = produce(s, std::move(examples)); });
       }
     }
     RETURN_IF_ERROR(at_step(now->status));
@@ -626,12 +620,13 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     }
     v1::PutExperiencesResponse put_reply;
     bool put_retried = false;
-    RETURN_IF_ERROR(at_step(common::Annotate(RetryUnavailable(config, stop,
-                                                              [&] {
-                                                                put_reply.Clear();
-                                                                return buffer.PutExperiences(put, &put_reply);
-                                                              },
-                                                              &put_retried),
+    RETURN_IF_ERROR(at_step(common::Annotate(RetryUnavailable(
+                                                 config, stop,
+                                                 [&] {
+                                                   put_reply.Clear();
+                                                   return buffer.PutExperiences(put, &put_reply);
+                                                 },
+                                                 &put_retried),
                                              "PutExperiences")));
     // Duplicates of a retried put, or of a resumed run's first step, are this step's
     // own experiences stored by the earlier attempt.
@@ -721,10 +716,11 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   if (stop.load()) return absl::OkStatus();  // (StopRun decides about a checkpoint)
   // Every step of a run that went its length idle: nothing was trained. Not a success.
   if (!reached_target && progress.step > 0 && progress.idle_steps == progress.step) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "every one of the ", progress.step, " steps was idle: no group had a learning signal (each group's rewards "
-        "were all equal), so nothing was trained (policy version ", progress.policy_version,
-        "); try a higher temperature, a larger group_size or an easier task"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("every one of the ", progress.step,
+                     " steps was idle: no group had a learning signal (each group's rewards "
+                     "were all equal), so nothing was trained (policy version ",
+                     progress.policy_version, "); try a higher temperature, a larger group_size or an easier task"));
   }
   // Periodic checkpoints end with the final state (interval 0: only at StopRun).
   if (config.checkpoint_every > 0 && checkpointed_step != progress.step && progress.step > 0) {

@@ -29,8 +29,7 @@ class RolloutReplica {
  public:
   virtual ~RolloutReplica() = default;
   virtual std::string address() const = 0;
-  virtual absl::Status GenerateBatch(const v1::GenerateBatchRequest& request,
-                                     v1::GenerateBatchResponse* response) = 0;
+  virtual absl::Status GenerateBatch(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response) = 0;
   // FAILED_PRECONDITION when the replica already has the version, a newer one, or is
   // installing another (the pool then asks InstalledVersion which it is).
   virtual absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) = 0;
@@ -120,8 +119,7 @@ class RolloutPool {
     std::unique_ptr<RolloutReplica> peer;
     bool alive = true;
   };
-  void Drop(Replica& replica, const absl::Status& why, const std::string& what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Drop(Replica& replica, const absl::Status& why, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ALREADY_EXISTS when `address` is live in the pool or waits to join it.
   absl::Status JoinedLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One call at a time (an async run's next generation and its evaluation or weight
@@ -129,26 +127,26 @@ class RolloutPool {
   absl::Mutex mu_;
   std::vector<Replica> replicas_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<RolloutReplica>> waiting_ ABSL_GUARDED_BY(mu_);  // for the first weights
-  std::optional<v1::PrepareWeightsRequest> weights_ ABSL_GUARDED_BY(mu_);     // last installed
+  std::optional<v1::PrepareWeightsRequest> weights_ ABSL_GUARDED_BY(mu_);      // last installed
   Log log_;
 };
 
 struct LoopProgress {
   int step = 0;
   double seconds = 0;
-  uint64_t policy_version = 0;  // of the rollouts this step (eval's at eval steps)
-  double train_reward = 0;      // mean over the step's samples
-  float entropy = 0;            // of the last step that trained
-  int idle_steps = 0;           // steps whose every group had zero reward variance
+  uint64_t policy_version = 0;     // of the rollouts this step (eval's at eval steps)
+  double train_reward = 0;         // mean over the step's samples
+  float entropy = 0;               // of the last step that trained
+  int idle_steps = 0;              // steps whose every group had zero reward variance
   uint64_t trained_sequences = 0;  // summed over the steps that trained
   std::optional<double> held_out_exact;
   // This step's phases: generating and scoring its rollouts (in async mode that
   // overlapped the previous step's training), TrainStep, and the weight sync
   // (PublishWeights + every replica installing the version).
   double generate_seconds = 0, train_seconds = 0, sync_seconds = 0;
-  double tokens_per_s = 0;    // response tokens of this step's rollouts / generate_seconds
-  float mean_staleness = 0;   // version lag of the trained batch (the trainer's figure)
-  float loss = 0;             // of the last step that trained
+  double tokens_per_s = 0;      // response tokens of this step's rollouts / generate_seconds
+  float mean_staleness = 0;     // version lag of the trained batch (the trainer's figure)
+  float loss = 0;               // of the last step that trained
   std::string last_checkpoint;  // path of the last checkpoint written; empty = none
   // Experiences the buffer took from this run (accepted, and on a retried or resumed
   // put the duplicates of what an earlier attempt stored).
@@ -166,21 +164,21 @@ struct LoopConfig {
   int min_len = 3;
   int max_len = 5;
   int steps = 200;
-  int prompts = 32;       // groups per step
-  int samples = 8;        // group size
-  int eval_every = 10;    // held-out greedy evaluation; 0 = never
-  int held_out = 64;      // held-out prompts
-  double stop_at = 1.0;   // stop once held-out exact match reaches this
+  int prompts = 32;      // groups per step
+  int samples = 8;       // group size
+  int eval_every = 10;   // held-out greedy evaluation; 0 = never
+  int held_out = 64;     // held-out prompts
+  double stop_at = 1.0;  // stop once held-out exact match reaches this
   double lr = 5e-4;
   int ppo_epochs = 2;
   double entropy_coef = 0.0;
   double temperature = 1.0;
-  uint64_t seed = 11;     // prompts and held-out set
+  uint64_t seed = 11;  // prompts and held-out set
   // 0: synchronous (generate, then train, then publish). k > 0: the next step's
   // generation overlaps this step's training, and the trainer accepts experiences up to
   // k versions old (the buffer drops older ones).
   int max_staleness = 0;
-  int max_new_tokens = 0;  // response cap of the training rollouts; 0 = max_len + 3
+  int max_new_tokens = 0;   // response cap of the training rollouts; 0 = max_len + 3
   double clip_ratio = 0.2;  // PPO clip epsilon
   // Checkpoints: to checkpoint_dir/<run id or tag>-step-<N> on the trainer every
   // checkpoint_every steps and, when the run completes, after its last step; 0 = none
@@ -219,8 +217,8 @@ absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const LoopC
 // SaveCheckpoint: each safe to repeat). FAILED_PRECONDITION if the buffer accepted
 // none of a step's experiences, or if every step of a run that went its length was
 // idle (nothing was trained).
-absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward,
-                     BufferPeer& buffer, TrainerPeer& trainer, const std::atomic<bool>& stop,
+absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward, BufferPeer& buffer,
+                     TrainerPeer& trainer, const std::atomic<bool>& stop,
                      const std::function<void(const LoopProgress&)>& on_progress);
 
 }  // namespace rlfleet::controller

@@ -7,8 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "libs/common/checks.h"
 #include "libs/common/files.h"
 #include "libs/common/ids.h"
@@ -82,8 +82,8 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c) {
   RETURN_IF_ERROR(common::CheckFiniteInRange("config.temperature", c.temperature(), 0, 10));
   RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.ppo_epochs", c.ppo_epochs(), 0, 16));
   RETURN_IF_ERROR(common::CheckFiniteInRange("config.clip_ratio", c.clip_ratio(), 0, 1));
-  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.checkpoint_interval_steps", c.checkpoint_interval_steps(), 0,
-                                                 kMaxSteps));
+  RETURN_IF_ERROR(
+      common::CheckInRange<uint32_t>("config.checkpoint_interval_steps", c.checkpoint_interval_steps(), 0, kMaxSteps));
   RETURN_IF_ERROR(common::CheckFiniteInRange("config.entropy_coef", c.entropy_coef(), 0, 10));
   RETURN_IF_ERROR(common::CheckFiniteInRange("config.stop_at_exact_match", c.stop_at_exact_match(), 0, 1));
   if (c.group_size() != 0) loop.samples = static_cast<int>(c.group_size());
@@ -111,8 +111,8 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c) {
   return loop;
 }
 
-RunManager::RunManager(PeerFactory peers, std::function<void(const std::string&)> log,
-                       std::string runs_dir, RunStore* store)
+RunManager::RunManager(PeerFactory peers, std::function<void(const std::string&)> log, std::string runs_dir,
+                       RunStore* store)
     : peers_(std::move(peers)), log_(std::move(log)), runs_dir_(std::move(runs_dir)), store_(store) {}
 
 void RunManager::Persist() {
@@ -177,13 +177,15 @@ absl::Status RunManager::Recover(absl::Duration peers_within) {
   }
   Persist();
   if (!resume || !loop.ok()) {
-    if (log_ && !Terminal(r.state)) log_(absl::StrCat("run ", r.run_id, " was active; it is now ", v1::RunState_Name(r.state)));
+    if (log_ && !Terminal(r.state))
+      log_(absl::StrCat("run ", r.run_id, " was active; it is now ", v1::RunState_Name(r.state)));
     return absl::OkStatus();
   }
   loop->run_id = r.run_id;
   loop->resume = r.progress;
-  if (log_) log_(absl::StrCat("run ", r.run_id, " resumes after step ", r.progress.step, " (policy v",
-                              r.progress.published_version, "); waiting for its peers"));
+  if (log_)
+    log_(absl::StrCat("run ", r.run_id, " resumes after step ", r.progress.step, " (policy v",
+                      r.progress.published_version, "); waiting for its peers"));
   stop_ = false;
   thread_ = std::thread([this, l = *loop, peers_within, replicas = r.config.rollout_replicas()]() mutable {
     const absl::Time deadline = absl::Now() + peers_within;
@@ -191,8 +193,8 @@ absl::Status RunManager::Recover(absl::Duration peers_within) {
     while (!stop_.load()) {
       peers = peers_();
       if (peers.ok() && peers->rollouts.size() < std::max<size_t>(1, replicas)) {
-        peers = absl::FailedPreconditionError(absl::StrCat("config.rollout_replicas: ", replicas, " wanted, ",
-                                                           peers->rollouts.size(), " known"));
+        peers = absl::FailedPreconditionError(
+            absl::StrCat("config.rollout_replicas: ", replicas, " wanted, ", peers->rollouts.size(), " known"));
       }
       if (peers.ok() || absl::Now() >= deadline) break;
       absl::SleepFor(absl::Seconds(1));
@@ -234,8 +236,7 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
   {
     absl::MutexLock lock(&mu_);
     if (!Terminal(state_)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("run ", run_id_, " is active; StopRun it first"));
+      return absl::FailedPreconditionError(absl::StrCat("run ", run_id_, " is active; StopRun it first"));
     }
     if (!run_id.empty() && used_ids_.contains(run_id)) {
       return absl::AlreadyExistsError(absl::StrCat("run_id: ", run_id, " was used before"));
@@ -244,8 +245,8 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
   if (!run_id.empty() && !runs_dir_.empty()) {
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::path(runs_dir_) / run_id, ec)) {
-      return absl::AlreadyExistsError(absl::StrCat("run_id: ", run_id, " was used before (", runs_dir_, "/", run_id,
-                                                   " exists)"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("run_id: ", run_id, " was used before (", runs_dir_, "/", run_id, " exists)"));
     }
   }
   absl::StatusOr<RunPeers> peers = peers_();
@@ -430,8 +431,8 @@ absl::Status RunManager::Stop(const std::string& run_id, bool checkpoint, absl::
     // It ends FAILED when it does stop (the contract: a run that overruns its grace
     // period is failed).
     stop_timed_out_ = true;
-    return absl::DeadlineExceededError(absl::StrCat("run ", run_id_, " did not stop within ",
-                                                    absl::FormatDuration(grace), "; it is marked FAILED"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("run ", run_id_, " did not stop within ", absl::FormatDuration(grace), "; it is marked FAILED"));
   }
   response->set_state(state_);
   response->set_step(progress_.step);

@@ -70,8 +70,7 @@ class RunManager {
   // one; FAILED_PRECONDITION for `checkpoint` without config.checkpoint_dir, or on a run
   // that already ended without one; DEADLINE_EXCEEDED when it has not stopped within
   // `grace` (it then ends FAILED); OK when none is active.
-  absl::Status Stop(const std::string& run_id, bool checkpoint, absl::Duration grace,
-                    v1::StopRunResponse* response);
+  absl::Status Stop(const std::string& run_id, bool checkpoint, absl::Duration grace, v1::StopRunResponse* response);
   // Fills the run fields of a status reply: run_id, state, step, metrics, config,
   // started_at_unix_ms, error.
   void Fill(v1::GetStatusResponse* response);
@@ -113,10 +112,10 @@ class RunManager {
   std::string error_ ABSL_GUARDED_BY(mu_);
   std::string run_dir_ ABSL_GUARDED_BY(mu_);
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_checkpoint_ ABSL_GUARDED_BY(mu_) = false;  // StopRun asked for a checkpoint
-  bool stop_timed_out_ ABSL_GUARDED_BY(mu_) = false;   // StopRun's grace ran out: ends FAILED
-  std::string checkpoint_path_ ABSL_GUARDED_BY(mu_);   // the run's last checkpoint
-  int resumes_ ABSL_GUARDED_BY(mu_) = 0;               // times Recover resumed it
+  bool stop_checkpoint_ ABSL_GUARDED_BY(mu_) = false;               // StopRun asked for a checkpoint
+  bool stop_timed_out_ ABSL_GUARDED_BY(mu_) = false;                // StopRun's grace ran out: ends FAILED
+  std::string checkpoint_path_ ABSL_GUARDED_BY(mu_);                // the run's last checkpoint
+  int resumes_ ABSL_GUARDED_BY(mu_) = 0;                            // times Recover resumed it
   absl::flat_hash_set<std::string> used_ids_ ABSL_GUARDED_BY(mu_);  // run ids started here
   // The active run's pool while its loop runs (a mutex of its own: scaling waits for
   // the pool's current call, and must not hold up GetStatus meanwhile).

@@ -25,8 +25,8 @@ absl::Status RunMetrics::Open(const std::filesystem::path& dir, bool append) {
 }
 
 void RunMetrics::Add(const LoopProgress& p) {
-  csv_ << absl::StrFormat("%d,%.2f,%d,%.4f,%.4f,%d,%s,%.3f,%.3f,%.3f,%.0f,%.3f\n", p.step, p.seconds,
-                          p.policy_version, p.train_reward, p.entropy, p.idle_steps,
+  csv_ << absl::StrFormat("%d,%.2f,%d,%.4f,%.4f,%d,%s,%.3f,%.3f,%.3f,%.0f,%.3f\n", p.step, p.seconds, p.policy_version,
+                          p.train_reward, p.entropy, p.idle_steps,
                           p.held_out_exact ? absl::StrFormat("%.4f", *p.held_out_exact) : "nan", p.generate_seconds,
                           p.train_seconds, p.sync_seconds, p.tokens_per_s, p.mean_staleness)
        << std::flush;
@@ -57,7 +57,8 @@ std::string RunMetrics::Finish() {
   const std::filesystem::path script = dir_ / "reward_curve.gp";
   const std::optional<std::string> data = GnuplotQuoted(csv), png = GnuplotQuoted((dir_ / "reward_curve.png").string()),
                                    txt = GnuplotQuoted((dir_ / "reward_curve.txt").string());
-  if (!data || !png || !txt) return absl::StrCat("metrics: ", csv, " (no curve: the folder's name has a control character)");
+  if (!data || !png || !txt)
+    return absl::StrCat("metrics: ", csv, " (no curve: the folder's name has a control character)");
   std::ofstream gp(script);
   gp << "set datafile separator ','\n"
      << "set key autotitle columnhead bottom right\n"
@@ -79,8 +80,8 @@ std::string RunMetrics::Finish() {
   if (absl::Status s = common::RunProgram({"gnuplot", script.string()}, absl::Seconds(60)); !s.ok()) {
     return absl::StrCat("metrics: ", csv, " (gnuplot failed on ", script.string(), ": ", s.message(), ")");
   }
-  return absl::StrCat("metrics: ", csv, "\ncurve:   ", (dir_ / "reward_curve.png").string(), " (text: ",
-                      (dir_ / "reward_curve.txt").string(), ")");
+  return absl::StrCat("metrics: ", csv, "\ncurve:   ", (dir_ / "reward_curve.png").string(),
+                      " (text: ", (dir_ / "reward_curve.txt").string(), ")");
 }
 
 }  // namespace rlfleet::controller

@@ -20,8 +20,7 @@ namespace {
 template <typename Service>
 class Peer {
  public:
-  Peer(std::shared_ptr<grpc::Channel> channel, const rpc::ClientOptions& options,
-       absl::Duration timeout)
+  Peer(std::shared_ptr<grpc::Channel> channel, const rpc::ClientOptions& options, absl::Duration timeout)
       : stub_(Service::NewStub(channel)), options_(options), timeout_(timeout) {}
 
  protected:
@@ -42,12 +41,11 @@ class Peer {
 
 class GrpcRolloutReplica : public RolloutReplica, Peer<v1::RolloutService> {
  public:
-  GrpcRolloutReplica(std::shared_ptr<grpc::Channel> c, const rpc::ClientOptions& o,
-                     absl::Duration t, std::string address)
+  GrpcRolloutReplica(std::shared_ptr<grpc::Channel> c, const rpc::ClientOptions& o, absl::Duration t,
+                     std::string address)
       : Peer(std::move(c), o, t), address_(std::move(address)) {}
   std::string address() const override { return address_; }
-  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request,
-                             v1::GenerateBatchResponse* response) override {
+  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response) override {
     return rpc::ToAbslStatus(stub_->GenerateBatch(Context().get(), request, response));
   }
   absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) override {
@@ -84,8 +82,7 @@ class GrpcBufferPeer : public BufferPeer, Peer<v1::BufferService> {
     v1::ConfigureResponse response;
     return rpc::ToAbslStatus(stub_->Configure(Context().get(), request, &response));
   }
-  absl::Status PutExperiences(const v1::PutExperiencesRequest& request,
-                              v1::PutExperiencesResponse* response) override {
+  absl::Status PutExperiences(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response) override {
     return rpc::ToAbslStatus(stub_->PutExperiences(Context().get(), request, response));
   }
 };
@@ -104,8 +101,7 @@ class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {
     RETURN_IF_ERROR(rpc::ToAbslStatus(stub_->GetState(Context().get(), v1::GetStateRequest(), &state)));
     return state.policy_version().version();
   }
-  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
-                              v1::SaveCheckpointResponse* response) override {
+  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request, v1::SaveCheckpointResponse* response) override {
     return rpc::ToAbslStatus(stub_->SaveCheckpoint(Context().get(), request, response));
   }
 };
@@ -157,9 +153,9 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     for (size_t i = 0; i < replica_addresses.size(); ++i) {
       if (!out[i].ok()) continue;
       auto it = by_id.find(replica_addresses[i]);
-      out[i] = !s.ok()               ? s
-               : it != by_id.end()   ? it->second
-                                     : absl::InternalError("the weights service reported no status for the replica");
+      out[i] = !s.ok()             ? s
+               : it != by_id.end() ? it->second
+                                   : absl::InternalError("the weights service reported no status for the replica");
     }
     return out;
   }
@@ -187,8 +183,7 @@ class TrainerThroughWeights : public TrainerPeer {
     return common::Annotate(route_->Publish(*response), "weights service PublishVersion");
   }
   absl::StatusOr<uint64_t> PolicyVersion() override { return inner_->PolicyVersion(); }
-  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
-                              v1::SaveCheckpointResponse* response) override {
+  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request, v1::SaveCheckpointResponse* response) override {
     return inner_->SaveCheckpoint(request, response);
   }
 
@@ -230,9 +225,8 @@ class ReplicaThroughWeights : public RolloutReplica {
 
 // Makes an adapter of type `Impl` over a channel to `address`.
 template <typename Interface, typename Impl, typename... Extra>
-absl::StatusOr<std::unique_ptr<Interface>> Make(const rpc::ClientOptions& options,
-                                               const std::string& address, absl::Duration timeout,
-                                               Extra... extra) {
+absl::StatusOr<std::unique_ptr<Interface>> Make(const rpc::ClientOptions& options, const std::string& address,
+                                                absl::Duration timeout, Extra... extra) {
   rpc::ClientOptions o = options;
   o.target = address;
   auto channel = rpc::MakeChannel(o);
@@ -242,32 +236,30 @@ absl::StatusOr<std::unique_ptr<Interface>> Make(const rpc::ClientOptions& option
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RolloutReplica>> NewGrpcRolloutReplica(
-    const rpc::ClientOptions& options, const std::string& address, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<RolloutReplica>> NewGrpcRolloutReplica(const rpc::ClientOptions& options,
+                                                                      const std::string& address,
+                                                                      absl::Duration timeout) {
   return Make<RolloutReplica, GrpcRolloutReplica>(options, address, timeout, address);
 }
 
 absl::StatusOr<std::unique_ptr<RewardPeer>> NewGrpcRewardPeer(const rpc::ClientOptions& options,
-                                                              const std::string& address,
-                                                              absl::Duration timeout) {
+                                                              const std::string& address, absl::Duration timeout) {
   return Make<RewardPeer, GrpcRewardPeer>(options, address, timeout);
 }
 
 absl::StatusOr<std::unique_ptr<BufferPeer>> NewGrpcBufferPeer(const rpc::ClientOptions& options,
-                                                              const std::string& address,
-                                                              absl::Duration timeout) {
+                                                              const std::string& address, absl::Duration timeout) {
   return Make<BufferPeer, GrpcBufferPeer>(options, address, timeout);
 }
 
 absl::StatusOr<std::unique_ptr<TrainerPeer>> NewGrpcTrainerPeer(const rpc::ClientOptions& options,
-                                                                const std::string& address,
-                                                                absl::Duration timeout) {
+                                                                const std::string& address, absl::Duration timeout) {
   return Make<TrainerPeer, GrpcTrainerPeer>(options, address, timeout);
 }
 
 absl::StatusOr<std::shared_ptr<WeightsRoute>> WeightsRoute::Connect(const rpc::ClientOptions& options,
-                                                                     const std::string& address,
-                                                                     absl::Duration timeout) {
+                                                                    const std::string& address,
+                                                                    absl::Duration timeout) {
   ASSIGN_OR_RETURN(std::unique_ptr<WeightsRoute> route,
                    (Make<WeightsRoute, GrpcWeightsRoute>(options, address, timeout)));
   return std::shared_ptr<WeightsRoute>(std::move(route));

@@ -14,17 +14,15 @@
 namespace rlfleet::controller {
 
 // `options.target` is ignored; `address` is the peer's host:port.
-absl::StatusOr<std::unique_ptr<RolloutReplica>> NewGrpcRolloutReplica(
-    const rpc::ClientOptions& options, const std::string& address, absl::Duration timeout);
+absl::StatusOr<std::unique_ptr<RolloutReplica>> NewGrpcRolloutReplica(const rpc::ClientOptions& options,
+                                                                      const std::string& address,
+                                                                      absl::Duration timeout);
 absl::StatusOr<std::unique_ptr<RewardPeer>> NewGrpcRewardPeer(const rpc::ClientOptions& options,
-                                                              const std::string& address,
-                                                              absl::Duration timeout);
+                                                              const std::string& address, absl::Duration timeout);
 absl::StatusOr<std::unique_ptr<BufferPeer>> NewGrpcBufferPeer(const rpc::ClientOptions& options,
-                                                              const std::string& address,
-                                                              absl::Duration timeout);
+                                                              const std::string& address, absl::Duration timeout);
 absl::StatusOr<std::unique_ptr<TrainerPeer>> NewGrpcTrainerPeer(const rpc::ClientOptions& options,
-                                                                const std::string& address,
-                                                                absl::Duration timeout);
+                                                                const std::string& address, absl::Duration timeout);
 
 // Weight publishing through the weights service (rlfleet-weights): the trainer's
 // versions are published there (it checks the digest before any replica sees them) and

@@ -232,8 +232,8 @@ absl::StatusOr<std::unique_ptr<RunStore>> OpenRunStore(absl::string_view connect
   if (absl::StartsWith(connection, "redis://")) {
     ASSIGN_OR_RETURN(redis::Url url, redis::ParseUrl(connection, "rlfleet:"));
     ASSIGN_OR_RETURN(std::unique_ptr<redis::Client> client, redis::Client::Connect(url.host, url.port));
-    return std::unique_ptr<RunStore>(new RedisRunStore(std::move(client), url.prefix + "controller:run",
-                                                      url.prefix + "controller:desired"));
+    return std::unique_ptr<RunStore>(
+        new RedisRunStore(std::move(client), url.prefix + "controller:run", url.prefix + "controller:desired"));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown run store `", connection, "`: want redis://host:port[/prefix] or memory://"));

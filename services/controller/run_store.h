@@ -35,7 +35,7 @@ struct RunRecord {
   std::string error;
   bool stop_requested = false;
   float last_exact = 0;
-  int resumes = 0;  // times a restarted controller resumed it
+  int resumes = 0;        // times a restarted controller resumed it
   LoopProgress progress;  // (held_out_exact and the per-step timings are not kept)
 };
 

@@ -106,25 +106,25 @@ absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreRespons
   const absl::Time start = absl::Now();
   if (request.items_size() == 0) return absl::InvalidArgumentError("items is empty");
   if (request.items_size() > kMaxItemsPerRequest) {
-    return absl::InvalidArgumentError(absl::StrCat("items has ", request.items_size(),
-                                                   " entries; the limit is ", kMaxItemsPerRequest));
+    return absl::InvalidArgumentError(
+        absl::StrCat("items has ", request.items_size(), " entries; the limit is ", kMaxItemsPerRequest));
   }
   for (int i = 0; i < request.items_size(); ++i) {
     const v1::ScoreItem& item = request.items(i);
     const std::string where = absl::StrCat("items[", i, "]");
     if (item.prompt_text().empty() || item.response_text().size() > kMaxTextBytes ||
         item.prompt_text().size() > kMaxTextBytes || item.reference_answer().size() > kMaxTextBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": prompt_text is required (token ids need the shared tokenizer) and texts are at most ",
-          kMaxTextBytes, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": prompt_text is required (token ids need the shared tokenizer) and texts are at most ",
+                       kMaxTextBytes, " bytes"));
     }
     if (item.item_id().size() > common::kMaxIdBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".item_id is ", item.item_id().size(),
-                                                     " bytes; the limit is ", common::kMaxIdBytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".item_id is ", item.item_id().size(), " bytes; the limit is ", common::kMaxIdBytes));
     }
     if (item.metadata_size() > kMaxMetadataEntries) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".metadata has ", item.metadata_size(),
-                                                     " entries; the limit is ", kMaxMetadataEntries));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".metadata has ", item.metadata_size(), " entries; the limit is ", kMaxMetadataEntries));
     }
     // The functions score text: token ids alone would be scored as an empty response.
     if (item.response_text().empty() && item.response_token_ids_size() > 0) {
@@ -138,8 +138,8 @@ absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreRespons
       if (name.empty()) {
         auto d = default_for_task_.find(item.task());
         if (d == default_for_task_.end()) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ".task `", item.task(),
-                                                         "` has no default reward function"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ".task `", item.task(), "` has no default reward function"));
         }
         name = d->second;
       }
@@ -149,8 +149,8 @@ absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreRespons
       }
       const auto& tasks = f->second.info.tasks();
       if (!tasks.empty() && std::find(tasks.begin(), tasks.end(), item.task()) == tasks.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": `", name, "` does not score task `",
-                                                       item.task(), "`"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": `", name, "` does not score task `", item.task(), "`"));
       }
       fn = f->second.fn;
     }
@@ -191,8 +191,7 @@ absl::Status RewardCore::List(const v1::ListRewardFunctionsRequest& request,
   }
   for (; it != functions_.end(); ++it) {
     const auto& tasks = it->second.info.tasks();
-    if (!request.task().empty() &&
-        std::find(tasks.begin(), tasks.end(), request.task()) == tasks.end()) {
+    if (!request.task().empty() && std::find(tasks.begin(), tasks.end(), request.task()) == tasks.end()) {
       continue;
     }
     if (static_cast<size_t>(response->functions_size()) == page_size) {

@@ -42,8 +42,7 @@ class RewardCore {
   // function, a missing or oversized text, or a prompt of the wrong form.
   absl::Status Score(const v1::ScoreRequest& request, v1::ScoreResponse* response);
 
-  absl::Status List(const v1::ListRewardFunctionsRequest& request,
-                    v1::ListRewardFunctionsResponse* response);
+  absl::Status List(const v1::ListRewardFunctionsRequest& request, v1::ListRewardFunctionsResponse* response);
 
  private:
   struct Entry {

@@ -12,8 +12,7 @@ class RewardServiceImpl final : public v1::RewardService::CallbackService {
  public:
   RewardServiceImpl(RewardCore* core, rpc::CallAuth auth) : core_(core), auth_(std::move(auth)) {}
 
-  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* context,
-                                  const v1::ScoreRequest* request,
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* context, const v1::ScoreRequest* request,
                                   v1::ScoreResponse* response) override {
     return rpc::HandleUnary(context, auth_, [&] { return core_->Score(*request, response); });
   }

@@ -21,8 +21,9 @@ ABSL_FLAG(int, n_heads, 4, "Attention heads.");
 ABSL_FLAG(int, max_seq_len, 64, "Prompt + response tokens at most.");
 ABSL_FLAG(std::string, device, "cpu", "Device: cpu or cuda:N.");
 ABSL_FLAG(int, threads, 2, "Compute threads.");
-ABSL_FLAG(std::string, weights, "", "Safetensors file to serve at --weights_version; empty: wait for weights "
-                                    "(or serve the random init with --serve_initial_weights).");
+ABSL_FLAG(std::string, weights, "",
+          "Safetensors file to serve at --weights_version; empty: wait for weights "
+          "(or serve the random init with --serve_initial_weights).");
 ABSL_FLAG(uint64_t, weights_version, 1, "Policy version of --weights / the initial weights.");
 ABSL_FLAG(int, max_batch, 256, "Sequences decoded together at most (continuous batching).");
 ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised model as --weights_version.");
@@ -84,9 +85,9 @@ int main(int argc, char** argv) {
   fetch.file_root = absl::GetFlag(FLAGS_publish_dir);
   fetch.file_root_flag = "--publish_dir";
   rlfleet::transport::DescriptorFetcher fetcher(data_plane->get(), fetch);
-  rlfleet::rollout::RolloutServiceImpl service(core->get(), rlfleet::rpc::CallAuthFrom(options->auth),
-                                               [&runner](bool serving) { runner.SetServing(serving); }, &fetcher,
-                                               data_plane->get());
+  rlfleet::rollout::RolloutServiceImpl service(
+      core->get(), rlfleet::rpc::CallAuthFrom(options->auth), [&runner](bool serving) { runner.SetServing(serving); },
+      &fetcher, data_plane->get());
   if (absl::GetFlag(FLAGS_prefault_staging) && *data_plane != nullptr) {
     rlfleet::v1::GetInfoResponse info;
     if ((*core)->GetInfo(&info).ok()) {

@@ -31,17 +31,17 @@ class RolloutCore::Job {
   uint64_t base_seed = 0;
   absl::Time arrival, deadline;
   JobSink sink;
-  size_t next_sample = 0;           // (mu_) first sample not yet in the batch
-  bool cancel_requested = false;    // (mu_)
-  absl::Status cancel_status;       // (mu_) why, when cancel_requested
+  size_t next_sample = 0;         // (mu_) first sample not yet in the batch
+  bool cancel_requested = false;  // (mu_)
+  absl::Status cancel_status;     // (mu_) why, when cancel_requested
   std::vector<Sample> samples;
   int unfinished = 0;
   bool done = false;
 };
 
 struct RolloutCore::Install {
-  std::string path;   // the file, or what `bytes` are (errors)
-  std::string bytes;  // a safetensors image in memory; empty: read `path`
+  std::string path;                                  // the file, or what `bytes` are (errors)
+  std::string bytes;                                 // a safetensors image in memory; empty: read `path`
   std::map<std::string, model::TensorView> tensors;  // or, if not empty, these
   uint64_t version = 0;
   absl::Notification done;
@@ -65,15 +65,15 @@ absl::StatusOr<model::SamplingOptions> ToOptions(const v1::SamplingParams& sp, c
                                                  static_cast<uint32_t>(limits.max_new_tokens)));
   o.max_new_tokens = sp.max_new_tokens() == 0 ? 48 : static_cast<int>(sp.max_new_tokens());
   if (o.max_new_tokens > limits.max_new_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.max_new_tokens ", o.max_new_tokens,
-                                                   " exceeds the limit of ", limits.max_new_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.max_new_tokens ", o.max_new_tokens, " exceeds the limit of ", limits.max_new_tokens));
   }
   RETURN_IF_ERROR(common::CheckFiniteInRange("sampling.temperature", sp.temperature(), 0, kMaxTemperature));
   RETURN_IF_ERROR(common::CheckFiniteInRange("sampling.top_p", sp.top_p(), 0, 1));
   RETURN_IF_ERROR(common::CheckInRange<uint32_t>("sampling.top_k", sp.top_k(), 0, kMaxTopK));
   if (sp.stop_token_ids_size() > 16) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids has ", sp.stop_token_ids_size(),
-                                                   " entries; the limit is 16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.stop_token_ids has ", sp.stop_token_ids_size(), " entries; the limit is 16"));
   }
   for (int i = 0; i < sp.stop_token_ids_size(); ++i) {
     RETURN_IF_ERROR(common::CheckInRange<int32_t>(absl::StrCat("sampling.stop_token_ids[", i, "]"),
@@ -95,18 +95,18 @@ absl::Status CheckCopied(absl::string_view field, const std::string& value) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", value.size(), " bytes; at most ", kMaxCopiedBytes));
 }
 
-absl::Status CheckPrompt(const google::protobuf::RepeatedField<int32_t>& ids, const std::string& field,
-                         int max_new, const model::PolicyConfig& config) {
+absl::Status CheckPrompt(const google::protobuf::RepeatedField<int32_t>& ids, const std::string& field, int max_new,
+                         const model::PolicyConfig& config) {
   if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
   for (int i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "] = ", ids[i],
-                                                     " is outside the vocabulary of ", config.vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "] = ", ids[i], " is outside the vocabulary of ", config.vocab_size));
     }
   }
   if (ids.size() + max_new > config.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " has ", ids.size(), " tokens; with max_new_tokens ",
-                                                   max_new, " that exceeds max_seq_len ", config.max_seq_len));
+    return absl::InvalidArgumentError(absl::StrCat(field, " has ", ids.size(), " tokens; with max_new_tokens ", max_new,
+                                                   " that exceeds max_seq_len ", config.max_seq_len));
   }
   return absl::OkStatus();
 }
@@ -135,8 +135,7 @@ absl::StatusOr<int> Samples(uint32_t num_samples, int most) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RolloutCore>> RolloutCore::Create(const model::PolicyConfig& config,
-                                                                  const std::string& device,
-                                                                  RolloutLimits limits) {
+                                                                 const std::string& device, RolloutLimits limits) {
   ASSIGN_OR_RETURN(auto policy, model::Policy::Create(config, device));
   std::unique_ptr<RolloutCore> core(new RolloutCore(std::move(policy), device, limits));
   try {
@@ -161,16 +160,15 @@ RolloutCore::RolloutCore(std::unique_ptr<model::Policy> policy, std::string devi
                                                   "Decode paused for a weight install (load + KV recompute).",
                                                   {{"service", "rollout"}})),
       load_metric_(metrics::Global().AddHistogram("rlfleet_weight_load_seconds",
-                                                  "Weight sync: reading and verifying a version on the replica.",
-                                                  {})),
+                                                  "Weight sync: reading and verifying a version on the replica.", {})),
       load_bytes_metric_(metrics::Global().AddCounter("rlfleet_weight_load_bytes_total",
                                                       "Weight sync: bytes of the versions the replica loaded.", {})),
-      active_metric_(metrics::Global().AddGauge("rlfleet_rollout_active_sequences",
-                                                "Sequences in the running decode batch.", {})),
-      queued_metric_(metrics::Global().AddGauge("rlfleet_rollout_queued_sequences",
-                                                "Sequences waiting to join the batch.", {})),
-      version_metric_(metrics::Global().AddGauge("rlfleet_policy_version", "Installed policy version.",
-                                                 {{"service", "rollout"}})) {
+      active_metric_(
+          metrics::Global().AddGauge("rlfleet_rollout_active_sequences", "Sequences in the running decode batch.", {})),
+      queued_metric_(
+          metrics::Global().AddGauge("rlfleet_rollout_queued_sequences", "Sequences waiting to join the batch.", {})),
+      version_metric_(
+          metrics::Global().AddGauge("rlfleet_policy_version", "Installed policy version.", {{"service", "rollout"}})) {
   // (Gauges the scheduler sets, not callbacks: the registry outlives this core.)
   batch_ = std::make_unique<model::DecodeBatch>(policy_.get(), limits_.max_batch);
   // (the scheduler thread is started by Create)
@@ -188,9 +186,9 @@ absl::StatusOr<InstallReport> RolloutCore::InstallFromFile(const std::string& pa
                                                            absl::Time deadline) {
   // Read here, on the caller's thread, never on the scheduler's: a regular file of at
   // most this model's size (a FIFO or /dev/zero is refused, not waited on).
-  ASSIGN_OR_RETURN(std::string bytes,
-                   common::ReadRegularFile("weights file", path,
-                                           model::F32ImageBytesBound(static_cast<uint64_t>(num_parameters_))));
+  ASSIGN_OR_RETURN(
+      std::string bytes,
+      common::ReadRegularFile("weights file", path, model::F32ImageBytesBound(static_cast<uint64_t>(num_parameters_))));
   return InstallFromBytes(std::move(bytes), path, version, deadline);
 }
 
@@ -266,9 +264,9 @@ bool RolloutCore::serving() {
 }
 
 absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Submit(std::vector<std::vector<int32_t>> prompts,
-                                                                       const v1::SamplingParams& sampling,
-                                                                       uint64_t min_policy_version,
-                                                                       absl::Time deadline, JobSink sink) {
+                                                                      const v1::SamplingParams& sampling,
+                                                                      uint64_t min_policy_version, absl::Time deadline,
+                                                                      JobSink sink) {
   auto job = std::make_shared<Job>();
   uint64_t seed = 0;
   ASSIGN_OR_RETURN(job->options, ToOptions(sampling, limits_, config_, &seed));
@@ -284,8 +282,8 @@ absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Submit(std::vecto
   if (drained_ || draining_) return absl::UnavailableError("replica is drained: no new work until Resume");
   if (version_ == 0) return absl::FailedPreconditionError("no weight version installed yet");
   if (min_policy_version > version_) {
-    return absl::FailedPreconditionError(absl::StrCat("installed version ", version_,
-                                                      " is below min_policy_version ", min_policy_version));
+    return absl::FailedPreconditionError(
+        absl::StrCat("installed version ", version_, " is below min_policy_version ", min_policy_version));
   }
   const int n = job->prompts.size();
   if (queued_sequences_ + n > limits_.max_queued) {
@@ -364,7 +362,8 @@ void RolloutCore::Run() {
                                          : policy_->LoadSafetensorsBytes(install->bytes, install->path);
       });
       const absl::Time loaded = absl::Now();
-      if (install->status.ok()) install->status = Guarded("recomputing the KV cache", [&] { return batch_->Refresh(); });
+      if (install->status.ok())
+        install->status = Guarded("recomputing the KV cache", [&] { return batch_->Refresh(); });
       if (install->status.ok()) {
         absl::MutexLock lock(&mu_);
         version_ = install->version;
@@ -396,10 +395,9 @@ void RolloutCore::Run() {
     }
     if (!group.empty()) {
       for (size_t i = 0; i < group.size(); ++i) live_[group[i].id] = owners[i];
-      absl::StatusOr<std::vector<model::DecodeBatch::Token>> first =
-          Guarded("prefilling new sequences", [&]() -> absl::StatusOr<std::vector<model::DecodeBatch::Token>> {
-            return batch_->Add(std::move(group));
-          });
+      absl::StatusOr<std::vector<model::DecodeBatch::Token>> first = Guarded(
+          "prefilling new sequences",
+          [&]() -> absl::StatusOr<std::vector<model::DecodeBatch::Token>> { return batch_->Add(std::move(group)); });
       if (first.ok()) {
         Dispatch(*first);
       } else {
@@ -521,8 +519,8 @@ void RolloutCore::Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason
     }
     s.finished = true;
     ++aborted;
-    e.finished.push_back({i, reason, s.tokens, s.tokens ? Ms(s.first_token - job->arrival) : 0,
-                          s.tokens ? Ms(now - s.first_token) : 0});
+    e.finished.push_back(
+        {i, reason, s.tokens, s.tokens ? Ms(s.first_token - job->arrival) : 0, s.tokens ? Ms(now - s.first_token) : 0});
   }
   job->unfinished = 0;
   job->done = true;
@@ -544,7 +542,7 @@ void RolloutCore::Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason
 }
 
 absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Generate(const v1::GenerateRequest& request,
-                                                                         StreamSink sink, absl::Time deadline) {
+                                                                        StreamSink sink, absl::Time deadline) {
   RETURN_IF_ERROR(common::ValidateId("request_id", request.request_id()));
   ASSIGN_OR_RETURN(const int samples, Samples(request.num_samples(), limits_.max_samples));
   RETURN_IF_ERROR(common::CheckInRange<uint32_t>("chunk_tokens", request.chunk_tokens(), 0, 1024));
@@ -599,19 +597,19 @@ absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Generate(const v1
     }
     chunker->sink(std::move(out), e.done, e.status);
   };
-  return Submit(std::vector<std::vector<int32_t>>(samples, prompt), request.sampling(),
-                request.min_policy_version(), deadline, std::move(job_sink));
+  return Submit(std::vector<std::vector<int32_t>>(samples, prompt), request.sampling(), request.min_policy_version(),
+                deadline, std::move(job_sink));
 }
 
-absl::Status RolloutCore::GenerateBatch(const v1::GenerateBatchRequest& request,
-                                        v1::GenerateBatchResponse* response, absl::Time deadline) {
+absl::Status RolloutCore::GenerateBatch(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response,
+                                        absl::Time deadline) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(common::ValidateId("request_id", request.request_id()));
   const int prompts = request.prompts_size();
   ASSIGN_OR_RETURN(const int samples, Samples(request.num_samples(), limits_.max_sequences));
   if (prompts < 1 || prompts > limits_.max_prompts) {
-    return absl::InvalidArgumentError(absl::StrCat("prompts has ", prompts, " entries; the limit is 1..",
-                                                   limits_.max_prompts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompts has ", prompts, " entries; the limit is 1..", limits_.max_prompts));
   }
   if (static_cast<int64_t>(prompts) * samples > limits_.max_sequences) {
     return absl::InvalidArgumentError(absl::StrCat("prompts x num_samples = ", prompts * samples,
@@ -695,8 +693,8 @@ absl::Status RolloutCore::GetInfo(v1::GetInfoResponse* response) {
   absl::MutexLock lock(&mu_);
   response->mutable_installed_version()->set_version(version_);
   if (install_ != nullptr) response->mutable_staged_version()->set_version(install_->version);
-  response->set_state(drained_     ? v1::REPLICA_SERVING_STATE_DRAINED
-                      : draining_  ? v1::REPLICA_SERVING_STATE_DRAINING
+  response->set_state(drained_        ? v1::REPLICA_SERVING_STATE_DRAINED
+                      : draining_     ? v1::REPLICA_SERVING_STATE_DRAINING
                       : version_ == 0 ? v1::REPLICA_SERVING_STATE_WAITING_FOR_WEIGHTS
                                       : v1::REPLICA_SERVING_STATE_SERVING);
   v1::LoadStats* load = response->mutable_load();

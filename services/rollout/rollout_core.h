@@ -38,12 +38,12 @@
 namespace rlfleet::rollout {
 
 struct RolloutLimits {
-  int max_prompts = 256;       // GenerateBatch prompts
-  int max_sequences = 1024;    // GenerateBatch prompts x num_samples
+  int max_prompts = 256;     // GenerateBatch prompts
+  int max_sequences = 1024;  // GenerateBatch prompts x num_samples
   int max_new_tokens = 512;
-  int max_batch = 256;         // sequences decoded together
-  int max_queued = 4096;       // sequences waiting to join the batch (RESOURCE_EXHAUSTED beyond)
-  int max_samples = 64;        // Generate num_samples
+  int max_batch = 256;    // sequences decoded together
+  int max_queued = 4096;  // sequences waiting to join the batch (RESOURCE_EXHAUSTED beyond)
+  int max_samples = 64;   // Generate num_samples
 };
 
 // What a job's sink is told after each scheduler step that touched it. Called on the
@@ -64,18 +64,18 @@ struct JobEvents {
   };
   std::vector<Token> tokens;
   std::vector<Finished> finished;
-  bool done = false;      // every sample finished; the last call for this job
-  absl::Status status;    // with done: why unfinished samples were aborted, if any
+  bool done = false;    // every sample finished; the last call for this job
+  absl::Status status;  // with done: why unfinished samples were aborted, if any
 };
 using JobSink = std::function<void(JobEvents)>;
 
 // Report of a weight install (CommitWeightsResponse's fields).
 struct InstallReport {
   uint64_t version = 0;
-  uint64_t decode_step = 0;       // the scheduler's step count when it took effect
+  uint64_t decode_step = 0;         // the scheduler's step count when it took effect
   uint32_t inflight_sequences = 0;  // sequences that continue on the new version
-  int64_t pause_us = 0;           // decode paused (load + KV recompute)
-  int64_t install_us = 0;         // loading the weights into the model
+  int64_t pause_us = 0;             // decode paused (load + KV recompute)
+  int64_t install_us = 0;           // loading the weights into the model
 };
 
 class RolloutCore {
@@ -85,8 +85,7 @@ class RolloutCore {
   // INVALID_ARGUMENT for a config that does not make a model; RESOURCE_EXHAUSTED when
   // no thread can be created for the scheduler.
   static absl::StatusOr<std::unique_ptr<RolloutCore>> Create(const model::PolicyConfig& config,
-                                                             const std::string& device,
-                                                             RolloutLimits limits = {});
+                                                             const std::string& device, RolloutLimits limits = {});
   ~RolloutCore();  // aborts what is in flight (UNAVAILABLE) and stops the scheduler
 
   // Installs weights from a safetensors file as `version` (> the installed one, else
@@ -170,7 +169,7 @@ class RolloutCore {
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t swaps_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<std::shared_ptr<Job>> waiting_ ABSL_GUARDED_BY(mu_);  // not fully admitted
+  std::deque<std::shared_ptr<Job>> waiting_ ABSL_GUARDED_BY(mu_);   // not fully admitted
   std::map<Job*, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);  // every unfinished job
   std::vector<std::shared_ptr<Job>> cancelled_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Install> install_ ABSL_GUARDED_BY(mu_);

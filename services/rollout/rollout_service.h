@@ -43,11 +43,11 @@ class GenerateStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   struct Shared {
     absl::Mutex mu;
     GenerateStream* reactor ABSL_GUARDED_BY(mu) = nullptr;
-    int pushers ABSL_GUARDED_BY(mu) = 0;         // sinks inside reactor->Pump()
+    int pushers ABSL_GUARDED_BY(mu) = 0;  // sinks inside reactor->Pump()
     std::deque<v1::GenerateResponse> queue ABSL_GUARDED_BY(mu);
     bool writing ABSL_GUARDED_BY(mu) = false;
-    bool done ABSL_GUARDED_BY(mu) = false;       // the job finished: Finish after the queue
-    bool finished ABSL_GUARDED_BY(mu) = false;   // Finish called
+    bool done ABSL_GUARDED_BY(mu) = false;      // the job finished: Finish after the queue
+    bool finished ABSL_GUARDED_BY(mu) = false;  // Finish called
     absl::Status status ABSL_GUARDED_BY(mu);
   };
 
@@ -160,7 +160,9 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   // `data_plane` (not owned; may be null) serves relay copies of them.
   RolloutServiceImpl(RolloutCore* core, rpc::CallAuth auth, std::function<void(bool)> on_state_change = {},
                      transport::DescriptorFetcher* fetcher = nullptr, transport::Transport* data_plane = nullptr)
-      : core_(core), auth_(std::move(auth)), on_state_change_(std::move(on_state_change)),
+      : core_(core),
+        auth_(std::move(auth)),
+        on_state_change_(std::move(on_state_change)),
         intake_(core, fetcher, data_plane) {}
 
   // WeightIntake::PrefaultStaging.

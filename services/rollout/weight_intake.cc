@@ -53,8 +53,7 @@ void ReportInstall(const InstallReport& report, v1::CommitWeightsResponse* respo
   response->set_install_us(report.install_us);
 }
 
-WeightIntake::WeightIntake(RolloutCore* core, transport::DescriptorFetcher* fetcher,
-                           transport::Transport* data_plane)
+WeightIntake::WeightIntake(RolloutCore* core, transport::DescriptorFetcher* fetcher, transport::Transport* data_plane)
     : core_(core),
       fetcher_(fetcher),
       data_plane_(data_plane),
@@ -89,8 +88,8 @@ absl::StatusOr<uint64_t> WeightIntake::MostImageBytes() const {
 absl::Status WeightIntake::Check(const v1::PrepareWeightsRequest& req) const {
   const v1::WeightManifest& m = req.manifest();
   if (m.version().version() == 0) return absl::InvalidArgumentError("manifest.version.version: 0");
-  RETURN_IF_ERROR(common::CheckInRange<int64_t>("transfer_timeout_ms", req.transfer_timeout_ms(), 0,
-                                                int64_t{3600} * 1000));
+  RETURN_IF_ERROR(
+      common::CheckInRange<int64_t>("transfer_timeout_ms", req.transfer_timeout_ms(), 0, int64_t{3600} * 1000));
   if (m.wire_dtype() != v1::DTYPE_UNSPECIFIED) {
     return absl::UnimplementedError(
         "manifest.wire_dtype: this replica installs the image's own dtypes and does not cast (send UNSPECIFIED)");
@@ -102,8 +101,8 @@ absl::Status WeightIntake::Check(const v1::PrepareWeightsRequest& req) const {
     return absl::OkStatus();
   }
   if (req.chunks_size() != 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "chunks: ", req.chunks_size(), " chunks; this replica takes one chunk holding the whole version"));
+    return absl::UnimplementedError(
+        absl::StrCat("chunks: ", req.chunks_size(), " chunks; this replica takes one chunk holding the whole version"));
   }
   const v1::WeightChunk& chunk = req.chunks(0);
   if (chunk.dst_rank() != 0 || !chunk.tensor_name().empty() || chunk.dst_offset_bytes() != 0) {
@@ -120,8 +119,8 @@ absl::Status WeightIntake::Check(const v1::PrepareWeightsRequest& req) const {
                                                    "; this replica's model is at most ", most, " bytes"));
   }
   if (m.total_bytes() != 0 && m.total_bytes() != chunk.source().length_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest.total_bytes: ", m.total_bytes(), "; the chunk holds ",
-                                                   chunk.source().length_bytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.total_bytes: ", m.total_bytes(), "; the chunk holds ", chunk.source().length_bytes()));
   }
   return absl::OkStatus();
 }
@@ -130,9 +129,9 @@ absl::Status WeightIntake::Update(const v1::PrepareWeightsRequest& req, absl::Ti
                                   v1::CommitWeightsResponse* resp) {
   RETURN_IF_ERROR(Check(req));
   // transfer_timeout_ms (0 = 60 s), within the call's own deadline
-  deadline = std::min(deadline, absl::Now() + (req.transfer_timeout_ms() > 0
-                                                   ? absl::Milliseconds(req.transfer_timeout_ms())
-                                                   : absl::Seconds(60)));
+  deadline =
+      std::min(deadline, absl::Now() + (req.transfer_timeout_ms() > 0 ? absl::Milliseconds(req.transfer_timeout_ms())
+                                                                      : absl::Seconds(60)));
   if (req.has_reshard()) return UpdateFromRound(req, deadline, resp);
   if (req.chunks(0).source().segment().backend() == v1::TRANSFER_BACKEND_FILE) {
     return UpdateFromFile(req, deadline, resp);
@@ -151,9 +150,9 @@ absl::Status WeightIntake::UpdateFromFile(const v1::PrepareWeightsRequest& req, 
   const uint64_t version = req.manifest().version().version();
   absl::StatusOr<std::string> bytes = fetcher_->Fetch(req.chunks(0).source(), deadline);
   if (!bytes.ok()) return common::Annotate(bytes.status(), "chunks[0].source");
-  ASSIGN_OR_RETURN(InstallReport report, core_->InstallFromBytes(std::move(*bytes),
-                                                                 absl::StrCat("version ", version, " (file)"),
-                                                                 version, deadline));
+  ASSIGN_OR_RETURN(
+      InstallReport report,
+      core_->InstallFromBytes(std::move(*bytes), absl::StrCat("version ", version, " (file)"), version, deadline));
   ReportInstall(report, resp);
   return absl::OkStatus();
 }
@@ -211,9 +210,9 @@ absl::Status WeightIntake::UpdateFromRound(const v1::PrepareWeightsRequest& req,
     return absl::FailedPreconditionError("this replica has no data plane to receive a pushed version on");
   }
   if (req.reshard().destination_layout().world_size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("reshard.destination_layout.world_size: ",
-                                                   req.reshard().destination_layout().world_size(),
-                                                   "; this replica holds every tensor whole (TP 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reshard.destination_layout.world_size: ", req.reshard().destination_layout().world_size(),
+                     "; this replica holds every tensor whole (TP 1)"));
   }
   const uint64_t version = req.manifest().version().version();
   if (version <= core_->installed_version()) {  // (before joining: the round then misses only this rank)

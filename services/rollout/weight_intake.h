@@ -97,9 +97,8 @@ class WeightIntake {
                             v1::CommitWeightsResponse* response);
   absl::Status UpdateFromRound(const v1::PrepareWeightsRequest& request, absl::Time deadline,
                                v1::CommitWeightsResponse* response);
-  absl::Status ReceiveAndInstallLocked(const v1::PrepareWeightsRequest& request, absl::Time deadline,
-                                       uint64_t most, v1::CommitWeightsResponse* response)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_mu_);
+  absl::Status ReceiveAndInstallLocked(const v1::PrepareWeightsRequest& request, absl::Time deadline, uint64_t most,
+                                       v1::CommitWeightsResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(receive_mu_);
   // The largest image this replica's model can have (sizes from the network are held to it).
   absl::StatusOr<uint64_t> MostImageBytes() const;
 

@@ -19,8 +19,8 @@ class GrpcBufferSource : public BufferSource, public rpc::ClientBase {
   absl::Status Sample(const v1::SampleBatchRequest& request, v1::SampleBatchResponse* response) override {
     // The buffer may wait up to wait_ms: the deadline covers it.
     const absl::Duration timeout = options().default_timeout + absl::Milliseconds(request.wait_ms());
-    return Call("SampleBatch", [&](grpc::ClientContext* c) { return stub_->SampleBatch(c, request, response); },
-                timeout);
+    return Call(
+        "SampleBatch", [&](grpc::ClientContext* c) { return stub_->SampleBatch(c, request, response); }, timeout);
   }
   absl::Status Ack(const std::string& lease_id) override {
     v1::AckBatchRequest request;

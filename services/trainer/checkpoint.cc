@@ -27,7 +27,8 @@ bool IsCheckpointFile(const std::string& name) {
 // (a link out of it is refused), a regular file of at most `max_bytes`.
 absl::StatusOr<std::string> ReadInside(const fs::path& dir, const std::string& name, uint64_t max_bytes) {
   if (!common::ValidatePathId("checkpoint file", name).ok()) {
-    return absl::DataLossError(absl::StrCat(dir.string(), "/", kStateFile, " names a file that is not a plain file name"));
+    return absl::DataLossError(
+        absl::StrCat(dir.string(), "/", kStateFile, " names a file that is not a plain file name"));
   }
   ASSIGN_OR_RETURN(fs::path path, common::ResolveUnderRoot(absl::StrCat("checkpoint file ", name), dir, name));
   return common::ReadRegularFile(absl::StrCat("checkpoint file ", name), path, max_bytes);
@@ -64,15 +65,17 @@ absl::StatusOr<CheckpointContents> ReadCheckpoint(const fs::path& dir, uint64_t 
     }
     if (in.fail()) return absl::DataLossError(absl::StrCat(dir.string(), "/", kStateFile, " is corrupt"));
   }
-  if (out.version == 0) return absl::DataLossError(absl::StrCat(dir.string(), "/", kStateFile, " is corrupt (no version)"));
-  if (digests.size() > 16) return absl::DataLossError(absl::StrCat(dir.string(), "/", kStateFile, " names too many files"));
+  if (out.version == 0)
+    return absl::DataLossError(absl::StrCat(dir.string(), "/", kStateFile, " is corrupt (no version)"));
+  if (digests.size() > 16)
+    return absl::DataLossError(absl::StrCat(dir.string(), "/", kStateFile, " names too many files"));
   std::map<std::string, std::string> files;
   for (const auto& [file, want] : digests) {
     ASSIGN_OR_RETURN(std::string bytes, ReadInside(dir, file, max_file_bytes));
     if (CheckpointDigest(bytes) != want) {
       // (the name passed the plain-name check; neither digest is echoed)
-      return absl::DataLossError(absl::StrCat(dir.string(), "/", file, " is corrupt: its digest differs from ",
-                                              kStateFile, "'s"));
+      return absl::DataLossError(
+          absl::StrCat(dir.string(), "/", file, " is corrupt: its digest differs from ", kStateFile, "'s"));
     }
     files[file] = std::move(bytes);
   }
@@ -89,8 +92,8 @@ absl::StatusOr<CheckpointContents> ReadCheckpoint(const fs::path& dir, uint64_t 
 
 absl::Status CheckIsCheckpoint(const fs::path& dir) {
   auto refuse = [&](absl::string_view why) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir.string(), " is not a checkpoint this trainer wrote (", why, "); overwrite replaces only those"));
+    return absl::FailedPreconditionError(absl::StrCat(dir.string(), " is not a checkpoint this trainer wrote (", why,
+                                                      "); overwrite replaces only those"));
   };
   std::error_code ec;
   if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) return refuse("not a directory");

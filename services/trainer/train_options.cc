@@ -31,8 +31,8 @@ absl::Status CheckSource(const v1::TrainStepRequest& request) {
     RETURN_IF_ERROR(CheckInRange<uint32_t>("buffer.min_groups", b.min_groups(), 0, b.num_groups()));
     RETURN_IF_ERROR(CheckInRange<int64_t>("buffer.wait_ms", b.wait_ms(), 0, kMaxWaitMs));
   } else if (request.has_inline_batch()) {
-    RETURN_IF_ERROR(CheckInRange<int>("inline_batch.experiences (count)", request.inline_batch().experiences_size(),
-                                      1, kMaxInlineExperiences));
+    RETURN_IF_ERROR(CheckInRange<int>("inline_batch.experiences (count)", request.inline_batch().experiences_size(), 1,
+                                      kMaxInlineExperiences));
   } else {
     return absl::InvalidArgumentError("source: set buffer or a non-empty inline_batch");
   }
@@ -84,10 +84,11 @@ absl::Status CheckKl(const v1::KlConfig& kl) {
   }
   if (kl.coef() != 0) return absl::UnimplementedError(absl::StrCat("params.kl.coef is ", kl.coef(), kNoReference));
   if (kl.estimator() != v1::KL_ESTIMATOR_UNSPECIFIED) {
-    return absl::UnimplementedError(absl::StrCat("params.kl.estimator ", v1::KlEstimator_Name(kl.estimator()),
-                                                 kNoReference));
+    return absl::UnimplementedError(
+        absl::StrCat("params.kl.estimator ", v1::KlEstimator_Name(kl.estimator()), kNoReference));
   }
-  if (kl.target() != 0) return absl::UnimplementedError(absl::StrCat("params.kl.target is ", kl.target(), kNoReference));
+  if (kl.target() != 0)
+    return absl::UnimplementedError(absl::StrCat("params.kl.target is ", kl.target(), kNoReference));
   return absl::OkStatus();
 }
 
@@ -95,7 +96,8 @@ absl::Status ApplyOptimizer(const v1::OptimizerConfig& o, model::TrainOptions* o
   RETURN_IF_ERROR(CheckFiniteInRange("params.optimizer.learning_rate", o.learning_rate(), 0, 1));
   RETURN_IF_ERROR(CheckFiniteInRange("params.optimizer.beta1", o.beta1(), 0, 1));
   RETURN_IF_ERROR(CheckFiniteInRange("params.optimizer.beta2", o.beta2(), 0, 1));
-  for (const auto& [name, beta] : {std::pair{"params.optimizer.beta1", o.beta1()}, {"params.optimizer.beta2", o.beta2()}}) {
+  for (const auto& [name, beta] :
+       {std::pair{"params.optimizer.beta1", o.beta1()}, {"params.optimizer.beta2", o.beta2()}}) {
     if (beta >= 1) return absl::InvalidArgumentError(absl::StrCat(name, " is ", beta, "; it must be below 1"));
   }
   RETURN_IF_ERROR(CheckFiniteInRange("params.optimizer.eps", o.eps(), 0, 1));
@@ -114,8 +116,7 @@ absl::Status ApplyOptimizer(const v1::OptimizerConfig& o, model::TrainOptions* o
 
 }  // namespace
 
-absl::StatusOr<model::TrainOptions> OptionsFromParams(const v1::AlgorithmParams& p, size_t batch_sequences,
-                                                      int ranks) {
+absl::StatusOr<model::TrainOptions> OptionsFromParams(const v1::AlgorithmParams& p, size_t batch_sequences, int ranks) {
   model::TrainOptions options;
   if (!v1::Algorithm_IsValid(p.algorithm())) {
     return absl::InvalidArgumentError(absl::StrCat("params.algorithm ", p.algorithm(), " is not an Algorithm"));
@@ -154,7 +155,8 @@ absl::StatusOr<model::TrainOptions> OptionsFromParams(const v1::AlgorithmParams&
     if (p.gae_lambda() > 0) options.gae_lambda = p.gae_lambda();            // 0 = unset: 0.95
     if (p.value_loss_coef() > 0) options.value_coef = p.value_loss_coef();  // 0 = unset: 0.5
   } else {
-    for (const auto& [name, v] : {std::pair{"params.gamma", p.gamma()}, {"params.gae_lambda", p.gae_lambda()},
+    for (const auto& [name, v] : {std::pair{"params.gamma", p.gamma()},
+                                  {"params.gae_lambda", p.gae_lambda()},
                                   {"params.value_loss_coef", p.value_loss_coef()}}) {
       if (v != 0) {
         return absl::InvalidArgumentError(absl::StrCat(name, " is for GAE (PPO with a value head); this step uses ",

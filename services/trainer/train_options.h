@@ -49,8 +49,7 @@ absl::Status CheckExperience(size_t i, const v1::Experience& e);
 // trainer has no reference model: kl.coef, kl.penalty IN_REWARD / IN_LOSS,
 // kl.estimator and kl.target must be unset); INVALID_ARGUMENT for gamma, gae_lambda
 // or value_loss_coef set without GAE (they would be ignored).
-absl::StatusOr<model::TrainOptions> OptionsFromParams(const v1::AlgorithmParams& p, size_t batch_sequences,
-                                                      int ranks);
+absl::StatusOr<model::TrainOptions> OptionsFromParams(const v1::AlgorithmParams& p, size_t batch_sequences, int ranks);
 
 }  // namespace rlfleet::trainer
 

@@ -206,8 +206,8 @@ TrainerCore::TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* bu
                                                   "Wall time of a TrainStep (batch wait included).", {})),
       steps_metric_(metrics::Global().AddCounter("rlfleet_trainer_steps_total", "Train steps taken.", {})),
       loss_metric_(metrics::Global().AddGauge("rlfleet_trainer_loss", "Loss of the last step.", {})),
-      version_metric_(metrics::Global().AddGauge("rlfleet_policy_version", "Installed policy version.",
-                                                 {{"service", "trainer"}})),
+      version_metric_(
+          metrics::Global().AddGauge("rlfleet_policy_version", "Installed policy version.", {{"service", "trainer"}})),
       ack_failures_metric_(metrics::Global().AddCounter(
           "rlfleet_trainer_ack_failures_total",
           "Buffer acks that failed after a step (retried; the groups are not trained on twice).", {})) {
@@ -242,8 +242,8 @@ absl::Status TrainerCore::BroadcastLocked(std::string command) {
   absl::Status s = group_->Broadcast(&command);
   last_broadcast_ = absl::Now();
   if (!s.ok()) {
-    group_error_ = absl::UnavailableError(absl::StrCat("data-parallel group failed (restart every rank): ",
-                                                       s.message()));
+    group_error_ =
+        absl::UnavailableError(absl::StrCat("data-parallel group failed (restart every rank): ", s.message()));
   }
   return group_error_;
 }
@@ -258,8 +258,8 @@ absl::StatusOr<model::TrainStats> TrainerCore::TrainPartLocked(const std::vector
   absl::StatusOr<model::TrainStats> stats = policy_->TrainStep(part, options);
   if (!stats.ok() && !model::IsNonFiniteLossError(stats.status())) {
     // The batch was checked whole on rank 0, so this is the group failing mid-step.
-    group_error_ = absl::UnavailableError(absl::StrCat("data-parallel step failed (restart every rank): ",
-                                                       stats.status().message()));
+    group_error_ = absl::UnavailableError(
+        absl::StrCat("data-parallel step failed (restart every rank): ", stats.status().message()));
     return group_error_;
   }
   return stats;
@@ -373,7 +373,8 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
     RetryAcksLocked();
     v1::SampleBatchRequest sample;
     sample.set_num_groups(request.buffer().num_groups());
-    sample.set_min_groups(request.buffer().min_groups() ? request.buffer().min_groups() : request.buffer().num_groups());
+    sample.set_min_groups(request.buffer().min_groups() ? request.buffer().min_groups()
+                                                        : request.buffer().num_groups());
     if (request.buffer().has_max_staleness()) sample.set_max_staleness(request.buffer().max_staleness());
     sample.set_wait_ms(request.buffer().wait_ms());
     sample.set_current_policy_version(version_);
@@ -530,7 +531,8 @@ void RemovePartial(const fs::path& dir) {
 absl::StatusOr<fs::path> TrainerCore::CheckpointPath(const std::string& path) const {
   if (path.size() > 4096) return absl::InvalidArgumentError("path is over 4096 bytes");
   if (checkpoint_root_.empty()) {
-    return absl::InvalidArgumentError("path: this trainer has no checkpoint root (--checkpoint_root), so no checkpoints");
+    return absl::InvalidArgumentError(
+        "path: this trainer has no checkpoint root (--checkpoint_root), so no checkpoints");
   }
   ASSIGN_OR_RETURN(fs::path dir, common::ResolveUnderRoot("path", checkpoint_root_, path));
   std::error_code ec;
@@ -573,15 +575,15 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   auto written = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<uint64_t> {
     const std::string weights = policy_->SafetensorsBytes();
     RETURN_IF_ERROR(model::WriteFileAtomically((tmp / kWeightsFile).string(), weights));
-    std::string state = absl::StrCat(kFormatLine, "\nstep ", step_, "\nversion ", version_, "\nconfig ",
-                                     ConfigLine(policy_->config()), "\ndigest ", kWeightsFile, " ",
-                                     CheckpointDigest(weights), "\n");
+    std::string state =
+        absl::StrCat(kFormatLine, "\nstep ", step_, "\nversion ", version_, "\nconfig ", ConfigLine(policy_->config()),
+                     "\ndigest ", kWeightsFile, " ", CheckpointDigest(weights), "\n");
     uint64_t size = weights.size();
     bool optimizer_saved = false;
     RETURN_IF_ERROR(policy_->SaveOptimizerState((tmp / kOptimizerFile).string(), &optimizer_saved));
     if (optimizer_saved) {
-      ASSIGN_OR_RETURN(std::string bytes, common::ReadRegularFile("optimizer state", tmp / kOptimizerFile,
-                                                                  max_checkpoint_file_bytes_));
+      ASSIGN_OR_RETURN(std::string bytes,
+                       common::ReadRegularFile("optimizer state", tmp / kOptimizerFile, max_checkpoint_file_bytes_));
       absl::StrAppend(&state, "digest ", kOptimizerFile, " ", CheckpointDigest(bytes), "\n");
       size += bytes.size();
     }
@@ -649,9 +651,9 @@ absl::StatusOr<std::string> TrainerCore::ResumeLatest(v1::LoadCheckpointResponse
 absl::Status TrainerCore::InstallLocked(CheckpointContents contents, v1::LoadCheckpointResponse* response) {
   if (!contents.config.empty() && contents.config != ConfigLine(policy_->config())) {
     // (the file's line is not echoed)
-    return absl::FailedPreconditionError(
-        absl::StrCat("the checkpoint's model config (vocab,d_model,layers,heads,len,value) differs from this trainer's ",
-                     ConfigLine(policy_->config())));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint's model config (vocab,d_model,layers,heads,len,value) differs from this trainer's ",
+        ConfigLine(policy_->config())));
   }
   RETURN_IF_ERROR(policy_->LoadSafetensorsBytes(contents.weights, kWeightsFile));
   if (contents.optimizer.has_value()) {
@@ -668,7 +670,8 @@ absl::Status TrainerCore::InstallLocked(CheckpointContents contents, v1::LoadChe
 
 void TrainerCore::PrefaultPublishMemory() {
   absl::MutexLock lock(&mu_);
-  spare_image_ = common::PrefaultedHugeString(model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters())));
+  spare_image_ =
+      common::PrefaultedHugeString(model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters())));
 }
 
 absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::PublishWeightsRequest& request,
@@ -732,8 +735,8 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
       p.bytes = policy_->SafetensorsBytes(std::move(reuse));
       p.digest = common::Xxh64(p.bytes);
       p.data_plane = target.data_plane;
-      ASSIGN_OR_RETURN(p.handle, target.data_plane->RegisterMemory(p.bytes.data(), p.bytes.size(),
-                                                                   transport::MemoryKind::kHost, 0));
+      ASSIGN_OR_RETURN(
+          p.handle, target.data_plane->RegisterMemory(p.bytes.data(), p.bytes.size(), transport::MemoryKind::kHost, 0));
       published_.push_back(std::move(p));
       while (published_.size() > 2) {
         (void)published_.front().data_plane->DeregisterMemory(published_.front().handle);

@@ -38,9 +38,9 @@
 #include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
 #include "libs/transport/transport.h"
-#include "services/trainer/checkpoint.h"
 #include "rlfleet/v1/buffer.pb.h"
 #include "rlfleet/v1/trainer.pb.h"
+#include "services/trainer/checkpoint.h"
 
 namespace rlfleet::trainer {
 
@@ -177,7 +177,7 @@ class TrainerCore {
   absl::Mutex mu_;
   std::unique_ptr<model::Policy> policy_ ABSL_GUARDED_BY(mu_);
   std::deque<Published> published_ ABSL_GUARDED_BY(mu_);  // the latest two, in memory
-  std::string spare_image_ ABSL_GUARDED_BY(mu_);           // memory for the next image
+  std::string spare_image_ ABSL_GUARDED_BY(mu_);          // memory for the next image
   BufferSource* const buffer_;
   const std::string device_;
   const std::filesystem::path checkpoint_root_;  // absolute; empty: no checkpoints
@@ -187,9 +187,9 @@ class TrainerCore {
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   std::string consumer_name_ ABSL_GUARDED_BY(mu_) = "trainer-0";
   const std::string incarnation_ = common::NewId("p");  // (this process's)
-  uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;  // the initial weights are version 1
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;           // the initial weights are version 1
   v1::TrainMetrics last_ ABSL_GUARDED_BY(mu_);
-  dist::GradientGroup* const group_;  // null: one rank
+  dist::GradientGroup* const group_;               // null: one rank
   absl::Status group_error_ ABSL_GUARDED_BY(mu_);  // a failed collective: the group is unusable
   absl::Time last_broadcast_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,11 +6,11 @@
 
 #include <atomic>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "libs/common/status_macros.h"
 #include "libs/rpc/server_call.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
-#include "absl/strings/str_cat.h"
-#include "libs/common/status_macros.h"
 #include "services/trainer/trainer_core.h"
 #include "services/trainer/weights_client.h"
 

@@ -39,8 +39,9 @@ class GrpcWeightsSink : public WeightsSink, public rpc::ClientBase {
     request.set_publisher_id(publisher_id_);
     v1::PublishVersionResponse response;
     // (the weights service pulls and checks the whole version before it answers)
-    return Call("PublishVersion", [&](grpc::ClientContext* c) { return stub_->PublishVersion(c, request, &response); },
-                timeout);
+    return Call(
+        "PublishVersion", [&](grpc::ClientContext* c) { return stub_->PublishVersion(c, request, &response); },
+        timeout);
   }
 
  private:

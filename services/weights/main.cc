@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
   rlfleet::rpc::ClientOptions client;  // to the replicas, with this server's token
   client.auth.token = options->auth.token;
   // Versions are served from memory over the data plane.
-  auto data_plane = rlfleet::transport::OpenDataPlaneFromFlags(options->host, "rlfleet-weights",
-                                                               "replicas read the trainer's file");
+  auto data_plane =
+      rlfleet::transport::OpenDataPlaneFromFlags(options->host, "rlfleet-weights", "replicas read the trainer's file");
   if (!data_plane.ok()) {
     std::cerr << "rlfleet-weights: " << data_plane.status() << "\n";
     return 2;

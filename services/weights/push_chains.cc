@@ -71,7 +71,8 @@ absl::StatusOr<std::shared_ptr<PushChains::Source>> PushChains::SourceLocked(con
     const reshard::ShardPart& part = push->plan.src_parts[0][t];
     const uint64_t bytes = part.elements * reshard::DTypeSize(part.dtype);
     if (view == views.end() || view->second.bytes.size() != bytes) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor `", tensors[t].name, "` is not in the image as listed"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor `", tensors[t].name, "` is not in the image as listed"));
     }
     push->share +=
         reshard::CopyAndDigest(push->packed.data() + part.offset, view->second.bytes.data(), bytes, part.offset);
@@ -201,8 +202,8 @@ std::vector<std::string> PushChains::Push(const Lease& lease, const std::vector<
   for (size_t i = 0; i < members.size(); ++i) {
     if (!results[i].ok()) {
       if (results[i].status().code() == absl::StatusCode::kUnknown && !sent.ok()) results[i] = sent;  // (never asked)
-      Log(absl::StrFormat("version %d -> %s: the push failed after %.1f ms (%s); it pulls instead", version,
-                          members[i], absl::ToDoubleMilliseconds(took[i]), results[i].status().ToString()));
+      Log(absl::StrFormat("version %d -> %s: the push failed after %.1f ms (%s); it pulls instead", version, members[i],
+                          absl::ToDoubleMilliseconds(took[i]), results[i].status().ToString()));
       not_pushed.push_back(members[i]);
       observer.Failed(members[i], results[i].status());  // (until the pull's own status)
       continue;
@@ -210,12 +211,12 @@ std::vector<std::string> PushChains::Push(const Lease& lease, const std::vector<
     ++installed;
     observer.Installed(members[i], i == 0 ? "" : members[i - 1], *results[i], took[i]);
   }
-  Log(absl::StrFormat("version %d: pushed along a chain of %d in %.1f ms, %d installed; this service sent %.1f MB "
-                      "in %d rounds, %s (%s)",
-                      version, members.size(), absl::ToDoubleMilliseconds(absl::Now() - start), installed,
-                      stats.bytes_sent / 1e6, stats.rounds,
-                      stats.mapped_pairs > 0 ? "stored into the first replica's mapped memory" : "as tagged messages",
-                      sent.ok() ? "ok" : sent.ToString()));
+  Log(absl::StrFormat(
+      "version %d: pushed along a chain of %d in %.1f ms, %d installed; this service sent %.1f MB "
+      "in %d rounds, %s (%s)",
+      version, members.size(), absl::ToDoubleMilliseconds(absl::Now() - start), installed, stats.bytes_sent / 1e6,
+      stats.rounds, stats.mapped_pairs > 0 ? "stored into the first replica's mapped memory" : "as tagged messages",
+      sent.ok() ? "ok" : sent.ToString()));
   return not_pushed;
 }
 

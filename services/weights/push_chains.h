@@ -91,7 +91,7 @@ class PushChains {
   Logger logger_;
   absl::Mutex mu_;
   std::shared_ptr<Source> cached_ ABSL_GUARDED_BY(mu_);  // the last version's push copy
-  uint32_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the next round's tag epoch (mod 16)
+  uint32_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;         // the next round's tag epoch (mod 16)
   // The executor's staging and mappings, one per round in flight.
   std::vector<std::unique_ptr<reshard::StagingPool>> staging_ ABSL_GUARDED_BY(mu_);
 };

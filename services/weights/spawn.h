@@ -23,7 +23,8 @@ inline std::atomic<bool> spawn_fails_for_test{false};
 template <typename Fn>
 absl::Status Spawn(std::vector<std::thread>* threads, absl::string_view what, Fn&& fn) {
   try {
-    if (spawn_fails_for_test.load()) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+    if (spawn_fails_for_test.load())
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
     threads->emplace_back(std::forward<Fn>(fn));
     return absl::OkStatus();
   } catch (const std::system_error& e) {

@@ -64,8 +64,8 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
                    reshard::ModelLayoutFromProto(request.manifest().layout(), "manifest.layout", 1024));
   const int ranks = model.layout.ranks;
   if (request.sources_size() != ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("sources: ", request.sources_size(), " source ranks; the layout has ",
-                                                   ranks));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sources: ", request.sources_size(), " source ranks; the layout has ", ranks));
   }
   const std::vector<reshard::TensorSpec>& specs = model.tensors;
   const std::vector<reshard::Split>& splits = model.layout.splits;
@@ -122,14 +122,15 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
       // the whole tensor.)
       const uint64_t tensor_bytes = specs[t].numel() * elem;
       if (shard.location().length_bytes() < held || shard.location().length_bytes() > tensor_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ".location.length_bytes: ", shard.location().length_bytes(),
-                                                       "; rank ", rank, "'s shard of `", specs[t].name, "` is ", held,
-                                                       " bytes (the tensor ", tensor_bytes, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".location.length_bytes: ", shard.location().length_bytes(), "; rank ", rank,
+                         "'s shard of `", specs[t].name, "` is ", held, " bytes (the tensor ", tensor_bytes, ")"));
       }
       if (auto d = listed.find({source.rank(), specs[t].name}); d != listed.end()) {
         if (d->second->algorithm() != shard.location().digest().algorithm() ||
             d->second->value() != shard.location().digest().value()) {
-          return absl::InvalidArgumentError(absl::StrCat(field, ".location.digest: not manifest.shard_digests' for rank ",
+          return absl::InvalidArgumentError(absl::StrCat(field,
+                                                         ".location.digest: not manifest.shard_digests' for rank ",
                                                          rank, ", tensor `", specs[t].name, "`"));
         }
       }
@@ -137,7 +138,8 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
       if (held == 0) continue;
       absl::StatusOr<std::string> bytes = fetcher.Fetch(shard.location(), deadline);
       if (!bytes.ok()) {
-        return common::Annotate(bytes.status(), absl::StrCat(field, " (rank ", rank, ", tensor `", specs[t].name, "`)"));
+        return common::Annotate(bytes.status(),
+                                absl::StrCat(field, " (rank ", rank, ", tensor `", specs[t].name, "`)"));
       }
       for (const reshard::Interval& p : parts) {
         std::memcpy(whole[t].data() + p.global * elem, bytes->data() + p.local * elem, p.count * elem);
@@ -221,8 +223,7 @@ absl::StatusOr<std::string> VersionStore::Read(const v1::PublishVersionRequest& 
 }
 
 absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
-                                   const std::vector<std::string>& destinations,
-                                   v1::PublishVersionResponse* response) {
+                                   const std::vector<std::string>& destinations, v1::PublishVersionResponse* response) {
   const uint64_t version = request.manifest().version().version();
   // Sharded: one descriptor per (trainer rank, tensor) of the manifest's layout. Else one
   // source with one shard: the trainer's safetensors image (its file or its memory).
@@ -333,8 +334,8 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
   }
   retired.clear();
   Log(absl::StrFormat("version %d published by %s: %.1f MB %s in %.1f ms, digest verified", version,
-                      request.publisher_id().empty() ? "(unnamed)" : request.publisher_id(),
-                      where.length_bytes() / 1e6, file ? "read from the trainer's file" : "pulled from the trainer",
+                      request.publisher_id().empty() ? "(unnamed)" : request.publisher_id(), where.length_bytes() / 1e6,
+                      file ? "read from the trainer's file" : "pulled from the trainer",
                       absl::ToDoubleMilliseconds(absl::Now() - start)));
   *response->mutable_version() = request.manifest().version();
   response->set_destinations(destinations.size());
@@ -381,8 +382,7 @@ void VersionStore::SetStatus(uint64_t version, const v1::DestinationSyncStatus& 
   if (it != records_.end()) it->second.status[status.replica_id()] = status;
 }
 
-std::optional<v1::DestinationSyncStatus> VersionStore::StatusOf(uint64_t version,
-                                                                const std::string& replica_id) const {
+std::optional<v1::DestinationSyncStatus> VersionStore::StatusOf(uint64_t version, const std::string& replica_id) const {
   absl::MutexLock lock(&mu_);
   auto it = records_.find(version);
   if (it == records_.end()) return std::nullopt;

@@ -38,7 +38,7 @@ struct VersionInfo {
   v1::WeightManifest manifest;
   std::vector<reshard::TensorSpec> tensors;  // from the manifest's layout or the image's header
   reshard::Layout layout;                    // the trainer's (one rank holding all: no layout)
-  v1::TransferDescriptor location;  // the whole image: the trainer's file, or its length and digest
+  v1::TransferDescriptor location;           // the whole image: the trainer's file, or its length and digest
   int64_t trainer_pause_us = 0;
   int64_t read_us = 0;
 };
@@ -129,7 +129,7 @@ class VersionStore {
  private:
   struct Record {
     std::shared_ptr<const VersionInfo> info;
-    std::shared_ptr<const VersionImage> image;  // null once given up
+    std::shared_ptr<const VersionImage> image;                // null once given up
     std::map<std::string, v1::DestinationSyncStatus> status;  // by replica_id
   };
   // Reads (or pulls, or assembles) the version's bytes into `reuse`'s memory when it

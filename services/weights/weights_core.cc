@@ -42,8 +42,7 @@ absl::Status WeightsCore::RegisterDestination(const v1::RegisterDestinationReque
   std::shared_ptr<Destination> d = factory_(request.grpc_address());
   {
     absl::MutexLock lock(&mu_);
-    destinations_[request.replica_id()] = {request.grpc_address(), std::move(d), request.layout(),
-                                           request.can_relay()};
+    destinations_[request.replica_id()] = {request.grpc_address(), std::move(d), request.layout(), request.can_relay()};
   }
   if (std::shared_ptr<const VersionInfo> latest = store_.Latest()) {
     *response->mutable_latest_version() = latest->manifest.version();
@@ -160,8 +159,8 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Pull(const std::string& r
 }
 
 v1::DestinationSyncStatus WeightsCore::RecordInstalled(v1::DestinationSyncStatus s, const std::string& from,
-                                                       const v1::CommitWeightsResponse& installed,
-                                                       absl::Duration took, bool pushed) {
+                                                       const v1::CommitWeightsResponse& installed, absl::Duration took,
+                                                       bool pushed) {
   s.set_phase(v1::SYNC_PHASE_INSTALLED);
   s.clear_error();
   s.clear_error_code();
@@ -177,7 +176,8 @@ v1::DestinationSyncStatus WeightsCore::RecordInstalled(v1::DestinationSyncStatus
   s.set_round_trip_us(absl::ToInt64Microseconds(took));
   if (s.transfer_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (s.transfer_us() * 1e3));
   store_.SetStatus(s.version(), s);
-  Log(absl::StrFormat("version %d -> %s (%s %s): installed, %.1f MB, %s %.1f ms (%.2f GB/s; memory %.1f ms, "
+  Log(
+      absl::StrFormat("version %d -> %s (%s %s): installed, %.1f MB, %s %.1f ms (%.2f GB/s; memory %.1f ms, "
                       "digest %.1f ms), install %.1f ms, decode pause %.2f ms, round trip %.1f ms",
                       s.version(), s.replica_id(), pushed ? "pushed from" : "pulled from", from.empty() ? "here" : from,
                       s.bytes_moved() / 1e6, pushed ? "receive" : "pull", s.transfer_us() / 1e3,
@@ -247,9 +247,9 @@ absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1:
   const absl::Duration timeout =
       request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms()) : absl::Seconds(120);
   if (request.replica_id().empty()) {  // every destination (or those named), in one round
-    ASSIGN_OR_RETURN(std::vector<v1::DestinationSyncStatus> all,
-                     SyncSome(request.version(), {request.replica_ids().begin(), request.replica_ids().end()},
-                              timeout));
+    ASSIGN_OR_RETURN(
+        std::vector<v1::DestinationSyncStatus> all,
+        SyncSome(request.version(), {request.replica_ids().begin(), request.replica_ids().end()}, timeout));
     for (v1::DestinationSyncStatus& s : all) *response->add_destinations() = std::move(s);
     return absl::OkStatus();
   }
@@ -363,16 +363,16 @@ absl::Status WeightsCore::GetPlan(const v1::GetPlanRequest& request, v1::GetPlan
     for (const reshard::TensorSpec& t : ver.tensors) {
       auto kind = kinds.find(t.name);
       if (kind == kinds.end()) {
-        return absl::FailedPreconditionError(absl::StrCat("destination ", request.replica_id(),
-                                                          "'s layout has no tensor `", t.name, "`"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("destination ", request.replica_id(), "'s layout has no tensor `", t.name, "`"));
       }
       // (a spec given with the layout must be the version's)
       const v1::TensorSpec& given = kind->second->spec();
       if ((given.dtype() != v1::DTYPE_UNSPECIFIED && given.dtype() != reshard::DTypeToProto(t.dtype)) ||
           (given.shape_size() > 0 && std::vector<int64_t>(given.shape().begin(), given.shape().end()) != t.shape)) {
         return absl::FailedPreconditionError(absl::StrCat("destination ", request.replica_id(), "'s layout gives `",
-                                                          t.name, "` another dtype or shape than version ",
-                                                          version, "'s"));
+                                                          t.name, "` another dtype or shape than version ", version,
+                                                          "'s"));
       }
       ASSIGN_OR_RETURN(reshard::Split split, SplitFromProto(kind->second->kind(), t.name));
       dst.splits.push_back(split);

@@ -59,8 +59,7 @@ class WeightsCore {
   // `relay_fanout` times however many replicas sync. A sync that finds no sender with
   // room waits for one (bounded by its timeout) while others are in flight; one whose
   // relay fails (the relaying replica died or moved on) is sent again from here.
-  explicit WeightsCore(DestinationFactory factory, transport::Transport* data_plane = nullptr,
-                       int relay_fanout = 0);
+  explicit WeightsCore(DestinationFactory factory, transport::Transport* data_plane = nullptr, int relay_fanout = 0);
   ~WeightsCore();
 
   // One line per published version and per sync (who, from where, bytes, phase times,
@@ -111,8 +110,8 @@ class WeightsCore {
   // SetMaxVersionBytes before anything is allocated, a FILE descriptor only under
   // SetFileRoot's root). INVALID_ARGUMENT naming the field for what does not fit,
   // UNIMPLEMENTED for a field not supported; the same version again with the same digest (or the
-  // same sharded manifest) is already published (OK, nothing read); FAILED_PRECONDITION for another version not newer than the latest; NOT_FOUND for a
-  // file that cannot be read; the data plane's error for memory that cannot be pulled
+  // same sharded manifest) is already published (OK, nothing read); FAILED_PRECONDITION for another version not newer
+  // than the latest; NOT_FOUND for a file that cannot be read; the data plane's error for memory that cannot be pulled
   // (UNAVAILABLE: the trainer is gone); DATA_LOSS when the bytes do not match the digest
   // (the version is not published).
   absl::Status PublishVersion(const v1::PublishVersionRequest& request, v1::PublishVersionResponse* response);
@@ -152,8 +151,7 @@ class WeightsCore {
   absl::StatusOr<v1::DestinationSyncStatus> Pull(const std::string& replica_id, uint64_t version,
                                                  absl::Duration timeout);
   // Pushes `version` along `chain`; returns the replicas it did not install on.
-  std::vector<std::string> PushChain(const Lease& version, const std::vector<std::string>& chain,
-                                     absl::Time deadline);
+  std::vector<std::string> PushChain(const Lease& version, const std::vector<std::string>& chain, absl::Time deadline);
   // The version a sync of `ids` means (0: the latest). NOT_FOUND for a version not
   // published or an id not registered.
   absl::StatusOr<uint64_t> ResolveSync(uint64_t version, const std::vector<std::string>& ids);

@@ -28,8 +28,7 @@ uint64_t LayoutBytes(const reshard::ModelLayout& model) {
 
 }  // namespace
 
-absl::Status CheckPublishVersion(const v1::PublishVersionRequest& request, bool sharded,
-                                 uint64_t max_version_bytes) {
+absl::Status CheckPublishVersion(const v1::PublishVersionRequest& request, bool sharded, uint64_t max_version_bytes) {
   const v1::WeightManifest& m = request.manifest();
   if (m.version().version() == 0) return absl::InvalidArgumentError("manifest.version.version: 0");
   RETURN_IF_ERROR(CheckLength("manifest.version.run_id", m.version().run_id(), common::kMaxIdBytes));
@@ -37,8 +36,8 @@ absl::Status CheckPublishVersion(const v1::PublishVersionRequest& request, bool 
   RETURN_IF_ERROR(CheckLength("publisher_id", request.publisher_id(), common::kMaxIdBytes));
   RETURN_IF_ERROR(common::CheckInRange<int64_t>("trainer_pause_us", request.trainer_pause_us(), 0,
                                                 int64_t{24} * 3600 * 1000 * 1000));
-  RETURN_IF_ERROR(common::CheckInRange<int64_t>("manifest.created_at_unix_ms", m.created_at_unix_ms(), 0,
-                                                int64_t{1} << 50));
+  RETURN_IF_ERROR(
+      common::CheckInRange<int64_t>("manifest.created_at_unix_ms", m.created_at_unix_ms(), 0, int64_t{1} << 50));
   if (m.total_bytes() > max_version_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("manifest.total_bytes: ", m.total_bytes(), "; at most ",
                                                    max_version_bytes, " here (--max_version_mib)"));
@@ -91,8 +90,8 @@ absl::Status CheckPublishVersion(const v1::PublishVersionRequest& request, bool 
           field, ".endpoint: not used; each shard's location.segment names its data-plane peer (leave it unset)"));
     }
     // (compared in its own type: a rank of 2^31 or more is no negative int here)
-    RETURN_IF_ERROR(common::CheckInRange<uint32_t>(absl::StrCat(field, ".rank"), s.rank(), 0,
-                                                   static_cast<uint32_t>(ranks - 1)));
+    RETURN_IF_ERROR(
+        common::CheckInRange<uint32_t>(absl::StrCat(field, ".rank"), s.rank(), 0, static_cast<uint32_t>(ranks - 1)));
     if (s.shards_size() > kMaxTensors) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".shards: ", s.shards_size(), " shards; at most ", kMaxTensors));
@@ -104,8 +103,7 @@ absl::Status CheckPublishVersion(const v1::PublishVersionRequest& request, bool 
         return absl::InvalidArgumentError(absl::StrCat(at, ".length_bytes: ", where.length_bytes(), "; at most ",
                                                        max_version_bytes, " here (--max_version_mib)"));
       }
-      RETURN_IF_ERROR(CheckLength(absl::StrCat(at, ".segment.worker_address"), where.segment().worker_address(),
-                                  4096));
+      RETURN_IF_ERROR(CheckLength(absl::StrCat(at, ".segment.worker_address"), where.segment().worker_address(), 4096));
       RETURN_IF_ERROR(CheckLength(absl::StrCat(at, ".segment.packed_rkey"), where.segment().packed_rkey(), 4096));
     }
   }
@@ -137,12 +135,12 @@ absl::Status CheckPublishVersion(const v1::PublishVersionRequest& request, bool 
     for (int i = 0; i < m.shard_digests_size(); ++i) {
       const v1::ShardDigest& d = m.shard_digests(i);
       const std::string field = absl::StrCat("manifest.shard_digests[", i, "]");
-      RETURN_IF_ERROR(common::CheckInRange<uint32_t>(absl::StrCat(field, ".rank"), d.rank(), 0,
-                                                     static_cast<uint32_t>(ranks - 1)));
+      RETURN_IF_ERROR(
+          common::CheckInRange<uint32_t>(absl::StrCat(field, ".rank"), d.rank(), 0, static_cast<uint32_t>(ranks - 1)));
       if (!names.count(d.tensor_name()) || !seen.emplace(d.rank(), d.tensor_name()).second) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ".tensor_name: `", d.tensor_name(), "` ",
-                                                       names.count(d.tensor_name()) ? "appears twice for its rank"
-                                                                                    : "is not in the layout"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".tensor_name: `", d.tensor_name(), "` ",
+                         names.count(d.tensor_name()) ? "appears twice for its rank" : "is not in the layout"));
       }
     }
   }
@@ -159,8 +157,7 @@ absl::Status CheckRegisterDestination(const v1::RegisterDestinationRequest& requ
     // The layout names its tensors and their splits (their specs, where given, must be
     // the published version's: GetPlan compares them).
     const v1::ShardLayout& layout = request.layout();
-    RETURN_IF_ERROR(common::CheckInRange<uint32_t>("layout.world_size", layout.world_size(), 1,
-                                                   kMaxDestinationRanks));
+    RETURN_IF_ERROR(common::CheckInRange<uint32_t>("layout.world_size", layout.world_size(), 1, kMaxDestinationRanks));
     if (layout.tensors_size() > kMaxTensors) {
       return absl::InvalidArgumentError(
           absl::StrCat("layout.tensors: ", layout.tensors_size(), " tensors; at most ", kMaxTensors));
@@ -178,8 +175,8 @@ absl::Status CheckRegisterDestination(const v1::RegisterDestinationRequest& requ
         RETURN_IF_ERROR(common::Annotate(reshard::DTypeFromProto(t.spec().dtype(), t.spec().name()).status(), field));
       }
       if (t.spec().shape_size() > 8) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ".spec.shape: ", t.spec().shape_size(),
-                                                       " dimensions; at most 8"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".spec.shape: ", t.spec().shape_size(), " dimensions; at most 8"));
       }
       if (t.spec().shape_size() > 0) {  // (where given, a shape must be one a plan can hold)
         RETURN_IF_ERROR(reshard::CheckedElements(absl::StrCat(field, ".spec.shape"), t.spec().shape()).status());

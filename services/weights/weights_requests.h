@@ -13,18 +13,17 @@
 
 namespace rlfleet::weights {
 
-inline constexpr int kMaxSourceRanks = 1024;       // a publish's trainer ranks
-inline constexpr int kMaxDestinationRanks = 64;    // a destination's TP ranks
-inline constexpr int kMaxTensors = 4096;           // a layout's tensors
-inline constexpr int kMaxReplicaIds = 1024;        // SyncVersion.replica_ids
+inline constexpr int kMaxSourceRanks = 1024;     // a publish's trainer ranks
+inline constexpr int kMaxDestinationRanks = 64;  // a destination's TP ranks
+inline constexpr int kMaxTensors = 4096;         // a layout's tensors
+inline constexpr int kMaxReplicaIds = 1024;      // SyncVersion.replica_ids
 inline constexpr int64_t kMaxSyncTimeoutMs = int64_t{24} * 3600 * 1000;
 
 // A publish: the manifest (version, run id, layout, shard digests, wire dtype, total
 // bytes, time), the sources (ranks, shards, descriptors) and the caller's numbers.
 // `sharded` says which of the two forms it is (see WeightsCore::PublishVersion);
 // `max_version_bytes` bounds what the layout or total_bytes may describe.
-absl::Status CheckPublishVersion(const v1::PublishVersionRequest& request, bool sharded,
-                                 uint64_t max_version_bytes);
+absl::Status CheckPublishVersion(const v1::PublishVersionRequest& request, bool sharded, uint64_t max_version_bytes);
 
 // A registration: replica_id, grpc_address, the layout (at most 64 ranks, 4096
 // tensors, shapes bounded); ranks and wire_dtype are refused (UNIMPLEMENTED).

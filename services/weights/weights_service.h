@@ -50,7 +50,7 @@ class WeightsServiceImpl final : public v1::WeightsService::CallbackService {
 
   // Not offered yet: refused with a message (gRPC's default UNIMPLEMENTED has none).
   grpc::ServerWriteReactor<v1::VersionEvent>* WatchVersions(grpc::CallbackServerContext* c,
-                                                             const v1::WatchVersionsRequest*) override {
+                                                            const v1::WatchVersionsRequest*) override {
     absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "WatchVersions");
     if (s.ok()) s = absl::UnimplementedError("WatchVersions: not offered yet; poll GetSyncStatus");
     return new rpc::FinishedStream<grpc::ServerWriteReactor<v1::VersionEvent>>(rpc::ToGrpcStatus(s));

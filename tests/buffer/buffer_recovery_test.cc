@@ -234,7 +234,7 @@ class Consumer {
         return n;
       }
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) return 0;  // expired: its groups are back
-      absl::SleepFor(absl::Milliseconds(20));                        // (retry backoff)
+      absl::SleepFor(absl::Milliseconds(20));                       // (retry backoff)
     }
     return 0;
   }
@@ -258,11 +258,13 @@ class BufferRecovery : public ::testing::Test {
       ASSERT_EQ(system(absl::StrCat("mkdir -p ", dir_).c_str()), 0);
     }
     redis_ = std::make_unique<Subprocess>();
-    ASSERT_TRUE(redis_->Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", absl::StrCat(redis_port_),
-                               "--dir", dir_, "--save", "", "--appendonly", "yes", "--appendfsync", fsync})
+    ASSERT_TRUE(redis_
+                    ->Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", absl::StrCat(redis_port_),
+                             "--dir", dir_, "--save", "", "--appendonly", "yes", "--appendfsync", fsync})
                     .ok());
-    ASSERT_TRUE(redis_->WaitForLine([](const std::string& l) { return absl::StrContains(l, "Ready to accept"); },
-                                    absl::Seconds(20))
+    ASSERT_TRUE(redis_
+                    ->WaitForLine([](const std::string& l) { return absl::StrContains(l, "Ready to accept"); },
+                                  absl::Seconds(20))
                     .ok());
   }
   void StartBuffer() {
@@ -426,8 +428,7 @@ TEST_F(BufferRecovery, CorruptStoredRecordsAreSkippedNotFatal) {
 
   StartBuffer();  // (before: "recovering from --store: DATA_LOSS", exit 1)
   const std::string& log = buffer_->output();
-  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("`", segment, "` record ", accepted, " is not a serialized")))
-      << log;
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("`", segment, "` record ", accepted, " is not a serialized"))) << log;
   EXPECT_TRUE(absl::StrContains(log, "`recovery:seg:999999` is cut or garbled")) << log;
   EXPECT_TRUE(absl::StrContains(log, "not-a-segment")) << log;
   EXPECT_TRUE(absl::StrContains(log, "recovery skipped 3 stored record(s)")) << log;

@@ -6,6 +6,8 @@
 //   - the buffer: every experience it accepted was trained (acked), dropped by its
 //     policy (stale or zero-variance groups), or is still buffered (held or leased);
 //   - the controller's count of experiences the buffer took equals the buffer's.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -16,9 +18,6 @@
 #include <regex>
 #include <string>
 #include <vector>
-
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -118,8 +117,9 @@ class Chaos : public ::testing::Test {
       }
       absl::SleepFor(absl::Milliseconds(200));
     }
-    ADD_FAILURE() << "step " << step << " not reached within " << within << "; last status "
-                  << last.ShortDebugString() << "\n" << launcher_.output();
+    ADD_FAILURE() << "step " << step << " not reached within " << within << "; last status " << last.ShortDebugString()
+                  << "\n"
+                  << launcher_.output();
     return last;
   }
 
@@ -133,9 +133,9 @@ class Chaos : public ::testing::Test {
     // A core service comes back on its address; a rollout replica is replaced by a new
     // one (rolloutN, a new name).
     const bool replica = absl::StartsWith(name, "rollout");
-    const std::string restarted =
-        replica ? "launch.sh: rollout"
-                : absl::StrCat("launch.sh: ", name, " on ", name == "redis-server" ? "redis://" : "", address, " (pid ");
+    const std::string restarted = replica ? "launch.sh: rollout"
+                                          : absl::StrCat("launch.sh: ", name, " on ",
+                                                         name == "redis-server" ? "redis://" : "", address, " (pid ");
     auto back = launcher_.WaitForLine(
         [&](const std::string& l) {
           return absl::StartsWith(l, restarted) && absl::StrContains(l, " on ") &&
@@ -151,8 +151,8 @@ class Chaos : public ::testing::Test {
     EXPECT_EQ(end.run_id(), run_id);
     ASSERT_EQ(end.state(), v1::RUN_STATE_COMPLETED) << end.error() << "\n" << launcher_.output();
     EXPECT_EQ(end.step(), static_cast<uint64_t>(steps));
-    auto buffer = v1::BufferService::NewStub(
-        grpc::CreateChannel(Current("buffer").second, grpc::InsecureChannelCredentials()));
+    auto buffer =
+        v1::BufferService::NewStub(grpc::CreateChannel(Current("buffer").second, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::GetStatsResponse stats;

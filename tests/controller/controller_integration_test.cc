@@ -1,6 +1,8 @@
 // Proof of the chain: the real rlfleet-controller binary, started on a random loopback
 // port, called by the real client (and the rlfleet CLI), with auth off and on, then
 // stopped by SIGTERM.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -15,10 +17,8 @@
 #include "gtest/gtest.h"
 #include "libs/common/ids.h"
 #include "services/controller/controller_client.h"
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
-#include "tests/util/subprocess.h"
 #include "tests/util/redis_for_test.h"
+#include "tests/util/subprocess.h"
 
 namespace rlfleet {
 namespace {
@@ -110,8 +110,7 @@ TEST(ControllerBinary, ServesRegistryStatusAndHealthThenStopsOnSigterm) {
   v1::RegisterRequest bad = RolloutRegistration("has space");
   auto rejected = client->Register(bad);
   EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(rejected.status().message(), "replica.replica_id"))
-      << rejected.status();
+  EXPECT_TRUE(absl::StrContains(rejected.status().message(), "replica.replica_id")) << rejected.status();
   v1::HeartbeatRequest stale = beat;
   stale.set_lease_id("lease-unknown");
   EXPECT_EQ(client->Heartbeat(stale).status().code(), absl::StatusCode::kNotFound);
@@ -124,15 +123,12 @@ TEST(ControllerBinary, ServesRegistryStatusAndHealthThenStopsOnSigterm) {
 
   // The CLI against the same binary.
   Subprocess cli;
-  ASSERT_TRUE(cli.Start({RunfilePath("services/controller/rlfleet"), "status",
-                         "--controller=" + address})
-                  .ok());
+  ASSERT_TRUE(cli.Start({RunfilePath("services/controller/rlfleet"), "status", "--controller=" + address}).ok());
   auto cli_status = cli.Wait(absl::Seconds(20));
   ASSERT_TRUE(cli_status.ok());
   EXPECT_EQ(WEXITSTATUS(*cli_status), 0) << cli.output();
   EXPECT_TRUE(absl::StrContains(cli.output(), "SERVING")) << cli.output();
-  EXPECT_TRUE(absl::StrContains(cli.output(), "rollout    registered 1  admitted 1"))
-      << cli.output();
+  EXPECT_TRUE(absl::StrContains(cli.output(), "rollout    registered 1  admitted 1")) << cli.output();
 
   ExpectCleanExitOnSigterm(process);
 }
@@ -142,8 +138,7 @@ TEST(ControllerBinary, AuthOnFromAConfigFileRejectsCallsWithoutTheToken) {
   const std::string token_file = dir + "/token";
   const std::string config = dir + "/controller.conf";
   std::ofstream(token_file) << "t0ken-123\n";
-  std::ofstream(config) << "# controller config\nauth_token_file = " << token_file
-                        << "\ndrain_timeout = 5s\n";
+  std::ofstream(config) << "# controller config\nauth_token_file = " << token_file << "\ndrain_timeout = 5s\n";
   Subprocess process;
   const std::string address = StartController(process, {"--config=" + config});
   ASSERT_FALSE(address.empty());
@@ -173,8 +168,7 @@ TEST(ControllerBinary, RedisRegistrySurvivesAControllerRestart) {
   absl::StatusOr<int> redis_port = rlfleet::testing::RedisPortForTest();
   ASSERT_TRUE(redis_port.ok()) << redis_port.status();
   const std::string port = std::to_string(*redis_port);
-  const std::string registry = absl::StrCat("--registry=redis://127.0.0.1:", port, "/",
-                                            common::NewId("it"), ":");
+  const std::string registry = absl::StrCat("--registry=redis://127.0.0.1:", port, "/", common::NewId("it"), ":");
   std::string lease_id;
   {
     Subprocess first;
@@ -219,14 +213,11 @@ TEST(ControllerBinary, RedisRegistrySurvivesAControllerRestart) {
 
 TEST(ControllerBinary, BadFlagsExitWithAClearMessage) {
   Subprocess process;
-  ASSERT_TRUE(process.Start({RunfilePath("services/controller/rlfleet-controller"),
-                             "--registry=etcd://nowhere"})
-                  .ok());
+  ASSERT_TRUE(process.Start({RunfilePath("services/controller/rlfleet-controller"), "--registry=etcd://nowhere"}).ok());
   auto status = process.Wait(absl::Seconds(20));
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(WEXITSTATUS(*status), 2);
-  EXPECT_TRUE(absl::StrContains(process.output(), "unknown registry `etcd://nowhere`"))
-      << process.output();
+  EXPECT_TRUE(absl::StrContains(process.output(), "unknown registry `etcd://nowhere`")) << process.output();
 }
 
 // Issue 18: `rlfleet try` without --rollout aborted (a StatusOr of a channel to "" was

@@ -4,9 +4,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
-#include <cctype>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -52,8 +52,8 @@ TEST(Prometheus, PromtoolAcceptsTheRulesAndTheirTests) {
 // Starts `argv` (a service) and returns its metrics target host:port ("" on failure).
 std::string StartScraped(Subprocess& p, const std::vector<std::string>& argv) {
   if (!p.Start(argv).ok()) return "";
-  auto line = p.WaitForLine([](const std::string& l) { return absl::StrContains(l, "metrics on http://"); },
-                            absl::Seconds(60));
+  auto line =
+      p.WaitForLine([](const std::string& l) { return absl::StrContains(l, "metrics on http://"); }, absl::Seconds(60));
   std::smatch m;
   if (!line.ok() || !std::regex_search(*line, m, std::regex("http://(127\\.0\\.0\\.1:[0-9]+)/metrics"))) return "";
   return m[1];
@@ -64,12 +64,13 @@ TEST(Prometheus, ScrapesASmallFleetAndAnswersQueries) {
   Subprocess reward, buffer, rollout;
   const std::vector<std::string> targets = {
       StartScraped(reward, {RunfilePath("services/reward/rlfleet-reward"), "--host=127.0.0.1", "--port=0"}),
-      StartScraped(buffer, {RunfilePath("services/buffer/rlfleet-buffer"), "--host=127.0.0.1", "--port=0",
-                            "--store=memory://"}),
+      StartScraped(
+          buffer, {RunfilePath("services/buffer/rlfleet-buffer"), "--host=127.0.0.1", "--port=0", "--store=memory://"}),
       StartScraped(rollout, {RunfilePath("services/rollout/rlfleet-rollout"), "--host=127.0.0.1", "--port=0",
                              "--serve_initial_weights", "--threads=1"}),
   };
-  for (const std::string& t : targets) ASSERT_FALSE(t.empty()) << reward.output() << buffer.output() << rollout.output();
+  for (const std::string& t : targets)
+    ASSERT_FALSE(t.empty()) << reward.output() << buffer.output() << rollout.output();
   int metrics_port = 0;
   ASSERT_TRUE(absl::SimpleAtoi(targets[0].substr(targets[0].find(':') + 1), &metrics_port));
   EXPECT_TRUE(absl::StrContains(Get(metrics_port, "/metrics"), "rlfleet_up{service=\"rlfleet-reward\"} 1"));

@@ -42,9 +42,9 @@ TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {
   const std::string c = Start(controller, "services/controller/rlfleet-controller", {});
   const std::string r = Start(reward, "services/reward/rlfleet-reward", {});
   const std::string b = Start(buffer, "services/buffer/rlfleet-buffer", {"--store=memory://"});
-  const std::string o = Start(rollout, "services/rollout/rlfleet-rollout",
-                              {"--serve_initial_weights", "--weights_version=3", "--d_model=32",
-                               "--n_layers=2", "--n_heads=4", "--threads=1"});
+  const std::string o = Start(
+      rollout, "services/rollout/rlfleet-rollout",
+      {"--serve_initial_weights", "--weights_version=3", "--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"});
   const std::string t = Start(trainer, "services/trainer/rlfleet-trainer",
                               {"--buffer=" + b, "--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"});
   ASSERT_FALSE(c.empty() || r.empty() || b.empty() || o.empty() || t.empty());
@@ -84,9 +84,10 @@ TEST(Fleet, OnePromptThroughRolloutRewardAndBuffer) {
   v1::NackBatchResponse nacked;
   ASSERT_TRUE(stub->NackBatch(&nack_context, nack, &nacked).ok());
   Subprocess train;
-  ASSERT_TRUE(train.Start({RunfilePath("services/controller/rlfleet"), "train", "--trainer=" + t, "--groups=8",
-                           "--timeout=60s"})
-                  .ok());
+  ASSERT_TRUE(
+      train
+          .Start({RunfilePath("services/controller/rlfleet"), "train", "--trainer=" + t, "--groups=8", "--timeout=60s"})
+          .ok());
   auto trained = train.Wait(absl::Seconds(120));
   ASSERT_TRUE(trained.ok());
   EXPECT_EQ(WEXITSTATUS(*trained), 0) << train.output();
@@ -162,8 +163,8 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   Subprocess loop;
   ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + fleet.rollouts(),
                           "--loop_reward=" + fleet.r, "--loop_buffer=" + fleet.b, "--loop_trainer=" + fleet.t,
-                          "--steps=4", "--eval_every=2", "--loop_prompts=4", "--loop_samples=4",
-                          "--max_len=3", "--run_dir=" + run_dir, "--timeout=60s"})
+                          "--steps=4", "--eval_every=2", "--loop_prompts=4", "--loop_samples=4", "--max_len=3",
+                          "--run_dir=" + run_dir, "--timeout=60s"})
                   .ok());
   auto done = loop.Wait(absl::Seconds(180));
   ASSERT_TRUE(done.ok());
@@ -192,9 +193,9 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
     const size_t at = p.output().find(marker);
     int port = 0;
     if (at == std::string::npos ||
-        !absl::SimpleAtoi(p.output().substr(at + marker.size(), p.output().find('/', at + marker.size()) -
-                                                                    at - marker.size()),
-                          &port)) {
+        !absl::SimpleAtoi(
+            p.output().substr(at + marker.size(), p.output().find('/', at + marker.size()) - at - marker.size()),
+            &port)) {
       return -1;
     }
     auto text = metrics::FetchMetrics("127.0.0.1", port, absl::Seconds(10));
@@ -230,8 +231,7 @@ TEST(Fleet, TheLoopRaisesTheTrainingRewardClearly) {
   ASSERT_TRUE(loop.Start({RunfilePath("services/controller/rlfleet"), "loop", "--loop_rollout=" + fleet.rollouts(),
                           "--loop_reward=" + fleet.r, "--loop_buffer=" + fleet.b, "--loop_trainer=" + fleet.t,
                           "--steps=60", "--eval_every=0", "--loop_prompts=32", "--loop_samples=8", "--min_len=1",
-                          "--max_len=1", "--lr=2e-3", "--entropy_coef=0.03", "--run_dir=" + run_dir,
-                          "--timeout=120s"})
+                          "--max_len=1", "--lr=2e-3", "--entropy_coef=0.03", "--run_dir=" + run_dir, "--timeout=120s"})
                   .ok());
   auto done = loop.Wait(absl::Seconds(240));
   ASSERT_TRUE(done.ok());
@@ -269,8 +269,8 @@ TEST(Fleet, TheLoopSurvivesARolloutReplicaKilledMidRun) {
                           "--run_dir=" + std::string(getenv("TEST_TMPDIR")) + "/run-kill", "--timeout=60s"})
                   .ok());
   // After the first step, one replica dies hard.
-  auto first = loop.WaitForLine([](const std::string& l) { return absl::StrContains(l, "step    1"); },
-                                absl::Seconds(120));
+  auto first =
+      loop.WaitForLine([](const std::string& l) { return absl::StrContains(l, "step    1"); }, absl::Seconds(120));
   ASSERT_TRUE(first.ok()) << first.status();
   fleet.Kill(1);
   auto done = loop.Wait(absl::Seconds(180));
@@ -317,8 +317,8 @@ TEST(Fleet, TheControllerRunsTheLoopAndStopsOnRequest) {
   // An endless run: a second StartRun is refused while it is active; stop ends it.
   Subprocess endless;
   ASSERT_TRUE(endless.Start(cli({"run", "--steps=0"})).ok());
-  auto progress = endless.WaitForLine([](const std::string& l) { return absl::StartsWith(l, "step "); },
-                                      absl::Seconds(120));
+  auto progress =
+      endless.WaitForLine([](const std::string& l) { return absl::StartsWith(l, "step "); }, absl::Seconds(120));
   ASSERT_TRUE(progress.ok()) << progress.status();
   Subprocess second;
   ASSERT_TRUE(second.Start(cli({"run", "--steps=3"})).ok());

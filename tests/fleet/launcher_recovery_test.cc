@@ -61,8 +61,8 @@ TEST(Launcher, ReplacesAKilledRolloutReplicaAndRestartsACrashedService) {
   auto replaced = launcher.WaitForLine(
       [](const std::string& l) { return absl::StrContains(l, "launch.sh: rollout1 on "); }, absl::Seconds(120));
   ASSERT_TRUE(replaced.ok()) << replaced.status() << launcher.output();
-  EXPECT_TRUE(absl::StrContains(launcher.output(), "rollout replica rollout0 (pid " + std::to_string(rollout0) +
-                                                       ") exited"))
+  EXPECT_TRUE(
+      absl::StrContains(launcher.output(), "rollout replica rollout0 (pid " + std::to_string(rollout0) + ") exited"))
       << launcher.output();
 
   EXPECT_TRUE(absl::StrContains(Status(controller), "SERVING")) << launcher.output();

@@ -91,16 +91,16 @@ void TwoRanksEqualOneRankAndADeadRankIsAnError(const std::vector<std::string>& f
   std::vector<std::string> args0 = {"--host=127.0.0.1", "--port=0", "--dp_world=2", "--dp_rank=0", "--dp_timeout=10s"};
   args0.insert(args0.end(), flags0.begin(), flags0.end());
   ASSERT_TRUE(rank0.Start(Trainer(args0)).ok());
-  auto rendezvous = rank0.WaitForLine(
-      [](const std::string& l) { return absl::StrContains(l, "dp rendezvous on "); }, absl::Seconds(60));
+  auto rendezvous = rank0.WaitForLine([](const std::string& l) { return absl::StrContains(l, "dp rendezvous on "); },
+                                      absl::Seconds(60));
   ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
-  const std::string port = rendezvous->substr(rendezvous->rfind(':') + 1, rendezvous->find(' ', rendezvous->rfind(':')) -
-                                                                            rendezvous->rfind(':') - 1);
+  const std::string port = rendezvous->substr(
+      rendezvous->rfind(':') + 1, rendezvous->find(' ', rendezvous->rfind(':')) - rendezvous->rfind(':') - 1);
   std::vector<std::string> args1 = {"--dp_world=2", "--dp_rank=1", "--dp_port=" + port, "--dp_timeout=10s"};
   args1.insert(args1.end(), flags1.begin(), flags1.end());
   ASSERT_TRUE(rank1.Start(Trainer(args1)).ok());
-  auto listening = rank0.WaitForLine(
-      [](const std::string& l) { return absl::StrContains(l, "listening on "); }, absl::Seconds(60));
+  auto listening =
+      rank0.WaitForLine([](const std::string& l) { return absl::StrContains(l, "listening on "); }, absl::Seconds(60));
   ASSERT_TRUE(listening.ok()) << listening.status() << rank1.output();
   EXPECT_TRUE(absl::StrContains(rank0.output(), expect_in_rank0)) << rank0.output();
   const std::string dp_address = listening->substr(listening->rfind(' ') + 1);

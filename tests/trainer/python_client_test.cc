@@ -14,16 +14,16 @@ TEST(PythonClient, TheReadmeExampleTrainsChecksAndSavesThroughTheTrainerApi) {
   testing::Subprocess trainer;
   const std::string tmp = std::getenv("TEST_TMPDIR");
   // Checkpoint paths must lie under the trainer's --checkpoint_root.
-  auto address = testing::StartService(trainer, "services/trainer/rlfleet-trainer",
-                                       {"--d_model=32", "--n_layers=2", "--n_heads=4", "--max_seq_len=32",
-                                        "--checkpoint_root=" + tmp});
+  auto address = testing::StartService(
+      trainer, "services/trainer/rlfleet-trainer",
+      {"--d_model=32", "--n_layers=2", "--n_heads=4", "--max_seq_len=32", "--checkpoint_root=" + tmp});
   ASSERT_TRUE(address.ok()) << address.status();
   const std::string out = tmp + "/py";
   std::filesystem::create_directories(out);
   // Message classes from the same .proto files, with Debian's protoc.
   const std::string protos = testing::RunfilePath("proto");
-  const std::string protoc = absl::StrCat("/usr/bin/protoc -I ", protos, " --python_out=", out, " ", protos,
-                                          "/rlfleet/v1/*.proto");
+  const std::string protoc =
+      absl::StrCat("/usr/bin/protoc -I ", protos, " --python_out=", out, " ", protos, "/rlfleet/v1/*.proto");
   ASSERT_EQ(std::system(protoc.c_str()), 0) << protoc;
   testing::Subprocess client;
   ASSERT_TRUE(client

@@ -11,10 +11,10 @@ absl::StatusOr<std::string> StartLocalFleet(Subprocess* launcher, const std::str
                                             const std::vector<std::string>& env) {
   std::vector<std::string> argv = {"/usr/bin/env", "RLFLEET_BIN=" + RunfilePath("services")};
   argv.insert(argv.end(), env.begin(), env.end());
-  for (const std::string& arg : {std::string("/bin/bash"), RunfilePath("deploy/local/launch.sh"),
-                                 absl::StrCat("--rollouts=", rollouts), "--dir=" + dir, std::string("--"),
-                                 std::string("--d_model=32"), std::string("--n_layers=2"), std::string("--n_heads=4"),
-                                 std::string("--threads=1")}) {
+  for (const std::string& arg :
+       {std::string("/bin/bash"), RunfilePath("deploy/local/launch.sh"), absl::StrCat("--rollouts=", rollouts),
+        "--dir=" + dir, std::string("--"), std::string("--d_model=32"), std::string("--n_layers=2"),
+        std::string("--n_heads=4"), std::string("--threads=1")}) {
     argv.push_back(arg);
   }
   absl::Status started = launcher->Start(argv);

@@ -28,7 +28,7 @@ absl::StatusOr<int> StartServer() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
   static Subprocess server;
   // (--loglevel warning: it prints next to nothing into the pipe nobody drains)
   if (absl::Status s = server.Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", std::to_string(p),
-                                      "--save", "", "--appendonly", "no", "--loglevel", "warning"});
+                                     "--save", "", "--appendonly", "no", "--loglevel", "warning"});
       !s.ok()) {
     return absl::UnavailableError(
         absl::StrCat("redis-server did not start (apt-get install redis-server): ", s.message()));
@@ -38,8 +38,8 @@ absl::StatusOr<int> StartServer() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (Answers(p)) return p;
     absl::SleepFor(absl::Milliseconds(20));  // (polling a process we just started)
   }
-  return absl::UnavailableError(absl::StrCat("redis-server on port ", p, " did not answer PING in 10 s: ",
-                                             server.output()));
+  return absl::UnavailableError(
+      absl::StrCat("redis-server on port ", p, " did not answer PING in 10 s: ", server.output()));
 }
 
 }  // namespace

@@ -1,13 +1,12 @@
 #include "tests/util/subprocess.h"
 
 #include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,8 +73,8 @@ bool Subprocess::ReadSome(absl::Duration timeout) {
   return true;
 }
 
-absl::StatusOr<std::string> Subprocess::WaitForLine(
-    const std::function<bool(const std::string&)>& match, absl::Duration timeout) {
+absl::StatusOr<std::string> Subprocess::WaitForLine(const std::function<bool(const std::string&)>& match,
+                                                    absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     size_t eol;
@@ -89,8 +88,7 @@ absl::StatusOr<std::string> Subprocess::WaitForLine(
       return absl::DeadlineExceededError(absl::StrCat("no matching line; output:\n", output_));
     }
     if (!ReadSome(deadline - now)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("process exited before printing the line; output:\n", output_));
+      return absl::FailedPreconditionError(absl::StrCat("process exited before printing the line; output:\n", output_));
     }
   }
 }
@@ -152,8 +150,8 @@ absl::StatusOr<std::string> StartService(Subprocess& process, const std::string&
   std::vector<std::string> argv = {RunfilePath(binary), "--host=127.0.0.1", "--port=0"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   if (absl::Status s = process.Start(argv); !s.ok()) return s;
-  auto line = process.WaitForLine(
-      [&](const std::string& l) { return l.find(kListening) != std::string::npos; }, timeout);
+  auto line =
+      process.WaitForLine([&](const std::string& l) { return l.find(kListening) != std::string::npos; }, timeout);
   if (!line.ok()) return line.status();
   std::string rest = line->substr(line->find(kListening) + strlen(kListening));
   return rest.substr(0, rest.find(' '));

@@ -29,8 +29,7 @@ class Subprocess {
 
   // Reads output until a line satisfies `match`; returns that line. DEADLINE_EXCEEDED
   // after `timeout`; FAILED_PRECONDITION (with the output so far) if the child exits.
-  absl::StatusOr<std::string> WaitForLine(const std::function<bool(const std::string&)>& match,
-                                          absl::Duration timeout);
+  absl::StatusOr<std::string> WaitForLine(const std::function<bool(const std::string&)>& match, absl::Duration timeout);
 
   // Writes `line` and a newline to the child's stdin. FAILED_PRECONDITION if the child
   // has exited or closed its stdin.

@@ -97,7 +97,8 @@ TEST(WeightsService, TheTrainersVersionReachesAReplicaAndADeadOneFailsAtItsDeadl
   tampered.mutable_sources(0)->mutable_shards(0)->mutable_location()->mutable_digest()->set_value(1);
   EXPECT_EQ(service->PublishVersion(Context().get(), tampered, &accepted).error_code(), grpc::StatusCode::DATA_LOSS);
 
-  for (const auto& [id, address] : std::vector<std::pair<std::string, std::string>>{{"live", *r}, {"gone", "127.0.0.1:1"}}) {
+  for (const auto& [id, address] :
+       std::vector<std::pair<std::string, std::string>>{{"live", *r}, {"gone", "127.0.0.1:1"}}) {
     v1::RegisterDestinationRequest reg;
     reg.set_replica_id(id);
     reg.set_grpc_address(address);
@@ -294,15 +295,16 @@ TEST(WeightsService, AControllerRunPublishesThroughIt) {
                                  with({"--buffer=" + *b, "--publish_dir=" + tmp + "/run-weights"}));
   auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout",
                                  with({"--publish_dir=" + tmp + "/run-weights"}));
-  auto w = testing::StartService(weights, "services/weights/rlfleet-weights", {"--publish_dir=" + tmp + "/run-weights"});
+  auto w =
+      testing::StartService(weights, "services/weights/rlfleet-weights", {"--publish_dir=" + tmp + "/run-weights"});
   ASSERT_TRUE(t.ok() && r.ok() && w.ok());
   auto c = testing::StartService(controller, "services/controller/rlfleet-controller",
                                  {"--rollout=" + *r, "--reward=" + *rw, "--buffer=" + *b, "--trainer=" + *t,
                                   "--weights=" + *w, "--runs_dir=" + tmp + "/runs"});
   ASSERT_TRUE(c.ok()) << controller.output();
   Subprocess run;
-  ASSERT_TRUE(run.Start({testing::RunfilePath("services/controller/rlfleet"), "run", "--controller=" + *c,
-                         "--steps=3", "--eval_every=1", "--loop_prompts=4", "--loop_samples=4", "--max_len=3"})
+  ASSERT_TRUE(run.Start({testing::RunfilePath("services/controller/rlfleet"), "run", "--controller=" + *c, "--steps=3",
+                         "--eval_every=1", "--loop_prompts=4", "--loop_samples=4", "--max_len=3"})
                   .ok());
   auto done = run.Wait(absl::Seconds(180));
   ASSERT_TRUE(done.ok());

@@ -66,8 +66,7 @@ TEST(ConfigText, RejectsMalformedLinesWithTheirLineNumber) {
 }
 
 TEST(ConfigFlags, AppliesValuesAndNamesUnknownOrBadOnes) {
-  auto entries = ParseConfigText("test_port = 7000\ntest_name = trainer\ntest_enabled = true\n",
-                                 "t.conf");
+  auto entries = ParseConfigText("test_port = 7000\ntest_name = trainer\ntest_enabled = true\n", "t.conf");
   ASSERT_TRUE(entries.ok());
   ASSERT_TRUE(ApplyConfigToFlags(*entries, "t.conf").ok());
   EXPECT_EQ(absl::GetFlag(FLAGS_test_port), 7000);

@@ -46,8 +46,8 @@ TEST_F(FilesTest, PathsResolveInsideTheRootOnly) {
   EXPECT_TRUE(ResolveUnderRoot("path", root_, (root_ / "sub" / "new.bin").string()).ok());
   EXPECT_TRUE(ResolveUnderRoot("path", root_, "not/yet/there").ok());
 
-  for (const std::string& bad : std::vector<std::string>{"../secret.txt", "sub/../../secret.txt", "/etc/passwd", "/dev/zero",
-                                (dir_ / "rootx").string()}) {
+  for (const std::string& bad : std::vector<std::string>{"../secret.txt", "sub/../../secret.txt", "/etc/passwd",
+                                                         "/dev/zero", (dir_ / "rootx").string()}) {
     absl::StatusOr<fs::path> r = ResolveUnderRoot("path", root_, bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find("outside"), absl::string_view::npos) << r.status();

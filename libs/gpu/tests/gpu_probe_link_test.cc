@@ -1,8 +1,7 @@
 // Runs on CPU machines: the nvcc-built object links, and the CUDA runtime and NCCL
 // libraries load and report their versions even without a GPU or driver.
-#include "libs/gpu/gpu_probe.h"
-
 #include "gtest/gtest.h"
+#include "libs/gpu/gpu_probe.h"
 
 namespace rlfleet::gpu {
 namespace {

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -35,18 +34,12 @@ TEST(Metrics, RendersPrometheusTextFormat) {
   // The same name and labels are the same series.
   EXPECT_EQ(r.AddGauge("depth", "Queue depth.", {}), g);
   const std::string text = r.Render();
-  for (const char* want : {"# HELP x_total Things.\n# TYPE x_total counter\n",
-                           "x_total{kind=\"a\\\"b\"} 3\n",
-                           "x_total{kind=\"c\"} 0.5\n",
-                           "# TYPE depth gauge\ndepth 5\n",
-                           "read_at_scrape 42\n",
-                           "unix_time 1764554823.125\n",
-                           "# TYPE latency_seconds histogram\n",
-                           "latency_seconds_bucket{op=\"put\",le=\"0.1\"} 2\n",
-                           "latency_seconds_bucket{op=\"put\",le=\"1\"} 3\n",
-                           "latency_seconds_bucket{op=\"put\",le=\"+Inf\"} 4\n",
-                           "latency_seconds_sum{op=\"put\"} 3.65\n",
-                           "latency_seconds_count{op=\"put\"} 4\n"}) {
+  for (const char* want :
+       {"# HELP x_total Things.\n# TYPE x_total counter\n", "x_total{kind=\"a\\\"b\"} 3\n", "x_total{kind=\"c\"} 0.5\n",
+        "# TYPE depth gauge\ndepth 5\n", "read_at_scrape 42\n", "unix_time 1764554823.125\n",
+        "# TYPE latency_seconds histogram\n", "latency_seconds_bucket{op=\"put\",le=\"0.1\"} 2\n",
+        "latency_seconds_bucket{op=\"put\",le=\"1\"} 3\n", "latency_seconds_bucket{op=\"put\",le=\"+Inf\"} 4\n",
+        "latency_seconds_sum{op=\"put\"} 3.65\n", "latency_seconds_count{op=\"put\"} 4\n"}) {
     EXPECT_TRUE(absl::StrContains(text, want)) << "missing: " << want << "\nin:\n" << text;
   }
 }
@@ -72,8 +65,7 @@ TEST(MetricsServer, ServesMetricsAndNotFoundElsewhere) {
   EXPECT_FALSE(FindSample(*body, "served").has_value());
   EXPECT_EQ(FindSample("x{a=\"1\"} 4.5\n", "x"), 4.5);
   // A taken port is UNAVAILABLE, not a crash.
-  EXPECT_EQ(MetricsServer::Start("127.0.0.1", (*server)->port(), &r).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(MetricsServer::Start("127.0.0.1", (*server)->port(), &r).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(MetricsServer::Start("not-an-ip", 0, &r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -162,7 +154,8 @@ TEST(MetricsServer, MalformedOversizedAndOtherMethodsAreRefused) {
   auto server = MetricsServer::Start("127.0.0.1", 0, &r);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
-  EXPECT_TRUE(absl::StartsWith(Exchange(port, "GARBAGE\r\n\r\n"), "HTTP/1.1 400 ")) << Exchange(port, "GARBAGE\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(Exchange(port, "GARBAGE\r\n\r\n"), "HTTP/1.1 400 "))
+      << Exchange(port, "GARBAGE\r\n\r\n");
   EXPECT_TRUE(absl::StartsWith(Exchange(port, "POST /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405 "));
   EXPECT_TRUE(absl::StartsWith(Exchange(port, "GET /metrics HTTP/1.0\r\n\r\n"), "HTTP/1.1 200 "));
   // A head without its end, past the bound: refused without waiting for more.
@@ -180,9 +173,9 @@ TEST(HttpRequestHead, ParsesOrRefusesWithoutReadingPastTheBound) {
   EXPECT_EQ((*whole)->path, "/metrics");
   EXPECT_EQ((*whole)->target, "/metrics?x=1");
   EXPECT_EQ((*whole)->head_bytes, std::string("GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n").size());
-  for (const char* bad : {"\r\n\r\n", "GET\r\n\r\n", "GET metrics HTTP/1.1\r\n\r\n", "GET /m HTTP/2\r\n\r\n",
-                          "G(T /m HTTP/1.1\r\n\r\n", "GET /m HTTP/1.1\r\nno colon\r\n\r\n",
-                          "GET /m HTTP/1.1\r\n: empty\r\n\r\n", "GET /m\x01 HTTP/1.1\r\n\r\n"}) {
+  for (const char* bad :
+       {"\r\n\r\n", "GET\r\n\r\n", "GET metrics HTTP/1.1\r\n\r\n", "GET /m HTTP/2\r\n\r\n", "G(T /m HTTP/1.1\r\n\r\n",
+        "GET /m HTTP/1.1\r\nno colon\r\n\r\n", "GET /m HTTP/1.1\r\n: empty\r\n\r\n", "GET /m\x01 HTTP/1.1\r\n\r\n"}) {
     EXPECT_EQ(ParseHttpRequestHead(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   std::string many = "GET /m HTTP/1.1\r\n";

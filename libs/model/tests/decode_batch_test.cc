@@ -63,8 +63,7 @@ TEST(DecodeBatch, SequencesJoiningAndLeavingAtRandomGenerateWhatTheyGenerateAlon
         std::vector<DecodeBatch::Sequence> group;
         const int n = 1 + rng() % 3;
         for (int j = 0; j < n; ++j) {
-          group.push_back(Seq(next_id + j, RandomPrompt(rng, 1 + rng() % 14), 1 + rng() % 20, temperature,
-                              rng()));
+          group.push_back(Seq(next_id + j, RandomPrompt(rng, 1 + rng() % 14), 1 + rng() % 20, temperature, rng()));
         }
         if (batch.CanAdd(group)) {
           for (const auto& s : group) all[s.id] = s;

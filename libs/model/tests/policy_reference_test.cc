@@ -6,10 +6,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/numbers.h"
 #include "gtest/gtest.h"
 #include "libs/model/policy.h"
 #include "libs/model/tokenizer.h"
@@ -44,13 +44,12 @@ TEST(PolicyReference, LogitsMatchPyTorchToOneInAHundredThousand) {
   const std::string weights = dir + "/w.safetensors";
   ASSERT_TRUE((*policy)->SaveSafetensors(weights).ok());
 
-  std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 11, 12, 3, 13, 14, 2},
-                                              {0, 0, 0, 1, 6, 15, 7, 16, 3, 17}};
+  std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 11, 12, 3, 13, 14, 2}, {0, 0, 0, 1, 6, 15, 7, 16, 3, 17}};
   std::vector<std::string> rows;
   for (const auto& r : tokens) rows.push_back(absl::StrCat("[", absl::StrJoin(r, ","), "]"));
-  const std::string request = absl::StrCat(
-      "{\"weights\": \"", weights, "\", \"config\": {\"d_model\": 64, \"n_heads\": 4, \"n_layers\": 3}, ",
-      "\"tokens\": [", absl::StrJoin(rows, ","), "]}");
+  const std::string request =
+      absl::StrCat("{\"weights\": \"", weights, "\", \"config\": {\"d_model\": 64, \"n_heads\": 4, \"n_layers\": 3}, ",
+                   "\"tokens\": [", absl::StrJoin(rows, ","), "]}");
   std::ofstream(dir + "/request.json") << request;
 
   const std::string script = rlfleet::testing::RunfilePath("libs/model/reference/reference_policy.py");

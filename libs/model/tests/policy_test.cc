@@ -30,8 +30,7 @@ TEST(Policy, IncrementalDecodingWithTheKvCacheEqualsFullRecomputation) {
   auto policy = Policy::Create(Small());
   ASSERT_TRUE(policy.ok()) << policy.status().ToString();
   // Two rows, the second left-padded: PAD keys are masked in both paths.
-  std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 11, 3, 12, 13},
-                                              {0, 0, 1, 5, 14, 15, 3, 16}};
+  std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 11, 3, 12, 13}, {0, 0, 1, 5, 14, 15, 3, 16}};
   auto full = (*policy)->Logits(tokens);
   auto incremental = (*policy)->IncrementalLogits(tokens);
   ASSERT_TRUE(full.ok() && incremental.ok());
@@ -190,8 +189,7 @@ TEST(Policy, LimitsAreInvalidArgumentNamingTheLimit) {
   EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(too_long.status().message(), "max_seq_len")) << too_long.status();
   options.max_new_tokens = 4;
-  EXPECT_TRUE(absl::StrContains((*policy)->Generate({{1, 99}}, options).status().message(),
-                                "outside the vocabulary"));
+  EXPECT_TRUE(absl::StrContains((*policy)->Generate({{1, 99}}, options).status().message(), "outside the vocabulary"));
   EXPECT_EQ((*policy)->Generate({}, options).status().code(), absl::StatusCode::kInvalidArgument);
   PolicyConfig bad = Small();
   bad.n_heads = 5;

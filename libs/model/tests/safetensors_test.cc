@@ -3,9 +3,9 @@
 // zeroed and sized.
 #include "libs/model/safetensors.h"
 
-#include <cstdlib>
 #include <sys/resource.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -104,11 +104,11 @@ TEST(Safetensors, DeeplyNestedMetadataIsDataLossNotAStackOverflow) {
   // unknown keys.
   std::string nested =
       std::string(kMaxSafetensorsJsonDepth - 1, '[') + "1" + std::string(kMaxSafetensorsJsonDepth - 1, ']');
-  auto ok = ParseSafetensorsViews(
-      Image("{\"__metadata__\":{\"a\":" + nested + ",\"b\":{}},\"x\":{\"dtype\":\"U8\",\"shape\":[2],"
-            "\"data_offsets\":[0,2],\"note\":{\"k\":[\"v\",{}]}}}",
-            "ab"),
-      "image");
+  auto ok = ParseSafetensorsViews(Image("{\"__metadata__\":{\"a\":" + nested +
+                                            ",\"b\":{}},\"x\":{\"dtype\":\"U8\",\"shape\":[2],"
+                                            "\"data_offsets\":[0,2],\"note\":{\"k\":[\"v\",{}]}}}",
+                                        "ab"),
+                                  "image");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)["x"].bytes, "ab");
   std::string too_deep =
@@ -135,8 +135,7 @@ TEST(Safetensors, AShapeWhoseProductOverflowsIsRefused) {
             absl::StatusCode::kDataLoss);
   // A zero dimension makes an empty tensor, however large the others.
   auto empty = ParseSafetensorsViews(
-      Image("{\"t\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,0],\"data_offsets\":[0,0]}}", ""),
-      "image");
+      Image("{\"t\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,0],\"data_offsets\":[0,0]}}", ""), "image");
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_TRUE((*empty)["t"].bytes.empty());
   // More dimensions than kMaxSafetensorsRank.
@@ -156,11 +155,11 @@ TEST(Safetensors, OffsetsHeaderLengthAndFieldsAreChecked) {
            "\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[-2,0]",
            "\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2,4]",
            "\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,99999999999999999999]",  // not an int64
-           "\"dtype\":\"X9\",\"shape\":[2],\"data_offsets\":[0,2]",                    // unknown dtype
-           "\"shape\":[2],\"data_offsets\":[0,2]",                                        // no dtype
+           "\"dtype\":\"X9\",\"shape\":[2],\"data_offsets\":[0,2]",                     // unknown dtype
+           "\"shape\":[2],\"data_offsets\":[0,2]",                                      // no dtype
            "\"dtype\":\"U8\",\"data_offsets\":[0,2]",                                   // no shape
            "\"dtype\":\"U8\",\"shape\":[2]",                                            // no offsets
-           "\"dtype\":\"U8\",\"shape\":[2],\"shape\":[4],\"data_offsets\":[0,2]",      // twice
+           "\"dtype\":\"U8\",\"shape\":[2],\"shape\":[4],\"data_offsets\":[0,2]",       // twice
        }) {
     EXPECT_EQ(ParseCode(with(bad)), absl::StatusCode::kDataLoss) << bad;
   }

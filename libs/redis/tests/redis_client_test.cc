@@ -58,7 +58,8 @@ TEST_F(RedisClientTest, ValuesRoundTripByteForByte) {
 // 1500 commands arrive whole and in order.
 TEST_F(RedisClientTest, ManyPiecesArriveInOrder) {
   std::vector<std::string> values;
-  for (int i = 0; i < 3000; ++i) values.push_back(std::string(70 + i % 50, static_cast<char>('a' + i % 26)) + std::to_string(i));
+  for (int i = 0; i < 3000; ++i)
+    values.push_back(std::string(70 + i % 50, static_cast<char>('a' + i % 26)) + std::to_string(i));
   const std::string list = prefix_ + "list";
   std::vector<absl::string_view> rpush = {"RPUSH", list};
   rpush.insert(rpush.end(), values.begin(), values.end());

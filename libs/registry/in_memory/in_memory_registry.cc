@@ -16,8 +16,7 @@ void InMemoryRegistry::ExpireLocked(absl::Time now) {
   }
 }
 
-absl::StatusOr<Lease> InMemoryRegistry::Register(const v1::ReplicaInfo& replica,
-                                                 absl::Duration ttl) {
+absl::StatusOr<Lease> InMemoryRegistry::Register(const v1::ReplicaInfo& replica, absl::Duration ttl) {
   if (ttl == absl::ZeroDuration()) ttl = kDefaultTtl;
   RETURN_IF_ERROR(ValidateRegistration(replica, ttl));
   const absl::Time now = clock_->Now();
@@ -35,8 +34,7 @@ absl::StatusOr<Lease> InMemoryRegistry::Register(const v1::ReplicaInfo& replica,
   return lease;
 }
 
-absl::StatusOr<HeartbeatResult> InMemoryRegistry::Heartbeat(absl::string_view replica_id,
-                                                            absl::string_view lease_id,
+absl::StatusOr<HeartbeatResult> InMemoryRegistry::Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
                                                             const v1::LoadStats& load,
                                                             const v1::PolicyVersion& version) {
   RETURN_IF_ERROR(common::ValidateId("replica_id", replica_id));
@@ -46,21 +44,19 @@ absl::StatusOr<HeartbeatResult> InMemoryRegistry::Heartbeat(absl::string_view re
   ExpireLocked(now);
   auto it = entries_.find(std::string(replica_id));
   if (it == entries_.end() || it->second.lease_id != lease_id) {
-    return absl::NotFoundError(absl::StrCat("no live lease ", lease_id, " for replica ",
-                                            replica_id, " (expired?): register again"));
+    return absl::NotFoundError(
+        absl::StrCat("no live lease ", lease_id, " for replica ", replica_id, " (expired?): register again"));
   }
   Entry& entry = it->second;
   entry.expires_at = now + entry.ttl;
   *entry.replica.mutable_load() = load;
   *entry.replica.mutable_policy_version() = version;
   entry.replica.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
-  entry.replica.set_admitted(entry.replica.admitted() ||
-                             IsAdmitted(entry.replica.role(), version));
+  entry.replica.set_admitted(entry.replica.admitted() || IsAdmitted(entry.replica.role(), version));
   return HeartbeatResult{entry.ttl, entry.replica.admitted()};
 }
 
-absl::StatusOr<bool> InMemoryRegistry::Deregister(absl::string_view replica_id,
-                                                  absl::string_view lease_id) {
+absl::StatusOr<bool> InMemoryRegistry::Deregister(absl::string_view replica_id, absl::string_view lease_id) {
   RETURN_IF_ERROR(common::ValidateId("replica_id", replica_id));
   RETURN_IF_ERROR(common::ValidateId("lease_id", lease_id));
   absl::MutexLock lock(&mu_);
@@ -71,8 +67,7 @@ absl::StatusOr<bool> InMemoryRegistry::Deregister(absl::string_view replica_id,
   return true;
 }
 
-absl::StatusOr<std::vector<v1::ReplicaInfo>> InMemoryRegistry::List(v1::ReplicaRole role,
-                                                                    bool only_admitted) {
+absl::StatusOr<std::vector<v1::ReplicaInfo>> InMemoryRegistry::List(v1::ReplicaRole role, bool only_admitted) {
   absl::MutexLock lock(&mu_);
   ExpireLocked(clock_->Now());
   std::vector<v1::ReplicaInfo> out;

@@ -18,14 +18,10 @@ class InMemoryRegistry : public Registry {
   explicit InMemoryRegistry(common::Clock* clock) : clock_(clock) {}
 
   absl::StatusOr<Lease> Register(const v1::ReplicaInfo& replica, absl::Duration ttl) override;
-  absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id,
-                                            absl::string_view lease_id,
-                                            const v1::LoadStats& load,
-                                            const v1::PolicyVersion& version) override;
-  absl::StatusOr<bool> Deregister(absl::string_view replica_id,
-                                  absl::string_view lease_id) override;
-  absl::StatusOr<std::vector<v1::ReplicaInfo>> List(v1::ReplicaRole role,
-                                                    bool only_admitted) override;
+  absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
+                                            const v1::LoadStats& load, const v1::PolicyVersion& version) override;
+  absl::StatusOr<bool> Deregister(absl::string_view replica_id, absl::string_view lease_id) override;
+  absl::StatusOr<std::vector<v1::ReplicaInfo>> List(v1::ReplicaRole role, bool only_admitted) override;
 
  private:
   struct Entry {

@@ -49,16 +49,14 @@ return 1
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RedisRegistry>> RedisRegistry::Connect(
-    const std::string& host, int port, common::Clock* clock, absl::Duration timeout,
-    std::string key_prefix) {
+absl::StatusOr<std::unique_ptr<RedisRegistry>> RedisRegistry::Connect(const std::string& host, int port,
+                                                                      common::Clock* clock, absl::Duration timeout,
+                                                                      std::string key_prefix) {
   ASSIGN_OR_RETURN(auto client, redis::Client::Connect(host, port, timeout));
-  return std::unique_ptr<RedisRegistry>(
-      new RedisRegistry(std::move(client), clock, std::move(key_prefix)));
+  return std::unique_ptr<RedisRegistry>(new RedisRegistry(std::move(client), clock, std::move(key_prefix)));
 }
 
-RedisRegistry::RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock,
-                             std::string key_prefix)
+RedisRegistry::RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock, std::string key_prefix)
     : client_(std::move(client)), clock_(clock), prefix_(std::move(key_prefix)) {}
 
 RedisRegistry::~RedisRegistry() = default;
@@ -80,34 +78,30 @@ absl::StatusOr<Lease> RedisRegistry::Register(const v1::ReplicaInfo& replica, ab
   v1::ReplicaInfo info = stored;  // load and version live in their own fields
   info.clear_load();
   info.clear_policy_version();
-  ASSIGN_OR_RETURN(Reply reply,
-                   client_->Command({"EVAL", kRegisterScript, "2", Key(replica.replica_id()),
-                            prefix_ + "replicas", replica.replica_id(), info.SerializeAsString(),
-                            lease.lease_id, absl::StrCat(ttl_ms), absl::StrCat(now + ttl_ms),
-                            admitted ? "1" : "0", replica.load().SerializeAsString(),
-                            replica.policy_version().SerializeAsString(), absl::StrCat(now)}));
+  ASSIGN_OR_RETURN(Reply reply, client_->Command({"EVAL", kRegisterScript, "2", Key(replica.replica_id()),
+                                                  prefix_ + "replicas", replica.replica_id(), info.SerializeAsString(),
+                                                  lease.lease_id, absl::StrCat(ttl_ms), absl::StrCat(now + ttl_ms),
+                                                  admitted ? "1" : "0", replica.load().SerializeAsString(),
+                                                  replica.policy_version().SerializeAsString(), absl::StrCat(now)}));
   (void)reply;
   return lease;
 }
 
-absl::StatusOr<HeartbeatResult> RedisRegistry::Heartbeat(absl::string_view replica_id,
-                                                         absl::string_view lease_id,
-                                                         const v1::LoadStats& load,
-                                                         const v1::PolicyVersion& version) {
+absl::StatusOr<HeartbeatResult> RedisRegistry::Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
+                                                         const v1::LoadStats& load, const v1::PolicyVersion& version) {
   RETURN_IF_ERROR(common::ValidateId("replica_id", replica_id));
   RETURN_IF_ERROR(common::ValidateId("lease_id", lease_id));
   const int64_t now = absl::ToUnixMillis(clock_->Now());
   // Admission depends on the role, which the script does not know: rollout replicas
   // need a version > 0, others were admitted at registration already.
   const bool admitted_now = version.version() > 0;
-  ASSIGN_OR_RETURN(Reply reply,
-                   client_->Command({"EVAL", kHeartbeatScript, "1", Key(replica_id), std::string(lease_id),
-                            absl::StrCat(now), load.SerializeAsString(),
-                            version.SerializeAsString(), admitted_now ? "1" : "0"}));
-  if (reply.type != Reply::Type::kArray || reply.elements.empty() ||
-      reply.elements[0].integer == 0 || reply.elements.size() < 3) {
-    return absl::NotFoundError(absl::StrCat("no live lease ", lease_id, " for replica ",
-                                            replica_id, " (expired?): register again"));
+  ASSIGN_OR_RETURN(Reply reply, client_->Command({"EVAL", kHeartbeatScript, "1", Key(replica_id), std::string(lease_id),
+                                                  absl::StrCat(now), load.SerializeAsString(),
+                                                  version.SerializeAsString(), admitted_now ? "1" : "0"}));
+  if (reply.type != Reply::Type::kArray || reply.elements.empty() || reply.elements[0].integer == 0 ||
+      reply.elements.size() < 3) {
+    return absl::NotFoundError(
+        absl::StrCat("no live lease ", lease_id, " for replica ", replica_id, " (expired?): register again"));
   }
   HeartbeatResult result;
   result.ttl = absl::Milliseconds(reply.elements[1].integer);
@@ -115,18 +109,15 @@ absl::StatusOr<HeartbeatResult> RedisRegistry::Heartbeat(absl::string_view repli
   return result;
 }
 
-absl::StatusOr<bool> RedisRegistry::Deregister(absl::string_view replica_id,
-                                               absl::string_view lease_id) {
+absl::StatusOr<bool> RedisRegistry::Deregister(absl::string_view replica_id, absl::string_view lease_id) {
   RETURN_IF_ERROR(common::ValidateId("replica_id", replica_id));
   RETURN_IF_ERROR(common::ValidateId("lease_id", lease_id));
-  ASSIGN_OR_RETURN(Reply reply, client_->Command({"EVAL", kDeregisterScript, "2", Key(replica_id),
-                                         prefix_ + "replicas", std::string(lease_id),
-                                         std::string(replica_id)}));
+  ASSIGN_OR_RETURN(Reply reply, client_->Command({"EVAL", kDeregisterScript, "2", Key(replica_id), prefix_ + "replicas",
+                                                  std::string(lease_id), std::string(replica_id)}));
   return reply.type == Reply::Type::kInteger && reply.integer == 1;
 }
 
-absl::StatusOr<std::vector<v1::ReplicaInfo>> RedisRegistry::List(v1::ReplicaRole role,
-                                                                 bool only_admitted) {
+absl::StatusOr<std::vector<v1::ReplicaInfo>> RedisRegistry::List(v1::ReplicaRole role, bool only_admitted) {
   const int64_t now = absl::ToUnixMillis(clock_->Now());
   ASSIGN_OR_RETURN(Reply ids, client_->Command({"SMEMBERS", prefix_ + "replicas"}));
   std::vector<std::string> members;

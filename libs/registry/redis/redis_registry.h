@@ -28,20 +28,16 @@ namespace rlfleet::registry {
 class RedisRegistry : public Registry {
  public:
   // Connects to host:port. UNAVAILABLE if Redis does not answer within `timeout`.
-  static absl::StatusOr<std::unique_ptr<RedisRegistry>> Connect(
-      const std::string& host, int port, common::Clock* clock,
-      absl::Duration timeout = absl::Seconds(2), std::string key_prefix = "rlfleet:");
+  static absl::StatusOr<std::unique_ptr<RedisRegistry>> Connect(const std::string& host, int port, common::Clock* clock,
+                                                                absl::Duration timeout = absl::Seconds(2),
+                                                                std::string key_prefix = "rlfleet:");
   ~RedisRegistry() override;
 
   absl::StatusOr<Lease> Register(const v1::ReplicaInfo& replica, absl::Duration ttl) override;
-  absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id,
-                                            absl::string_view lease_id,
-                                            const v1::LoadStats& load,
-                                            const v1::PolicyVersion& version) override;
-  absl::StatusOr<bool> Deregister(absl::string_view replica_id,
-                                  absl::string_view lease_id) override;
-  absl::StatusOr<std::vector<v1::ReplicaInfo>> List(v1::ReplicaRole role,
-                                                    bool only_admitted) override;
+  absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
+                                            const v1::LoadStats& load, const v1::PolicyVersion& version) override;
+  absl::StatusOr<bool> Deregister(absl::string_view replica_id, absl::string_view lease_id) override;
+  absl::StatusOr<std::vector<v1::ReplicaInfo>> List(v1::ReplicaRole role, bool only_admitted) override;
 
  private:
   RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock, std::string key_prefix);

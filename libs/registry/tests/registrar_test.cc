@@ -45,8 +45,8 @@ class RegistryServiceOver final : public v1::RegistryService::Service {
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
-    auto beat = registry_->Heartbeat(request->replica_id(), request->lease_id(), request->load(),
-                                     request->policy_version());
+    auto beat =
+        registry_->Heartbeat(request->replica_id(), request->lease_id(), request->load(), request->policy_version());
     if (!beat.ok()) return rpc::ToGrpcStatus(beat.status());
     response->set_ttl_ms(absl::ToInt64Milliseconds(beat->ttl));
     response->set_admitted(beat->admitted);
@@ -69,11 +69,13 @@ class RegistrarRedisRestart : public ::testing::Test {
   void StartRedis() {
     redis_ = std::make_unique<testing::Subprocess>();
     const std::string dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
-    ASSERT_TRUE(redis_->Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", std::to_string(port_),
-                               "--save", "", "--appendonly", "no", "--dir", dir})
+    ASSERT_TRUE(redis_
+                    ->Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", std::to_string(port_), "--save",
+                             "", "--appendonly", "no", "--dir", dir})
                     .ok());
-    ASSERT_TRUE(redis_->WaitForLine([](const std::string& l) { return absl::StrContains(l, "Ready to accept"); },
-                                    absl::Seconds(20))
+    ASSERT_TRUE(redis_
+                    ->WaitForLine([](const std::string& l) { return absl::StrContains(l, "Ready to accept"); },
+                                  absl::Seconds(20))
                     .ok());
   }
   void StopRedis() {

@@ -2,15 +2,6 @@
 // joins the parameter list when it lands.
 #include "libs/registry/registry.h"
 
-#include <functional>
-#include <memory>
-
-#include "absl/strings/match.h"
-#include "gtest/gtest.h"
-#include "libs/common/clock.h"
-#include "libs/common/ids.h"
-#include "tests/util/subprocess.h"
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -18,9 +9,17 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include "libs/registry/watch.h"
+#include <functional>
+#include <memory>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "libs/common/clock.h"
+#include "libs/common/ids.h"
+#include "libs/registry/watch.h"
 #include "tests/util/redis_for_test.h"
+#include "tests/util/subprocess.h"
 
 namespace rlfleet::registry {
 namespace {
@@ -58,8 +57,7 @@ class RegistryTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(RegistryTest, RegisterListAndFilterByRole) {
   ASSERT_TRUE(registry_->Register(Replica("reward-1", v1::REPLICA_ROLE_REWARD), {}).ok());
-  auto lease = registry_->Register(Replica("rollout-1", v1::REPLICA_ROLE_ROLLOUT),
-                                   absl::Seconds(5));
+  auto lease = registry_->Register(Replica("rollout-1", v1::REPLICA_ROLE_ROLLOUT), absl::Seconds(5));
   ASSERT_TRUE(lease.ok()) << lease.status();
   EXPECT_EQ(lease->ttl, absl::Seconds(5));
   EXPECT_FALSE(lease->lease_id.empty());
@@ -93,8 +91,7 @@ TEST_P(RegistryTest, RolloutIsAdmittedOnlyAfterReportingAVerifiedVersion) {
 }
 
 TEST_P(RegistryTest, LeaseExpiresWithoutHeartbeatAndHeartbeatRenewsIt) {
-  auto lease = registry_->Register(Replica("trainer-0", v1::REPLICA_ROLE_TRAINER),
-                                   absl::Seconds(3));
+  auto lease = registry_->Register(Replica("trainer-0", v1::REPLICA_ROLE_TRAINER), absl::Seconds(3));
   ASSERT_TRUE(lease.ok());
   clock_.Advance(absl::Seconds(2));
   ASSERT_TRUE(registry_->Heartbeat("trainer-0", lease->lease_id, {}, {}).ok());
@@ -162,8 +159,7 @@ TEST_P(RegistryTest, ReRegisterReplacesTheOldLease) {
   auto second = registry_->Register(Replica("buffer-0", v1::REPLICA_ROLE_BUFFER), {});
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_NE(first->lease_id, second->lease_id);
-  EXPECT_EQ(registry_->Heartbeat("buffer-0", first->lease_id, {}, {}).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_->Heartbeat("buffer-0", first->lease_id, {}, {}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(registry_->Heartbeat("buffer-0", second->lease_id, {}, {}).ok());
   EXPECT_EQ(registry_->List(v1::REPLICA_ROLE_BUFFER, false)->size(), 1u);
 }
@@ -187,11 +183,9 @@ TEST_P(RegistryTest, BadRegistrationsNameTheField) {
 
   v1::ReplicaInfo bad_address = Replica("x", v1::REPLICA_ROLE_REWARD);
   bad_address.set_grpc_address("nohostport");
-  EXPECT_TRUE(absl::StrContains(registry_->Register(bad_address, {}).status().message(),
-                                "replica.grpc_address"));
+  EXPECT_TRUE(absl::StrContains(registry_->Register(bad_address, {}).status().message(), "replica.grpc_address"));
 
-  auto short_ttl = registry_->Register(Replica("x", v1::REPLICA_ROLE_REWARD),
-                                       absl::Milliseconds(10));
+  auto short_ttl = registry_->Register(Replica("x", v1::REPLICA_ROLE_REWARD), absl::Milliseconds(10));
   EXPECT_EQ(short_ttl.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(short_ttl.status().message(), "ttl_ms"));
 }
@@ -203,8 +197,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, RegistryTest, ::testing::Values("memory://", 
 
 TEST(OpenRegistry, BadRedisAddressesAreClearErrors) {
   common::FakeClock clock;
-  EXPECT_EQ(OpenRegistry("redis://nohost", &clock).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenRegistry("redis://nohost", &clock).status().code(), absl::StatusCode::kInvalidArgument);
   // Nothing listens on port 1: UNAVAILABLE within the 2 s connect timeout.
   auto down = OpenRegistry("redis://127.0.0.1:1", &clock);
   EXPECT_EQ(down.status().code(), absl::StatusCode::kUnavailable) << down.status();
@@ -226,12 +219,12 @@ TEST(RedisRegistry, ReconnectsAfterARedisRestart) {
   }
   const std::string dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
   auto start_redis = [&](rlfleet::testing::Subprocess& p) {
-    ASSERT_TRUE(p.Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port",
-                         std::to_string(port), "--save", "", "--appendonly", "no", "--dir", dir})
+    ASSERT_TRUE(p.Start({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", std::to_string(port), "--save", "",
+                         "--appendonly", "no", "--dir", dir})
                     .ok());
-    ASSERT_TRUE(p.WaitForLine([](const std::string& l) {
-                   return absl::StrContains(l, "Ready to accept connections");
-                 }, absl::Seconds(20)).ok());
+    ASSERT_TRUE(p.WaitForLine([](const std::string& l) { return absl::StrContains(l, "Ready to accept connections"); },
+                              absl::Seconds(20))
+                    .ok());
   };
   common::FakeClock clock;
   auto server = std::make_unique<rlfleet::testing::Subprocess>();

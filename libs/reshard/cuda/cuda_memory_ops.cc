@@ -10,8 +10,7 @@ namespace {
 
 absl::Status CudaStatus(int err, const char* what) {
   if (err == 0) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cudaGetErrorString(static_cast<cudaError_t>(err))));
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(static_cast<cudaError_t>(err))));
 }
 
 class CudaMemoryOps : public MemoryOps {
@@ -51,8 +50,7 @@ class CudaMemoryOps : public MemoryOps {
   absl::StatusOr<std::vector<uint64_t>> Digests() override {
     std::vector<uint64_t> out(slots_);
     if (slots_ > 0) {
-      Note(cudaMemcpyAsync(out.data(), acc_, sizeof(uint64_t) * slots_, cudaMemcpyDeviceToHost,
-                           stream_),
+      Note(cudaMemcpyAsync(out.data(), acc_, sizeof(uint64_t) * slots_, cudaMemcpyDeviceToHost, stream_),
            "cudaMemcpyAsync");
     }
     if (absl::Status s = Sync(); !s.ok()) return s;
@@ -86,21 +84,18 @@ class CudaMemoryOps : public MemoryOps {
 absl::StatusOr<std::unique_ptr<MemoryOps>> NewCudaMemoryOps(int device, void* stream) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device ", device, " (", count, " visible)"));
+    return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device, " (", count, " visible)"));
   }
   if (auto s = CudaStatus(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool owns = s == nullptr;
   if (owns) {
-    if (auto st = CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-        !st.ok()) {
+    if (auto st = CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); !st.ok()) {
       return st;
     }
   }
   uint64_t* acc = nullptr;
-  if (auto st = CudaStatus(cudaMalloc(&acc, sizeof(uint64_t) * CudaMemoryOps::kMaxSlots), "cudaMalloc");
-      !st.ok()) {
+  if (auto st = CudaStatus(cudaMalloc(&acc, sizeof(uint64_t) * CudaMemoryOps::kMaxSlots), "cudaMalloc"); !st.ok()) {
     if (owns) cudaStreamDestroy(s);
     return st;
   }

@@ -1,7 +1,6 @@
-#include "libs/reshard/cuda/kernels.h"
-
 #include <cuda_runtime.h>
 
+#include "libs/reshard/cuda/kernels.h"
 #include "libs/reshard/digest.h"
 
 namespace rlfleet::reshard::cuda {
@@ -49,8 +48,7 @@ __device__ uint64_t Term(uint32_t unit, uint64_t index) {
 }
 
 // Units [0, n) at `units` (16-byte aligned when `vector`), unit 0 at shard index `first`.
-__global__ void DigestKernel(uint64_t* acc, const uint16_t* units, uint64_t n, uint64_t first,
-                             bool vector) {
+__global__ void DigestKernel(uint64_t* acc, const uint16_t* units, uint64_t n, uint64_t first, bool vector) {
   uint64_t sum = 0;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t tid = blockIdx.x * blockDim.x + threadIdx.x;
@@ -61,9 +59,8 @@ __global__ void DigestKernel(uint64_t* acc, const uint16_t* units, uint64_t n, u
     for (uint64_t j = tid; j < n8; j += stride) {
       const uint4 w = v[j];
       const uint64_t i = first + 8 * j;
-      sum += Term(w.x & 0xffff, i) + Term(w.x >> 16, i + 1) + Term(w.y & 0xffff, i + 2) +
-             Term(w.y >> 16, i + 3) + Term(w.z & 0xffff, i + 4) + Term(w.z >> 16, i + 5) +
-             Term(w.w & 0xffff, i + 6) + Term(w.w >> 16, i + 7);
+      sum += Term(w.x & 0xffff, i) + Term(w.x >> 16, i + 1) + Term(w.y & 0xffff, i + 2) + Term(w.y >> 16, i + 3) +
+             Term(w.z & 0xffff, i + 4) + Term(w.z >> 16, i + 5) + Term(w.w & 0xffff, i + 6) + Term(w.w >> 16, i + 7);
     }
     tail = n8 * 8;
   }
@@ -76,21 +73,22 @@ __device__ uint64_t PatternWord(uint32_t tensor, uint64_t index) {
   return SplitMix((static_cast<uint64_t>(tensor) << 40) ^ (index * 0x9e3779b97f4a7c15ull));
 }
 
-__global__ void FillKernel(uint8_t* dst, uint64_t count, uint32_t elem, uint32_t tensor,
-                           uint64_t first) {
+__global__ void FillKernel(uint8_t* dst, uint64_t count, uint32_t elem, uint32_t tensor, uint64_t first) {
   for (uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count;
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const uint64_t w = PatternWord(tensor, first + i);
-    if (elem == 2) reinterpret_cast<uint16_t*>(dst)[i] = static_cast<uint16_t>(w);
-    else if (elem == 4) reinterpret_cast<uint32_t*>(dst)[i] = static_cast<uint32_t>(w);
-    else reinterpret_cast<uint64_t*>(dst)[i] = w;
+    if (elem == 2)
+      reinterpret_cast<uint16_t*>(dst)[i] = static_cast<uint16_t>(w);
+    else if (elem == 4)
+      reinterpret_cast<uint32_t*>(dst)[i] = static_cast<uint32_t>(w);
+    else
+      reinterpret_cast<uint64_t*>(dst)[i] = w;
   }
 }
 
 __global__ void MismatchKernel(uint64_t* out, const uint8_t* a, const uint8_t* b, uint64_t n) {
   uint64_t bad = 0;
-  for (uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+  for (uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     bad += a[i] != b[i];
   }
   bad = WarpSum(bad);
@@ -100,13 +98,12 @@ __global__ void MismatchKernel(uint64_t* out, const uint8_t* a, const uint8_t* b
 }  // namespace
 
 int LaunchCastF32ToBf16(void* dst, const void* src, uint64_t count, void* stream) {
-  CastKernel<<<Blocks(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<uint16_t*>(dst), static_cast<const float*>(src), count);
+  CastKernel<<<Blocks(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<uint16_t*>(dst),
+                                                                                static_cast<const float*>(src), count);
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchDigest(uint64_t* accumulator, const void* data, uint64_t bytes, uint64_t shard_offset,
-                 void* stream) {
+int LaunchDigest(uint64_t* accumulator, const void* data, uint64_t bytes, uint64_t shard_offset, void* stream) {
   const uint64_t n = bytes / 2;
   const bool vector = reinterpret_cast<uintptr_t>(data) % 16 == 0;
   DigestKernel<<<Blocks(vector ? n / 8 + 1 : n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
@@ -114,15 +111,13 @@ int LaunchDigest(uint64_t* accumulator, const void* data, uint64_t bytes, uint64
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchFillPattern(void* dst, uint64_t count, uint32_t elem_size, uint32_t tensor,
-                      uint64_t first, void* stream) {
-  FillKernel<<<Blocks(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<uint8_t*>(dst), count, elem_size, tensor, first);
+int LaunchFillPattern(void* dst, uint64_t count, uint32_t elem_size, uint32_t tensor, uint64_t first, void* stream) {
+  FillKernel<<<Blocks(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<uint8_t*>(dst), count,
+                                                                                elem_size, tensor, first);
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchCountMismatches(uint64_t* mismatches, const void* a, const void* b, uint64_t bytes,
-                          void* stream) {
+int LaunchCountMismatches(uint64_t* mismatches, const void* a, const void* b, uint64_t bytes, void* stream) {
   MismatchKernel<<<Blocks(bytes), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       mismatches, static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b), bytes);
   return static_cast<int>(cudaGetLastError());

@@ -37,11 +37,17 @@ TEST(CudaMemoryOpsTest, DigestCastAndCopyMatchTheHost) {
   EXPECT_EQ((*sums)[1], DigestBytes(host.data() + 2, n - 2, 1000002));
   EXPECT_EQ((*sums)[2], DigestBytes(host.data(), 2, 6));
 
-  std::vector<float> f = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.01171875f, 3.4e38f,
+  std::vector<float> f = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          1.00390625f,
+                          1.01171875f,
+                          3.4e38f,
                           std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity(),
                           std::numeric_limits<float>::quiet_NaN(),
-                          std::numeric_limits<float>::denorm_min(), 1e-40f};
+                          std::numeric_limits<float>::denorm_min(),
+                          1e-40f};
   for (int i = 0; i < 100000; ++i) {
     uint32_t bits = static_cast<uint32_t>(rng());
     float v;

@@ -51,12 +51,12 @@ class CannotMap : public transport::Transport {
                                              uint64_t length) override {
     return inner_->Get(peer, local, local_offset, remote, remote_offset, length);
   }
-  std::unique_ptr<transport::Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                              uint64_t offset, uint64_t length) override {
+  std::unique_ptr<transport::Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                              uint64_t length) override {
     return inner_->Send(peer, tag, local, offset, length);
   }
-  std::unique_ptr<transport::Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                              uint64_t offset, uint64_t capacity) override {
+  std::unique_ptr<transport::Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                              uint64_t capacity) override {
     return inner_->Recv(peer, tag, local, offset, capacity);
   }
   // MapRemote: the base class's UNIMPLEMENTED.
@@ -92,9 +92,7 @@ struct Fleet {
   }
 };
 
-MemoryHandle Register(transport::Transport& t, void* base, uint64_t length) {
-  return *t.RegisterMemory(base, length);
-}
+MemoryHandle Register(transport::Transport& t, void* base, uint64_t length) { return *t.RegisterMemory(base, length); }
 
 struct Outcome {
   std::vector<absl::Status> src_status, dst_status;
@@ -157,8 +155,7 @@ std::vector<uint64_t> SharesFor(const Outcome& out, int dst_rank) {
 }
 
 TEST(CutMessagesTest, BigRangesAreDirectSmallOnesBatched) {
-  std::vector<Range> ranges = {{0, 0, 100, 4, 4}, {400, 400, 3, 4, 4}, {412, 412, 3, 4, 4},
-                               {1000, 1000, 10, 4, 2}};
+  std::vector<Range> ranges = {{0, 0, 100, 4, 4}, {400, 400, 3, 4, 4}, {412, 412, 3, 4, 4}, {1000, 1000, 10, 4, 2}};
   auto messages = CutMessages(ranges, 64, 32);
   // 400 bytes -> 7 direct messages of <= 64 bytes (16 elements), then 12+12+20 bytes
   // (below 32 bytes, or cast) in one staged message.
@@ -208,8 +205,7 @@ TEST(ExecutorTest, RandomPlansArriveExactAndDigestsVerify) {
     }
     PlanOptions plan_options;
     plan_options.cast_f32_to_bf16 = iter % 3 == 0;
-    auto plan = MakePlan(tensors, Layout{pick(1, 4), src_splits}, Layout{pick(1, 4), dst_splits},
-                         plan_options);
+    auto plan = MakePlan(tensors, Layout{pick(1, 4), src_splits}, Layout{pick(1, 4), dst_splits}, plan_options);
     ASSERT_TRUE(plan.ok()) << plan.status();
     ExecutorOptions options;
     options.chunk_bytes = 64u << pick(0, 6);  // 64 B .. 4 KiB: many messages, some staged
@@ -253,11 +249,9 @@ TEST(ExecutorTest, RandomPlansArriveExactAndDigestsVerify) {
 // replica gets its exact shards, the digests verify for all, and each trainer rank
 // sends its bytes once however many replicas there are.
 TEST(ExecutorTest, RelayChainDeliversEveryReplicaWhileTrainersSendOnce) {
-  std::vector<TensorSpec> tensors = {{"a", {40, 24}, DType::kF32},
-                                     {"b", {24}, DType::kBF16},
-                                     {"c", {24, 40}, DType::kF32}};
-  auto plan = MakePlan(tensors, Layout::Fsdp(2, 3),
-                       Layout::Tp(2, {Split::kColumns, Split::kReplicated, Split::kRows}));
+  std::vector<TensorSpec> tensors = {
+      {"a", {40, 24}, DType::kF32}, {"b", {24}, DType::kBF16}, {"c", {24, 40}, DType::kF32}};
+  auto plan = MakePlan(tensors, Layout::Fsdp(2, 3), Layout::Tp(2, {Split::kColumns, Split::kReplicated, Split::kRows}));
   ASSERT_TRUE(plan.ok());
   for (bool mapped : {true, false}) {
     SCOPED_TRACE(mapped ? "mapped" : "tagged");
@@ -320,7 +314,7 @@ TEST(ExecutorTest, RelayChainDeliversEveryReplicaWhileTrainersSendOnce) {
       std::vector<uint64_t> shares;
       for (int s = 0; s < D; ++s) shares.push_back(src_stats[s].digest_shares[j]);
       EXPECT_TRUE(VerifyDigest(*plan, j, dst_bufs[i].data(), *ops, shares).ok());
-    EXPECT_EQ(dst_stats[i].received_digest, shares[0] + shares[1]) << "replica " << i / T << " rank " << j;
+      EXPECT_EQ(dst_stats[i].received_digest, shares[0] + shares[1]) << "replica " << i / T << " rank " << j;
       if (i / T + 1 < kReplicas) EXPECT_EQ(dst_stats[i].bytes_forwarded, dst_stats[i].bytes_received);
     }
     // Egress: each trainer rank sent exactly what one replica needs from it.
@@ -470,8 +464,7 @@ TEST(ExecutorTest, DeadDestinationIsUnavailableNotAHang) {
     Outcome out = RunPlan(*plan, options, -1, [](Fleet& fleet) { fleet.dst[1]->Close(); });
     EXPECT_EQ(out.src_status[0].code(), absl::StatusCode::kUnavailable) << out.src_status[0];
     EXPECT_LT(out.src_took[0], absl::Seconds(2));
-    EXPECT_TRUE(out.dst_status[0].ok() || absl::IsDeadlineExceeded(out.dst_status[0]))
-        << out.dst_status[0];
+    EXPECT_TRUE(out.dst_status[0].ok() || absl::IsDeadlineExceeded(out.dst_status[0])) << out.dst_status[0];
   }
 }
 
@@ -484,14 +477,12 @@ TEST(ExecutorTest, RejectsRolesThatDoNotFitThePlan) {
   MemoryHandle small = Register(*t, buf.data(), buf.size());
   auto ops = NewHostMemoryOps();
   SourceRole bad_rank{5, small, {1, 2}};
-  EXPECT_EQ(Execute(*t, *plan, &bad_rank, nullptr, *ops).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Execute(*t, *plan, &bad_rank, nullptr, *ops).status().code(), absl::StatusCode::kInvalidArgument);
   SourceRole too_small{0, small, {1, 2}};
   auto s = Execute(*t, *plan, &too_small, nullptr, *ops).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("shard is 16 bytes"), std::string::npos) << s;
-  EXPECT_EQ(Execute(*t, *plan, nullptr, nullptr, *ops).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Execute(*t, *plan, nullptr, nullptr, *ops).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

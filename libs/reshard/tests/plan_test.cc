@@ -127,8 +127,8 @@ TEST_P(PlanPropertyTest, RandomLayoutsMoveExactlyTheNeededBytes) {
           // The source reads only bytes of its own parts (a coalesced range may span
           // adjacent parts, never padding).
           for (uint64_t b = 0; b < r.src_bytes(); ++b) {
-            ASSERT_TRUE(src_owned[s][r.src_offset + b]) << "source " << s << " reads byte "
-                                                        << r.src_offset + b << " outside its parts";
+            ASSERT_TRUE(src_owned[s][r.src_offset + b])
+                << "source " << s << " reads byte " << r.src_offset + b << " outside its parts";
           }
           ASSERT_LE(r.dst_offset + r.dst_bytes(), got.size());
           if (r.cast()) {

@@ -117,8 +117,7 @@ TEST(ReshardRound, APlanTooCostlyToMakeIsRefusedBeforePlanning) {
             absl::StatusCode::kInvalidArgument);
   // Shapes whose product overflows are refused, not wrapped.
   const std::vector<TensorSpec> huge = {{"h", {int64_t{1} << 32, int64_t{1} << 32}, DType::kF32}};
-  EXPECT_EQ(MakePlan(huge, Layout::Fsdp(1, 1), Layout::Fsdp(1, 1)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePlan(huge, Layout::Fsdp(1, 1), Layout::Fsdp(1, 1)).status().code(), absl::StatusCode::kInvalidArgument);
   // An ordinary TP8 -> TP8 column layout of 4096 rows plans.
   const std::vector<TensorSpec> ordinary = {{"o", {4096, 4096}, DType::kF32}};
   EXPECT_TRUE(MakePlan(ordinary, Layout::Tp(8, {Split::kColumns}), Layout::Tp(8, {Split::kColumns})).ok());
@@ -173,7 +172,8 @@ Push RunPush(const Layout& dst, int replicas, bool mapped, uint64_t corrupt_shar
     for (int j = 0; j < T; ++j) peers.push_back(*p.trainers[s]->Connect(p.ranks[j]->LocalAddress()));
     threads.emplace_back([&, s, peers] {
       auto ops = NewHostMemoryOps();
-      auto shard = p.trainers[s]->RegisterMemory(src_bufs[s].data(), src_bufs[s].size(), transport::MemoryKind::kHost, 0);
+      auto shard =
+          p.trainers[s]->RegisterMemory(src_bufs[s].data(), src_bufs[s].size(), transport::MemoryKind::kHost, 0);
       ASSERT_TRUE(shard.ok());
       SourceRole role{s, *shard, peers};
       ExecutorOptions options;

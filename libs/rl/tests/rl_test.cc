@@ -26,9 +26,9 @@ TEST(Advantages, GrpoNormalisesWithinEachGroup) {
 TEST(Advantages, RlooSubtractsTheMeanOfTheOthers) {
   torch::Tensor r = torch::tensor({{1.0f, 0.0f, 0.5f}});
   torch::Tensor a = RlooAdvantages(r);
-  EXPECT_NEAR(At(a, 0, 0), 1.0f - 0.25f, 1e-6);   // others: 0, 0.5
-  EXPECT_NEAR(At(a, 0, 1), 0.0f - 0.75f, 1e-6);   // others: 1, 0.5
-  EXPECT_NEAR(At(a, 0, 2), 0.5f - 0.5f, 1e-6);    // others: 1, 0
+  EXPECT_NEAR(At(a, 0, 0), 1.0f - 0.25f, 1e-6);                        // others: 0, 0.5
+  EXPECT_NEAR(At(a, 0, 1), 0.0f - 0.75f, 1e-6);                        // others: 1, 0.5
+  EXPECT_NEAR(At(a, 0, 2), 0.5f - 0.5f, 1e-6);                         // others: 1, 0
   EXPECT_EQ(At(RlooAdvantages(torch::tensor({{3.0f}})), 0, 0), 0.0f);  // K = 1
 }
 
@@ -39,7 +39,7 @@ TEST(Advantages, GaeMatchesAHandRecursion) {
   torch::Tensor mask = torch::tensor({{1.0f, 1.0f, 1.0f, 0.0f}});
   const double g = 0.9, l = 0.8;
   GaeResult r = Gae(rewards, values, mask, g, l);
-  const double d2 = 1.0 - 0.7;                 // last token: no bootstrap from padding
+  const double d2 = 1.0 - 0.7;  // last token: no bootstrap from padding
   const double d1 = 0.0 + g * 0.7 - 0.6;
   const double d0 = 0.0 + g * 0.6 - 0.5;
   const double a2 = d2, a1 = d1 + g * l * a2, a0 = d0 + g * l * a1;

@@ -18,8 +18,7 @@ class EchoServiceImpl final : public rlfleet::testing::EchoService::CallbackServ
   // Echo is a fleet RPC, or controller-only when `role` says so.
   explicit EchoServiceImpl(CallAuth auth, Role role = Role::kFleet) : auth_(std::move(auth)), role_(role) {}
 
-  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
-                                 const rlfleet::testing::EchoRequest* request,
+  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context, const rlfleet::testing::EchoRequest* request,
                                  rlfleet::testing::EchoResponse* response) override {
     return HandleUnary(context, auth_, role_, "Echo", [&]() -> absl::Status {
       const int64_t seen = ++calls_;
@@ -28,8 +27,7 @@ class EchoServiceImpl final : public rlfleet::testing::EchoService::CallbackServ
         absl::SleepFor(absl::Milliseconds(request->delay_ms()));
       }
       if (request->fail_with_code() != 0) {
-        return absl::Status(static_cast<absl::StatusCode>(request->fail_with_code()),
-                            "asked to fail");
+        return absl::Status(static_cast<absl::StatusCode>(request->fail_with_code()), "asked to fail");
       }
       response->set_payload(request->payload());
       response->set_calls_seen(seen);
@@ -52,15 +50,12 @@ class EchoClient : public ClientBase {
  public:
   using ClientBase::ClientBase;
 
-  absl::StatusOr<rlfleet::testing::EchoResponse> Echo(
-      const rlfleet::testing::EchoRequest& request,
-      absl::Duration timeout = absl::ZeroDuration()) {
+  absl::StatusOr<rlfleet::testing::EchoResponse> Echo(const rlfleet::testing::EchoRequest& request,
+                                                      absl::Duration timeout = absl::ZeroDuration()) {
     auto stub = rlfleet::testing::EchoService::NewStub(channel());
     rlfleet::testing::EchoResponse response;
     absl::Status status = Call(
-        "Echo",
-        [&](grpc::ClientContext* context) { return stub->Echo(context, request, &response); },
-        timeout);
+        "Echo", [&](grpc::ClientContext* context) { return stub->Echo(context, request, &response); }, timeout);
     if (!status.ok()) return status;
     return response;
   }

@@ -12,9 +12,9 @@ namespace {
 TEST(Retry, OnlyUnavailableAndDeadlineExceededAreRetryable) {
   EXPECT_TRUE(IsRetryable(absl::StatusCode::kUnavailable));
   EXPECT_TRUE(IsRetryable(absl::StatusCode::kDeadlineExceeded));
-  for (auto code : {absl::StatusCode::kInvalidArgument, absl::StatusCode::kFailedPrecondition,
-                    absl::StatusCode::kNotFound, absl::StatusCode::kUnauthenticated,
-                    absl::StatusCode::kResourceExhausted, absl::StatusCode::kInternal}) {
+  for (auto code :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kFailedPrecondition, absl::StatusCode::kNotFound,
+        absl::StatusCode::kUnauthenticated, absl::StatusCode::kResourceExhausted, absl::StatusCode::kInternal}) {
     EXPECT_FALSE(IsRetryable(code)) << code;
   }
 }

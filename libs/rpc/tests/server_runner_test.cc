@@ -11,8 +11,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
 #include "libs/rpc/client.h"
 #include "libs/rpc/tests/echo_service.h"
 
@@ -23,8 +23,7 @@ using rlfleet::rpc::testing::EchoClient;
 using rlfleet::rpc::testing::EchoServiceImpl;
 using rlfleet::testing::EchoRequest;
 
-EchoClient MakeClient(const std::string& target, AuthOptions auth = {},
-                      absl::Duration timeout = absl::Seconds(10)) {
+EchoClient MakeClient(const std::string& target, AuthOptions auth = {}, absl::Duration timeout = absl::Seconds(10)) {
   ClientOptions options;
   options.target = target;
   options.auth = std::move(auth);
@@ -41,8 +40,7 @@ EchoRequest Payload(const std::string& payload) {
 }
 
 grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& target) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc::health::v1::HealthCheckRequest request;
@@ -164,8 +162,7 @@ TEST(ServerRunner, TheAdminTokenAlsoGrantsFleetRpcs) {
   EXPECT_TRUE(MakeClient(runner.address(), admin).Echo(Payload("x")).ok());
   AuthOptions wrong;
   wrong.token = "guess";
-  EXPECT_EQ(MakeClient(runner.address(), wrong).Echo(Payload("x")).status().code(),
-            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(MakeClient(runner.address(), wrong).Echo(Payload("x")).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 TEST(ServerRunner, ShutdownDrainsInFlightCallsAndRefusesNewOnes) {
@@ -280,16 +277,16 @@ class TlsTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new std::string(absl::StrCat(getenv("TEST_TMPDIR"), "/pki"));
     const std::string d = *dir_;
-    const std::string script = absl::StrCat(
-        "set -e; mkdir -p ", d, "; cd ", d, ";",
-        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=rlfleet-test-ca "
-        "-keyout ca.key -out ca.pem 2>/dev/null;",
-        "for who in server client; do "
-        "openssl req -newkey rsa:2048 -nodes -subj /CN=$who -keyout $who.key -out $who.csr "
-        "2>/dev/null;",
-        "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > $who.ext;",
-        "openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
-        "-extfile $who.ext -out $who.pem 2>/dev/null; done");
+    const std::string script =
+        absl::StrCat("set -e; mkdir -p ", d, "; cd ", d, ";",
+                     "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=rlfleet-test-ca "
+                     "-keyout ca.key -out ca.pem 2>/dev/null;",
+                     "for who in server client; do "
+                     "openssl req -newkey rsa:2048 -nodes -subj /CN=$who -keyout $who.key -out $who.csr "
+                     "2>/dev/null;",
+                     "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > $who.ext;",
+                     "openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+                     "-extfile $who.ext -out $who.pem 2>/dev/null; done");
     ASSERT_EQ(std::system(script.c_str()), 0) << "openssl failed: run tools/setup.sh";
   }
   static std::string F(const std::string& name) { return *dir_ + "/" + name; }
@@ -375,8 +372,7 @@ TEST(Auth, InconsistentOrMissingFilesAreClearErrors) {
   mtls_without_ca.tls_cert_file = "/x.pem";
   mtls_without_ca.tls_key_file = "/x.key";
   mtls_without_ca.require_client_cert = true;
-  EXPECT_EQ(MakeServerCredentials(mtls_without_ca).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeServerCredentials(mtls_without_ca).status().code(), absl::StatusCode::kInvalidArgument);
   AuthOptions missing;
   missing.tls_cert_file = "/nonexistent/server.pem";
   missing.tls_key_file = "/nonexistent/server.key";
@@ -385,8 +381,7 @@ TEST(Auth, InconsistentOrMissingFilesAreClearErrors) {
   EXPECT_TRUE(absl::StrContains(s.message(), "/nonexistent/server.pem")) << s;
   AuthOptions client_cert_without_ca;
   client_cert_without_ca.tls_cert_file = "/x.pem";
-  EXPECT_EQ(MakeChannelCredentials(client_cert_without_ca).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeChannelCredentials(client_cert_without_ca).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -18,10 +18,8 @@ TEST(StatusConversion, EveryCanonicalCodeRoundTrips) {
 TEST(StatusConversion, OkStaysOkAndNamedCodesMatch) {
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
   EXPECT_TRUE(ToAbslStatus(grpc::Status::OK).ok());
-  EXPECT_EQ(ToGrpcStatus(absl::UnauthenticatedError("x")).error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("x")).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(ToGrpcStatus(absl::UnauthenticatedError("x")).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("x")).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(ToAbslStatus(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "x")).code(),
             absl::StatusCode::kFailedPrecondition);
 }

@@ -36,8 +36,7 @@ TEST(Tasks, MalformedPromptsAreInvalidArgument) {
   EXPECT_EQ(FindTask("reverse")->Solve("sort:123").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(FindTask("reverse")->Solve("reverse:12a").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(FindTask("add")->Solve("add:1+").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FindTask("add")->Solve("add:1234567890123456789+1").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FindTask("add")->Solve("add:1234567890123456789+1").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(FindTask("sort")->WellFormed("12 3"));
   EXPECT_TRUE(FindTask("add")->WellFormed("-12"));
 }

@@ -5,9 +5,9 @@
 #include <openssl/hmac.h>
 
 #include <cstdint>
-
 #include <cstdlib>
 #include <iostream>
+
 #include "absl/strings/str_cat.h"
 #include "libs/common/hmac.h"
 
@@ -55,8 +55,7 @@ void SignDescriptor(const std::string& secret, absl::Duration ttl, v1::RemoteMem
   descriptor->set_mac(Mac(secret, *descriptor));
 }
 
-absl::Status VerifyDescriptor(const std::string& secret, const v1::RemoteMemoryDescriptor& descriptor,
-                              absl::Time now) {
+absl::Status VerifyDescriptor(const std::string& secret, const v1::RemoteMemoryDescriptor& descriptor, absl::Time now) {
   if (descriptor.mac().empty()) {
     return absl::PermissionDeniedError(
         "remote memory descriptor carries no MAC: this fleet requires descriptors issued by a member holding "
@@ -67,15 +66,14 @@ absl::Status VerifyDescriptor(const std::string& secret, const v1::RemoteMemoryD
   }
   const int64_t now_ms = absl::ToUnixMillis(now);
   if (now_ms < 0 || static_cast<uint64_t>(now_ms) > descriptor.mac_expires_unix_ms()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("remote memory descriptor expired at ", descriptor.mac_expires_unix_ms(),
-                     " ms since the epoch (now ", now_ms, "): replayed or outlived its registration"));
+    return absl::PermissionDeniedError(absl::StrCat("remote memory descriptor expired at ",
+                                                    descriptor.mac_expires_unix_ms(), " ms since the epoch (now ",
+                                                    now_ms, "): replayed or outlived its registration"));
   }
   return absl::OkStatus();
 }
 
-AuthenticatedTransport::AuthenticatedTransport(std::unique_ptr<Transport> inner, std::string secret,
-                                               absl::Duration ttl)
+AuthenticatedTransport::AuthenticatedTransport(std::unique_ptr<Transport> inner, std::string secret, absl::Duration ttl)
     : ForwardingTransport(std::move(inner)), secret_(std::move(secret)), ttl_(ttl) {
   if (secret_.size() < kMinDataPlaneSecretBytes) {  // a programmer error: callers validate the flag
     std::cerr << "AuthenticatedTransport: data-plane secret shorter than " << kMinDataPlaneSecretBytes << " bytes"
@@ -96,8 +94,7 @@ absl::StatusOr<v1::RemoteMemoryDescriptor> AuthenticatedTransport::Describe(cons
   return d;
 }
 
-std::unique_ptr<Completion> AuthenticatedTransport::Put(PeerId peer, const MemoryHandle& local,
-                                                        uint64_t local_offset,
+std::unique_ptr<Completion> AuthenticatedTransport::Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                                         const v1::RemoteMemoryDescriptor& remote,
                                                         uint64_t remote_offset, uint64_t length) {
   if (absl::Status s = VerifyDescriptor(secret_, remote); !s.ok()) return CompletedWith(s);
@@ -112,8 +109,7 @@ std::unique_ptr<Completion> AuthenticatedTransport::PutBatch(PeerId peer, const 
   return inner_->PutBatch(peer, ops);
 }
 
-std::unique_ptr<Completion> AuthenticatedTransport::Get(PeerId peer, const MemoryHandle& local,
-                                                        uint64_t local_offset,
+std::unique_ptr<Completion> AuthenticatedTransport::Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
                                                         const v1::RemoteMemoryDescriptor& remote,
                                                         uint64_t remote_offset, uint64_t length) {
   if (absl::Status s = VerifyDescriptor(secret_, remote); !s.ok()) return CompletedWith(s);

@@ -51,8 +51,7 @@ class AuthenticatedTransport : public ForwardingTransport {
  public:
   // `secret` must be at least kMinDataPlaneSecretBytes (aborts otherwise: callers
   // validate the flag first). Descriptors it issues expire `ttl` after Describe().
-  AuthenticatedTransport(std::unique_ptr<Transport> inner, std::string secret,
-                         absl::Duration ttl = absl::Hours(24));
+  AuthenticatedTransport(std::unique_ptr<Transport> inner, std::string secret, absl::Duration ttl = absl::Hours(24));
 
   Capabilities GetCapabilities() const override;
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& handle) override;

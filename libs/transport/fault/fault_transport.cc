@@ -58,10 +58,9 @@ class CorruptingCompletion : public Completion {
 // Owns a corrupted scratch copy until the transfer that reads it is finished.
 class ScratchCompletion : public Completion {
  public:
-  ScratchCompletion(Transport* transport, std::unique_ptr<std::vector<uint8_t>> scratch,
-                    MemoryHandle handle, std::unique_ptr<Completion> inner)
-      : transport_(transport), scratch_(std::move(scratch)), handle_(handle),
-        inner_(std::move(inner)) {}
+  ScratchCompletion(Transport* transport, std::unique_ptr<std::vector<uint8_t>> scratch, MemoryHandle handle,
+                    std::unique_ptr<Completion> inner)
+      : transport_(transport), scratch_(std::move(scratch)), handle_(handle), inner_(std::move(inner)) {}
   ~ScratchCompletion() override {
     // The scratch bytes must outlive the transfer.
     (void)inner_->Wait(absl::Seconds(30));
@@ -125,8 +124,7 @@ FaultTransport::Decision FaultTransport::Decide(uint64_t length) {
   } else if (plan_.drop_probability > 0 && absl::Bernoulli(gen_, plan_.drop_probability)) {
     ++counters_.dropped;
     d.fate = Fate::kDrop;
-  } else if (plan_.corrupt_probability > 0 && length > 0 &&
-             absl::Bernoulli(gen_, plan_.corrupt_probability)) {
+  } else if (plan_.corrupt_probability > 0 && length > 0 && absl::Bernoulli(gen_, plan_.corrupt_probability)) {
     ++counters_.corrupted;
     d.fate = Fate::kCorrupt;
     d.corrupt_at = absl::Uniform<uint64_t>(gen_, 0, length);
@@ -142,8 +140,7 @@ std::unique_ptr<Completion> FaultTransport::Intercept(const Decision& d) {
   return nullptr;
 }
 
-std::unique_ptr<Completion> FaultTransport::Delayed(std::unique_ptr<Completion> inner,
-                                                    absl::Duration delay) {
+std::unique_ptr<Completion> FaultTransport::Delayed(std::unique_ptr<Completion> inner, absl::Duration delay) {
   if (delay <= absl::ZeroDuration()) return inner;
   return std::make_unique<DelayedCompletion>(std::move(inner), absl::Now() + delay);
 }
@@ -160,14 +157,12 @@ std::unique_ptr<Completion> FaultTransport::CorruptOutbound(
   auto handle = inner_->RegisterMemory(scratch->data(), length, MemoryKind::kHost, 0);
   if (!handle.ok()) return CompletedWith(handle.status());
   auto inner = submit(*handle);
-  return std::make_unique<ScratchCompletion>(inner_.get(), std::move(scratch), *handle,
-                                             std::move(inner));
+  return std::make_unique<ScratchCompletion>(inner_.get(), std::move(scratch), *handle, std::move(inner));
 }
 
-std::unique_ptr<Completion> FaultTransport::Put(PeerId peer, const MemoryHandle& local,
-                                                uint64_t local_offset,
-                                                const v1::RemoteMemoryDescriptor& remote,
-                                                uint64_t remote_offset, uint64_t length) {
+std::unique_ptr<Completion> FaultTransport::Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                                const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                                uint64_t length) {
   const Decision d = Decide(length);
   if (auto c = Intercept(d)) return c;
   if (d.fate == Fate::kCorrupt) {
@@ -181,23 +176,21 @@ std::unique_ptr<Completion> FaultTransport::Put(PeerId peer, const MemoryHandle&
   return Delayed(inner_->Put(peer, local, local_offset, remote, remote_offset, length), d.delay);
 }
 
-std::unique_ptr<Completion> FaultTransport::Get(PeerId peer, const MemoryHandle& local,
-                                                uint64_t local_offset,
-                                                const v1::RemoteMemoryDescriptor& remote,
-                                                uint64_t remote_offset, uint64_t length) {
+std::unique_ptr<Completion> FaultTransport::Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                                const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                                uint64_t length) {
   const Decision d = Decide(length);
   if (auto c = Intercept(d)) return c;
   auto inner = inner_->Get(peer, local, local_offset, remote, remote_offset, length);
   if (d.fate == Fate::kCorrupt && local.kind == MemoryKind::kHost && local_offset < local.length &&
       d.corrupt_at < local.length - local_offset) {
-    inner = std::make_unique<CorruptingCompletion>(
-        std::move(inner), static_cast<uint8_t*>(local.base) + local_offset + d.corrupt_at);
+    inner = std::make_unique<CorruptingCompletion>(std::move(inner),
+                                                   static_cast<uint8_t*>(local.base) + local_offset + d.corrupt_at);
   }
   return Delayed(std::move(inner), d.delay);
 }
 
-std::unique_ptr<Completion> FaultTransport::Send(PeerId peer, uint64_t tag,
-                                                 const MemoryHandle& local, uint64_t offset,
+std::unique_ptr<Completion> FaultTransport::Send(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
                                                  uint64_t length) {
   const Decision d = Decide(length);
   if (auto c = Intercept(d)) return c;
@@ -212,8 +205,7 @@ std::unique_ptr<Completion> FaultTransport::Send(PeerId peer, uint64_t tag,
   return Delayed(inner_->Send(peer, tag, local, offset, length), d.delay);
 }
 
-std::unique_ptr<Completion> FaultTransport::Recv(PeerId peer, uint64_t tag,
-                                                 const MemoryHandle& local, uint64_t offset,
+std::unique_ptr<Completion> FaultTransport::Recv(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
                                                  uint64_t capacity) {
   const Decision d = Decide(capacity);
   if (auto c = Intercept(d)) return c;
@@ -222,8 +214,7 @@ std::unique_ptr<Completion> FaultTransport::Recv(PeerId peer, uint64_t tag,
       d.corrupt_at < local.length - offset) {
     // Flip within the first byte range that certainly arrived: byte 0 if the message
     // may be shorter than capacity.
-    inner = std::make_unique<CorruptingCompletion>(std::move(inner),
-                                                   static_cast<uint8_t*>(local.base) + offset);
+    inner = std::make_unique<CorruptingCompletion>(std::move(inner), static_cast<uint8_t*>(local.base) + offset);
   }
   return Delayed(std::move(inner), d.delay);
 }

@@ -54,15 +54,15 @@ class FaultTransport : public ForwardingTransport {
 
   Capabilities GetCapabilities() const override;
   std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
-                                  const v1::RemoteMemoryDescriptor& remote,
-                                  uint64_t remote_offset, uint64_t length) override;
+                                  const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                  uint64_t length) override;
   std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
-                                  const v1::RemoteMemoryDescriptor& remote,
-                                  uint64_t remote_offset, uint64_t length) override;
-  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                   uint64_t offset, uint64_t length) override;
-  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                   uint64_t offset, uint64_t capacity) override;
+                                  const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                  uint64_t length) override;
+  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                   uint64_t length) override;
+  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                   uint64_t capacity) override;
   // Batches go op by op through the faulty Put / Send / Recv above (Transport's
   // defaults), and a peer's memory is never mapped past the faults.
   std::unique_ptr<Completion> PutBatch(PeerId peer, const std::vector<PutOp>& ops) override {

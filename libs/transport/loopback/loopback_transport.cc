@@ -6,9 +6,9 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::transport {
@@ -91,8 +91,7 @@ constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
 absl::StatusOr<uint64_t> ParseAddress(absl::string_view address) {
   uint64_t id = 0;
   if (!absl::ConsumePrefix(&address, "loopback:") || !absl::SimpleAtoi(address, &id) || id == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`", address, "` is not a loopback transport address"));
+    return absl::InvalidArgumentError(absl::StrCat("`", address, "` is not a loopback transport address"));
   }
   return id;
 }
@@ -102,30 +101,26 @@ absl::StatusOr<MemoryHandle> FindLocal(LoopbackTransport::Node& node, const Memo
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(node.mu) {
   auto it = node.registrations.find(h.id);
   if (it == node.registrations.end() || it->second.base != h.base) {
-    return absl::NotFoundError(absl::StrCat("local memory registration ", h.id,
-                                            " is not registered (deregistered?)"));
+    return absl::NotFoundError(absl::StrCat("local memory registration ", h.id, " is not registered (deregistered?)"));
   }
   return it->second;
 }
 
 }  // namespace
 
-std::unique_ptr<LoopbackTransport> LoopbackTransport::Create(
-    std::shared_ptr<LoopbackFabric> fabric) {
+std::unique_ptr<LoopbackTransport> LoopbackTransport::Create(std::shared_ptr<LoopbackFabric> fabric) {
   if (fabric == nullptr) fabric = LoopbackFabric::Default();
   auto node = fabric->NewNode();
   return std::unique_ptr<LoopbackTransport>(new LoopbackTransport(fabric, node));
 }
 
-LoopbackTransport::LoopbackTransport(std::shared_ptr<LoopbackFabric> fabric,
-                                     std::shared_ptr<Node> node)
+LoopbackTransport::LoopbackTransport(std::shared_ptr<LoopbackFabric> fabric, std::shared_ptr<Node> node)
     : fabric_(std::move(fabric)), node_(std::move(node)) {}
 
 LoopbackTransport::~LoopbackTransport() { Close(); }
 
 void LoopbackTransport::Close() {
-  const absl::Status dead =
-      absl::UnavailableError(absl::StrCat("peer ", node_->address, " closed or died"));
+  const absl::Status dead = absl::UnavailableError(absl::StrCat("peer ", node_->address, " closed or died"));
   std::vector<std::shared_ptr<PendingCompletion>> to_fail;
   {
     absl::MutexLock lock(&node_->mu);
@@ -193,8 +188,8 @@ absl::StatusOr<PeerId> LoopbackTransport::Connect(absl::string_view peer_address
   return id;
 }
 
-absl::StatusOr<MemoryHandle> LoopbackTransport::RegisterMemory(void* base, uint64_t length,
-                                                               MemoryKind kind, int device) {
+absl::StatusOr<MemoryHandle> LoopbackTransport::RegisterMemory(void* base, uint64_t length, MemoryKind kind,
+                                                               int device) {
   if (base == nullptr) return absl::InvalidArgumentError("RegisterMemory: null base address");
   if (length == 0) return absl::InvalidArgumentError("RegisterMemory: zero length");
   if (kind != MemoryKind::kHost) {
@@ -206,8 +201,7 @@ absl::StatusOr<MemoryHandle> LoopbackTransport::RegisterMemory(void* base, uint6
   return handle;
 }
 
-absl::StatusOr<MemoryHandle> LoopbackTransport::AllocateMemory(uint64_t length, MemoryKind kind,
-                                                               int device) {
+absl::StatusOr<MemoryHandle> LoopbackTransport::AllocateMemory(uint64_t length, MemoryKind kind, int device) {
   if (length == 0) return absl::InvalidArgumentError("AllocateMemory: zero length");
   std::unique_ptr<uint8_t[]> bytes(new (std::nothrow) uint8_t[length]);
   if (bytes == nullptr) {
@@ -256,8 +250,8 @@ class LoopbackMapping : public RemoteMapping {
 };
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RemoteMapping>> LoopbackTransport::MapRemote(
-    PeerId peer_id, const v1::RemoteMemoryDescriptor& remote) {
+absl::StatusOr<std::unique_ptr<RemoteMapping>> LoopbackTransport::MapRemote(PeerId peer_id,
+                                                                            const v1::RemoteMemoryDescriptor& remote) {
   if (remote.backend() != v1::TRANSFER_BACKEND_LOOPBACK) {
     return absl::InvalidArgumentError(
         absl::StrCat("MapRemote: remote descriptor is for backend ", remote.backend(), ", not loopback"));
@@ -271,8 +265,8 @@ absl::StatusOr<std::unique_ptr<RemoteMapping>> LoopbackTransport::MapRemote(
     peer = it->second;
   }
   if (remote.worker_address() != peer->address) {
-    return absl::InvalidArgumentError(absl::StrCat("MapRemote: remote descriptor belongs to ",
-                                                   remote.worker_address(), ", not peer ", peer_id));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MapRemote: remote descriptor belongs to ", remote.worker_address(), ", not peer ", peer_id));
   }
   absl::MutexLock lock(&peer->mu);
   if (!peer->alive) return absl::UnavailableError(absl::StrCat("peer ", peer->address, " died"));
@@ -280,9 +274,8 @@ absl::StatusOr<std::unique_ptr<RemoteMapping>> LoopbackTransport::MapRemote(
   if (remote.registration_epoch() != peer->epoch || it == peer->registrations.end() ||
       reinterpret_cast<uint64_t>(it->second.base) != remote.base_address() ||
       it->second.length != remote.length_bytes()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MapRemote: stale or unknown remote key: registration ", remote.registration_id(),
-        " is not registered at the peer"));
+    return absl::FailedPreconditionError(absl::StrCat("MapRemote: stale or unknown remote key: registration ",
+                                                      remote.registration_id(), " is not registered at the peer"));
   }
   if (it->second.kind != MemoryKind::kHost) {
     return absl::UnimplementedError("MapRemote: only host memory maps");
@@ -290,12 +283,9 @@ absl::StatusOr<std::unique_ptr<RemoteMapping>> LoopbackTransport::MapRemote(
   return std::make_unique<LoopbackMapping>(static_cast<uint8_t*>(it->second.base), it->second.length);
 }
 
-std::unique_ptr<Completion> LoopbackTransport::OneSided(bool put, PeerId peer_id,
-                                                        const MemoryHandle& local,
-                                                        uint64_t local_offset,
-                                                        const v1::RemoteMemoryDescriptor& remote,
-                                                        uint64_t remote_offset,
-                                                        uint64_t length) {
+std::unique_ptr<Completion> LoopbackTransport::OneSided(bool put, PeerId peer_id, const MemoryHandle& local,
+                                                        uint64_t local_offset, const v1::RemoteMemoryDescriptor& remote,
+                                                        uint64_t remote_offset, uint64_t length) {
   const char* op = put ? "Put" : "Get";
   if (remote.backend() != v1::TRANSFER_BACKEND_LOOPBACK) {
     return CompletedWith(absl::InvalidArgumentError(
@@ -313,35 +303,32 @@ std::unique_ptr<Completion> LoopbackTransport::OneSided(bool put, PeerId peer_id
     peer = it->second;
     auto h = FindLocal(*node_, local);
     if (!h.ok()) return CompletedWith(h.status());
-    if (absl::Status s = CheckRange(absl::StrCat(op, " local range"), local_offset, length, h->length);
-        !s.ok()) {
+    if (absl::Status s = CheckRange(absl::StrCat(op, " local range"), local_offset, length, h->length); !s.ok()) {
       return CompletedWith(s);
     }
     local_ptr = static_cast<uint8_t*>(h->base) + local_offset;
   }
   if (remote.worker_address() != peer->address) {
-    return CompletedWith(absl::InvalidArgumentError(absl::StrCat(
-        op, ": remote descriptor belongs to ", remote.worker_address(), ", not peer ", peer_id)));
+    return CompletedWith(absl::InvalidArgumentError(
+        absl::StrCat(op, ": remote descriptor belongs to ", remote.worker_address(), ", not peer ", peer_id)));
   }
   absl::MutexLock lock(&peer->mu);
   if (!peer->alive) {
     return CompletedWith(absl::UnavailableError(absl::StrCat("peer ", peer->address, " died")));
   }
   if (remote.registration_epoch() != peer->epoch) {
-    return CompletedWith(absl::FailedPreconditionError(absl::StrCat(
-        op, ": stale remote key (registration epoch ", remote.registration_epoch(),
-        " is not the peer's current one; did it restart?)")));
+    return CompletedWith(absl::FailedPreconditionError(
+        absl::StrCat(op, ": stale remote key (registration epoch ", remote.registration_epoch(),
+                     " is not the peer's current one; did it restart?)")));
   }
   auto it = peer->registrations.find(remote.registration_id());
-  if (it == peer->registrations.end() ||
-      reinterpret_cast<uint64_t>(it->second.base) != remote.base_address() ||
+  if (it == peer->registrations.end() || reinterpret_cast<uint64_t>(it->second.base) != remote.base_address() ||
       it->second.length != remote.length_bytes()) {
-    return CompletedWith(absl::FailedPreconditionError(
-        absl::StrCat(op, ": stale or unknown remote key: registration ", remote.registration_id(),
-                     " is not registered at the peer")));
+    return CompletedWith(
+        absl::FailedPreconditionError(absl::StrCat(op, ": stale or unknown remote key: registration ",
+                                                   remote.registration_id(), " is not registered at the peer")));
   }
-  if (absl::Status s = CheckRange(absl::StrCat(op, " remote range"), remote_offset, length,
-                                  it->second.length);
+  if (absl::Status s = CheckRange(absl::StrCat(op, " remote range"), remote_offset, length, it->second.length);
       !s.ok()) {
     return CompletedWith(s);
   }
@@ -354,17 +341,15 @@ std::unique_ptr<Completion> LoopbackTransport::OneSided(bool put, PeerId peer_id
   return CompletedWith(absl::OkStatus(), length);
 }
 
-std::unique_ptr<Completion> LoopbackTransport::Put(PeerId peer, const MemoryHandle& local,
-                                                   uint64_t local_offset,
-                                                   const v1::RemoteMemoryDescriptor& remote,
-                                                   uint64_t remote_offset, uint64_t length) {
+std::unique_ptr<Completion> LoopbackTransport::Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                                   const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                                   uint64_t length) {
   return OneSided(true, peer, local, local_offset, remote, remote_offset, length);
 }
 
-std::unique_ptr<Completion> LoopbackTransport::Get(PeerId peer, const MemoryHandle& local,
-                                                   uint64_t local_offset,
-                                                   const v1::RemoteMemoryDescriptor& remote,
-                                                   uint64_t remote_offset, uint64_t length) {
+std::unique_ptr<Completion> LoopbackTransport::Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                                   const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                                   uint64_t length) {
   return OneSided(false, peer, local, local_offset, remote, remote_offset, length);
 }
 
@@ -376,10 +361,9 @@ void Deliver(const PendingOp& send, const PendingOp& recv) {
   std::memcpy(recv.data, send.data, n);
   send.completion->Finish(absl::OkStatus(), send.length);
   if (send.length > recv.length) {
-    recv.completion->Finish(
-        absl::DataLossError(absl::StrCat("message of ", send.length, " bytes truncated to the ",
-                                         recv.length, "-byte receive buffer")),
-        n);
+    recv.completion->Finish(absl::DataLossError(absl::StrCat("message of ", send.length, " bytes truncated to the ",
+                                                             recv.length, "-byte receive buffer")),
+                            n);
   } else {
     recv.completion->Finish(absl::OkStatus(), n);
   }
@@ -387,9 +371,8 @@ void Deliver(const PendingOp& send, const PendingOp& recv) {
 
 }  // namespace
 
-std::unique_ptr<Completion> LoopbackTransport::Send(PeerId peer_id, uint64_t tag,
-                                                    const MemoryHandle& local, uint64_t offset,
-                                                    uint64_t length) {
+std::unique_ptr<Completion> LoopbackTransport::Send(PeerId peer_id, uint64_t tag, const MemoryHandle& local,
+                                                    uint64_t offset, uint64_t length) {
   std::shared_ptr<Node> peer;
   PendingOp op;
   {
@@ -465,9 +448,8 @@ void LoopbackRecv::Cancel() {
   if (removed) completion_->Finish(absl::CancelledError("receive withdrawn"), 0);
 }
 
-std::unique_ptr<Completion> LoopbackTransport::Recv(PeerId peer_id, uint64_t tag,
-                                                    const MemoryHandle& local, uint64_t offset,
-                                                    uint64_t capacity) {
+std::unique_ptr<Completion> LoopbackTransport::Recv(PeerId peer_id, uint64_t tag, const MemoryHandle& local,
+                                                    uint64_t offset, uint64_t capacity) {
   std::shared_ptr<Node> peer;
   PendingOp op;
   auto completion = std::make_shared<PendingCompletion>();

@@ -32,34 +32,31 @@ class LoopbackTransport : public Transport {
   Capabilities GetCapabilities() const override;
   std::string LocalAddress() const override;
   absl::StatusOr<PeerId> Connect(absl::string_view peer_address) override;
-  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind,
-                                              int device) override;
-  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind,
-                                              int device) override;
+  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind, int device) override;
+  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind, int device) override;
   absl::Status DeregisterMemory(const MemoryHandle& handle) override;
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& handle) override;
   std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
-                                  const v1::RemoteMemoryDescriptor& remote,
-                                  uint64_t remote_offset, uint64_t length) override;
+                                  const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                  uint64_t length) override;
   std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
-                                  const v1::RemoteMemoryDescriptor& remote,
-                                  uint64_t remote_offset, uint64_t length) override;
-  absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(
-      PeerId peer, const v1::RemoteMemoryDescriptor& remote) override;
-  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                   uint64_t offset, uint64_t length) override;
-  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                   uint64_t offset, uint64_t capacity) override;
+                                  const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                  uint64_t length) override;
+  absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(PeerId peer,
+                                                           const v1::RemoteMemoryDescriptor& remote) override;
+  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                   uint64_t length) override;
+  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                   uint64_t capacity) override;
 
   struct Node;  // shared state of one transport (defined in the .cc)
 
  private:
   explicit LoopbackTransport(std::shared_ptr<LoopbackFabric> fabric, std::shared_ptr<Node> node);
 
-  std::unique_ptr<Completion> OneSided(bool put, PeerId peer, const MemoryHandle& local,
-                                       uint64_t local_offset,
-                                       const v1::RemoteMemoryDescriptor& remote,
-                                       uint64_t remote_offset, uint64_t length);
+  std::unique_ptr<Completion> OneSided(bool put, PeerId peer, const MemoryHandle& local, uint64_t local_offset,
+                                       const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                       uint64_t length);
 
   const std::shared_ptr<LoopbackFabric> fabric_;
   const std::shared_ptr<Node> node_;

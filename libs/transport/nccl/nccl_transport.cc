@@ -24,8 +24,7 @@ namespace {
 // Every NCCL and CUDA result becomes an absl::Status here, with the call and file:line.
 absl::Status NcclStatus(ncclResult_t r, const char* call, const char* file, int line) {
   if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(call, ": ", ncclGetErrorString(r), " (", file, ":", line, ")");
+  const std::string message = absl::StrCat(call, ": ", ncclGetErrorString(r), " (", file, ":", line, ")");
   switch (r) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:
@@ -39,8 +38,7 @@ absl::Status NcclStatus(ncclResult_t r, const char* call, const char* file, int 
 }
 absl::Status CudaStatus(cudaError_t e, const char* call, const char* file, int line) {
   if (e == cudaSuccess) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(call, ": ", cudaGetErrorString(e), " (", file, ":", line, ")");
+  const std::string message = absl::StrCat(call, ": ", cudaGetErrorString(e), " (", file, ":", line, ")");
   if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
     return absl::FailedPreconditionError(message);
@@ -61,9 +59,8 @@ class NcclTransport::Impl {
   // rlfleet_nccl_bytes_total{op} and rlfleet_nccl_errors_total{op}.
   struct OpMetrics {
     explicit OpMetrics(const std::string& op)
-        : seconds(metrics::Global().AddHistogram("rlfleet_nccl_op_seconds",
-                                                 "NCCL operation time, submission to completion on the GPU.",
-                                                 {{"op", op}})),
+        : seconds(metrics::Global().AddHistogram(
+              "rlfleet_nccl_op_seconds", "NCCL operation time, submission to completion on the GPU.", {{"op", op}})),
           bytes(metrics::Global().AddCounter("rlfleet_nccl_bytes_total", "Bytes NCCL operations moved.", {{"op", op}})),
           errors(metrics::Global().AddCounter("rlfleet_nccl_errors_total", "NCCL operations that failed.",
                                               {{"op", op}})) {}
@@ -91,8 +88,8 @@ class NcclTransport::Impl {
   void Abort(const absl::Status& why);
   void Watch();
 
-  absl::StatusOr<uint8_t*> Resolve(const MemoryHandle& h, uint64_t offset, uint64_t length,
-                                   absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_);
+  absl::StatusOr<uint8_t*> Resolve(const MemoryHandle& h, uint64_t offset, uint64_t length, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_);
   // Enqueues `enqueue` (NCCL calls on stream_) and tracks its completion.
   std::unique_ptr<Completion> Submit(OpMetrics& op, uint64_t bytes, const std::function<absl::Status()>& enqueue);
 
@@ -119,12 +116,12 @@ using Impl = NcclTransport::Impl;
 
 absl::Status Impl::Init() {
   if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, " / world_size ",
-                                                   options_.world_size, " is not a valid rank"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options_.rank, " / world_size ", options_.world_size, " is not a valid rank"));
   }
   if (options_.unique_id.size() != sizeof(ncclUniqueId)) {
-    return absl::InvalidArgumentError(absl::StrCat("unique_id is ", options_.unique_id.size(),
-                                                   " bytes; NCCL ids are ", sizeof(ncclUniqueId)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unique_id is ", options_.unique_id.size(), " bytes; NCCL ids are ", sizeof(ncclUniqueId)));
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -150,9 +147,9 @@ absl::Status Impl::Init() {
     if (comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
     if (absl::IsDeadlineExceeded(s)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "NCCL communicator init: not every one of ", options_.world_size, " ranks joined within ",
-          absl::FormatDuration(options_.init_timeout), " (communicator aborted)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("NCCL communicator init: not every one of ", options_.world_size, " ranks joined within ",
+                       absl::FormatDuration(options_.init_timeout), " (communicator aborted)"));
     }
     return s;
   }
@@ -220,17 +217,17 @@ void Impl::Watch() {
           }
         }
         if (now >= it->deadline) {
-          abort_reason = absl::DeadlineExceededError(absl::StrCat(
-              "an operation ran past its ", absl::FormatDuration(options_.op_timeout),
-              " deadline (a peer rank is dead or stuck)"));
+          abort_reason = absl::DeadlineExceededError(absl::StrCat("an operation ran past its ",
+                                                                  absl::FormatDuration(options_.op_timeout),
+                                                                  " deadline (a peer rank is dead or stuck)"));
           break;
         }
         ++it;
       }
     }
     ncclResult_t async = ncclSuccess;
-    if (abort_reason.ok() && ncclCommGetAsyncError(comm_, &async) == ncclSuccess &&
-        async != ncclSuccess && async != ncclInProgress) {
+    if (abort_reason.ok() && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress) {
       abort_reason = NCCL_STATUS(async);
     }
     if (!abort_reason.ok()) {
@@ -279,15 +276,14 @@ absl::StatusOr<uint8_t*> Impl::Resolve(const MemoryHandle& h, uint64_t offset, u
                                        absl::string_view what) {
   auto it = registrations_.find(h.id);
   if (it == registrations_.end() || it->second.base != h.base) {
-    return absl::NotFoundError(absl::StrCat(what, ": memory registration ", h.id,
-                                            " is not registered (deregistered?)"));
+    return absl::NotFoundError(
+        absl::StrCat(what, ": memory registration ", h.id, " is not registered (deregistered?)"));
   }
   RETURN_IF_ERROR(CheckRange(what, offset, length, it->second.length));
   return static_cast<uint8_t*>(it->second.base) + offset;
 }
 
-std::unique_ptr<Completion> Impl::Submit(OpMetrics& op, uint64_t bytes,
-                                         const std::function<absl::Status()>& enqueue) {
+std::unique_ptr<Completion> Impl::Submit(OpMetrics& op, uint64_t bytes, const std::function<absl::Status()>& enqueue) {
   auto completion = std::make_shared<PendingCompletion>();
   {
     absl::MutexLock lock(&pending_mu_);
@@ -353,8 +349,8 @@ Capabilities NcclTransport::GetCapabilities() const {
   caps.max_message_bytes = uint64_t{1} << 40;
   int version = 0;
   ncclGetVersion(&version);
-  caps.detail = absl::StrCat("NCCL ", version, ", rank ", rank(), " of ", world_size(),
-                             ", device ", impl_->options_.device);
+  caps.detail =
+      absl::StrCat("NCCL ", version, ", rank ", rank(), " of ", world_size(), ", device ", impl_->options_.device);
   return caps;
 }
 
@@ -363,16 +359,15 @@ std::string NcclTransport::LocalAddress() const { return absl::StrCat("nccl:", r
 absl::StatusOr<PeerId> NcclTransport::Connect(absl::string_view peer_address) {
   int peer_rank = -1;
   absl::string_view rest = peer_address;
-  if (!absl::ConsumePrefix(&rest, "nccl:") || !absl::SimpleAtoi(rest, &peer_rank) ||
-      peer_rank < 0 || peer_rank >= world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("`", peer_address, "` is not nccl:<rank> with rank < ",
-                                                   world_size()));
+  if (!absl::ConsumePrefix(&rest, "nccl:") || !absl::SimpleAtoi(rest, &peer_rank) || peer_rank < 0 ||
+      peer_rank >= world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`", peer_address, "` is not nccl:<rank> with rank < ", world_size()));
   }
   return static_cast<PeerId>(peer_rank) + 1;
 }
 
-absl::StatusOr<MemoryHandle> NcclTransport::RegisterMemory(void* base, uint64_t length,
-                                                           MemoryKind kind, int device) {
+absl::StatusOr<MemoryHandle> NcclTransport::RegisterMemory(void* base, uint64_t length, MemoryKind kind, int device) {
   if (base == nullptr) return absl::InvalidArgumentError("RegisterMemory: null base address");
   if (length == 0) return absl::InvalidArgumentError("RegisterMemory: zero length");
   if (kind != MemoryKind::kCuda) {
@@ -384,8 +379,7 @@ absl::StatusOr<MemoryHandle> NcclTransport::RegisterMemory(void* base, uint64_t 
   return h;
 }
 
-absl::StatusOr<MemoryHandle> NcclTransport::AllocateMemory(uint64_t length, MemoryKind kind,
-                                                           int device) {
+absl::StatusOr<MemoryHandle> NcclTransport::AllocateMemory(uint64_t length, MemoryKind kind, int device) {
   if (length == 0) return absl::InvalidArgumentError("AllocateMemory: zero length");
   (void)kind;
   cudaSetDevice(impl_->options_.device);
@@ -433,25 +427,23 @@ absl::StatusOr<v1::RemoteMemoryDescriptor> NcclTransport::Describe(const MemoryH
   return d;
 }
 
-std::unique_ptr<Completion> NcclTransport::Put(PeerId, const MemoryHandle&, uint64_t,
-                                               const v1::RemoteMemoryDescriptor&, uint64_t, uint64_t) {
+std::unique_ptr<Completion> NcclTransport::Put(PeerId, const MemoryHandle&, uint64_t, const v1::RemoteMemoryDescriptor&,
+                                               uint64_t, uint64_t) {
   return CompletedWith(absl::UnimplementedError("the NCCL backend has no one-sided Put; use Send/Recv"));
 }
 
-std::unique_ptr<Completion> NcclTransport::Get(PeerId, const MemoryHandle&, uint64_t,
-                                               const v1::RemoteMemoryDescriptor&, uint64_t, uint64_t) {
+std::unique_ptr<Completion> NcclTransport::Get(PeerId, const MemoryHandle&, uint64_t, const v1::RemoteMemoryDescriptor&,
+                                               uint64_t, uint64_t) {
   return CompletedWith(absl::UnimplementedError("the NCCL backend has no one-sided Get; use Send/Recv"));
 }
 
-std::unique_ptr<Completion> NcclTransport::Send(PeerId peer, uint64_t /*tag*/,
-                                                const MemoryHandle& local, uint64_t offset,
-                                                uint64_t length) {
+std::unique_ptr<Completion> NcclTransport::Send(PeerId peer, uint64_t /*tag*/, const MemoryHandle& local,
+                                                uint64_t offset, uint64_t length) {
   return Grouped({GroupedOp{true, peer, local, offset, length}});
 }
 
-std::unique_ptr<Completion> NcclTransport::Recv(PeerId peer, uint64_t /*tag*/,
-                                                const MemoryHandle& local, uint64_t offset,
-                                                uint64_t capacity) {
+std::unique_ptr<Completion> NcclTransport::Recv(PeerId peer, uint64_t /*tag*/, const MemoryHandle& local,
+                                                uint64_t offset, uint64_t capacity) {
   return Grouped({GroupedOp{false, peer, local, offset, capacity}});
 }
 
@@ -494,9 +486,8 @@ std::unique_ptr<Completion> NcclTransport::Grouped(const std::vector<GroupedOp>&
   });
 }
 
-std::unique_ptr<Completion> NcclTransport::Broadcast(int root, const MemoryHandle& send,
-                                                     uint64_t send_offset, const MemoryHandle& recv,
-                                                     uint64_t recv_offset, uint64_t length) {
+std::unique_ptr<Completion> NcclTransport::Broadcast(int root, const MemoryHandle& send, uint64_t send_offset,
+                                                     const MemoryHandle& recv, uint64_t recv_offset, uint64_t length) {
   if (root < 0 || root >= world_size()) {
     return CompletedWith(absl::InvalidArgumentError(absl::StrCat("Broadcast: root ", root, " of ", world_size())));
   }
@@ -512,8 +503,8 @@ std::unique_ptr<Completion> NcclTransport::Broadcast(int root, const MemoryHandl
   if (!dst.ok()) return CompletedWith(dst.status());
   return impl->Submit(impl->broadcast_metrics_, length, [&]() -> absl::Status {
     const absl::Time deadline = absl::Now() + impl->options_.op_timeout;
-    return impl->Settle(ncclBroadcast(src, *dst, length, ncclUint8, root, impl->comm_, impl->stream_),
-                        "ncclBroadcast", deadline);
+    return impl->Settle(ncclBroadcast(src, *dst, length, ncclUint8, root, impl->comm_, impl->stream_), "ncclBroadcast",
+                        deadline);
   });
 }
 

@@ -61,8 +61,7 @@ class NcclTransport : public Transport {
   // Broadcasts `length` bytes from `root`'s send registration to every rank's receive
   // registration (they may be the same registration).
   std::unique_ptr<Completion> Broadcast(int root, const MemoryHandle& send, uint64_t send_offset,
-                                        const MemoryHandle& recv, uint64_t recv_offset,
-                                        uint64_t length);
+                                        const MemoryHandle& recv, uint64_t recv_offset, uint64_t length);
 
   struct GroupedOp {
     bool send = true;
@@ -78,22 +77,20 @@ class NcclTransport : public Transport {
   Capabilities GetCapabilities() const override;
   std::string LocalAddress() const override;
   absl::StatusOr<PeerId> Connect(absl::string_view peer_address) override;
-  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind,
-                                              int device) override;
-  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind,
-                                              int device) override;
+  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind, int device) override;
+  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind, int device) override;
   absl::Status DeregisterMemory(const MemoryHandle& handle) override;
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& handle) override;
   std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
-                                  const v1::RemoteMemoryDescriptor& remote,
-                                  uint64_t remote_offset, uint64_t length) override;
+                                  const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                  uint64_t length) override;
   std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
-                                  const v1::RemoteMemoryDescriptor& remote,
-                                  uint64_t remote_offset, uint64_t length) override;
-  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                   uint64_t offset, uint64_t length) override;
-  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                   uint64_t offset, uint64_t capacity) override;
+                                  const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                  uint64_t length) override;
+  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                   uint64_t length) override;
+  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                   uint64_t capacity) override;
   // One NCCL group (tags are ignored, as for Send / Recv).
   std::unique_ptr<Completion> SendRecvBatch(const std::vector<TwoSidedOp>& ops) override;
 

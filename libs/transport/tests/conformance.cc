@@ -17,8 +17,8 @@ constexpr absl::Duration kTimeout = absl::Seconds(60);
 
 std::vector<uint64_t> Sizes(uint64_t max) {
   std::vector<uint64_t> sizes;
-  for (uint64_t s : {uint64_t{1}, uint64_t{7}, uint64_t{4096}, uint64_t{65536 + 3},
-                     uint64_t{1} << 20, uint64_t{16} << 20, uint64_t{256} << 20}) {
+  for (uint64_t s : {uint64_t{1}, uint64_t{7}, uint64_t{4096}, uint64_t{65536 + 3}, uint64_t{1} << 20,
+                     uint64_t{16} << 20, uint64_t{256} << 20}) {
     if (s <= max) sizes.push_back(s);
   }
   return sizes;
@@ -45,8 +45,7 @@ void TransportConformanceTest::TearDown() {
   local_.reset();
 }
 
-MemoryHandle TransportConformanceTest::LocalBuffer(uint64_t size, uint64_t seed,
-                                                   std::vector<uint8_t>* storage) {
+MemoryHandle TransportConformanceTest::LocalBuffer(uint64_t size, uint64_t seed, std::vector<uint8_t>* storage) {
   storage->assign(size, 0);
   FillPattern(storage->data(), size, seed, 0);
   auto handle = local_->RegisterMemory(storage->data(), size);
@@ -258,17 +257,14 @@ TEST_P(TransportConformanceTest, BadInputGetsAClearStatus) {
   MemoryHandle h = LocalBuffer(4096, 1, &storage);
 
   // Unknown peer id.
-  EXPECT_EQ(local_->Send(peer_id_ + 1000, 1, h, 0, 10)->Wait(kTimeout).code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(local_->Send(peer_id_ + 1000, 1, h, 0, 10)->Wait(kTimeout).code(), absl::StatusCode::kNotFound);
   // Local range outside the registration.
-  EXPECT_EQ(local_->Send(peer_id_, 1, h, 4000, 200)->Wait(kTimeout).code(),
-            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(local_->Send(peer_id_, 1, h, 4000, 200)->Wait(kTimeout).code(), absl::StatusCode::kOutOfRange);
   // Malformed address.
   EXPECT_EQ(local_->Connect("not an address").status().code(), absl::StatusCode::kInvalidArgument);
   // Registration errors.
   EXPECT_EQ(local_->RegisterMemory(nullptr, 10).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(local_->RegisterMemory(storage.data(), 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(local_->RegisterMemory(storage.data(), 0).status().code(), absl::StatusCode::kInvalidArgument);
 
   if (local_->GetCapabilities().one_sided) {
     auto slot = peer_->Allocate(1024, 3);
@@ -276,8 +272,7 @@ TEST_P(TransportConformanceTest, BadInputGetsAClearStatus) {
     auto remote = peer_->Describe(*slot);
     ASSERT_TRUE(remote.ok());
     // Remote range outside the remote registration.
-    EXPECT_EQ(local_->Put(peer_id_, h, 0, *remote, 1000, 100)->Wait(kTimeout).code(),
-              absl::StatusCode::kOutOfRange);
+    EXPECT_EQ(local_->Put(peer_id_, h, 0, *remote, 1000, 100)->Wait(kTimeout).code(), absl::StatusCode::kOutOfRange);
     // Unknown remote key: a garbled key or a registration id that never existed.
     v1::RemoteMemoryDescriptor garbled = *remote;
     garbled.set_packed_rkey("garbage");
@@ -294,8 +289,7 @@ TEST_P(TransportConformanceTest, BadInputGetsAClearStatus) {
     v1::RemoteMemoryDescriptor other = *remote;
     other.set_backend(v1::TRANSFER_BACKEND_NCCL);
     EXPECT_EQ(local_->Put(peer_id_, h, 0, other, 0, 10)->Wait(kTimeout).code(),
-              GetParam().signs_descriptors ? absl::StatusCode::kPermissionDenied
-                                           : absl::StatusCode::kInvalidArgument);
+              GetParam().signs_descriptors ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kInvalidArgument);
     // Stale remote key: the owner deregistered it.
     ASSERT_TRUE(peer_->Deregister(*slot).ok());
     absl::Status stale = local_->Put(peer_id_, h, 0, *remote, 0, 10)->Wait(kTimeout);

@@ -49,9 +49,7 @@ class TransportConformanceTest : public ::testing::TestWithParam<Backend> {
   PeerId peer_id_ = 0;
 };
 
-inline std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
-  return info.param.name;
-}
+inline std::string BackendName(const ::testing::TestParamInfo<Backend>& info) { return info.param.name; }
 
 }  // namespace rlfleet::transport::testing
 

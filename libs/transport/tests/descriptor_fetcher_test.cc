@@ -124,8 +124,8 @@ TEST(DescriptorFetcherTest, FileDescriptorsResolveOnlyToRegularFilesUnderTheRoot
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(*ok, content);
   EXPECT_TRUE(fetcher.Fetch(file("ok.bin", content.size())).ok());  // relative to the root
-  for (const std::string& bad : {tmp + "/outside.bin", root + "/../outside.bin", root + "/link", std::string("/dev/zero"),
-                                 std::string("/etc/passwd"), root + "/fifo", root + "/dir"}) {
+  for (const std::string& bad : {tmp + "/outside.bin", root + "/../outside.bin", root + "/link",
+                                 std::string("/dev/zero"), std::string("/etc/passwd"), root + "/fifo", root + "/dir"}) {
     absl::StatusOr<std::string> got = fetcher.Fetch(file(bad, content.size()));
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << bad << ": " << got.status();
     EXPECT_TRUE(absl::StrContains(got.status().message(), "segment.worker_address")) << got.status();

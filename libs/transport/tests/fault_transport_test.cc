@@ -25,8 +25,7 @@ Backend FaultOverLoopback() {
   b.max_size = 16 << 20;
   return b;
 }
-INSTANTIATE_TEST_SUITE_P(Fault, TransportConformanceTest, ::testing::Values(FaultOverLoopback()),
-                         BackendName);
+INSTANTIATE_TEST_SUITE_P(Fault, TransportConformanceTest, ::testing::Values(FaultOverLoopback()), BackendName);
 
 class FaultTransportTest : public ::testing::Test {
  protected:

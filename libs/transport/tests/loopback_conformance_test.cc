@@ -17,8 +17,7 @@ Backend LoopbackBackend() {
   return b;
 }
 
-INSTANTIATE_TEST_SUITE_P(Loopback, TransportConformanceTest,
-                         ::testing::Values(LoopbackBackend()), BackendName);
+INSTANTIATE_TEST_SUITE_P(Loopback, TransportConformanceTest, ::testing::Values(LoopbackBackend()), BackendName);
 
 }  // namespace
 }  // namespace rlfleet::transport::testing

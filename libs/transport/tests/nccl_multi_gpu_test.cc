@@ -24,12 +24,12 @@ using testing::FillPattern;
 using testing::VerifyPattern;
 
 // Child-process checks: print what failed and return non-zero.
-#define CHILD_CHECK(cond, what)                                          \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      std::cerr << "rank " << rank << ": " << what << std::endl;         \
-      return 1;                                                          \
-    }                                                                    \
+#define CHILD_CHECK(cond, what)                                  \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      std::cerr << "rank " << rank << ": " << what << std::endl; \
+      return 1;                                                  \
+    }                                                            \
   } while (0)
 
 int GpuCount() {
@@ -129,7 +129,7 @@ int KilledPeerChild(const std::string& id, int rank) {
 
 // Runs `child(id, rank)` in two processes, one per GPU; returns their exit codes.
 std::vector<int> RunPair(int (*child)(const std::string&, int)) {
-  setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast stays off on shared hosts
+  setenv("NCCL_NVLS_ENABLE", "0", 1);      // NVLink multicast stays off on shared hosts
   auto id = NcclTransport::NewUniqueId();  // the bootstrap root lives in this process
   EXPECT_TRUE(id.ok()) << id.status();
   std::vector<pid_t> pids;

@@ -114,10 +114,8 @@ TEST(NcclTransport, BadInputIsAClearError) {
   auto buf = t->AllocateMemory(1024, MemoryKind::kCuda, 0);
   ASSERT_TRUE(buf.ok());
   EXPECT_EQ(t->Send(5, 0, *buf, 0, 16)->Wait(absl::Seconds(1)).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(t->Send(1, 0, *buf, 1000, 100)->Wait(absl::Seconds(1)).code(),
-            absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(t->Put(1, *buf, 0, {}, 0, 16)->Wait(absl::Seconds(1)).code(),
-            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(t->Send(1, 0, *buf, 1000, 100)->Wait(absl::Seconds(1)).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(t->Put(1, *buf, 0, {}, 0, 16)->Wait(absl::Seconds(1)).code(), absl::StatusCode::kUnimplemented);
   ASSERT_TRUE(t->DeregisterMemory(*buf).ok());
   EXPECT_EQ(t->Send(1, 0, *buf, 0, 16)->Wait(absl::Seconds(1)).code(), absl::StatusCode::kNotFound);
 }
@@ -141,8 +139,7 @@ TEST(NcclTransport, OperationThatCannotFinishAbortsTheCommunicator) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   int* flag = nullptr;
-  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(int), cudaHostAllocMapped),
-            cudaSuccess);
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(int), cudaHostAllocMapped), cudaSuccess);
   *flag = 0;
   ASSERT_EQ(RlfleetLaunchStall(stream, flag), 0);
   auto id = NcclTransport::NewUniqueId();
@@ -164,8 +161,7 @@ TEST(NcclTransport, OperationThatCannotFinishAbortsTheCommunicator) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_FALSE(MetricLine("rlfleet_nccl_errors_total{op=\"send_recv\"}").empty());
   // Later operations fail at once.
-  EXPECT_EQ((*t)->Send(1, 0, *src, 0, 16)->Wait(absl::Seconds(1)).code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*t)->Send(1, 0, *src, 0, 16)->Wait(absl::Seconds(1)).code(), absl::StatusCode::kUnavailable);
   *reinterpret_cast<volatile int*>(flag) = 1;
   t->reset();
   cudaStreamSynchronize(stream);

@@ -36,8 +36,7 @@ inline void FillPattern(uint8_t* data, uint64_t length, uint64_t seed, uint64_t 
 }
 
 // OK if data matches; DATA_LOSS naming the first mismatching byte otherwise.
-inline absl::Status VerifyPattern(const uint8_t* data, uint64_t length, uint64_t seed,
-                                  uint64_t pattern_offset) {
+inline absl::Status VerifyPattern(const uint8_t* data, uint64_t length, uint64_t seed, uint64_t pattern_offset) {
   uint64_t i = 0;
   for (; i < length && (pattern_offset + i) % 8 != 0; ++i) {
     if (data[i] != PatternByte(seed, pattern_offset + i)) break;
@@ -50,8 +49,7 @@ inline absl::Status VerifyPattern(const uint8_t* data, uint64_t length, uint64_t
   }
   for (; i < length; ++i) {
     if (data[i] != PatternByte(seed, pattern_offset + i)) {
-      return absl::DataLossError(absl::StrCat("byte ", i, " of ", length, " is ",
-                                              int{data[i]}, ", expected ",
+      return absl::DataLossError(absl::StrCat("byte ", i, " of ", length, " is ", int{data[i]}, ", expected ",
                                               int{PatternByte(seed, pattern_offset + i)}));
     }
   }

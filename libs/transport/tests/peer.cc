@@ -72,8 +72,7 @@ absl::StatusOr<v1::RemoteMemoryDescriptor> TransportPeer::Describe(int slot) {
   return transport_->Describe(it->second->handle);
 }
 
-absl::Status TransportPeer::Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed,
-                                   uint64_t pattern_offset) {
+absl::Status TransportPeer::Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed, uint64_t pattern_offset) {
   auto it = slots_.find(slot);
   if (it == slots_.end()) return absl::NotFoundError(absl::StrCat("no slot ", slot));
   RETURN_IF_ERROR(CheckRange("Verify", offset, length, it->second->size()));
@@ -98,14 +97,12 @@ absl::StatusOr<int> TransportPeer::PostRecv(uint64_t tag, uint64_t capacity) {
   return id;
 }
 
-absl::Status TransportPeer::WaitRecv(int recv, uint64_t length, uint64_t seed,
-                                     absl::Duration timeout) {
+absl::Status TransportPeer::WaitRecv(int recv, uint64_t length, uint64_t seed, absl::Duration timeout) {
   auto it = ops_.find(recv);
   if (it == ops_.end()) return absl::NotFoundError(absl::StrCat("no receive ", recv));
   RETURN_IF_ERROR(it->second.completion->Wait(timeout));
   if (it->second.completion->bytes() != length) {
-    return absl::DataLossError(absl::StrCat("received ", it->second.completion->bytes(),
-                                            " bytes, expected ", length));
+    return absl::DataLossError(absl::StrCat("received ", it->second.completion->bytes(), " bytes, expected ", length));
   }
   absl::Status status = VerifyPattern(it->second.buffer->bytes.data(), length, seed, 0);
   ops_.erase(it);
@@ -174,8 +171,7 @@ uint64_t U(const std::vector<std::string>& args, size_t i) {
 
 class ProcessPeer : public Peer {
  public:
-  explicit ProcessPeer(std::unique_ptr<rlfleet::testing::Subprocess> process)
-      : process_(std::move(process)) {}
+  explicit ProcessPeer(std::unique_ptr<rlfleet::testing::Subprocess> process) : process_(std::move(process)) {}
   ~ProcessPeer() override = default;
   pid_t pid() const override { return process_->pid(); }
 
@@ -197,21 +193,15 @@ class ProcessPeer : public Peer {
     }
     return d;
   }
-  absl::Status Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed,
-                      uint64_t pattern_offset) override {
-    return Call(absl::StrCat("VERIFY ", slot, " ", offset, " ", length, " ", seed, " ",
-                             pattern_offset))
-        .status();
+  absl::Status Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed, uint64_t pattern_offset) override {
+    return Call(absl::StrCat("VERIFY ", slot, " ", offset, " ", length, " ", seed, " ", pattern_offset)).status();
   }
-  absl::Status Deregister(int slot) override {
-    return Call(absl::StrCat("DEREG ", slot)).status();
-  }
+  absl::Status Deregister(int slot) override { return Call(absl::StrCat("DEREG ", slot)).status(); }
   absl::StatusOr<int> PostRecv(uint64_t tag, uint64_t capacity) override {
     return Int(Call(absl::StrCat("POSTRECV ", tag, " ", capacity)));
   }
   absl::Status WaitRecv(int recv, uint64_t length, uint64_t seed, absl::Duration timeout) override {
-    return Call(absl::StrCat("WAITRECV ", recv, " ", length, " ", seed, " ",
-                             absl::ToInt64Milliseconds(timeout)),
+    return Call(absl::StrCat("WAITRECV ", recv, " ", length, " ", seed, " ", absl::ToInt64Milliseconds(timeout)),
                 timeout + absl::Seconds(30))
         .status();
   }
@@ -219,8 +209,7 @@ class ProcessPeer : public Peer {
     return Int(Call(absl::StrCat("POSTSEND ", tag, " ", length, " ", seed)));
   }
   absl::Status WaitSend(int send, absl::Duration timeout) override {
-    return Call(absl::StrCat("WAITSEND ", send, " ", absl::ToInt64Milliseconds(timeout)),
-                timeout + absl::Seconds(30))
+    return Call(absl::StrCat("WAITSEND ", send, " ", absl::ToInt64Milliseconds(timeout)), timeout + absl::Seconds(30))
         .status();
   }
   void Kill() override {
@@ -229,21 +218,17 @@ class ProcessPeer : public Peer {
   }
 
  private:
-  absl::StatusOr<std::string> Call(const std::string& command,
-                                   absl::Duration timeout = absl::Seconds(60)) {
+  absl::StatusOr<std::string> Call(const std::string& command, absl::Duration timeout = absl::Seconds(60)) {
     RETURN_IF_ERROR(process_->WriteLine(command));
-    ASSIGN_OR_RETURN(std::string line,
-                     process_->WaitForLine(
-                         [](const std::string& l) {
-                           return absl::StartsWith(l, "OK") || absl::StartsWith(l, "ERR ");
-                         },
-                         timeout));
+    ASSIGN_OR_RETURN(
+        std::string line,
+        process_->WaitForLine(
+            [](const std::string& l) { return absl::StartsWith(l, "OK") || absl::StartsWith(l, "ERR "); }, timeout));
     if (absl::StartsWith(line, "OK")) return line.size() > 3 ? line.substr(3) : "";
     std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(' ', 2));
     int code = 2;
     (void)absl::SimpleAtoi(parts.size() > 1 ? parts[1] : "2", &code);
-    return absl::Status(static_cast<absl::StatusCode>(code),
-                        absl::StrCat("peer: ", parts.size() > 2 ? parts[2] : ""));
+    return absl::Status(static_cast<absl::StatusCode>(code), absl::StrCat("peer: ", parts.size() > 2 ? parts[2] : ""));
   }
   static absl::StatusOr<int> Int(absl::StatusOr<std::string> s) {
     if (!s.ok()) return s.status();
@@ -272,16 +257,14 @@ int RunPeerCommandLoop(TransportPeer& peer) {
     std::string answer;
     if (cmd == "ADDRESS") {
       auto address = peer.Address();
-      answer = address.ok() ? Answer(absl::OkStatus(), absl::BytesToHexString(*address))
-                            : Answer(address.status());
+      answer = address.ok() ? Answer(absl::OkStatus(), absl::BytesToHexString(*address)) : Answer(address.status());
     } else if (cmd == "CONNECT" && a.size() == 2) {
       answer = Answer(peer.ConnectTo(absl::HexStringToBytes(a[1])));
     } else if (cmd == "ALLOC") {
       answer = AnswerOr(peer.Allocate(U(a, 1), U(a, 2), U(a, 3) != 0));
     } else if (cmd == "DESCRIBE") {
       auto d = peer.Describe(static_cast<int>(U(a, 1)));
-      answer = d.ok() ? Answer(absl::OkStatus(), absl::BytesToHexString(d->SerializeAsString()))
-                      : Answer(d.status());
+      answer = d.ok() ? Answer(absl::OkStatus(), absl::BytesToHexString(d->SerializeAsString())) : Answer(d.status());
     } else if (cmd == "VERIFY") {
       answer = Answer(peer.Verify(static_cast<int>(U(a, 1)), U(a, 2), U(a, 3), U(a, 4), U(a, 5)));
     } else if (cmd == "DEREG") {
@@ -289,8 +272,7 @@ int RunPeerCommandLoop(TransportPeer& peer) {
     } else if (cmd == "POSTRECV") {
       answer = AnswerOr(peer.PostRecv(U(a, 1), U(a, 2)));
     } else if (cmd == "WAITRECV") {
-      answer = Answer(peer.WaitRecv(static_cast<int>(U(a, 1)), U(a, 2), U(a, 3),
-                                    absl::Milliseconds(U(a, 4))));
+      answer = Answer(peer.WaitRecv(static_cast<int>(U(a, 1)), U(a, 2), U(a, 3), absl::Milliseconds(U(a, 4))));
     } else if (cmd == "POSTSEND") {
       answer = AnswerOr(peer.PostSend(U(a, 1), U(a, 2), U(a, 3)));
     } else if (cmd == "WAITSEND") {

@@ -29,8 +29,7 @@ class Peer {
   virtual absl::StatusOr<int> Allocate(uint64_t size, uint64_t seed, bool native = false) = 0;
   virtual absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(int slot) = 0;
   // Byte-for-byte check of slot[offset, +length) against pattern `seed` from pattern_offset.
-  virtual absl::Status Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed,
-                              uint64_t pattern_offset) = 0;
+  virtual absl::Status Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed, uint64_t pattern_offset) = 0;
   virtual absl::Status Deregister(int slot) = 0;
   // Posts a receive (from the connected test transport) into a fresh buffer.
   virtual absl::StatusOr<int> PostRecv(uint64_t tag, uint64_t capacity) = 0;
@@ -56,8 +55,7 @@ class TransportPeer : public Peer {
   absl::Status ConnectTo(const std::string& address) override;
   absl::StatusOr<int> Allocate(uint64_t size, uint64_t seed, bool native = false) override;
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(int slot) override;
-  absl::Status Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed,
-                      uint64_t pattern_offset) override;
+  absl::Status Verify(int slot, uint64_t offset, uint64_t length, uint64_t seed, uint64_t pattern_offset) override;
   absl::Status Deregister(int slot) override;
   absl::StatusOr<int> PostRecv(uint64_t tag, uint64_t capacity) override;
   absl::Status WaitRecv(int recv, uint64_t length, uint64_t seed, absl::Duration timeout) override;

@@ -1,6 +1,6 @@
-#include "libs/transport/tests/stall_kernel.h"
-
 #include <cuda_runtime.h>
+
+#include "libs/transport/tests/stall_kernel.h"
 
 namespace {
 
@@ -13,8 +13,7 @@ __global__ void Stall(volatile int* flag) {
 
 extern "C" int RlfleetLaunchStall(void* stream, volatile int* flag) {
   int* device_flag = nullptr;
-  if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag), const_cast<int*>(flag), 0) !=
-      cudaSuccess) {
+  if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag), const_cast<int*>(flag), 0) != cudaSuccess) {
     return -1;
   }
   Stall<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(device_flag);

@@ -42,20 +42,19 @@ Backend CrossProcess(const std::string& name, const std::string& tls) {
   b.name = name;
   b.make_local = [tls] { return MakeUcx(tls); };
   b.make_peer = [tls] {
-    return StartProcessPeer({rlfleet::testing::RunfilePath("libs/transport/tests/transport_peer"),
-                             "--backend=ucx", "--ucx_tls=" + tls});
+    return StartProcessPeer(
+        {rlfleet::testing::RunfilePath("libs/transport/tests/transport_peer"), "--backend=ucx", "--ucx_tls=" + tls});
   };
   return b;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ucx, TransportConformanceTest,
-    ::testing::Values(CrossProcess("tcp_two_processes", "tcp"),
-                      CrossProcess("shm_two_processes", "sm,self"),
-                      CrossProcess("posix_cma_two_processes", "posix,cma,self"),
-                      InProcess("tcp_one_process", "tcp"),
-                      InProcess("posix_cma_one_process", "posix,cma,self")),
-    BackendName);
+INSTANTIATE_TEST_SUITE_P(Ucx, TransportConformanceTest,
+                         ::testing::Values(CrossProcess("tcp_two_processes", "tcp"),
+                                           CrossProcess("shm_two_processes", "sm,self"),
+                                           CrossProcess("posix_cma_two_processes", "posix,cma,self"),
+                                           InProcess("tcp_one_process", "tcp"),
+                                           InProcess("posix_cma_one_process", "posix,cma,self")),
+                         BackendName);
 
 // MapRemote: a peer's AllocateMemory region over shared memory maps, and stores through
 // the mapping are in the owner's memory; memory UCX did not allocate, and tcp, do not.

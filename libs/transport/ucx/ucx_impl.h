@@ -5,9 +5,6 @@
 #ifndef RLFLEET_LIBS_TRANSPORT_UCX_UCX_IMPL_H_
 #define RLFLEET_LIBS_TRANSPORT_UCX_UCX_IMPL_H_
 
-#include "libs/transport/ucx/ucx_transport.h"
-
-
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -32,6 +29,7 @@
 #include "absl/synchronization/notification.h"
 #include "libs/common/hmac.h"
 #include "libs/common/status_macros.h"
+#include "libs/transport/ucx/ucx_transport.h"
 
 namespace rlfleet::transport {
 namespace ucx_internal {
@@ -39,8 +37,7 @@ namespace ucx_internal {
 // Every UCX status becomes an absl::Status here, with the call and file:line.
 inline absl::Status UcsStatus(ucs_status_t s, absl::string_view what, const char* file, int line) {
   if (s == UCS_OK) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(what, ": ", ucs_status_string(s), " (", file, ":", line, ")");
+  const std::string message = absl::StrCat(what, ": ", ucs_status_string(s), " (", file, ":", line, ")");
   switch (s) {
     case UCS_ERR_MESSAGE_TRUNCATED:
       return absl::DataLossError(message);
@@ -88,7 +85,6 @@ inline uint64_t Hash64(const void* data, size_t n) {  // FNV-1a
 constexpr size_t kAddressHeader = 8 + 8 + 8 + 8;  // magic, instance, pid, host hash
 constexpr absl::Duration kLivenessInterval = absl::Milliseconds(100);
 
-
 inline uint64_t HostHash() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -116,10 +112,10 @@ class UcxTransport::Impl {
     std::shared_ptr<PendingCompletion> completion;
     Peer* peer = nullptr;
     uint64_t bytes = 0;
-    int parts = 1;               // UCX requests still to complete (put = put + flush)
-    absl::Status status;         // first error
-    absl::Status override;       // replaces CANCELLED when we cancel (peer died, shutdown)
-    void* request = nullptr;     // receive request, for cancellation
+    int parts = 1;            // UCX requests still to complete (put = put + flush)
+    absl::Status status;      // first error
+    absl::Status override;    // replaces CANCELLED when we cancel (peer died, shutdown)
+    void* request = nullptr;  // receive request, for cancellation
     bool is_recv = false;
     // Inside ucp_tag_recv_nbx: with UCP_OP_ATTR_FLAG_NO_IMM_CMPL, UCX 1.13 calls back
     // from inside the call when the message is already there. FinishPart then leaves the
@@ -147,7 +143,7 @@ class UcxTransport::Impl {
     absl::Status error;
     std::map<uint64_t, ucp_rkey_h> rkeys;  // remote registration id -> unpacked key
     std::set<uint64_t> revoked;
-    std::map<uint64_t, int> inflight;      // remote registration id -> Put/Get in flight
+    std::map<uint64_t, int> inflight;                         // remote registration id -> Put/Get in flight
     std::map<uint64_t, std::vector<uint64_t>> deferred_acks;  // registration -> revoke seqs
     std::set<Op*> recvs;
   };
@@ -205,22 +201,19 @@ class UcxTransport::Impl {
   void HandleRevokeAck(uint64_t from_instance, uint64_t seq);
   void ReleaseRkeyIfIdle(Peer* peer, uint64_t registration);
   void FinishPart(Op* op, absl::Status status);
-  absl::StatusOr<std::pair<Peer*, uint8_t*>> Resolve(PeerId peer, const MemoryHandle& local,
-                                                      uint64_t offset, uint64_t length,
-                                                      absl::string_view what);
+  absl::StatusOr<std::pair<Peer*, uint8_t*>> Resolve(PeerId peer, const MemoryHandle& local, uint64_t offset,
+                                                     uint64_t length, absl::string_view what);
   // The peer's remote key for `remote` after checking it (owner, revocation, range):
   // cached per peer and destroyed on revocation, or (cache = false) a fresh one the
   // caller owns and destroys.
-  absl::StatusOr<ucp_rkey_h> RemoteKey(Peer* peer, const v1::RemoteMemoryDescriptor& remote,
-                                       uint64_t offset, uint64_t length, absl::string_view what,
-                                       bool cache = true);
+  absl::StatusOr<ucp_rkey_h> RemoteKey(Peer* peer, const v1::RemoteMemoryDescriptor& remote, uint64_t offset,
+                                       uint64_t length, absl::string_view what, bool cache = true);
   std::unique_ptr<Completion> Submit(std::function<void(Op*)> start);
 
   static void OnSend(void* request, ucs_status_t status, void* user_data);
-  static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
-                     void* user_data);
-  static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data,
-                           size_t length, const ucp_am_recv_param_t* param);
+  static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data);
+  static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                           const ucp_am_recv_param_t* param);
 
   const UcxOptions options_;
   std::atomic<uint64_t> rejected_control_{0};  // control messages without a valid MAC

@@ -60,8 +60,7 @@ namespace {
 // Registers memory with UCX (or, with base == nullptr, has UCX allocate it: on shared
 // memory a posix segment that same-host peers map, so their Puts are a memcpy) and
 // packs its framed remote key. ucp_mem_unmap releases either kind.
-absl::StatusOr<MemoryHandle> MapMemory(Impl* impl, void* base, uint64_t length, MemoryKind kind,
-                                       int device) {
+absl::StatusOr<MemoryHandle> MapMemory(Impl* impl, void* base, uint64_t length, MemoryKind kind, int device) {
   ucp_mem_map_params_t params = {};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   params.address = base;
@@ -103,8 +102,7 @@ absl::StatusOr<MemoryHandle> MapMemory(Impl* impl, void* base, uint64_t length, 
 
 }  // namespace
 
-absl::StatusOr<MemoryHandle> UcxTransport::RegisterMemory(void* base, uint64_t length,
-                                                          MemoryKind kind, int device) {
+absl::StatusOr<MemoryHandle> UcxTransport::RegisterMemory(void* base, uint64_t length, MemoryKind kind, int device) {
   if (base == nullptr) return absl::InvalidArgumentError("RegisterMemory: null base address");
   if (length == 0) return absl::InvalidArgumentError("RegisterMemory: zero length");
   if (kind == MemoryKind::kCuda && !impl_->caps_.cuda_memory) {
@@ -114,8 +112,7 @@ absl::StatusOr<MemoryHandle> UcxTransport::RegisterMemory(void* base, uint64_t l
   return impl->RunSync<MemoryHandle>([=] { return MapMemory(impl, base, length, kind, device); });
 }
 
-absl::StatusOr<MemoryHandle> UcxTransport::AllocateMemory(uint64_t length, MemoryKind kind,
-                                                          int device) {
+absl::StatusOr<MemoryHandle> UcxTransport::AllocateMemory(uint64_t length, MemoryKind kind, int device) {
   if (length == 0) return absl::InvalidArgumentError("AllocateMemory: zero length");
   if (kind != MemoryKind::kHost) {
     return absl::InvalidArgumentError("the UCX backend allocates host memory only");
@@ -149,8 +146,7 @@ absl::Status UcxTransport::DeregisterMemory(const MemoryHandle& handle) {
       [impl, handle]() -> absl::StatusOr<std::shared_ptr<Impl::RevokeWait>> {
         auto it = impl->registrations_.find(handle.id);
         if (it == impl->registrations_.end() || it->second.handle.base != handle.base) {
-          return absl::NotFoundError(
-              absl::StrCat("memory registration ", handle.id, " is not registered"));
+          return absl::NotFoundError(absl::StrCat("memory registration ", handle.id, " is not registered"));
         }
         auto wait = std::make_shared<Impl::RevokeWait>();
         const uint64_t seq = impl->next_seq_++;
@@ -182,56 +178,52 @@ absl::Status UcxTransport::DeregisterMemory(const MemoryHandle& handle) {
   (void)(*wait)->done.WaitForNotificationWithTimeout(impl->options_.revoke_timeout);
   // 3. Unmap.
   const uint64_t seq = (*wait)->seq;
-  return impl->RunSync<bool>([impl, handle, seq, wait = *wait]() -> absl::StatusOr<bool> {
-           // Peers that did not ack in time are not waited for again until they answer.
-           for (uint64_t instance : wait->waiting) {
-             auto peer = impl->by_instance_.find(instance);
-             if (peer != impl->by_instance_.end()) peer->second->unresponsive = true;
-           }
-           impl->revokes_.erase(seq);
-           auto it = impl->registrations_.find(handle.id);
-           if (it == impl->registrations_.end()) {
-             return absl::NotFoundError(
-                 absl::StrCat("memory registration ", handle.id, " is not registered"));
-           }
-           ucp_mem_unmap(impl->context_, it->second.memh);
-           if (impl->owned_.erase(handle.id)) free(it->second.handle.base);
-           impl->registrations_.erase(it);
-           return true;
-         })
+  return impl
+      ->RunSync<bool>([impl, handle, seq, wait = *wait]() -> absl::StatusOr<bool> {
+        // Peers that did not ack in time are not waited for again until they answer.
+        for (uint64_t instance : wait->waiting) {
+          auto peer = impl->by_instance_.find(instance);
+          if (peer != impl->by_instance_.end()) peer->second->unresponsive = true;
+        }
+        impl->revokes_.erase(seq);
+        auto it = impl->registrations_.find(handle.id);
+        if (it == impl->registrations_.end()) {
+          return absl::NotFoundError(absl::StrCat("memory registration ", handle.id, " is not registered"));
+        }
+        ucp_mem_unmap(impl->context_, it->second.memh);
+        if (impl->owned_.erase(handle.id)) free(it->second.handle.base);
+        impl->registrations_.erase(it);
+        return true;
+      })
       .status();
 }
 
 absl::StatusOr<v1::RemoteMemoryDescriptor> UcxTransport::Describe(const MemoryHandle& handle) {
   Impl* impl = impl_.get();
-  return impl->RunSync<v1::RemoteMemoryDescriptor>(
-      [impl, handle]() -> absl::StatusOr<v1::RemoteMemoryDescriptor> {
-        auto it = impl->registrations_.find(handle.id);
-        if (it == impl->registrations_.end() || it->second.handle.base != handle.base) {
-          return absl::NotFoundError(
-              absl::StrCat("memory registration ", handle.id, " is not registered"));
-        }
-        Impl::Registration& reg = it->second;
-        reg.described = true;
-        v1::RemoteMemoryDescriptor d;
-        d.set_backend(v1::TRANSFER_BACKEND_UCX);
-        d.set_packed_rkey(reg.packed_rkey);
-        d.set_worker_address(impl->local_address_);
-        d.set_base_address(reinterpret_cast<uint64_t>(reg.handle.base));
-        d.set_length_bytes(reg.handle.length);
-        d.set_memory_kind(reg.handle.kind == MemoryKind::kCuda ? v1::MEMORY_KIND_CUDA
-                                                               : v1::MEMORY_KIND_HOST);
-        d.set_device_index(reg.handle.device);
-        d.set_registration_id(reg.handle.id);
-        d.set_registration_epoch(impl->instance_);
-        return d;
-      });
+  return impl->RunSync<v1::RemoteMemoryDescriptor>([impl, handle]() -> absl::StatusOr<v1::RemoteMemoryDescriptor> {
+    auto it = impl->registrations_.find(handle.id);
+    if (it == impl->registrations_.end() || it->second.handle.base != handle.base) {
+      return absl::NotFoundError(absl::StrCat("memory registration ", handle.id, " is not registered"));
+    }
+    Impl::Registration& reg = it->second;
+    reg.described = true;
+    v1::RemoteMemoryDescriptor d;
+    d.set_backend(v1::TRANSFER_BACKEND_UCX);
+    d.set_packed_rkey(reg.packed_rkey);
+    d.set_worker_address(impl->local_address_);
+    d.set_base_address(reinterpret_cast<uint64_t>(reg.handle.base));
+    d.set_length_bytes(reg.handle.length);
+    d.set_memory_kind(reg.handle.kind == MemoryKind::kCuda ? v1::MEMORY_KIND_CUDA : v1::MEMORY_KIND_HOST);
+    d.set_device_index(reg.handle.device);
+    d.set_registration_id(reg.handle.id);
+    d.set_registration_epoch(impl->instance_);
+    return d;
+  });
 }
 
-std::unique_ptr<Completion> UcxTransport::Put(PeerId peer_id, const MemoryHandle& local,
-                                              uint64_t local_offset,
-                                              const v1::RemoteMemoryDescriptor& remote,
-                                              uint64_t remote_offset, uint64_t length) {
+std::unique_ptr<Completion> UcxTransport::Put(PeerId peer_id, const MemoryHandle& local, uint64_t local_offset,
+                                              const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                              uint64_t length) {
   return PutBatch(peer_id, {PutOp{local, local_offset, &remote, remote_offset, length}});
 }
 
@@ -262,8 +254,8 @@ std::unique_ptr<Completion> UcxTransport::PutBatch(PeerId peer_id, const std::ve
       ++peer->inflight[p.remote->registration_id()];
       ucp_request_param_t param = SendParam(op);
       Track(impl, op,
-            ucp_put_nbx(peer->ep, targets[i].first, p.length,
-                        p.remote->base_address() + p.remote_offset, targets[i].second, &param),
+            ucp_put_nbx(peer->ep, targets[i].first, p.length, p.remote->base_address() + p.remote_offset,
+                        targets[i].second, &param),
             "ucp_put_nbx");
     }
     ucp_request_param_t param = SendParam(op);
@@ -299,11 +291,10 @@ class UcxMapping : public RemoteMapping {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RemoteMapping>> UcxTransport::MapRemote(
-    PeerId peer_id, const v1::RemoteMemoryDescriptor& remote) {
+absl::StatusOr<std::unique_ptr<RemoteMapping>> UcxTransport::MapRemote(PeerId peer_id,
+                                                                       const v1::RemoteMemoryDescriptor& remote) {
   if (!impl_->caps_.maps_peer_memory) {
-    return absl::UnimplementedError(absl::StrCat("MapRemote: no shared-memory transport in ",
-                                                 impl_->caps_.detail));
+    return absl::UnimplementedError(absl::StrCat("MapRemote: no shared-memory transport in ", impl_->caps_.detail));
   }
   if (remote.memory_kind() != v1::MEMORY_KIND_HOST) {
     return absl::UnimplementedError("MapRemote: only host memory maps");
@@ -317,108 +308,97 @@ absl::StatusOr<std::unique_ptr<RemoteMapping>> UcxTransport::MapRemote(
         }
         Impl::Peer* peer = pit->second.get();
         if (peer->failed) return peer->error;
-        ASSIGN_OR_RETURN(ucp_rkey_h rkey,
-                         impl->RemoteKey(peer, remote, 0, remote.length_bytes(), "MapRemote", false));
+        ASSIGN_OR_RETURN(ucp_rkey_h rkey, impl->RemoteKey(peer, remote, 0, remote.length_bytes(), "MapRemote", false));
         void* data = nullptr;
         const ucs_status_t st = ucp_rkey_ptr(rkey, remote.base_address(), &data);
         if (st != UCS_OK) {
           ucp_rkey_destroy(rkey);
-          return absl::UnimplementedError(absl::StrCat(
-              "MapRemote: the peer's memory does not map here (ucp_rkey_ptr: ", ucs_status_string(st),
-              "; another host, or not from its AllocateMemory)"));
+          return absl::UnimplementedError(
+              absl::StrCat("MapRemote: the peer's memory does not map here (ucp_rkey_ptr: ", ucs_status_string(st),
+                           "; another host, or not from its AllocateMemory)"));
         }
         return std::unique_ptr<RemoteMapping>(
             new UcxMapping(impl, rkey, static_cast<uint8_t*>(data), remote.length_bytes()));
       });
 }
 
-std::unique_ptr<Completion> UcxTransport::Get(PeerId peer_id, const MemoryHandle& local,
-                                              uint64_t local_offset,
-                                              const v1::RemoteMemoryDescriptor& remote,
-                                              uint64_t remote_offset, uint64_t length) {
+std::unique_ptr<Completion> UcxTransport::Get(PeerId peer_id, const MemoryHandle& local, uint64_t local_offset,
+                                              const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                              uint64_t length) {
   Impl* impl = impl_.get();
-  return impl->Submit(
-      [=](Impl::Op* op) {
-        auto resolved = impl->Resolve(peer_id, local, local_offset, length, "Get");
-        if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
-        Impl::Peer* peer = resolved->first;
-        auto rkey = impl->RemoteKey(peer, remote, remote_offset, length, "Get");
-        if (!rkey.ok()) return impl->FinishPart(op, rkey.status());
-        op->peer = peer;
-        op->bytes = length;
-        op->rkey_registrations.push_back(remote.registration_id());
-        ++peer->inflight[remote.registration_id()];
-        ucp_request_param_t param = SendParam(op);
-        Track(impl, op,
-              ucp_get_nbx(peer->ep, resolved->second, length,
-                          remote.base_address() + remote_offset, *rkey, &param),
-              "ucp_get_nbx");
-      });
+  return impl->Submit([=](Impl::Op* op) {
+    auto resolved = impl->Resolve(peer_id, local, local_offset, length, "Get");
+    if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
+    Impl::Peer* peer = resolved->first;
+    auto rkey = impl->RemoteKey(peer, remote, remote_offset, length, "Get");
+    if (!rkey.ok()) return impl->FinishPart(op, rkey.status());
+    op->peer = peer;
+    op->bytes = length;
+    op->rkey_registrations.push_back(remote.registration_id());
+    ++peer->inflight[remote.registration_id()];
+    ucp_request_param_t param = SendParam(op);
+    Track(impl, op,
+          ucp_get_nbx(peer->ep, resolved->second, length, remote.base_address() + remote_offset, *rkey, &param),
+          "ucp_get_nbx");
+  });
 }
 
-std::unique_ptr<Completion> UcxTransport::Send(PeerId peer_id, uint64_t tag,
-                                               const MemoryHandle& local, uint64_t offset,
+std::unique_ptr<Completion> UcxTransport::Send(PeerId peer_id, uint64_t tag, const MemoryHandle& local, uint64_t offset,
                                                uint64_t length) {
   if (tag > kMaxUserTag) {
-    return CompletedWith(absl::InvalidArgumentError(
-        absl::StrCat("Send: tag ", tag, " exceeds the UCX backend's 32-bit tag space")));
+    return CompletedWith(
+        absl::InvalidArgumentError(absl::StrCat("Send: tag ", tag, " exceeds the UCX backend's 32-bit tag space")));
   }
   Impl* impl = impl_.get();
-  return impl->Submit(
-      [=](Impl::Op* op) {
-        auto resolved = impl->Resolve(peer_id, local, offset, length, "Send");
-        if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
-        Impl::Peer* peer = resolved->first;
-        op->peer = peer;
-        op->bytes = length;
-        ucp_request_param_t param = SendParam(op);
-        const ucp_tag_t ucx_tag = (uint64_t{impl->tag_id_} << 32) | tag;
-        Track(impl, op, ucp_tag_send_nbx(peer->ep, resolved->second, length, ucx_tag, &param),
-              "ucp_tag_send_nbx");
-      });
+  return impl->Submit([=](Impl::Op* op) {
+    auto resolved = impl->Resolve(peer_id, local, offset, length, "Send");
+    if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
+    Impl::Peer* peer = resolved->first;
+    op->peer = peer;
+    op->bytes = length;
+    ucp_request_param_t param = SendParam(op);
+    const ucp_tag_t ucx_tag = (uint64_t{impl->tag_id_} << 32) | tag;
+    Track(impl, op, ucp_tag_send_nbx(peer->ep, resolved->second, length, ucx_tag, &param), "ucp_tag_send_nbx");
+  });
 }
 
-std::unique_ptr<Completion> UcxTransport::Recv(PeerId peer_id, uint64_t tag,
-                                               const MemoryHandle& local, uint64_t offset,
+std::unique_ptr<Completion> UcxTransport::Recv(PeerId peer_id, uint64_t tag, const MemoryHandle& local, uint64_t offset,
                                                uint64_t capacity) {
   if (tag > kMaxUserTag) {
-    return CompletedWith(absl::InvalidArgumentError(
-        absl::StrCat("Recv: tag ", tag, " exceeds the UCX backend's 32-bit tag space")));
+    return CompletedWith(
+        absl::InvalidArgumentError(absl::StrCat("Recv: tag ", tag, " exceeds the UCX backend's 32-bit tag space")));
   }
   Impl* impl = impl_.get();
-  return impl->Submit(
-      [=](Impl::Op* op) {
-        auto resolved = impl->Resolve(peer_id, local, offset, capacity, "Recv");
-        if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
-        Impl::Peer* peer = resolved->first;
-        op->peer = peer;
-        op->bytes = capacity;
-        op->is_recv = true;
-        ucp_request_param_t param = {};
-        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                             UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-        param.cb.recv = &Impl::OnRecv;
-        param.user_data = op;
-        const ucp_tag_t ucx_tag = (uint64_t{peer->tag_id} << 32) | tag;
-        op->posting = true;
-        void* request = ucp_tag_recv_nbx(impl->worker_, resolved->second, capacity, ucx_tag,
-                                         ~ucp_tag_t{0}, &param);
-        op->posting = false;
-        if (op->finished) {
-          // The message was already there: OnRecv ran inside the call and finished the op
-          // (and freed the request). Recording it in peer->recvs used to leave a freed op
-          // there, which Shutdown then cancelled: a SIGSEGV in ucp_request_cancel when a
-          // replica stopped mid-transfer was terminated.
-          impl->ops_.erase(op);
-          delete op;
-          return;
-        }
-        if (UCS_PTR_IS_ERR(request)) {
-          return impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_tag_recv_nbx"));
-        }
-        op->request = request;
-        peer->recvs.insert(op);
-      });
+  return impl->Submit([=](Impl::Op* op) {
+    auto resolved = impl->Resolve(peer_id, local, offset, capacity, "Recv");
+    if (!resolved.ok()) return impl->FinishPart(op, resolved.status());
+    Impl::Peer* peer = resolved->first;
+    op->peer = peer;
+    op->bytes = capacity;
+    op->is_recv = true;
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    param.cb.recv = &Impl::OnRecv;
+    param.user_data = op;
+    const ucp_tag_t ucx_tag = (uint64_t{peer->tag_id} << 32) | tag;
+    op->posting = true;
+    void* request = ucp_tag_recv_nbx(impl->worker_, resolved->second, capacity, ucx_tag, ~ucp_tag_t{0}, &param);
+    op->posting = false;
+    if (op->finished) {
+      // The message was already there: OnRecv ran inside the call and finished the op
+      // (and freed the request). Recording it in peer->recvs used to leave a freed op
+      // there, which Shutdown then cancelled: a SIGSEGV in ucp_request_cancel when a
+      // replica stopped mid-transfer was terminated.
+      impl->ops_.erase(op);
+      delete op;
+      return;
+    }
+    if (UCS_PTR_IS_ERR(request)) {
+      return impl->FinishPart(op, UCS_STATUS(UCS_PTR_STATUS(request), "ucp_tag_recv_nbx"));
+    }
+    op->request = request;
+    peer->recvs.insert(op);
+  });
 }
 
 }  // namespace rlfleet::transport

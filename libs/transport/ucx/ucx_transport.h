@@ -19,10 +19,10 @@
 // hello, so the peer gets an endpoint back without calling Connect itself.
 // Send / Recv use tag matching (tag = sender id << 32 | user tag; user tags < 2^32).
 // Put = ucp_put_nbx + endpoint flush (completes when the bytes are remote); PutBatch
-// issues many puts and one flush; Get = ucp_get_nbx. Remote keys are framed (owner instance, registration id, checksum) so a
-// garbled or foreign key is INVALID_ARGUMENT before UCX sees it, and DeregisterMemory
-// revokes the key at every connected peer (an active message, acknowledged once their
-// transfers with it finished) before unmapping, so a stale key is FAILED_PRECONDITION.
+// issues many puts and one flush; Get = ucp_get_nbx. Remote keys are framed (owner instance, registration id, checksum)
+// so a garbled or foreign key is INVALID_ARGUMENT before UCX sees it, and DeregisterMemory revokes the key at every
+// connected peer (an active message, acknowledged once their transfers with it finished) before unmapping, so a stale
+// key is FAILED_PRECONDITION.
 //
 // UCX 1.13 emulates RMA over tcp slowly (put ~0.03 GB/s): Capabilities reports
 // one_sided_fast = false when tcp is the only non-self transport, and bulk transfers
@@ -73,26 +73,24 @@ class UcxTransport : public Transport {
   Capabilities GetCapabilities() const override;
   std::string LocalAddress() const override;
   absl::StatusOr<PeerId> Connect(absl::string_view peer_address) override;
-  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind,
-                                              int device) override;
-  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind,
-                                              int device) override;
+  absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind, int device) override;
+  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind, int device) override;
   absl::Status DeregisterMemory(const MemoryHandle& handle) override;
   absl::StatusOr<v1::RemoteMemoryDescriptor> Describe(const MemoryHandle& handle) override;
   std::unique_ptr<Completion> Put(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
-                                  const v1::RemoteMemoryDescriptor& remote,
-                                  uint64_t remote_offset, uint64_t length) override;
+                                  const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                  uint64_t length) override;
   std::unique_ptr<Completion> PutBatch(PeerId peer, const std::vector<PutOp>& ops) override;
   std::unique_ptr<Completion> Get(PeerId peer, const MemoryHandle& local, uint64_t local_offset,
-                                  const v1::RemoteMemoryDescriptor& remote,
-                                  uint64_t remote_offset, uint64_t length) override;
+                                  const v1::RemoteMemoryDescriptor& remote, uint64_t remote_offset,
+                                  uint64_t length) override;
   // Same-host peers' AllocateMemory regions, over posix / sysv / xpmem: ucp_rkey_ptr.
-  absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(
-      PeerId peer, const v1::RemoteMemoryDescriptor& remote) override;
-  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                   uint64_t offset, uint64_t length) override;
-  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local,
-                                   uint64_t offset, uint64_t capacity) override;
+  absl::StatusOr<std::unique_ptr<RemoteMapping>> MapRemote(PeerId peer,
+                                                           const v1::RemoteMemoryDescriptor& remote) override;
+  std::unique_ptr<Completion> Send(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                   uint64_t length) override;
+  std::unique_ptr<Completion> Recv(PeerId peer, uint64_t tag, const MemoryHandle& local, uint64_t offset,
+                                   uint64_t capacity) override;
 
   // Control messages dropped for a missing or wrong MAC (UcxOptions::control_secret).
   uint64_t rejected_control_messages() const;

@@ -1,8 +1,8 @@
 // The UCX worker behind UcxTransport: start-up, the progress loop, peers and their
 // failure, control messages (hello, key revocation), and completion plumbing.
-#include "libs/transport/ucx/ucx_impl.h"
-
 #include <ucs/memory/memory_type.h>
+
+#include "libs/transport/ucx/ucx_impl.h"
 
 namespace rlfleet::transport {
 
@@ -16,8 +16,7 @@ absl::Status Impl::Init() {
   std::string tls = options_.tls;
   if (tls.empty() && std::getenv("UCX_TLS") != nullptr) tls = std::getenv("UCX_TLS");
   if (!options_.tls.empty()) {
-    absl::Status s = UCS_STATUS(ucp_config_modify(config, "TLS", options_.tls.c_str()),
-                                "ucp_config_modify(TLS)");
+    absl::Status s = UCS_STATUS(ucp_config_modify(config, "TLS", options_.tls.c_str()), "ucp_config_modify(TLS)");
     if (!s.ok()) {
       ucp_config_release(config);
       return s;
@@ -53,20 +52,18 @@ absl::Status Impl::Init() {
 
   for (AmId id : {kAmHello, kAmRevoke, kAmRevokeAck}) {
     ucp_am_handler_param_t am = {};
-    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
     am.id = id;
     am.cb = &Impl::OnAm;
     am.arg = this;
     am.flags = UCP_AM_FLAG_WHOLE_MSG;
-    RETURN_IF_ERROR(
-        UCS_STATUS(ucp_worker_set_am_recv_handler(worker_, &am), "ucp_worker_set_am_recv_handler"));
+    RETURN_IF_ERROR(UCS_STATUS(ucp_worker_set_am_recv_handler(worker_, &am), "ucp_worker_set_am_recv_handler"));
   }
 
   ucp_address_t* address = nullptr;
   size_t address_length = 0;
-  RETURN_IF_ERROR(UCS_STATUS(ucp_worker_get_address(worker_, &address, &address_length),
-                             "ucp_worker_get_address"));
+  RETURN_IF_ERROR(UCS_STATUS(ucp_worker_get_address(worker_, &address, &address_length), "ucp_worker_get_address"));
   local_address_.assign(kAddressMagic, sizeof(kAddressMagic));
   AppendU64(&local_address_, instance_);
   AppendU64(&local_address_, static_cast<uint64_t>(getpid()));
@@ -104,8 +101,7 @@ absl::Status Impl::Init() {
   }
   caps_.max_message_bytes = uint64_t{1} << 38;
   caps_.max_tag = kMaxUserTag;
-  caps_.detail = absl::StrCat("UCX ", major, ".", minor, ".", release,
-                              ", UCX_TLS=", tls.empty() ? "all" : tls,
+  caps_.detail = absl::StrCat("UCX ", major, ".", minor, ".", release, ", UCX_TLS=", tls.empty() ? "all" : tls,
                               ", UCX_NET_DEVICES=", net_devices.empty() ? "all" : net_devices,
                               tcp_only ? "; one-sided ops are emulated over tcp: use Send/Recv for bulk" : "");
 
@@ -240,8 +236,7 @@ void Impl::Shutdown() {
 }
 
 absl::StatusOr<PeerId> Impl::ConnectOnThread(const std::string& address, bool send_hello) {
-  if (address.size() <= kAddressHeader ||
-      std::memcmp(address.data(), kAddressMagic, sizeof(kAddressMagic)) != 0) {
+  if (address.size() <= kAddressHeader || std::memcmp(address.data(), kAddressMagic, sizeof(kAddressMagic)) != 0) {
     return absl::InvalidArgumentError("not a UCX transport address (bad magic or too short)");
   }
   const uint64_t instance = ReadU64(address.data() + sizeof(kAddressMagic));
@@ -259,8 +254,8 @@ absl::StatusOr<PeerId> Impl::ConnectOnThread(const std::string& address, bool se
   peer->pid = static_cast<pid_t>(ReadU64(address.data() + 16));
   const bool same_host = ReadU64(address.data() + 24) == HostHash();
   ucp_ep_params_t params = {};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(address.data() + kAddressHeader);
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t status) {
@@ -288,8 +283,8 @@ absl::StatusOr<PeerId> Impl::ConnectOnThread(const std::string& address, bool se
 void Impl::OnPeerError(Peer* peer, ucs_status_t status) {
   if (peer->failed) return;
   peer->failed = true;
-  peer->error = absl::UnavailableError(absl::StrCat(
-      "UCX peer ", absl::Hex(peer->instance), " failed: ", ucs_status_string(status)));
+  peer->error = absl::UnavailableError(
+      absl::StrCat("UCX peer ", absl::Hex(peer->instance), " failed: ", ucs_status_string(status)));
   Post([this, peer] { FailPeer(peer); });  // not from inside UCX's callback
 }
 
@@ -328,8 +323,7 @@ void Impl::SendAm(Peer* peer, AmId id, std::string payload) {
   // Authenticated: the MAC covers the kind byte and the payload, and travels last.
   if (!options_.control_secret.empty()) data->append(common::HmacSha256(options_.control_secret, *data));
   ucp_request_param_t param = {};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_FLAGS;
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_AM_SEND_FLAG_EAGER;
   param.user_data = data;
   param.cb.send = [](void* request, ucs_status_t, void* user_data) {
@@ -340,8 +334,8 @@ void Impl::SendAm(Peer* peer, AmId id, std::string payload) {
   if (!UCS_PTR_IS_PTR(request)) delete data;  // finished at once (or failed)
 }
 
-ucs_status_t Impl::OnAm(void* arg, const void* /*header*/, size_t /*header_length*/, void* data,
-                        size_t length, const ucp_am_recv_param_t* param) {
+ucs_status_t Impl::OnAm(void* arg, const void* /*header*/, size_t /*header_length*/, void* data, size_t length,
+                        const ucp_am_recv_param_t* param) {
   auto* impl = static_cast<Impl*>(arg);
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;  // never sent by us
   std::string payload(static_cast<const char*>(data), length);
@@ -367,8 +361,7 @@ ucs_status_t Impl::OnAm(void* arg, const void* /*header*/, size_t /*header_lengt
       const uint64_t instance = ReadU64(payload.data() + sizeof(kAddressMagic));
       if (!impl->by_instance_.count(instance)) impl->hello_addresses_[instance] = payload;
     } else if (kind == kAmRevoke && payload.size() == 24) {
-      impl->HandleRevoke(ReadU64(payload.data()), ReadU64(payload.data() + 8),
-                         ReadU64(payload.data() + 16));
+      impl->HandleRevoke(ReadU64(payload.data()), ReadU64(payload.data() + 8), ReadU64(payload.data() + 16));
     } else if (kind == kAmRevokeAck && payload.size() == 16) {
       impl->HandleRevokeAck(ReadU64(payload.data()), ReadU64(payload.data() + 8));
     }
@@ -458,8 +451,7 @@ void Impl::OnSend(void* request, ucs_status_t status, void* user_data) {
   op->impl->FinishPart(op, UCS_STATUS(status, "UCX transfer"));
 }
 
-void Impl::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
-                  void* user_data) {
+void Impl::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
   auto* op = static_cast<Op*>(user_data);
   op->request = nullptr;
   ucp_request_free(request);
@@ -467,29 +459,26 @@ void Impl::OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t*
   if (status == UCS_OK) op->bytes = info->length;
   absl::Status s;
   if (status == UCS_ERR_MESSAGE_TRUNCATED) {
-    s = absl::DataLossError(absl::StrCat("message larger than the ", capacity,
-                                         "-byte receive buffer (truncated)"));
+    s = absl::DataLossError(absl::StrCat("message larger than the ", capacity, "-byte receive buffer (truncated)"));
   } else {
     s = UCS_STATUS(status, "ucp_tag_recv_nbx");
   }
   op->impl->FinishPart(op, s);
 }
 
-absl::StatusOr<std::pair<Impl::Peer*, uint8_t*>> Impl::Resolve(PeerId peer_id,
-                                                                const MemoryHandle& local,
-                                                                uint64_t offset, uint64_t length,
-                                                                absl::string_view what) {
+absl::StatusOr<std::pair<Impl::Peer*, uint8_t*>> Impl::Resolve(PeerId peer_id, const MemoryHandle& local,
+                                                               uint64_t offset, uint64_t length,
+                                                               absl::string_view what) {
   auto pit = peers_.find(peer_id);
   if (pit == peers_.end()) return absl::NotFoundError(absl::StrCat(what, ": unknown peer id ", peer_id));
   Peer* peer = pit->second.get();
   if (peer->failed) return peer->error;
   auto rit = registrations_.find(local.id);
   if (rit == registrations_.end() || rit->second.handle.base != local.base) {
-    return absl::NotFoundError(absl::StrCat(what, ": local memory registration ", local.id,
-                                            " is not registered (deregistered?)"));
+    return absl::NotFoundError(
+        absl::StrCat(what, ": local memory registration ", local.id, " is not registered (deregistered?)"));
   }
-  RETURN_IF_ERROR(CheckRange(absl::StrCat(what, " local range"), offset, length,
-                             rit->second.handle.length));
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(what, " local range"), offset, length, rit->second.handle.length));
   return std::make_pair(peer, static_cast<uint8_t*>(rit->second.handle.base) + offset);
 }
 
@@ -518,9 +507,8 @@ bool PackedRkeyFits(const char* p, size_t n) {
 
 }  // namespace
 
-absl::StatusOr<ucp_rkey_h> Impl::RemoteKey(Peer* peer, const v1::RemoteMemoryDescriptor& remote,
-                                           uint64_t offset, uint64_t length,
-                                           absl::string_view what, bool cache) {
+absl::StatusOr<ucp_rkey_h> Impl::RemoteKey(Peer* peer, const v1::RemoteMemoryDescriptor& remote, uint64_t offset,
+                                           uint64_t length, absl::string_view what, bool cache) {
   if (remote.backend() != v1::TRANSFER_BACKEND_UCX) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": remote descriptor is for backend ", remote.backend(), ", not UCX"));
@@ -533,20 +521,19 @@ absl::StatusOr<ucp_rkey_h> Impl::RemoteKey(Peer* peer, const v1::RemoteMemoryDes
   const uint64_t owner = ReadU64(packed.data() + 4);
   const uint64_t registration = ReadU64(packed.data() + 12);
   if (owner != peer->instance) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": stale or foreign remote key: it belongs to transport ", absl::Hex(owner),
-        ", the peer is ", absl::Hex(peer->instance), " (restarted?)"));
+    return absl::FailedPreconditionError(absl::StrCat(what, ": stale or foreign remote key: it belongs to transport ",
+                                                      absl::Hex(owner), ", the peer is ", absl::Hex(peer->instance),
+                                                      " (restarted?)"));
   }
   if (registration != remote.registration_id()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": remote key does not match registration_id ", remote.registration_id()));
   }
   if (peer->revoked.count(registration)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": stale remote key: registration ", registration, " was deregistered by its owner"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": stale remote key: registration ", registration, " was deregistered by its owner"));
   }
-  RETURN_IF_ERROR(CheckRange(absl::StrCat(what, " remote range"), offset, length,
-                             remote.length_bytes()));
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(what, " remote range"), offset, length, remote.length_bytes()));
   auto it = peer->rkeys.find(registration);
   if (cache && it != peer->rkeys.end()) return it->second;
   if (!PackedRkeyFits(packed.data() + kRkeyHeader, packed.size() - kRkeyHeader)) {
@@ -566,8 +553,7 @@ namespace {
 // after the progress thread finished it: one thread hand-off less per transfer.
 class UcxCompletion : public Completion {
  public:
-  UcxCompletion(Impl* impl, std::shared_ptr<PendingCompletion> pending)
-      : impl_(impl), pending_(std::move(pending)) {}
+  UcxCompletion(Impl* impl, std::shared_ptr<PendingCompletion> pending) : impl_(impl), pending_(std::move(pending)) {}
 
   absl::Status Wait(absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;
@@ -594,8 +580,7 @@ class UcxCompletion : public Completion {
     }
     impl_->waiters_.fetch_sub(1);
     if (!pending_->Done()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("transfer not finished after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat("transfer not finished after ", absl::FormatDuration(timeout)));
     }
     return pending_->Wait(absl::ZeroDuration());
   }

@@ -1,30 +1,28 @@
 #include "services/buffer/buffer_core.h"
-#include "services/buffer/tests/test_experience.h"
 
 #include <grpcpp/create_channel.h>
 
+#include <cstdlib>
 #include <thread>
 
-#include <cstdlib>
-
 #include "absl/strings/match.h"
-#include "libs/common/ids.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "libs/common/ids.h"
 #include "libs/rpc/server_runner.h"
 #include "services/buffer/buffer_service.h"
+#include "services/buffer/tests/test_experience.h"
 #include "tests/util/redis_for_test.h"
 
 namespace rlfleet::buffer {
 namespace {
 
-
 class BufferCoreTest : public ::testing::Test {
  protected:
-  void Configure(uint32_t group_size, std::optional<uint32_t> max_staleness = {},
-                 uint64_t capacity = 64 << 20, bool filter = true) {
+  void Configure(uint32_t group_size, std::optional<uint32_t> max_staleness = {}, uint64_t capacity = 64 << 20,
+                 bool filter = true) {
     v1::ConfigureRequest c;
     c.set_group_size(group_size);
     if (max_staleness) c.set_max_staleness(*max_staleness);
@@ -38,7 +36,10 @@ class BufferCoreTest : public ::testing::Test {
     for (auto& e : exps) *req.add_experiences() = e;
     v1::PutExperiencesResponse resp;
     absl::Status s = core_.Put(req, &resp);
-    if (status) *status = s; else EXPECT_TRUE(s.ok()) << s;
+    if (status)
+      *status = s;
+    else
+      EXPECT_TRUE(s.ok()) << s;
     return resp;
   }
   v1::SampleBatchResponse Sample(uint32_t n, uint64_t current = 0, int64_t wait_ms = 0, uint32_t min = 0,
@@ -394,8 +395,7 @@ TEST(BufferDurability, ARestartedBufferRecoversEverythingNotConsumed) {
   absl::StatusOr<int> redis_port = rlfleet::testing::RedisPortForTest();
   ASSERT_TRUE(redis_port.ok()) << redis_port.status();
   const std::string port = std::to_string(*redis_port);
-  const std::string connection =
-      absl::StrCat("redis://127.0.0.1:", port, "/", common::NewId("buf"), ":");
+  const std::string connection = absl::StrCat("redis://127.0.0.1:", port, "/", common::NewId("buf"), ":");
   auto configure = [](BufferCore& core) {
     v1::ConfigureRequest c;
     c.set_group_size(2);
@@ -454,8 +454,7 @@ TEST(BufferService, PutSampleAckOverGrpc) {
   rpc::ServerRunner runner(rpc::ServerOptions{});
   runner.AddService(&service);
   ASSERT_TRUE(runner.Start().ok());
-  auto stub = v1::BufferService::NewStub(
-      grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::BufferService::NewStub(grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
   auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(5); };
   v1::PutExperiencesRequest put;
   *put.add_experiences() = Exp("a", "", 1);

@@ -19,13 +19,12 @@
 #include "libs/redis/redis_client.h"
 #include "libs/rpc/server_runner.h"
 #include "services/buffer/buffer_core.h"
-#include "services/buffer/tests/test_experience.h"
 #include "services/buffer/buffer_service.h"
+#include "services/buffer/tests/test_experience.h"
 #include "tests/util/redis_for_test.h"
 
 namespace rlfleet::buffer {
 namespace {
-
 
 // An experience of about `bytes` bytes (in token ids of 3 bytes each, with logprobs).
 v1::Experience Big(const std::string& id, const std::string& group, float reward, size_t bytes) {
@@ -167,8 +166,8 @@ TEST_F(BufferOverGrpc, RepliesStayUnderTheMessageLimitAndNoGroupOutgrowsOne) {
   EXPECT_EQ(r.rejections(0).reason(), v1::REJECT_REASON_TOO_LARGE);
   // Six groups of ~1 MiB: no reply over 4 MiB, every group delivered, none stuck.
   for (int i = 0; i < 6; i += 2) {
-    ASSERT_TRUE(Put({Big(absl::StrCat("m", i), "", 1, 1 << 20), Big(absl::StrCat("m", i + 1), "", 0, 1 << 20)}, &r)
-                    .ok());
+    ASSERT_TRUE(
+        Put({Big(absl::StrCat("m", i), "", 1, 1 << 20), Big(absl::StrCat("m", i + 1), "", 0, 1 << 20)}, &r).ok());
     ASSERT_EQ(r.accepted(), 2u);
   }
   int delivered = 0;

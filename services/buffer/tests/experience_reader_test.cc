@@ -60,7 +60,7 @@ TEST(CountPackedVarints, CountsWellFormedVarintsOfEveryLength) {
   EXPECT_TRUE(CountPackedVarints(std::string(9, '\x80') + '\x01', &count));  // 10 bytes: the longest
   EXPECT_EQ(count, 1u);
   EXPECT_FALSE(CountPackedVarints(std::string(10, '\x80') + '\x01', &count));  // 11 bytes
-  EXPECT_FALSE(CountPackedVarints(std::string("\x05\x81", 2), &count));         // cut off
+  EXPECT_FALSE(CountPackedVarints(std::string("\x05\x81", 2), &count));        // cut off
 }
 
 TEST(CountPackedVarints, AgreesWithTheBytewiseDefinitionOnRandomBytes) {
@@ -69,7 +69,8 @@ TEST(CountPackedVarints, AgreesWithTheBytewiseDefinitionOnRandomBytes) {
     const int len = static_cast<int>(rng() % 70);
     const int high_percent = static_cast<int>(rng() % 101);  // from all-ends to all-continuations
     std::string b(len, '\0');
-    for (char& c : b) c = static_cast<char>((rng() % 100 < static_cast<uint64_t>(high_percent) ? 0x80 : 0) | (rng() & 0x7f));
+    for (char& c : b)
+      c = static_cast<char>((rng() % 100 < static_cast<uint64_t>(high_percent) ? 0x80 : 0) | (rng() & 0x7f));
     uint64_t want = 0, got = 0;
     const bool ok = ReferenceCount(b, &want);
     ASSERT_EQ(CountPackedVarints(b, &got), ok) << trial;
@@ -86,7 +87,8 @@ v1::Experience RandomExperience(std::mt19937_64& rng) {
   if (rng() % 2) e.set_prompt_id("p" + std::to_string(rng() % 10));
   e.set_task("reverse");
   const int n = static_cast<int>(rng() % 40);
-  for (int i = 0; i < n; ++i) e.add_response_token_ids(static_cast<int32_t>(rng() % 3 == 0 ? -(rng() % 5) : rng() % 70000));
+  for (int i = 0; i < n; ++i)
+    e.add_response_token_ids(static_cast<int32_t>(rng() % 3 == 0 ? -(rng() % 5) : rng() % 70000));
   for (int i = 0; i < static_cast<int>(rng() % 6); ++i) e.add_prompt_token_ids(static_cast<int32_t>(rng() % 300));
   if (rng() % 2) {
     for (int i = 0; i < n + static_cast<int>(rng() % 2); ++i) e.add_response_logprobs(-0.01f * i);

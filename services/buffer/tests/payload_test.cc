@@ -7,9 +7,9 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "libs/common/checksum.h"
+#include "libs/transport/descriptor_fetcher.h"
 #include "libs/transport/loopback/loopback_transport.h"
 #include "services/buffer/buffer_core.h"
-#include "libs/transport/descriptor_fetcher.h"
 
 namespace rlfleet::buffer {
 namespace {

@@ -2,6 +2,8 @@
 // server, over fake peers: run ids are path-safe ids (nothing is created outside the
 // runs folder, no shell ever sees one), every run field is honoured or refused naming
 // it, and checkpoints are saved where StopRun asks.
+#include "services/controller/controller_service.h"
+
 #include <grpcpp/create_channel.h>
 
 #include <cstdlib>
@@ -17,7 +19,6 @@
 #include "libs/rpc/server_runner.h"
 #include "rlfleet/v1/controller.grpc.pb.h"
 #include "services/controller/controller_core.h"
-#include "services/controller/controller_service.h"
 #include "services/controller/run_manager.h"
 #include "services/controller/tests/fake_peers.h"
 
@@ -55,8 +56,7 @@ class ControllerServiceTest : public ::testing::Test {
     runner_ = std::make_unique<rpc::ServerRunner>(rpc::ServerOptions{});
     runner_->AddService(service_.get());
     ASSERT_TRUE(runner_->Start().ok());
-    stub_ = v1::ControllerService::NewStub(
-        grpc::CreateChannel(runner_->address(), grpc::InsecureChannelCredentials()));
+    stub_ = v1::ControllerService::NewStub(grpc::CreateChannel(runner_->address(), grpc::InsecureChannelCredentials()));
   }
   void TearDown() override {
     runner_->Shutdown();
@@ -188,8 +188,7 @@ TEST_F(ControllerServiceTest, EveryRunFieldIsHonouredOrRefusedNamingIt) {
       {"config.checkpoint_dir", [&](v1::RunConfig& c) { c.set_checkpoint_dir("ckpt/../../etc"); }},
       {"config.task_params[depth]", [&](v1::RunConfig& c) { (*c.mutable_task_params())["depth"] = "3"; }},
       {"task", [&](v1::RunConfig& c) { c.set_task("juggle"); }},
-      {"config.model", [&](v1::RunConfig& c) { c.mutable_model()->set_d_model(64); },
-       grpc::StatusCode::UNIMPLEMENTED},
+      {"config.model", [&](v1::RunConfig& c) { c.mutable_model()->set_d_model(64); }, grpc::StatusCode::UNIMPLEMENTED},
       {"config.algorithm", [&](v1::RunConfig& c) { c.set_algorithm(v1::ALGORITHM_PPO); },
        grpc::StatusCode::UNIMPLEMENTED},
       // Honoured: one replica is known, so a run that wants three cannot start.

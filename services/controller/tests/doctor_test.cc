@@ -122,7 +122,8 @@ TEST(Doctor, ClockSkewAcrossReplicasWarnsAndFails) {
 
 TEST(Doctor, JsonIsOneObjectPerCheck) {
   const std::string json = FormatResults({{"nccl_env", CheckStatus::kFail, "X=\"1\"", "unset X"}}, true);
-  EXPECT_EQ(json, "[{\"check\": \"nccl_env\", \"status\": \"fail\", \"detail\": \"X=\\\"1\\\"\", \"fix\": \"unset X\"}]\n");
+  EXPECT_EQ(json,
+            "[{\"check\": \"nccl_env\", \"status\": \"fail\", \"detail\": \"X=\\\"1\\\"\", \"fix\": \"unset X\"}]\n");
 }
 
 TEST(Doctor, GpuMemoryHeadroomWarnsUnderTenPercentAndFailsUnderTwo) {

@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -34,8 +34,7 @@ class FakeRollout : public RolloutReplica {
               absl::Duration latency = absl::ZeroDuration())
       : address_(std::move(address)), fail_from_(fail_from_call), failure_(std::move(failure)), latency_(latency) {}
   std::string address() const override { return address_; }
-  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request,
-                             v1::GenerateBatchResponse* response) override {
+  absl::Status GenerateBatch(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response) override {
     absl::SleepFor(latency_);  // a slow (or loaded) replica
     absl::MutexLock lock(&mu_);
     if (fail_from_ >= 0 && calls_ >= fail_from_) return failure_;
@@ -126,7 +125,7 @@ class FakeReward : public RewardPeer {
       const auto& item = request.items(i);
       scored_prompts.push_back(item.prompt_text());
       const float exact = item.response_text() == item.reference_answer() ? 1.0f : 0.0f;
-      response->add_results()->set_reward(mode_ == Mode::kConstant                 ? 0.0f
+      response->add_results()->set_reward(mode_ == Mode::kConstant                  ? 0.0f
                                           : mode_ == Mode::kAlternate && i % 2 == 1 ? 0.5f
                                                                                     : exact);
     }
@@ -146,8 +145,7 @@ class FakeBuffer : public BufferPeer {
     configured.push_back(request);
     return absl::OkStatus();
   }
-  absl::Status PutExperiences(const v1::PutExperiencesRequest& request,
-                              v1::PutExperiencesResponse* response) override {
+  absl::Status PutExperiences(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response) override {
     for (const auto& e : request.experiences()) {
       if (!ids.insert(e.experience_id().value()).second) {
         ++duplicates;
@@ -213,8 +211,7 @@ class FakeTrainer : public TrainerPeer {
     return absl::OkStatus();
   }
   absl::StatusOr<uint64_t> PolicyVersion() override { return version; }
-  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
-                              v1::SaveCheckpointResponse* response) override {
+  absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request, v1::SaveCheckpointResponse* response) override {
     if (!checkpoint_failure.ok()) return checkpoint_failure;
     if (request.dry_run()) {
       checked_checkpoints.push_back(request.path());

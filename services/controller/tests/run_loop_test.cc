@@ -2,11 +2,9 @@
 // prompts go to the survivor), stop is honoured, bad config and rejected requests are
 // clear errors; runs find their peers in the registry (discovery.h).
 #include "services/controller/run_loop.h"
-#include "services/controller/run_manager.h"
 
 #include <atomic>
 #include <map>
-
 #include <set>
 #include <thread>
 
@@ -19,6 +17,7 @@
 #include "libs/tasks/tasks.h"
 #include "services/controller/controller_core.h"
 #include "services/controller/discovery.h"
+#include "services/controller/run_manager.h"
 #include "services/controller/tests/fake_peers.h"
 
 namespace rlfleet::controller {
@@ -42,7 +41,6 @@ std::vector<std::unique_ptr<RolloutReplica>> Pool(std::unique_ptr<Replicas>... r
   (out.push_back(std::move(replicas)), ...);
   return out;
 }
-
 
 TEST(RunLoop, AReplicaThatDiesLosesNothing) {
   auto replica_a = std::make_unique<FakeRollout>("a");
@@ -250,8 +248,8 @@ TEST(RunLoop, ASecondRunOnTheSameBufferAndTrainerTrains) {
   for (int run = 0; run < 2; ++run) {
     RolloutPool pool(Pool(std::make_unique<FakeRollout>("a")), nullptr);
     std::vector<LoopProgress> progress;
-    absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop,
-                             [&](const LoopProgress& p) { progress.push_back(p); });
+    absl::Status s =
+        RunLoop(Small(), pool, reward, buffer, trainer, stop, [&](const LoopProgress& p) { progress.push_back(p); });
     ASSERT_TRUE(s.ok()) << "run " << run << ": " << s;
     ASSERT_EQ(progress.size(), 3u);
     EXPECT_EQ(progress.back().idle_steps, 0) << "run " << run;
@@ -291,8 +289,8 @@ TEST(RunLoop, ARunWhoseEveryStepIsIdleFailsSayingWhy) {
   RolloutPool pool(Pool(std::make_unique<FakeRollout>("a")), nullptr);
   std::atomic<bool> stop{false};
   std::vector<LoopProgress> progress;
-  absl::Status s = RunLoop(Small(), pool, reward, buffer, trainer, stop,
-                           [&](const LoopProgress& p) { progress.push_back(p); });
+  absl::Status s =
+      RunLoop(Small(), pool, reward, buffer, trainer, stop, [&](const LoopProgress& p) { progress.push_back(p); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "every one of the 3 steps was idle")) << s;
   ASSERT_EQ(progress.size(), 3u);
@@ -313,8 +311,8 @@ TEST(RunLoop, TrainerUnavailableWithALearningSignalIsRetriedThenFails) {
     std::vector<LoopProgress> progress;
     LoopConfig c = Small();
     c.unavailable_retry = absl::Seconds(30);
-    absl::Status s = RunLoop(c, pool, reward, buffer, trainer, stop,
-                             [&](const LoopProgress& p) { progress.push_back(p); });
+    absl::Status s =
+        RunLoop(c, pool, reward, buffer, trainer, stop, [&](const LoopProgress& p) { progress.push_back(p); });
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(trainer.steps, 3);
     EXPECT_EQ(progress.back().idle_steps, 0);  // not "nothing to learn"
@@ -340,8 +338,8 @@ TEST(RolloutPool, AReplicaRefusingAVersionCountsAsInstalledOnlyIfItServesIt) {
   auto same = std::make_unique<FakeRollout>("same");
   auto newer = std::make_unique<FakeRollout>("newer");
   auto busy = std::make_unique<FakeRollout>("busy");
-  same->SetVersion(5);    // has it already: FAILED_PRECONDITION, and serves 5
-  newer->SetVersion(9);   // from another run: FAILED_PRECONDITION, serves 9
+  same->SetVersion(5);   // has it already: FAILED_PRECONDITION, and serves 5
+  newer->SetVersion(9);  // from another run: FAILED_PRECONDITION, serves 9
   busy->FailUpdates(absl::FailedPreconditionError("version 4 is being installed; retry after it"));
   std::vector<std::string> logs;
   RolloutPool pool(Pool(std::move(same), std::move(newer), std::move(busy)),
@@ -393,8 +391,7 @@ TEST(RunLoop, RunFieldsReachThePeers) {
   failing.trainer.checkpoint_failure = absl::PermissionDeniedError("read-only file system");
   absl::Status s = failing.Run(c);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), "checkpoint_dir ckpt: the trainer cannot save checkpoints there"))
-      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "checkpoint_dir ckpt: the trainer cannot save checkpoints there")) << s;
   EXPECT_EQ(failing.trainer.steps, 0);
   EXPECT_TRUE(failing.progress.empty());
 }
@@ -443,7 +440,9 @@ TEST(RunManager, StartRunsAndStopStops) {
 
 // A controller's registry (in memory) with replicas registered through its core.
 struct Registry {
-  Registry() : registry(*registry::OpenRegistry("memory://", common::Clock::Real())), core(registry.get(), common::Clock::Real()) {
+  Registry()
+      : registry(*registry::OpenRegistry("memory://", common::Clock::Real())),
+        core(registry.get(), common::Clock::Real()) {
     core.StartWatching(absl::Milliseconds(10));
   }
   // Registers `address` as `role` with `load` in-flight requests; returns the lease.
@@ -602,8 +601,9 @@ TEST(Discovery, ARegisteredReplicaTheRunDroppedRejoins) {
   // Dropped at its first call, then offered again and admitted.
   ASSERT_TRUE(Eventually([&] {
     absl::MutexLock lock(&mu);
-    return std::any_of(logs.begin(), logs.end(),
-                       [](const std::string& l) { return absl::StrContains(l, "flaky:1 was not in the run: admitted"); });
+    return std::any_of(logs.begin(), logs.end(), [](const std::string& l) {
+      return absl::StrContains(l, "flaky:1 was not in the run: admitted");
+    });
   }));
   EXPECT_TRUE(has("flaky:1"));
   EXPECT_TRUE(has("a"));

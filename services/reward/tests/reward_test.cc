@@ -68,10 +68,12 @@ TEST(RewardCore, UserFunctionsRegisterByName) {
   v1::RewardFunctionInfo info;
   info.set_name("length_bonus");
   info.add_tasks("reverse");
-  ASSERT_TRUE(core.Register(info, [](const v1::ScoreItem& item, v1::ScoreResult* r) {
-                    r->set_reward(static_cast<float>(item.response_text().size()));
-                    return absl::OkStatus();
-                  }).ok());
+  ASSERT_TRUE(core.Register(info,
+                            [](const v1::ScoreItem& item, v1::ScoreResult* r) {
+                              r->set_reward(static_cast<float>(item.response_text().size()));
+                              return absl::OkStatus();
+                            })
+                  .ok());
   EXPECT_EQ(core.Register(info, nullptr).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_FLOAT_EQ(ScoreOne(core, Item("reverse", "reverse:12", "abc", "length_bonus")).reward(), 3.0f);
   v1::ListRewardFunctionsRequest list;
@@ -162,8 +164,7 @@ TEST(RewardService, ScoresOverGrpcWithAuth) {
   rpc::ServerRunner runner(options);
   runner.AddService(&service);
   ASSERT_TRUE(runner.Start().ok());
-  auto stub = v1::RewardService::NewStub(
-      grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::RewardService::NewStub(grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
   v1::ScoreRequest request;
   *request.add_items() = Item("add", "add:2+2", "4");
   v1::ScoreResponse response;
@@ -192,17 +193,18 @@ TEST(RewardService, ScoresOverGrpcWithAuth) {
 // Score call naming the item and the field; no NaN reaches the buffer's advantages.
 TEST(RewardService, ANonFiniteRewardIsNeverAnswered) {
   RewardCore core;
-  for (const auto& [name, reward, component] :
-       std::vector<std::tuple<std::string, float, float>>{{"nan_reward", std::nanf(""), 0.0f},
-                                                         {"inf_component", 1.0f, -INFINITY}}) {
+  for (const auto& [name, reward, component] : std::vector<std::tuple<std::string, float, float>>{
+           {"nan_reward", std::nanf(""), 0.0f}, {"inf_component", 1.0f, -INFINITY}}) {
     v1::RewardFunctionInfo info;
     info.set_name(name);
     const float r = reward, c = component;
-    ASSERT_TRUE(core.Register(info, [r, c](const v1::ScoreItem&, v1::ScoreResult* result) {
-                      result->set_reward(r);
-                      (*result->mutable_components())["value"] = c;
-                      return absl::OkStatus();
-                    }).ok());
+    ASSERT_TRUE(core.Register(info,
+                              [r, c](const v1::ScoreItem&, v1::ScoreResult* result) {
+                                result->set_reward(r);
+                                (*result->mutable_components())["value"] = c;
+                                return absl::OkStatus();
+                              })
+                    .ok());
   }
   RewardServiceImpl service(&core, rpc::CallAuth{});
   rpc::ServerRunner runner(rpc::ServerOptions{});

@@ -1,5 +1,4 @@
 #include <grpcpp/create_channel.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,7 +54,10 @@ TEST(RolloutCore, WaitsForWeightsThenGeneratesTaggedExperiences) {
   EXPECT_EQ(info.state(), v1::REPLICA_SERVING_STATE_WAITING_FOR_WEIGHTS);
 
   ASSERT_TRUE((*core)->InstallInitial(3).ok());
-  { absl::Status gs = (*core)->GenerateBatch(Request(), &response); ASSERT_TRUE(gs.ok()) << gs; }
+  {
+    absl::Status gs = (*core)->GenerateBatch(Request(), &response);
+    ASSERT_TRUE(gs.ok()) << gs;
+  }
   ASSERT_EQ(response.completions_size(), 4);  // 2 prompts x 2 samples
   for (const v1::Experience& e : response.completions()) {
     ASSERT_FALSE(e.response_token_ids().empty());
@@ -235,11 +237,11 @@ TEST(RolloutCore, ARequestJoinsTheRunningBatchBetweenDecodeSteps) {
   // so the second one must join while the first is mid-decode.
   absl::Notification first_event, second_queued;
   auto a = (*core)->Generate(Stream("a", 2, 40), Record(first, [&] {
-    if (!first_event.HasBeenNotified()) {
-      first_event.Notify();
-      second_queued.WaitForNotificationWithTimeout(absl::Seconds(20));
-    }
-  }));
+                               if (!first_event.HasBeenNotified()) {
+                                 first_event.Notify();
+                                 second_queued.WaitForNotificationWithTimeout(absl::Seconds(20));
+                               }
+                             }));
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(first_event.WaitForNotificationWithTimeout(absl::Seconds(20)));
   auto b = (*core)->Generate(Stream("b", 1, 4), Record(second));
@@ -271,11 +273,11 @@ TEST(RolloutCore, AWeightSwapMidDecodeTagsLaterTokensWithTheNewVersion) {
   auto rec = std::make_shared<Recorded>();
   absl::Notification mid_decode, install_queued;
   auto job = (*core)->Generate(Stream("swap", 1, 40), Record(rec, [&] {
-    if (rec->tokens() >= 8 && !mid_decode.HasBeenNotified()) {
-      mid_decode.Notify();
-      install_queued.WaitForNotificationWithTimeout(absl::Seconds(20));
-    }
-  }));
+                                 if (rec->tokens() >= 8 && !mid_decode.HasBeenNotified()) {
+                                   mid_decode.Notify();
+                                   install_queued.WaitForNotificationWithTimeout(absl::Seconds(20));
+                                 }
+                               }));
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(mid_decode.WaitForNotificationWithTimeout(absl::Seconds(20)));
   absl::StatusOr<InstallReport> report;
@@ -328,11 +330,11 @@ TEST(RolloutCore, DrainAbortsWhatOutlivesTheGraceAndDeadlinesAndQueueLimitsHold)
   auto rec = std::make_shared<Recorded>();
   absl::Notification running, draining;
   auto job = (*core)->Generate(Stream("long", 2, 40), Record(rec, [&] {
-    if (!running.HasBeenNotified()) {
-      running.Notify();
-      draining.WaitForNotificationWithTimeout(absl::Seconds(20));
-    }
-  }));
+                                 if (!running.HasBeenNotified()) {
+                                   running.Notify();
+                                   draining.WaitForNotificationWithTimeout(absl::Seconds(20));
+                                 }
+                               }));
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(running.WaitForNotificationWithTimeout(absl::Seconds(20)));
   v1::DrainResponse drained;
@@ -346,7 +348,8 @@ TEST(RolloutCore, DrainAbortsWhatOutlivesTheGraceAndDeadlinesAndQueueLimitsHold)
   ASSERT_TRUE(rec->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
   EXPECT_EQ(rec->status.code(), absl::StatusCode::kUnavailable);
   int aborted = 0;
-  for (const auto& m : rec->messages) aborted += m.has_finished() && m.finished().finish_reason() == v1::FINISH_REASON_ABORTED;
+  for (const auto& m : rec->messages)
+    aborted += m.has_finished() && m.finished().finish_reason() == v1::FINISH_REASON_ABORTED;
   EXPECT_EQ(aborted, 2);
   v1::DrainRequest bad;
   bad.set_grace_ms(-1);
@@ -495,8 +498,8 @@ TEST(RolloutService, FileWeightsComeOnlyFromRegularFilesUnderThePublishDir) {
   }
   ServedReplica replica(root);
   const absl::Time start = absl::Now();
-  for (const std::string& path : {tmp + "/outside.safetensors", std::string("/dev/zero"), root + "/fifo",
-                                  root + "/dir", std::string("/etc/passwd")}) {
+  for (const std::string& path : {tmp + "/outside.safetensors", std::string("/dev/zero"), root + "/fifo", root + "/dir",
+                                  std::string("/etc/passwd")}) {
     ExpectRefused(replica.Update(FileUpdate(2, path, image)), grpc::StatusCode::INVALID_ARGUMENT, "worker_address");
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "a FIFO or /dev/zero held the replica";

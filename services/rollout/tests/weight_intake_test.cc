@@ -144,8 +144,8 @@ struct PushSource {
     EXPECT_TRUE(views.ok()) << views.status();
     std::vector<reshard::TensorSpec> tensors;
     for (const auto& [name, view] : *views) tensors.push_back({name, view.shape, reshard::DType::kF32});
-    const reshard::Layout whole = reshard::Layout::Tp(1, std::vector<reshard::Split>(tensors.size(),
-                                                                                      reshard::Split::kReplicated));
+    const reshard::Layout whole =
+        reshard::Layout::Tp(1, std::vector<reshard::Split>(tensors.size(), reshard::Split::kReplicated));
     reshard::Plan plan = *reshard::MakePlan(tensors, whole, whole);
     shard.resize(plan.src_shard_bytes[0]);
     for (size_t t = 0; t < plan.tensors.size(); ++t) {

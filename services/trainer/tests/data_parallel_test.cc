@@ -63,7 +63,9 @@ TEST(DataParallel, TwoRanksOnLoopbackJoinOneGroupThatSums) {
   });
   {
     absl::MutexLock lock(&mu);
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(+[](int* p) { return *p != 0; }, &port), absl::Seconds(60)));
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                        +[](int* p) { return *p != 0; }, &port),
+                                    absl::Seconds(60)));
   }
   DataParallelOptions one = zero;
   one.rank = 1;

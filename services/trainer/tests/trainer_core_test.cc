@@ -68,7 +68,8 @@ TEST(TrainerCore, InlineStepUpdatesStepVersionAndMetrics) {
   auto core = TrainerCore::Create(Small(), "cpu", 1);
   ASSERT_TRUE(core.ok()) << core.status();
   v1::TrainStepRequest request;
-  for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
+  for (int i = 0; i < 4; ++i)
+    *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   request.set_expected_step(1);
   v1::TrainStepResponse response;
   absl::Status s = (*core)->TrainStep(request, &response);
@@ -135,7 +136,8 @@ TEST(TrainerCore, CheckpointRoundTripRestoresWeightsAndState) {
   const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/ckpt";
   auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, Root());
   v1::TrainStepRequest request;
-  for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
+  for (int i = 0; i < 4; ++i)
+    *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   v1::TrainStepResponse response;
   ASSERT_TRUE((*core)->TrainStep(request, &response).ok());
   v1::SaveCheckpointRequest save;
@@ -172,7 +174,8 @@ TEST(TrainerCore, ResumesFromTheLatestCheckpointAndRenumbersPastTheFleetsVersion
 
   auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
   v1::TrainStepRequest request;
-  for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
+  for (int i = 0; i < 4; ++i)
+    *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   v1::TrainStepResponse response;
   v1::SaveCheckpointResponse saved;
   for (const char* path : {"run-a/step-1", "run-a/step-2"}) {
@@ -214,7 +217,8 @@ TEST(TrainerCore, ResumesFromTheLatestCheckpointAndRenumbersPastTheFleetsVersion
 TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherModels) {
   const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/ckpt-opt";
   v1::TrainStepRequest request;
-  for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
+  for (int i = 0; i < 4; ++i)
+    *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   v1::TrainStepResponse response;
   auto a = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, Root());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE((*a)->TrainStep(request, &response).ok());
@@ -358,8 +362,8 @@ TEST(TrainerCore, AFailedAckIsRetriedBeforeTheNextSample) {
   replay.samples.push_back({Group("A")});
   replay.ack_results = {absl::UnavailableError("down"), absl::FailedPreconditionError("expired")};
   ASSERT_TRUE((*other)->TrainStep(FromBuffer(), &r).ok());
-  replay.ack_results = {absl::UnavailableError("down"), absl::UnavailableError("down"),
-                        absl::UnavailableError("down"), absl::UnavailableError("down")};
+  replay.ack_results = {absl::UnavailableError("down"), absl::UnavailableError("down"), absl::UnavailableError("down"),
+                        absl::UnavailableError("down")};
   for (int i = 0; i < 4; ++i) replay.samples.push_back({Group("A")});
   EXPECT_EQ((*other)->TrainStep(FromBuffer(), &r).code(), absl::StatusCode::kUnavailable);
   v1::GetStateResponse state;
@@ -532,7 +536,8 @@ TEST(TrainerCore, AStateFileCannotMakeTheTrainerReadOutsideItsCheckpoint) {
 
 TEST(TrainerCore, PpoUsesTheValueHeadOrSaysItNeedsOne) {
   v1::TrainStepRequest request;
-  for (int i = 0; i < 4; ++i) *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
+  for (int i = 0; i < 4; ++i)
+    *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   request.mutable_params()->set_algorithm(v1::ALGORITHM_PPO);
   v1::TrainStepResponse response;
   auto plain = TrainerCore::Create(Small(), "cpu", 1);

@@ -5,10 +5,10 @@
 
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <thread>
-#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -90,8 +90,7 @@ TEST(WeightsCore, AVersionIsVerifiedBeforeItIsPublished) {
   Fixture f;
   const std::string dir = std::getenv("TEST_TMPDIR");
   v1::PublishVersionResponse out;
-  EXPECT_EQ(f.core.PublishVersion(Publish(1, dir + "/v1", /*digest_xor=*/1), &out).code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(f.core.PublishVersion(Publish(1, dir + "/v1", /*digest_xor=*/1), &out).code(), absl::StatusCode::kDataLoss);
   v1::PublishVersionRequest two_sources = Publish(1, dir + "/v1");
   *two_sources.add_sources() = two_sources.sources(0);
   auto bad = f.core.PublishVersion(two_sources, &out);
@@ -265,12 +264,13 @@ struct RelayingReplica : Destination {
 struct RelayFixture {
   // Replicas r0..r<replicas-1>, each registered with can_relay unless named in no_relay.
   explicit RelayFixture(int fanout, int replicas, std::set<std::string> no_relay = {})
-      : core([this](const std::string& address) -> std::unique_ptr<Destination> {
-                auto d = std::make_unique<RelayingReplica>();
-                made[address] = d.get();
-                return d;
-              },
-              service_side.get(), fanout) {
+      : core(
+            [this](const std::string& address) -> std::unique_ptr<Destination> {
+              auto d = std::make_unique<RelayingReplica>();
+              made[address] = d.get();
+              return d;
+            },
+            service_side.get(), fanout) {
     core.SetFileRoot(std::getenv("TEST_TMPDIR"));
     for (int i = 0; i < replicas; ++i) {
       v1::RegisterDestinationRequest reg;
@@ -318,7 +318,7 @@ TEST(WeightsCore, AShardedVersionFromTwoTrainerRanksIsAssembledWhole) {
     std::vector<int64_t> shape;
     v1::LayoutKind kind;
   };
-  const std::vector<Spec> specs = {{"a", {5, 3}, v1::LAYOUT_KIND_FSDP_FLAT},   // 15 elements: 8 + 7 (+1 padding)
+  const std::vector<Spec> specs = {{"a", {5, 3}, v1::LAYOUT_KIND_FSDP_FLAT},  // 15 elements: 8 + 7 (+1 padding)
                                    {"b", {4, 6}, v1::LAYOUT_KIND_TP_ROW},
                                    {"c", {2, 4}, v1::LAYOUT_KIND_TP_COLUMN},
                                    {"d", {3}, v1::LAYOUT_KIND_REPLICATED}};
@@ -368,7 +368,8 @@ TEST(WeightsCore, AShardedVersionFromTwoTrainerRanksIsAssembledWhole) {
     v1::SourceRank* source = request.add_sources();
     source->set_rank(r);
     for (size_t t = 0; t < specs.size(); ++t) {
-      auto handle = trainers[r]->RegisterMemory(shards[r][t].data(), shards[r][t].size(), transport::MemoryKind::kHost, 0);
+      auto handle =
+          trainers[r]->RegisterMemory(shards[r][t].data(), shards[r][t].size(), transport::MemoryKind::kHost, 0);
       ASSERT_TRUE(handle.ok());
       v1::SourceShard* shard = source->add_shards();
       shard->set_tensor_name(specs[t].name);

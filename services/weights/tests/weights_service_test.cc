@@ -3,6 +3,8 @@
 // every number is range-checked in its own type, sizes are bounded before anything is
 // allocated, fields the service does not support are refused by name, and a thread
 // that cannot be created is RESOURCE_EXHAUSTED, not std::terminate.
+#include "services/weights/weights_service.h"
+
 #include <grpcpp/create_channel.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,7 +21,6 @@
 #include "libs/transport/loopback/loopback_transport.h"
 #include "services/weights/spawn.h"
 #include "services/weights/weights_core.h"
-#include "services/weights/weights_service.h"
 
 namespace rlfleet::weights {
 namespace {
@@ -54,7 +55,9 @@ struct Served {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     return (stub.get()->*rpc)(&context, request, response != nullptr ? response : &ignored);
   }
-  grpc::Status Publish(const v1::PublishVersionRequest& r) { return Call(&v1::WeightsService::Stub::PublishVersion, r); }
+  grpc::Status Publish(const v1::PublishVersionRequest& r) {
+    return Call(&v1::WeightsService::Stub::PublishVersion, r);
+  }
   grpc::Status Register(const v1::RegisterDestinationRequest& r) {
     return Call(&v1::WeightsService::Stub::RegisterDestination, r);
   }
