@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server redis-tools python3 python3-grpcio openssl ca-certificates
   python3-torch gnuplot-nox prometheus libssl-dev
-  clang-14 libclang-rt-14-dev clang-format-14 cmake curl
+  clang-14 libclang-rt-14-dev clang-format-14 clang-tidy-14 cmake curl
 )
 
 missing=()

@@ -76,6 +76,7 @@ fi
 #                   service's RSS and open fds flat after a minute's warm-up
 #   cmake-sources   the CMake lists built outside Bazel (bench/gpu) against the Bazel
 #                   targets they mirror (tools/check_cmake_sources.sh)
+#   tidy            clang-tidy's checks of .clang-tidy over every .cc (tools/tidy.sh)
 #   format          every C++ file formatted as .clang-format says (tools/check_format.sh)
 #   layers          every package declares its layer (tools/layers.bzl) and Bazel refuses
 #                   a library reaching up or into a service (tools/check_layers.sh)
@@ -94,6 +95,8 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   extra soak env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash bench/soak.sh --ci --out="$(mktemp -d)"
   echo "== thread safety (clang -Wthread-safety)"
   extra thread-safety bash tools/thread_safety.sh
+  echo "== clang-tidy (.clang-tidy)"
+  extra tidy bash tools/tidy.sh
   echo "== fuzzing (clang libFuzzer, ASan + UBSan)"
   extra fuzz-sources bash tools/check_fuzz_sources.sh
   extra cmake-sources bash tools/check_cmake_sources.sh

@@ -116,10 +116,12 @@ class FakeRedis {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    listen(listen_fd_, 8);
     socklen_t len = sizeof(addr);
-    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    // (a fake that cannot listen fails its test here, not later with a port 0)
+    const bool listening = bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                           listen(listen_fd_, 8) == 0 &&
+                           getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+    EXPECT_TRUE(listening) << "the fake Redis cannot listen on loopback";
     port_ = ntohs(addr.sin_port);
     thread_ = std::thread([this] { Serve(); });
   }
