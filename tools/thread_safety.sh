@@ -12,19 +12,8 @@ cd "$(dirname "$0")/.."
 CLANG=${CLANG:-clang++-14}
 command -v "$CLANG" >/dev/null || { echo "thread-safety: $CLANG not installed (apt-get install clang-14)"; exit 1; }
 
-# (asked once; the per-file children get it from the environment)
-if [[ -z "${RLFLEET_BAZEL_BIN:-}" ]]; then
-  RLFLEET_BAZEL_BIN=$(bazel info bazel-bin 2>/dev/null)
-  [[ -d "$RLFLEET_BAZEL_BIN/proto/rlfleet/v1" ]] || bazel build //proto/... >/dev/null 2>&1
-  export RLFLEET_BAZEL_BIN
-fi
-BIN=$RLFLEET_BAZEL_BIN
-GEN=$BIN/proto
-CUDA=${CUDA_HOME:-/usr/local/cuda}
-FLAGS=(-std=c++17 -fsyntax-only -Wthread-safety -Wthread-safety-beta -Werror=thread-safety-analysis
-       -Wno-unknown-warning-option -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO
-       -I. -I"$GEN" -I"$BIN" -I/usr/include/torch/csrc/api/include -I"$CUDA/include"
-       $(pkg-config --cflags grpc++ protobuf ucx hiredis 2>/dev/null))
+source tools/clang_common.sh
+FLAGS=(-fsyntax-only -Wthread-safety -Wthread-safety-beta -Werror=thread-safety-analysis "${CLANG_FLAGS[@]}")
 
 # One file: its thread-safety diagnostics, or a line saying it did not parse.
 check_one() {
@@ -39,7 +28,7 @@ check_one() {
 
 if [[ "${1:-}" == "--one" ]]; then check_one "$2"; exit 0; fi
 if (($#)); then FILES=("$@"); else
-  mapfile -t FILES < <(git ls-files 'libs/*.cc' 'services/*.cc' | grep -v '/cuda/')
+  mapfile -t FILES < <(clang_files)
 fi
 # In parallel over the cores (each clang is one process; torch's headers make some
 # files take ~10 s).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # clang-tidy with the checks of .clang-tidy over the C++ sources of libs/ and services/
-# (the flags tools/thread_safety.sh uses; needs the protobuf headers `bazel build` made).
+# (tools/clang_common.sh: the flags and files tools/thread_safety.sh uses too).
 # Prints `tidy: N files, M warnings, K not parsed`; exits non-zero on any.
 #   bash tools/tidy.sh            # every file
 #   bash tools/tidy.sh FILE.cc    # some files
@@ -8,16 +8,8 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 TIDY="${CLANG_TIDY:-clang-tidy-14}"
 command -v "$TIDY" >/dev/null || { echo "tidy: $TIDY not installed (apt-get install clang-tidy-14)"; exit 1; }
-if [[ -z "${RLFLEET_BAZEL_BIN:-}" ]]; then
-  RLFLEET_BAZEL_BIN=$(bazel info bazel-bin 2>/dev/null)
-  [[ -d "$RLFLEET_BAZEL_BIN/proto/rlfleet/v1" ]] || bazel build //proto/... >/dev/null 2>&1
-  export RLFLEET_BAZEL_BIN
-fi
-BIN=$RLFLEET_BAZEL_BIN
-CUDA=${CUDA_HOME:-/usr/local/cuda}
-FLAGS=(-std=c++17 -Wno-unknown-warning-option -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO
-       -I. -I"$BIN/proto" -I"$BIN" -I/usr/include/torch/csrc/api/include -I"$CUDA/include"
-       $(pkg-config --cflags grpc++ protobuf ucx hiredis 2>/dev/null))
+source tools/clang_common.sh
+FLAGS=("${CLANG_FLAGS[@]}")
 check_one() {
   local f=$1 out rc
   out=$("$TIDY" --quiet "$f" -- "${FLAGS[@]}" 2>&1); rc=$?
@@ -29,7 +21,7 @@ check_one() {
 }
 if [[ "${1:-}" == "--one" ]]; then check_one "$2"; exit 0; fi
 if (($#)); then FILES=("$@"); else
-  mapfile -t FILES < <(git ls-files 'libs/*.cc' 'services/*.cc' | grep -v '/cuda/')
+  mapfile -t FILES < <(clang_files)
 fi
 out=$(printf '%s\n' "${FILES[@]}" | xargs -P "$(nproc)" -n 1 bash "$0" --one)
 [[ -n "$out" ]] && echo "$out"
