@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/transport/tests/conformance.h"
 #include "libs/transport/ucx/ucx_transport.h"
@@ -200,6 +203,20 @@ TEST(UcxRecvTest, AReceivePostedAfterItsMessageArrivedCompletesAndShutsDownClean
   }
 }
 
+// Whether process `pid` is stopped (its /proc state T), polled until `timeout`.
+bool WaitUntilStopped(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    // "pid (comm) S ...": the state follows the last ')'.
+    const size_t paren = text.rfind(')');
+    if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T') return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
+}
+
 // A peer that is connected but hung (SIGSTOP: a replica past its deadline) lets the
 // first revoke time out; later deregisters do not wait for it again (each used to wait
 // the whole revoke timeout: every version a trainer or relay retired cost 5 s while a
@@ -235,6 +252,9 @@ TEST(UcxRevokeTest, AHungPeerIsWaitedForOnceNotOnEveryDeregister) {
   // Responsive: its ack ends the deregister.
   EXPECT_LT(timed_deregister(regions[0]), absl::Seconds(1));
   ASSERT_EQ(kill(peer->pid(), SIGSTOP), 0);
+  // (kill returns before the peer has stopped: under TSan it once still answered the
+  // next revoke; wait until the kernel says it is stopped)
+  ASSERT_TRUE(WaitUntilStopped(peer->pid(), absl::Seconds(10)));
   EXPECT_GE(timed_deregister(regions[1]), absl::Seconds(2));  // waited once
   EXPECT_LT(timed_deregister(regions[2]), absl::Seconds(1));  // not again
   ASSERT_EQ(kill(peer->pid(), SIGCONT), 0);
