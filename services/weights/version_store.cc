@@ -344,11 +344,17 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
   return absl::OkStatus();
 }
 
+absl::StatusOr<const VersionStore::Record*> VersionStore::FindLocked(uint64_t version) const {
+  if (version == 0 && !records_.empty()) version = records_.rbegin()->first;
+  auto it = records_.find(version);
+  if (it == records_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
+  return &it->second;
+}
+
 absl::StatusOr<uint64_t> VersionStore::Resolve(uint64_t version) const {
   absl::MutexLock lock(&mu_);
-  if (version == 0 && !records_.empty()) version = records_.rbegin()->first;
-  if (!records_.count(version)) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
-  return version;
+  ASSIGN_OR_RETURN(const Record* record, FindLocked(version));
+  return record->info->number;
 }
 
 std::shared_ptr<const VersionInfo> VersionStore::Latest() const {
@@ -358,22 +364,19 @@ std::shared_ptr<const VersionInfo> VersionStore::Latest() const {
 
 absl::StatusOr<std::shared_ptr<const VersionInfo>> VersionStore::Info(uint64_t version) const {
   absl::MutexLock lock(&mu_);
-  if (version == 0 && !records_.empty()) version = records_.rbegin()->first;
-  auto it = records_.find(version);
-  if (it == records_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
-  return it->second.info;
+  ASSIGN_OR_RETURN(const Record* record, FindLocked(version));
+  return record->info;
 }
 
 absl::StatusOr<Lease> VersionStore::Acquire(uint64_t version) const {
   absl::MutexLock lock(&mu_);
-  if (version == 0 && !records_.empty()) version = records_.rbegin()->first;
-  auto it = records_.find(version);
-  if (it == records_.end()) return absl::NotFoundError(absl::StrCat("version ", version, " is not published"));
-  if (data_plane_ != nullptr && it->second.image == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("version ", version, " is no longer held here (only the newest ",
-                                                      keep_versions_, " are, --keep_versions): sync a newer one"));
+  ASSIGN_OR_RETURN(const Record* record, FindLocked(version));
+  if (data_plane_ != nullptr && record->image == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("version ", record->info->number,
+                                                      " is no longer held here (only the newest ", keep_versions_,
+                                                      " are, --keep_versions): sync a newer one"));
   }
-  return Lease{it->second.info, it->second.image};
+  return Lease{record->info, record->image};
 }
 
 void VersionStore::SetStatus(uint64_t version, const v1::DestinationSyncStatus& status) {

@@ -136,6 +136,8 @@ class VersionStore {
   // fits, and checks them; fills `where` with the image's descriptor.
   absl::StatusOr<std::string> Read(const v1::PublishVersionRequest& request, bool sharded,
                                    v1::TransferDescriptor* where, std::string reuse) const;
+  // The record of `version` (0: the latest); NOT_FOUND when it has none.
+  absl::StatusOr<const Record*> FindLocked(uint64_t version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Log(const std::string& line) const {
     if (logger_) logger_(line);
   }
