@@ -25,6 +25,7 @@
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -34,6 +35,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "libs/common/config.h"
 #include "libs/common/ids.h"
@@ -322,60 +324,111 @@ int Scale(ControllerClient& client, const std::string& spec) {
   return 0;
 }
 
+// `rlfleet nccl-log FILE`: what an NCCL_DEBUG=INFO log says (exit 1 when it names a
+// problem).
+int NcclLog(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read ", path)));
+  std::stringstream text;
+  text << in.rdbuf();
+  const rlfleet::nccl::NcclLogSummary summary = rlfleet::nccl::ParseNcclLog(text.str());
+  if (summary.nccl_lines == 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(path, " has no NCCL lines (run with NCCL_DEBUG=INFO)")));
+  }
+  std::cout << rlfleet::nccl::FormatNcclLogSummary(summary, absl::GetFlag(FLAGS_json));
+  return summary.problems.empty() ? 0 : 1;
+}
+
+// `rlfleet doctor [--fleet]`: this machine's checks, and the fleet's with --fleet.
+int Doctor(ControllerClient& client) {
+  auto results = rlfleet::controller::RunLocalChecks();
+  if (absl::GetFlag(FLAGS_fleet)) {
+    if (absl::Status fleet = FleetChecks(client, &results); !fleet.ok()) return Fail(fleet);
+  }
+  std::cout << rlfleet::controller::FormatResults(results, absl::GetFlag(FLAGS_json));
+  for (const auto& r : results) {
+    if (r.status == rlfleet::controller::CheckStatus::kFail) return 1;
+  }
+  return 0;
+}
+
+// What a command needs before it runs: nothing (local), the client options from the
+// flags (it calls the services it is given), or a client of --controller too.
+enum class Needs { kNothing, kOptions, kController };
+
+// What a command is given: its argument (scale's ROLE=N, nccl-log's FILE), the client
+// options from the flags and, for the commands that talk to the controller, a client.
+struct Invocation {
+  std::string argument;
+  rlfleet::rpc::ClientOptions options;
+  ControllerClient* controller = nullptr;
+};
+
+// The CLI: every command once, with its argument, whether it talks to the controller,
+// and what it does. The usage line and the unknown-command message come from here.
+struct Command {
+  const char* name;
+  const char* argument;  // e.g. "ROLE=N"; empty: none
+  Needs needs;
+  int (*run)(Invocation& invocation);
+};
+constexpr Command kCommands[] = {
+    {"status", "", Needs::kController, [](Invocation& c) { return Status(*c.controller); }},
+    {"replicas", "", Needs::kController, [](Invocation& c) { return Replicas(*c.controller); }},
+    {"health", "", Needs::kController, [](Invocation& c) { return Health(*c.controller); }},
+    {"try", "", Needs::kOptions, [](Invocation& c) { return Try(c.options); }},
+    {"train", "", Needs::kOptions, [](Invocation& c) { return Train(c.options); }},
+    {"loop", "", Needs::kOptions, [](Invocation& c) { return rlfleet::controller::RunLoop(c.options); }},
+    {"run", "", Needs::kController, [](Invocation& c) { return rlfleet::controller::StartRunAndWatch(*c.controller); }},
+    {"stop", "", Needs::kController, [](Invocation& c) { return rlfleet::controller::StopRun(*c.controller); }},
+    {"doctor", "", Needs::kController, [](Invocation& c) { return Doctor(*c.controller); }},
+    {"scale", "ROLE=N", Needs::kController, [](Invocation& c) { return Scale(*c.controller, c.argument); }},
+    {"nccl-profiles", "", Needs::kNothing,
+     [](Invocation&) {
+       std::cout << rlfleet::nccl::FormatNcclProfiles();
+       return 0;
+     }},
+    {"nccl-log", "FILE", Needs::kNothing, [](Invocation& c) { return NcclLog(c.argument); }},
+};
+
+std::string UsageLine() {
+  std::vector<std::string> names;
+  for (const Command& c : kCommands) names.push_back(*c.argument ? absl::StrCat(c.name, " ", c.argument) : c.name);
+  return absl::StrCat("usage: rlfleet ", absl::StrJoin(names, "|"), " [--controller=HOST:PORT]");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args = rlfleet::common::ParseFlagsWithConfig(
-      argc, argv, "rlfleet status|replicas|health|try|train|loop|run|stop|doctor [--controller=HOST:PORT]");
-  if (args.size() != 2 && !(args.size() == 3 && (args[1] == "scale" || args[1] == "nccl-log"))) {
-    std::cerr << "usage: rlfleet status|replicas|health|try|train|loop|run|stop|doctor|scale ROLE=N|"
-                 "nccl-profiles|nccl-log FILE [--controller=HOST:PORT]\n";
+  std::vector<std::string> args = rlfleet::common::ParseFlagsWithConfig(argc, argv, UsageLine());
+  const Command* command = nullptr;
+  if (args.size() >= 2) {
+    for (const Command& c : kCommands) {
+      if (args[1] == c.name) command = &c;
+    }
+  }
+  if (command == nullptr || args.size() != (*command->argument ? 3u : 2u)) {
+    if (args.size() >= 2 && command == nullptr) {
+      std::vector<std::string> names;
+      for (const Command& c : kCommands) names.push_back(c.name);
+      std::cerr << "rlfleet: unknown command `" << args[1] << "` (" << absl::StrJoin(names, ", ") << ")\n";
+    }
+    std::cerr << UsageLine() << "\n";
     return 2;
   }
-  // Local commands: no controller.
-  if (args[1] == "nccl-profiles") {
-    std::cout << rlfleet::nccl::FormatNcclProfiles();
-    return 0;
-  }
-  if (args[1] == "nccl-log") {
-    std::ifstream in(args[2]);
-    if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read ", args[2])));
-    std::stringstream text;
-    text << in.rdbuf();
-    const rlfleet::nccl::NcclLogSummary summary = rlfleet::nccl::ParseNcclLog(text.str());
-    if (summary.nccl_lines == 0) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(args[2], " has no NCCL lines (run with NCCL_DEBUG=INFO)")));
-    }
-    std::cout << rlfleet::nccl::FormatNcclLogSummary(summary, absl::GetFlag(FLAGS_json));
-    return summary.problems.empty() ? 0 : 1;
-  }
+  Invocation invocation;
+  if (args.size() == 3) invocation.argument = args[2];
+  if (command->needs == Needs::kNothing) return command->run(invocation);
   auto options = rlfleet::rpc::ClientOptionsFromFlags(absl::GetFlag(FLAGS_controller));
   if (!options.ok()) return Fail(options.status());
   options->default_timeout = absl::GetFlag(FLAGS_timeout);
-  auto client = ControllerClient::Connect(*options);
-  if (!client.ok()) return Fail(client.status());
-  const std::string& command = args[1];
-  if (command == "status") return Status(**client);
-  if (command == "replicas") return Replicas(**client);
-  if (command == "health") return Health(**client);
-  if (command == "try") return Try(*options);
-  if (command == "train") return Train(*options);
-  if (command == "loop") return rlfleet::controller::RunLoop(*options);
-  if (command == "run") return rlfleet::controller::StartRunAndWatch(**client);
-  if (command == "doctor") {
-    auto results = rlfleet::controller::RunLocalChecks();
-    if (absl::GetFlag(FLAGS_fleet)) {
-      if (absl::Status fleet = FleetChecks(**client, &results); !fleet.ok()) return Fail(fleet);
-    }
-    std::cout << rlfleet::controller::FormatResults(results, absl::GetFlag(FLAGS_json));
-    for (const auto& r : results) {
-      if (r.status == rlfleet::controller::CheckStatus::kFail) return 1;
-    }
-    return 0;
+  invocation.options = *options;
+  std::unique_ptr<ControllerClient> client;
+  if (command->needs == Needs::kController) {
+    auto connected = ControllerClient::Connect(*options);
+    if (!connected.ok()) return Fail(connected.status());
+    client = std::move(*connected);
+    invocation.controller = client.get();
   }
-  if (command == "stop") return rlfleet::controller::StopRun(**client);
-  if (command == "scale") return Scale(**client, args[2]);
-  std::cerr << "rlfleet: unknown command `" << command
-            << "` (status, replicas, health, try, train, loop, run, stop, doctor, scale, nccl-profiles, nccl-log)\n";
-  return 2;
+  return command->run(invocation);
 }

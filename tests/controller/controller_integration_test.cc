@@ -235,6 +235,12 @@ TEST(Cli, MissingOrBadFlagsAreUsageErrorsNotAborts) {
       {{"try", "--rollout=127.0.0.1:1", "--reward=127.0.0.1:1", "--samples=-1"}, "--samples=-1 is outside 1..64"},
       {{"train"}, "--trainer is required"},
       {{"train", "--trainer=127.0.0.1:1", "--groups=0"}, "--groups=0 is outside 1..1024"},
+      // The command table: an unknown command is named; a missing or extra argument is
+      // a usage error listing every command with its argument.
+      {{"frobnicate"}, "unknown command `frobnicate` (status, replicas, health"},
+      {{"scale"}, "|scale ROLE=N|"},
+      {{"nccl-log"}, "|nccl-log FILE "},
+      {{"status", "extra"}, "usage: rlfleet status|replicas|"},
   };
   for (const Case& k : cases) {
     Subprocess cli;
