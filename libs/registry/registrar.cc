@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
-#include "libs/rpc/status_conversion.h"
 
 extern char** environ;
 
@@ -47,20 +46,20 @@ absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Start(Options options, Fil
   if (options.replica.started_at_unix_ms() == 0) {
     options.replica.set_started_at_unix_ms(absl::ToUnixMillis(absl::Now()));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, rpc::MakeChannel(options.client));
+  ASSIGN_OR_RETURN(std::unique_ptr<RegistryClient> client, RegistryClient::Connect(options.client));
   std::unique_ptr<Registrar> r(
-      new Registrar(std::move(options), std::move(fill), std::move(log), std::move(rejoined), channel));
+      new Registrar(std::move(options), std::move(fill), std::move(log), std::move(rejoined), std::move(client)));
   RETURN_IF_ERROR(r->RegisterNow());
   r->thread_ = std::thread([p = r.get()] { p->Loop(); });
   return r;
 }
 
-Registrar::Registrar(Options options, Fill fill, Log log, Rejoined rejoined, std::shared_ptr<grpc::Channel> channel)
+Registrar::Registrar(Options options, Fill fill, Log log, Rejoined rejoined, std::unique_ptr<RegistryClient> client)
     : options_(std::move(options)),
       fill_(std::move(fill)),
       log_(std::move(log)),
       rejoined_(std::move(rejoined)),
-      stub_(v1::RegistryService::NewStub(channel)) {}
+      client_(std::move(client)) {}
 
 Registrar::~Registrar() {
   std::string lease;
@@ -74,8 +73,7 @@ Registrar::~Registrar() {
   v1::DeregisterRequest request;
   request.set_replica_id(options_.replica.replica_id());
   request.set_lease_id(lease);
-  v1::DeregisterResponse response;
-  (void)stub_->Deregister(rpc::NewCallContext(options_.client, absl::Seconds(2)).get(), request, &response);
+  (void)client_->Deregister(request, absl::Seconds(2));
 }
 
 bool Registrar::admitted() {
@@ -93,9 +91,7 @@ absl::Status Registrar::RegisterNow() {
   *request.mutable_replica() = options_.replica;
   if (fill_) fill_(request.mutable_replica());
   request.set_ttl_ms(absl::ToInt64Milliseconds(options_.ttl));
-  v1::RegisterResponse response;
-  RETURN_IF_ERROR(rpc::ToAbslStatus(
-      stub_->Register(rpc::NewCallContext(options_.client, absl::ZeroDuration()).get(), request, &response)));
+  ASSIGN_OR_RETURN(const v1::RegisterResponse response, client_->Register(request));
   absl::MutexLock lock(&mu_);
   lease_id_ = response.lease_id();
   interval_ = absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
@@ -118,12 +114,11 @@ void Registrar::Loop() {
     request.set_lease_id(lease);
     *request.mutable_load() = now.load();
     *request.mutable_policy_version() = now.policy_version();
-    v1::HeartbeatResponse response;
-    absl::Status s = rpc::ToAbslStatus(
-        stub_->Heartbeat(rpc::NewCallContext(options_.client, absl::ZeroDuration()).get(), request, &response));
+    absl::StatusOr<v1::HeartbeatResponse> response = client_->Heartbeat(request);
+    absl::Status s = response.status();
     if (s.ok()) {
       absl::MutexLock lock(&mu_);
-      admitted_ = response.admitted();
+      admitted_ = response->admitted();
       continue;
     }
     // NOT_FOUND: the registry forgot the lease (it expired, e.g. while its Redis was

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/registry/registry_client.h"
 #include "libs/rpc/client.h"
 #include "rlfleet/v1/controller.grpc.pb.h"
 
@@ -56,7 +57,7 @@ class Registrar {
   int rejoins();    // how many times the registrar registered again under a new lease
 
  private:
-  Registrar(Options options, Fill fill, Log log, Rejoined rejoined, std::shared_ptr<grpc::Channel> channel);
+  Registrar(Options options, Fill fill, Log log, Rejoined rejoined, std::unique_ptr<RegistryClient> client);
   absl::Status RegisterNow();
   void Loop();
 
@@ -64,7 +65,7 @@ class Registrar {
   const Fill fill_;
   const Log log_;
   const Rejoined rejoined_;
-  std::unique_ptr<v1::RegistryService::Stub> stub_;
+  const std::unique_ptr<RegistryClient> client_;
   absl::Mutex mu_;
   std::string lease_id_ ABSL_GUARDED_BY(mu_);
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);

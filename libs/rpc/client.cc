@@ -95,10 +95,12 @@ std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientOptions& options
 }
 
 absl::Status ClientBase::Call(absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
-                              absl::Duration timeout) {
+                              Retry retry, absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
   thread_local absl::BitGen gen;
-  absl::Status status = CallWithRetry(options_.retry, timeout, clock_, gen, [&](absl::Time attempt_deadline) {
+  RetryPolicy policy = options_.retry;
+  if (retry == Retry::kOnce) policy.max_attempts = 1;
+  absl::Status status = CallWithRetry(policy, timeout, clock_, gen, [&](absl::Time attempt_deadline) {
     grpc::ClientContext context;
     PrepareCallContext(options_, attempt_deadline, &context);
     return ToAbslStatus(rpc(&context));

@@ -72,10 +72,16 @@ void PrepareCallContext(const ClientOptions& options, absl::Time deadline, grpc:
 // A context for one call, its deadline `timeout` from now (zero: options.default_timeout).
 std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientOptions& options, absl::Duration timeout);
 
+// Whether an attempt that ended in UNAVAILABLE or DEADLINE_EXCEEDED may be sent again.
+// A call that changes the peer's state and is not idempotent (TrainStep, GenerateBatch,
+// PublishWeights) is kOnce: the first attempt may have run there, and a second one
+// would run it twice. Every call site says which it is.
+enum class Retry { kIdempotent, kOnce };
+
 // Base of every typed client: subclasses hold a stub and implement each RPC as
 //   return Call("Register", [&](grpc::ClientContext* ctx) {
-//     return stub_->Register(ctx, request, &response); });
-// Thread-safe.
+//     return stub_->Register(ctx, request, &response); }, Retry::kIdempotent);
+// or hold a ServiceClient (below). Thread-safe.
 class ClientBase {
  public:
   ClientBase(std::shared_ptr<grpc::Channel> channel, ClientOptions options,
@@ -86,16 +92,52 @@ class ClientBase {
   const ClientOptions& options() const { return options_; }
 
  protected:
-  // Makes the call with retries (see CallWithRetry). Each attempt gets a fresh
-  // ClientContext with its deadline and the bearer token. `timeout` zero means
-  // options().default_timeout. Errors are annotated with `method` and the target.
-  absl::Status Call(absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& rpc,
+  // Makes the call, with retries (see CallWithRetry) when `retry` is kIdempotent. Each
+  // attempt gets a fresh ClientContext with its deadline and the bearer token.
+  // `timeout` zero means options().default_timeout. Errors are annotated with `method`
+  // and the target.
+  absl::Status Call(absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& rpc, Retry retry,
                     absl::Duration timeout = absl::ZeroDuration());
 
  private:
   std::shared_ptr<grpc::Channel> channel_;
   const ClientOptions options_;
   common::Clock* clock_;
+};
+
+// A client of one gRPC service (`Service` is the generated class, e.g.
+// v1::TrainerService) for code that calls its methods directly:
+//   RETURN_IF_ERROR(client.Unary("TrainStep", &Stub::TrainStep, request, &response, Retry::kOnce));
+// Thread-safe.
+template <typename Service>
+class ServiceClient : public ClientBase {
+ public:
+  using Stub = typename Service::Stub;
+
+  ServiceClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options,
+                common::Clock* clock = common::Clock::Real())
+      : ClientBase(channel, std::move(options), clock), stub_(Service::NewStub(channel)) {}
+
+  // A client of options.target. Errors as MakeChannel.
+  static absl::StatusOr<std::unique_ptr<ServiceClient>> Connect(ClientOptions options) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(options);
+    if (!channel.ok()) return channel.status();
+    return std::make_unique<ServiceClient>(*std::move(channel), std::move(options));
+  }
+
+  // One unary call of `rpc` (a method of the stub) with the client's deadline, token and
+  // retries (when `retry` allows them).
+  template <typename Request, typename Response>
+  absl::Status Unary(absl::string_view method,
+                     grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&, Response*), const Request& request,
+                     Response* response, Retry retry, absl::Duration timeout = absl::ZeroDuration()) {
+    return Call(
+        method, [&](grpc::ClientContext* context) { return (stub_.get()->*rpc)(context, request, response); }, retry,
+        timeout);
+  }
+
+ private:
+  const std::unique_ptr<Stub> stub_;
 };
 
 }  // namespace rlfleet::rpc

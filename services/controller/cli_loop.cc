@@ -13,7 +13,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "services/controller/cli_util.h"
 #include "services/controller/run_loop.h"
 #include "services/controller/run_metrics.h"
 #include "services/controller/run_peers_grpc.h"

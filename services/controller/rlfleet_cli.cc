@@ -49,7 +49,6 @@
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
 #include "services/controller/cli_loop.h"
-#include "services/controller/cli_util.h"
 #include "services/controller/controller_client.h"
 #include "services/controller/doctor.h"
 
@@ -148,14 +147,6 @@ int Replicas(ControllerClient& client) {
   return 0;
 }
 
-std::unique_ptr<grpc::ClientContext> Context(const rlfleet::rpc::ClientOptions& options) {
-  return rlfleet::rpc::NewCallContext(options, absl::GetFlag(FLAGS_timeout));
-}
-
-int Fail(const grpc::Status& status, const std::string& what) {
-  return rlfleet::controller::ReportRpcError(status, what);
-}
-
 // A usage error for `command` (exit code 2): a flag it needs is missing or out of range.
 int Usage(absl::string_view command, absl::string_view problem, absl::string_view usage) {
   std::cerr << "rlfleet " << command << ": " << problem << "\nusage: " << usage << "\n";
@@ -166,12 +157,20 @@ constexpr char kTryUsage[] =
     "rlfleet try --rollout=HOST:PORT --reward=HOST:PORT [--buffer=HOST:PORT] [--prompt=reverse:123] [--samples=4]";
 constexpr char kTrainUsage[] = "rlfleet train --trainer=HOST:PORT [--groups=8]";
 
-// A channel to `target`, or the error that says why there is none.
-absl::StatusOr<std::shared_ptr<grpc::Channel>> ChannelTo(const rlfleet::rpc::ClientOptions& base,
-                                                         const std::string& target) {
+using rlfleet::rpc::Retry;
+using rlfleet::rpc::ServiceClient;
+
+// A client of `Service` at `target` (the value of `flag`), or the error that says why
+// there is none. The calls' deadline is --timeout.
+template <typename Service>
+absl::StatusOr<std::unique_ptr<ServiceClient<Service>>> ClientOf(const rlfleet::rpc::ClientOptions& base,
+                                                                 absl::string_view flag, const std::string& target) {
   rlfleet::rpc::ClientOptions o = base;
   o.target = target;
-  return rlfleet::rpc::MakeChannel(o);
+  o.default_timeout = absl::GetFlag(FLAGS_timeout);
+  auto client = ServiceClient<Service>::Connect(o);
+  if (!client.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", client.status().message()));
+  return client;
 }
 
 int Try(const rlfleet::rpc::ClientOptions& base) {
@@ -184,14 +183,15 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   auto ids = rlfleet::model::Tokenizer::EncodePrompt(prompt);
   if (!ids.ok()) return Fail(ids.status());
-  std::shared_ptr<grpc::Channel> rollout_channel, reward_channel, buffer_channel;
-  for (auto [flag, target, out] : {std::make_tuple("--rollout", absl::GetFlag(FLAGS_rollout), &rollout_channel),
-                                   std::make_tuple("--reward", absl::GetFlag(FLAGS_reward), &reward_channel),
-                                   std::make_tuple("--buffer", absl::GetFlag(FLAGS_buffer), &buffer_channel)}) {
-    if (target.empty()) continue;
-    auto channel = ChannelTo(base, target);
-    if (!channel.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat(flag, ": ", channel.status().message())));
-    *out = *channel;
+  auto rollout = ClientOf<v1::RolloutService>(base, "--rollout", absl::GetFlag(FLAGS_rollout));
+  if (!rollout.ok()) return Fail(rollout.status());
+  auto reward = ClientOf<v1::RewardService>(base, "--reward", absl::GetFlag(FLAGS_reward));
+  if (!reward.ok()) return Fail(reward.status());
+  std::unique_ptr<ServiceClient<v1::BufferService>> buffer;
+  if (!absl::GetFlag(FLAGS_buffer).empty()) {
+    auto connected = ClientOf<v1::BufferService>(base, "--buffer", absl::GetFlag(FLAGS_buffer));
+    if (!connected.ok()) return Fail(connected.status());
+    buffer = *std::move(connected);
   }
   v1::GenerateBatchRequest gen;
   gen.set_request_id(rlfleet::common::NewId("try"));
@@ -203,8 +203,11 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
   bp->set_task(prompt.substr(0, prompt.find(':')));
   for (int32_t id : *ids) bp->add_prompt_token_ids(id);
   v1::GenerateBatchResponse generated;
-  auto rollout = v1::RolloutService::NewStub(rollout_channel);
-  if (auto s = rollout->GenerateBatch(Context(base).get(), gen, &generated); !s.ok()) return Fail(s, "GenerateBatch");
+  if (auto s =
+          (*rollout)->Unary("GenerateBatch", &v1::RolloutService::Stub::GenerateBatch, gen, &generated, Retry::kOnce);
+      !s.ok()) {
+    return Fail(s);
+  }
 
   v1::ScoreRequest score;
   for (const v1::Experience& e : generated.completions()) {
@@ -216,8 +219,10 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
         std::vector<int32_t>(e.response_token_ids().begin(), e.response_token_ids().end())));
   }
   v1::ScoreResponse scored;
-  auto reward = v1::RewardService::NewStub(reward_channel);
-  if (auto s = reward->Score(Context(base).get(), score, &scored); !s.ok()) return Fail(s, "Score");
+  if (auto s = (*reward)->Unary("Score", &v1::RewardService::Stub::Score, score, &scored, Retry::kIdempotent);
+      !s.ok()) {
+    return Fail(s);
+  }
   if (scored.results_size() != score.items_size()) {
     return Fail(absl::InternalError(
         absl::StrCat("Score: ", scored.results_size(), " results for ", score.items_size(), " samples")));
@@ -236,14 +241,19 @@ int Try(const rlfleet::rpc::ClientOptions& base) {
                                  scored.results(i).reward());
     *put.add_experiences() = std::move(e);
   }
-  if (buffer_channel != nullptr) {
-    auto buffer = v1::BufferService::NewStub(buffer_channel);
+  if (buffer != nullptr) {
     v1::PutExperiencesResponse put_response;
-    if (auto s = buffer->PutExperiences(Context(base).get(), put, &put_response); !s.ok()) {
-      return Fail(s, "PutExperiences");
+    if (auto s = buffer->Unary("PutExperiences", &v1::BufferService::Stub::PutExperiences, put, &put_response,
+                               Retry::kIdempotent);  // (the buffer drops ids it has seen)
+        !s.ok()) {
+      return Fail(s);
     }
     v1::GetStatsResponse stats;
-    if (auto s = buffer->GetStats(Context(base).get(), {}, &stats); !s.ok()) return Fail(s, "GetStats");
+    if (auto s = buffer->Unary("GetStats", &v1::BufferService::Stub::GetStats, v1::GetStatsRequest(), &stats,
+                               Retry::kIdempotent);
+        !s.ok()) {
+      return Fail(s);
+    }
     std::cout << "buffer: accepted " << put_response.accepted() << ", holds " << stats.depth_experiences()
               << " experiences in " << stats.complete_groups() << " complete groups (" << stats.buffer_bytes()
               << " bytes)\n";
@@ -257,14 +267,16 @@ int Train(const rlfleet::rpc::ClientOptions& base) {
   if (groups < 1 || groups > 1024) {
     return Usage("train", absl::StrCat("--groups=", groups, " is outside 1..1024"), kTrainUsage);
   }
-  auto channel = ChannelTo(base, absl::GetFlag(FLAGS_trainer));
-  if (!channel.ok()) return Fail(channel.status());
-  auto trainer = v1::TrainerService::NewStub(*channel);
+  auto trainer = ClientOf<v1::TrainerService>(base, "--trainer", absl::GetFlag(FLAGS_trainer));
+  if (!trainer.ok()) return Fail(trainer.status());
   v1::TrainStepRequest request;
   request.mutable_buffer()->set_num_groups(static_cast<uint32_t>(groups));
   request.mutable_buffer()->set_min_groups(1);
   v1::TrainStepResponse response;
-  if (auto s = trainer->TrainStep(Context(base).get(), request, &response); !s.ok()) return Fail(s, "TrainStep");
+  if (auto s = (*trainer)->Unary("TrainStep", &v1::TrainerService::Stub::TrainStep, request, &response, Retry::kOnce);
+      !s.ok()) {
+    return Fail(s);
+  }
   const v1::TrainMetrics& m = response.metrics();
   std::cout << absl::StrFormat(
       "step %d -> policy version %d: %d sequences, %d tokens, reward %.3f +- %.3f, loss %.4f, grad norm %.3f, "

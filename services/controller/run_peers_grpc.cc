@@ -6,7 +6,6 @@
 #include <map>
 
 #include "libs/common/status_macros.h"
-#include "libs/rpc/status_conversion.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
 #include "rlfleet/v1/reward.grpc.pb.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
@@ -16,15 +15,16 @@
 namespace rlfleet::controller {
 namespace {
 
-// What every adapter shares: the channel, a deadline and the token per call.
+// What every adapter shares: a client of the service with the peers' call deadline.
 template <typename Service>
 class Peer {
  public:
   Peer(std::shared_ptr<grpc::Channel> channel, const rpc::ClientOptions& options, absl::Duration timeout)
-      : stub_(Service::NewStub(channel)), options_(options), timeout_(timeout) {}
+      : client_(std::move(channel), WithTimeout(options, timeout)), timeout_(timeout) {}
 
  protected:
-  std::unique_ptr<grpc::ClientContext> Context() const { return rpc::NewCallContext(options_, timeout_); }
+  using Stub = typename Service::Stub;
+  using Retry = rpc::Retry;
   // What a call may ask the peer to spend on work it waits for in turn (a sync round
   // over replicas): less than the call's own deadline, so that the peer answers with
   // what it knows (which replica missed its deadline) before this call runs out.
@@ -32,10 +32,13 @@ class Peer {
     const absl::Duration margin = std::min(absl::Seconds(5), timeout_ / 5);
     return std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout_ - margin));
   }
-  std::unique_ptr<typename Service::Stub> stub_;
+  rpc::ServiceClient<Service> client_;
 
  private:
-  const rpc::ClientOptions options_;
+  static rpc::ClientOptions WithTimeout(rpc::ClientOptions options, absl::Duration timeout) {
+    options.default_timeout = timeout;
+    return options;
+  }
   const absl::Duration timeout_;
 };
 
@@ -46,21 +49,21 @@ class GrpcRolloutReplica : public RolloutReplica, Peer<v1::RolloutService> {
       : Peer(std::move(c), o, t), address_(std::move(address)) {}
   std::string address() const override { return address_; }
   absl::Status GenerateBatch(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response) override {
-    return rpc::ToAbslStatus(stub_->GenerateBatch(Context().get(), request, response));
+    return client_.Unary("GenerateBatch", &Stub::GenerateBatch, request, response, Retry::kOnce);
   }
   absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) override {
     v1::CommitWeightsResponse response;
-    return rpc::ToAbslStatus(stub_->UpdateWeights(Context().get(), request, &response));
+    return client_.Unary("UpdateWeights", &Stub::UpdateWeights, request, &response, Retry::kOnce);
   }
   absl::StatusOr<uint64_t> InstalledVersion() override {
     v1::GetInfoResponse info;
-    RETURN_IF_ERROR(rpc::ToAbslStatus(stub_->GetInfo(Context().get(), {}, &info)));
+    RETURN_IF_ERROR(client_.Unary("GetInfo", &Stub::GetInfo, v1::GetInfoRequest(), &info, Retry::kIdempotent));
     return info.installed_version().version();
   }
   absl::Status Drain() override {
     v1::DrainRequest request;  // grace 0: the pool has nothing in flight on it
     v1::DrainResponse response;
-    return rpc::ToAbslStatus(stub_->Drain(Context().get(), request, &response));
+    return client_.Unary("Drain", &Stub::Drain, request, &response, Retry::kIdempotent);
   }
 
  private:
@@ -71,7 +74,7 @@ class GrpcRewardPeer : public RewardPeer, Peer<v1::RewardService> {
  public:
   using Peer::Peer;
   absl::Status Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) override {
-    return rpc::ToAbslStatus(stub_->Score(Context().get(), request, response));
+    return client_.Unary("Score", &Stub::Score, request, response, Retry::kIdempotent);  // (a pure function)
   }
 };
 
@@ -80,10 +83,11 @@ class GrpcBufferPeer : public BufferPeer, Peer<v1::BufferService> {
   using Peer::Peer;
   absl::Status Configure(const v1::ConfigureRequest& request) override {
     v1::ConfigureResponse response;
-    return rpc::ToAbslStatus(stub_->Configure(Context().get(), request, &response));
+    return client_.Unary("Configure", &Stub::Configure, request, &response, Retry::kIdempotent);
   }
   absl::Status PutExperiences(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response) override {
-    return rpc::ToAbslStatus(stub_->PutExperiences(Context().get(), request, response));
+    // (ids the buffer has seen stay duplicates: a second attempt adds nothing twice)
+    return client_.Unary("PutExperiences", &Stub::PutExperiences, request, response, Retry::kIdempotent);
   }
 };
 
@@ -91,18 +95,18 @@ class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {
  public:
   using Peer::Peer;
   absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response) override {
-    return rpc::ToAbslStatus(stub_->TrainStep(Context().get(), request, response));
+    return client_.Unary("TrainStep", &Stub::TrainStep, request, response, Retry::kOnce);
   }
   absl::Status PublishWeights(const v1::PublishWeightsRequest& request, v1::PublishWeightsResponse* response) override {
-    return rpc::ToAbslStatus(stub_->PublishWeights(Context().get(), request, response));
+    return client_.Unary("PublishWeights", &Stub::PublishWeights, request, response, Retry::kOnce);
   }
   absl::StatusOr<uint64_t> PolicyVersion() override {
     v1::GetStateResponse state;
-    RETURN_IF_ERROR(rpc::ToAbslStatus(stub_->GetState(Context().get(), v1::GetStateRequest(), &state)));
+    RETURN_IF_ERROR(client_.Unary("GetState", &Stub::GetState, v1::GetStateRequest(), &state, Retry::kIdempotent));
     return state.policy_version().version();
   }
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request, v1::SaveCheckpointResponse* response) override {
-    return rpc::ToAbslStatus(stub_->SaveCheckpoint(Context().get(), request, response));
+    return client_.Unary("SaveCheckpoint", &Stub::SaveCheckpoint, request, response, Retry::kOnce);
   }
 };
 
@@ -116,7 +120,7 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     reg.set_grpc_address(replica_address);
     reg.set_can_relay(true);  // rollout replicas serve what they installed to others
     v1::RegisterDestinationResponse registered;
-    return rpc::ToAbslStatus(stub_->RegisterDestination(Context().get(), reg, &registered));
+    return client_.Unary("RegisterDestination", &Stub::RegisterDestination, reg, &registered, Retry::kIdempotent);
   }
   absl::Status Publish(const v1::PublishWeightsResponse& published) override {
     v1::PublishVersionRequest request;
@@ -124,7 +128,7 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     *request.add_sources()->add_shards()->mutable_location() = published.location();
     request.set_trainer_pause_us(static_cast<int64_t>(published.elapsed_ms() * 1000));
     v1::PublishVersionResponse response;
-    return rpc::ToAbslStatus(stub_->PublishVersion(Context().get(), request, &response));
+    return client_.Unary("PublishVersion", &Stub::PublishVersion, request, &response, Retry::kIdempotent);
   }
   std::vector<absl::Status> InstallAll(const std::vector<std::string>& replica_addresses,
                                        const v1::PrepareWeightsRequest& request) override {
@@ -140,7 +144,7 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     }
     if (sync.replica_ids_size() == 0) return out;
     v1::SyncVersionResponse synced;
-    const absl::Status s = rpc::ToAbslStatus(stub_->SyncVersion(Context().get(), sync, &synced));
+    const absl::Status s = client_.Unary("SyncVersion", &Stub::SyncVersion, sync, &synced, Retry::kOnce);
     std::map<std::string, absl::Status> by_id;
     for (const v1::DestinationSyncStatus& d : synced.destinations()) {
       by_id[d.replica_id()] = d.phase() == v1::SYNC_PHASE_INSTALLED
@@ -167,7 +171,7 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     sync.set_timeout_ms(InnerBudgetMs());
     sync.set_commit(true);
     v1::SyncVersionResponse synced;
-    return rpc::ToAbslStatus(stub_->SyncVersion(Context().get(), sync, &synced));
+    return client_.Unary("SyncVersion", &Stub::SyncVersion, sync, &synced, Retry::kOnce);
   }
 };
 

@@ -38,10 +38,11 @@ class GrpcWeightsSink : public WeightsSink, public rpc::ClientBase {
     request.set_trainer_pause_us(static_cast<int64_t>(published.elapsed_ms() * 1000));
     request.set_publisher_id(publisher_id_);
     v1::PublishVersionResponse response;
-    // (the weights service pulls and checks the whole version before it answers)
+    // (the weights service pulls and checks the whole version before it answers; the
+    // same version again with the same digest is already published there: idempotent)
     return Call(
         "PublishVersion", [&](grpc::ClientContext* c) { return stub_->PublishVersion(c, request, &response); },
-        timeout);
+        rpc::Retry::kIdempotent, timeout);
   }
 
  private:

@@ -3,7 +3,7 @@
 #include <grpcpp/client_context.h>
 
 #include "libs/common/status_macros.h"
-#include "libs/rpc/status_conversion.h"
+#include "libs/rpc/client.h"
 #include "rlfleet/v1/rollout.grpc.pb.h"
 
 namespace rlfleet::weights {
@@ -11,46 +11,44 @@ namespace {
 
 class GrpcDestination : public Destination {
  public:
-  GrpcDestination(const rpc::ClientOptions& options, const std::string& address)
-      : options_(options), address_(address) {
+  GrpcDestination(const rpc::ClientOptions& options, const std::string& address) {
     rpc::ClientOptions o = options;
     o.target = address;
-    auto channel = rpc::MakeChannel(o);
-    if (channel.ok()) {
-      stub_ = v1::RolloutService::NewStub(*channel);
+    auto client = rpc::ServiceClient<v1::RolloutService>::Connect(o);
+    if (client.ok()) {
+      client_ = *std::move(client);
     } else {
-      error_ = channel.status();
+      error_ = client.status();
     }
   }
+  // Once: the weights core decides what a failed install means for the replica.
   absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
                                                     absl::Time deadline) override {
     v1::CommitWeightsResponse response;
-    RETURN_IF_ERROR(Call(&v1::RolloutService::Stub::UpdateWeights, request, &response, deadline));
+    RETURN_IF_ERROR(Call("UpdateWeights", &Stub::UpdateWeights, request, &response, rpc::Retry::kOnce, deadline));
     return response;
   }
   absl::StatusOr<v1::GetInfoResponse> Info(absl::Time deadline) override {
     v1::GetInfoResponse response;
-    RETURN_IF_ERROR(Call(&v1::RolloutService::Stub::GetInfo, v1::GetInfoRequest(), &response, deadline));
+    RETURN_IF_ERROR(
+        Call("GetInfo", &Stub::GetInfo, v1::GetInfoRequest(), &response, rpc::Retry::kIdempotent, deadline));
     return response;
   }
 
  private:
-  // One unary call to the replica, given up at `deadline` (a passed one fails at once
-  // rather than meaning "the default"); errors name the replica.
+  using Stub = v1::RolloutService::Stub;
+  // One call to the replica, given up at `deadline` (a passed one fails at once rather
+  // than meaning "the default"); errors name the method and the replica.
   template <typename Request, typename Response>
-  absl::Status Call(grpc::Status (v1::RolloutService::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
-                    const Request& request, Response* response, absl::Time deadline) {
-    if (stub_ == nullptr) return error_;
-    std::unique_ptr<grpc::ClientContext> context =
-        rpc::NewCallContext(options_, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
-    absl::Status s = rpc::ToAbslStatus((stub_.get()->*rpc)(context.get(), request, response));
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("replica ", address_, ": ", s.message()));
-    return absl::OkStatus();
+  absl::Status Call(absl::string_view method,
+                    grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&, Response*), const Request& request,
+                    Response* response, rpc::Retry retry, absl::Time deadline) {
+    if (client_ == nullptr) return error_;
+    return client_->Unary(method, rpc, request, response, retry,
+                          std::max(deadline - absl::Now(), absl::Milliseconds(1)));
   }
 
-  const rpc::ClientOptions options_;
-  const std::string address_;
-  std::unique_ptr<v1::RolloutService::Stub> stub_;
+  std::unique_ptr<rpc::ServiceClient<v1::RolloutService>> client_;
   absl::Status error_;
 };
 

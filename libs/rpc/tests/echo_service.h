@@ -46,16 +46,15 @@ class EchoServiceImpl final : public rlfleet::testing::EchoService::CallbackServ
 };
 
 // A typed client the way services write theirs.
-class EchoClient : public ClientBase {
+class EchoClient : public ServiceClient<rlfleet::testing::EchoService> {
  public:
-  using ClientBase::ClientBase;
+  using ServiceClient::ServiceClient;
 
   absl::StatusOr<rlfleet::testing::EchoResponse> Echo(const rlfleet::testing::EchoRequest& request,
-                                                      absl::Duration timeout = absl::ZeroDuration()) {
-    auto stub = rlfleet::testing::EchoService::NewStub(channel());
+                                                      absl::Duration timeout = absl::ZeroDuration(),
+                                                      Retry retry = Retry::kIdempotent) {
     rlfleet::testing::EchoResponse response;
-    absl::Status status = Call(
-        "Echo", [&](grpc::ClientContext* context) { return stub->Echo(context, request, &response); }, timeout);
+    absl::Status status = Unary("Echo", &Stub::Echo, request, &response, retry, timeout);
     if (!status.ok()) return status;
     return response;
   }

@@ -270,6 +270,29 @@ TEST(Client, RetriesAgainstADeadPortEndWithUnavailableWithinTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(4));
 }
 
+TEST(Client, UnavailableIsRetriedOnlyForIdempotentCalls) {
+  EchoServiceImpl service(CallAuth{});
+  ServerRunner runner(ServerOptions{});
+  runner.AddService(&service);
+  ASSERT_TRUE(runner.Start().ok());
+  ClientOptions options;
+  options.target = runner.address();
+  options.retry.max_attempts = 3;
+  options.retry.initial_backoff = absl::Milliseconds(1);
+  EchoClient client(*MakeChannel(options), options);
+  EchoRequest request = Payload("x");
+  request.set_fail_with_code(static_cast<int>(absl::StatusCode::kUnavailable));
+
+  auto retried = client.Echo(request, absl::ZeroDuration(), Retry::kIdempotent);
+  EXPECT_EQ(retried.status().code(), absl::StatusCode::kUnavailable) << retried.status();
+  EXPECT_EQ(service.calls(), 3);
+  // A call that must not run twice (TrainStep, GenerateBatch) gets one attempt.
+  auto once = client.Echo(request, absl::ZeroDuration(), Retry::kOnce);
+  EXPECT_EQ(once.status().code(), absl::StatusCode::kUnavailable) << once.status();
+  EXPECT_TRUE(absl::StrContains(once.status().message(), "Echo to 127.0.0.1:")) << once.status();
+  EXPECT_EQ(service.calls(), 4);
+}
+
 // ---- TLS: certificates made by openssl in the test's temp dir ----
 
 class TlsTest : public ::testing::Test {
