@@ -106,14 +106,16 @@ int Driver(const std::string& self) {
     fo.max_bytes = n;
     fo.timeout = absl::Minutes(2);
     s = absl::Now();
-    auto all = transport::DescriptorFetcher(t->get(), fo).Fetch(d);
+    auto pool = std::make_shared<common::BufferPool>(1);
+    auto all = transport::DescriptorFetcher(t->get(), fo).Fetch(d, absl::Now() + fo.timeout, pool);
     const double took = absl::ToDoubleSeconds(absl::Now() - s);
     if (!all.ok()) Die("Fetch: " + all.status().ToString());
     best_fetch = std::min(best_fetch, took);
     std::cout << absl::StrFormat("  DescriptorFetcher::Fetch %.1f ms (%.2f GB/s)\n", took * 1e3, n / took / 1e9);
     // ...and into the memory of the previous pull (what a replica does version after version).
     s = absl::Now();
-    auto again = transport::DescriptorFetcher(t->get(), fo).Fetch(d, absl::Now() + fo.timeout, std::move(*all));
+    *all = common::HostBuffer();  // (back to the pool)
+    auto again = transport::DescriptorFetcher(t->get(), fo).Fetch(d, absl::Now() + fo.timeout, pool);
     const double took_again = absl::ToDoubleSeconds(absl::Now() - s);
     if (!again.ok()) Die("Fetch: " + again.status().ToString());
     best_reused = std::min(best_reused, took_again);

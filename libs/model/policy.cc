@@ -466,7 +466,9 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
   return stats;
 }
 
-std::string Policy::SafetensorsBytes(std::string reuse) const {
+std::string Policy::SafetensorsBytes() const { return SafetensorsImage(nullptr).Release(); }
+
+common::HostBuffer Policy::SafetensorsImage(const std::shared_ptr<common::BufferPool>& pool) const {
   // Views of the parameters where they are (a CPU f32 parameter is not copied; others
   // are converted into `kept` first): the image is written with one copy per byte.
   std::vector<torch::Tensor> kept;
@@ -479,7 +481,7 @@ std::string Policy::SafetensorsBytes(std::string reuse) const {
     view.bytes = absl::string_view(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * sizeof(float));
     tensors[item.key()] = std::move(view);
   }
-  return SerializeSafetensors(tensors, std::move(reuse));
+  return SerializeSafetensors(tensors, pool);
 }
 
 absl::Status Policy::SaveSafetensors(const std::string& path) const {

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "libs/common/host_buffer.h"
 #include "libs/dist/gradient_group.h"
 
 namespace rlfleet::model {
@@ -187,8 +188,11 @@ class Policy {
   // read it, and we read what it writes). Load: INVALID_ARGUMENT naming a missing or
   // mis-shaped tensor; NOT_FOUND for a missing file.
   absl::Status SaveSafetensors(const std::string& path) const;
-  // The image SaveSafetensors writes, in memory (in `reuse`'s memory when it fits).
-  std::string SafetensorsBytes(std::string reuse = std::string()) const;
+  // The image SaveSafetensors writes, in memory.
+  std::string SafetensorsBytes() const;
+  // The same in memory from `pool` (when a buffer there holds it; back there when
+  // dropped): for a publisher writing version after version.
+  common::HostBuffer SafetensorsImage(const std::shared_ptr<common::BufferPool>& pool) const;
   absl::Status LoadSafetensors(const std::string& path);
   // The same from a safetensors image in memory (`name` names it in errors).
   absl::Status LoadSafetensorsBytes(const std::string& bytes, const std::string& name);

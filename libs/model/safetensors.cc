@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "libs/common/files.h"
-#include "libs/common/huge_string.h"
 
 namespace rlfleet::model {
 namespace {
@@ -150,7 +149,8 @@ std::string Quoted(absl::string_view s) {
 }
 
 template <typename Tensor>
-std::string Serialize(const std::map<std::string, Tensor>& tensors, std::string reuse = std::string()) {
+common::HostBuffer Serialize(const std::map<std::string, Tensor>& tensors,
+                             const std::shared_ptr<common::BufferPool>& pool) {
   std::string header = "{";
   uint64_t offset = 0;
   bool first = true;
@@ -162,7 +162,7 @@ std::string Serialize(const std::map<std::string, Tensor>& tensors, std::string 
   }
   header += "}";
   while (header.size() % 8 != 0) header += ' ';  // keeps the data 8-byte aligned
-  std::string out = common::ReuseOrNewHugeString(std::move(reuse), 8 + header.size() + offset);
+  common::HostBuffer out = common::HostBuffer::Allocate(pool, 8 + header.size() + offset);
   const uint64_t n = header.size();
   char* at = out.data();
   std::memcpy(at, &n, 8);
@@ -177,12 +177,17 @@ std::string Serialize(const std::map<std::string, Tensor>& tensors, std::string 
 
 }  // namespace
 
-std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors) { return Serialize(tensors); }
+std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors) {
+  return Serialize(tensors, nullptr).Release();
+}
 
-std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors) { return Serialize(tensors); }
+std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors) {
+  return Serialize(tensors, nullptr).Release();
+}
 
-std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors, std::string reuse) {
-  return Serialize(tensors, std::move(reuse));
+common::HostBuffer SerializeSafetensors(const std::map<std::string, TensorView>& tensors,
+                                        const std::shared_ptr<common::BufferPool>& pool) {
+  return Serialize(tensors, pool);
 }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {

@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "libs/common/host_buffer.h"
 
 namespace rlfleet::model {
 
@@ -41,10 +43,11 @@ struct TensorView {
 // huge-page backed string (each tensor's bytes copied once, into place).
 std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors);
 std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors);
-// The same into `reuse`'s memory (taken over) when its capacity holds the image: a
-// publisher writing version after version keeps its buffers instead of faulting in a
-// fresh one each time.
-std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensors, std::string reuse);
+// The same in memory from `pool` (when it holds a buffer large enough; back there when
+// the image is dropped): a publisher writing version after version writes into memory
+// faulted in already instead of a fresh buffer each time.
+common::HostBuffer SerializeSafetensors(const std::map<std::string, TensorView>& tensors,
+                                        const std::shared_ptr<common::BufferPool>& pool);
 // At least the size of the f32 safetensors image of a model with `parameters`
 // parameters (their bytes and a header of at most 1 MiB): memory to fault in for one.
 inline uint64_t F32ImageBytesBound(uint64_t parameters) { return parameters * 4 + (uint64_t{1} << 20); }

@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "libs/common/checksum.h"
 #include "libs/common/files.h"
-#include "libs/common/huge_string.h"
+#include "libs/common/host_buffer.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::transport {
@@ -17,8 +17,14 @@ namespace rlfleet::transport {
 DescriptorFetcher::DescriptorFetcher(Transport* transport, Options options)
     : transport_(transport), options_(options) {}
 
-absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescriptor& d, absl::Time deadline,
-                                                     std::string reuse, FetchTimings* timings) {
+absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescriptor& d, absl::Time deadline) {
+  ASSIGN_OR_RETURN(common::HostBuffer bytes, Fetch(d, deadline, nullptr));
+  return std::move(bytes).Release();
+}
+
+absl::StatusOr<common::HostBuffer> DescriptorFetcher::Fetch(const v1::TransferDescriptor& d, absl::Time deadline,
+                                                            const std::shared_ptr<common::BufferPool>& pool,
+                                                            FetchTimings* timings) {
   FetchTimings local_timings;
   if (timings == nullptr) timings = &local_timings;
   *timings = FetchTimings();
@@ -32,17 +38,17 @@ absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescripto
       d.digest().algorithm() != v1::DIGEST_ALGORITHM_CRC32C) {
     return absl::InvalidArgumentError("digest: required (XXHASH64 or CRC32C)");
   }
-  absl::StatusOr<std::string> bytes;
+  absl::StatusOr<common::HostBuffer> bytes;
   switch (d.segment().backend()) {
     case v1::TRANSFER_BACKEND_FILE: {
       const absl::Time start = absl::Now();
-      bytes = FetchFile(d);
+      bytes = FetchFile(d, pool);
       timings->transfer = absl::Now() - start;
       break;
     }
     case v1::TRANSFER_BACKEND_UCX:
     case v1::TRANSFER_BACKEND_LOOPBACK:
-      bytes = FetchMemory(d, deadline, std::move(reuse), timings);
+      bytes = FetchMemory(d, deadline, pool, timings);
       break;
     default:
       return absl::InvalidArgumentError(
@@ -51,8 +57,8 @@ absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescripto
   }
   if (!bytes.ok()) return bytes.status();
   const absl::Time verify_start = absl::Now();
-  const uint64_t got =
-      d.digest().algorithm() == v1::DIGEST_ALGORITHM_XXHASH64 ? common::Xxh64(*bytes) : common::Crc32c(*bytes);
+  const uint64_t got = d.digest().algorithm() == v1::DIGEST_ALGORITHM_XXHASH64 ? common::Xxh64(bytes->view())
+                                                                               : common::Crc32c(bytes->view());
   timings->verify = absl::Now() - verify_start;
   if (got != d.digest().value()) {
     // (The computed value is not echoed: it would tell a producer about bytes it
@@ -63,7 +69,8 @@ absl::StatusOr<std::string> DescriptorFetcher::Fetch(const v1::TransferDescripto
   return bytes;
 }
 
-absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescriptor& d) {
+absl::StatusOr<common::HostBuffer> DescriptorFetcher::FetchFile(const v1::TransferDescriptor& d,
+                                                                const std::shared_ptr<common::BufferPool>& pool) {
   const std::string& path = d.segment().worker_address();
   if (path.empty()) return absl::InvalidArgumentError("segment.worker_address: empty (the file's path)");
   if (options_.file_root.empty()) {
@@ -82,7 +89,7 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchFile(const v1::TransferDescr
   if (d.offset_bytes() > file.size() || d.length_bytes() > file.size() - d.offset_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("offset_bytes + length_bytes: past the end of ", path));
   }
-  std::string bytes = common::NewHugeString(d.length_bytes());
+  common::HostBuffer bytes = common::HostBuffer::Allocate(pool, d.length_bytes());
   RETURN_IF_ERROR(file.ReadAt("segment.worker_address", d.offset_bytes(), bytes.data(), bytes.size()));
   return bytes;
 }
@@ -92,7 +99,7 @@ DescriptorFetcher::~DescriptorFetcher() {
   absl::MutexLock lock(&mu_);
   // Still in flight: the transport may write into this memory, so it is never freed.
   for (Pending& p : pending_) {
-    new std::string(std::move(p.bytes));  // NOLINT: leaked on purpose
+    new common::HostBuffer(std::move(p.bytes));  // NOLINT: leaked on purpose
     (void)p.get.release();
   }
 }
@@ -120,8 +127,9 @@ size_t DescriptorFetcher::ReleaseFinished(absl::Duration wait) {
   return pending_.size();
 }
 
-absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline,
-                                                           std::string reuse, FetchTimings* timings) {
+absl::StatusOr<common::HostBuffer> DescriptorFetcher::FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline,
+                                                                  const std::shared_ptr<common::BufferPool>& pool,
+                                                                  FetchTimings* timings) {
   if (transport_ == nullptr) {
     return absl::InvalidArgumentError("segment.backend: this buffer has no data-plane transport (FILE only)");
   }
@@ -152,7 +160,7 @@ absl::StatusOr<std::string> DescriptorFetcher::FetchMemory(const v1::TransferDes
   // faulting 4 KiB pages capped a 400 MiB pull at ~1.4 GB/s where ucx_perftest's warm
   // buffers reach ~12 (bench/fetch_bw).
   const absl::Time allocate_start = absl::Now();
-  std::string bytes = common::ReuseOrNewHugeString(std::move(reuse), d.length_bytes());
+  common::HostBuffer bytes = common::HostBuffer::Allocate(pool, d.length_bytes());
   const absl::Time transfer_start = absl::Now();
   timings->allocate = transfer_start - allocate_start;
   ASSIGN_OR_RETURN(MemoryHandle local, transport_->RegisterMemory(bytes.data(), bytes.size(), MemoryKind::kHost, 0));

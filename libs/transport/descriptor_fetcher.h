@@ -6,6 +6,7 @@
 #ifndef RLFLEET_LIBS_TRANSPORT_DESCRIPTOR_FETCHER_H_
 #define RLFLEET_LIBS_TRANSPORT_DESCRIPTOR_FETCHER_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/common/host_buffer.h"
 #include "libs/transport/transport.h"
 #include "rlfleet/v1/common.pb.h"
 
@@ -63,15 +65,15 @@ class DescriptorFetcher {
     return Fetch(descriptor, absl::Now() + options_.timeout);
   }
   // With a deadline of its own (several fetches of one request share one).
-  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline) {
-    return Fetch(descriptor, deadline, std::string());
-  }
-  // Into `reuse`'s memory (taken over and returned filled) when its capacity holds the
-  // payload: a caller that fetches one version after another (a rollout
-  // replica) keeps two buffers instead of faulting in a fresh one per pull (a fresh
-  // 400 MB buffer: 46 ms here when memory is warm, 460-780 ms when it is not).
-  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline, std::string reuse,
-                                    FetchTimings* timings = nullptr);
+  absl::StatusOr<std::string> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline);
+  // Into memory from `pool` (when it holds a buffer large enough; the buffer returned
+  // goes back there when dropped): a caller that fetches one version after another (a
+  // rollout replica, the weights service) writes each into memory faulted in already
+  // instead of a fresh buffer per pull (a fresh 400 MB buffer: 46 ms here when memory
+  // is warm, 460-780 ms when it is not). A null pool: fresh memory.
+  absl::StatusOr<common::HostBuffer> Fetch(const v1::TransferDescriptor& descriptor, absl::Time deadline,
+                                           const std::shared_ptr<common::BufferPool>& pool,
+                                           FetchTimings* timings = nullptr);
   const Options& options() const { return options_; }
 
   // Fetches that timed out and whose memory is still held (their transfer has not
@@ -84,11 +86,13 @@ class DescriptorFetcher {
   struct Pending {
     std::unique_ptr<Completion> get;
     MemoryHandle local;
-    std::string bytes;
+    common::HostBuffer bytes;
   };
-  absl::StatusOr<std::string> FetchFile(const v1::TransferDescriptor& d);
-  absl::StatusOr<std::string> FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline, std::string reuse,
-                                          FetchTimings* timings);
+  absl::StatusOr<common::HostBuffer> FetchFile(const v1::TransferDescriptor& d,
+                                               const std::shared_ptr<common::BufferPool>& pool);
+  absl::StatusOr<common::HostBuffer> FetchMemory(const v1::TransferDescriptor& d, absl::Time deadline,
+                                                 const std::shared_ptr<common::BufferPool>& pool,
+                                                 FetchTimings* timings);
 
   Transport* const transport_;
   const Options options_;

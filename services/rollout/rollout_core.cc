@@ -41,7 +41,7 @@ class RolloutCore::Job {
 
 struct RolloutCore::Install {
   std::string path;                                  // the file, or what `bytes` are (errors)
-  std::string bytes;                                 // a safetensors image in memory; empty: read `path`
+  common::HostBuffer bytes;                          // a safetensors image in memory
   std::map<std::string, model::TensorView> tensors;  // or, if not empty, these
   uint64_t version = 0;
   absl::Notification done;
@@ -189,12 +189,12 @@ absl::StatusOr<InstallReport> RolloutCore::InstallFromFile(const std::string& pa
   ASSIGN_OR_RETURN(
       std::string bytes,
       common::ReadRegularFile("weights file", path, model::F32ImageBytesBound(static_cast<uint64_t>(num_parameters_))));
-  return InstallFromBytes(std::move(bytes), path, version, deadline);
+  return InstallFromBytes(common::HostBuffer(std::move(bytes)), path, version, deadline);
 }
 
-absl::StatusOr<InstallReport> RolloutCore::InstallFromBytes(std::string bytes, const std::string& name,
+absl::StatusOr<InstallReport> RolloutCore::InstallFromBytes(common::HostBuffer bytes, const std::string& name,
                                                             uint64_t version, absl::Time deadline,
-                                                            std::string* image_back) {
+                                                            common::HostBuffer* image_back) {
   auto install = std::make_shared<Install>();
   install->path = name;
   install->bytes = std::move(bytes);
@@ -359,7 +359,7 @@ void RolloutCore::Run() {
       // (never a file here: InstallFromFile read it on the caller's thread)
       install->status = Guarded("loading the weights", [&] {
         return !install->tensors.empty() ? policy_->LoadTensors(install->tensors, install->path)
-                                         : policy_->LoadSafetensorsBytes(install->bytes, install->path);
+                                         : policy_->LoadSafetensorsBytes(install->bytes.str(), install->path);
       });
       const absl::Time loaded = absl::Now();
       if (install->status.ok())

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/common/host_buffer.h"
 #include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
 #include "libs/model/safetensors.h"
@@ -100,9 +101,9 @@ class RolloutCore {
   // service); `name` names it in errors. The model copies what it needs, so with
   // `image_back` the image is handed back unchanged once installed (to serve it to
   // other replicas without a copy of its own).
-  absl::StatusOr<InstallReport> InstallFromBytes(std::string bytes, const std::string& name, uint64_t version,
+  absl::StatusOr<InstallReport> InstallFromBytes(common::HostBuffer bytes, const std::string& name, uint64_t version,
                                                  absl::Time deadline = absl::InfiniteFuture(),
-                                                 std::string* image_back = nullptr);
+                                                 common::HostBuffer* image_back = nullptr);
   // The same from tensors where they already are (a version pushed into this replica's
   // shard memory, which must stay untouched until this returns); `name` names them.
   absl::StatusOr<InstallReport> InstallFromTensors(std::map<std::string, model::TensorView> tensors,

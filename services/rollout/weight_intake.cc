@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/common/checks.h"
+#include "libs/common/host_buffer.h"
 #include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
 
@@ -17,14 +18,10 @@ RelayCopy::~RelayCopy() {
   ReleaseLocked();
 }
 
-absl::StatusOr<v1::TransferDescriptor> RelayCopy::Serve(std::string bytes, const v1::TransferDescriptor& pulled,
-                                                        std::string* previous) {
+absl::StatusOr<v1::TransferDescriptor> RelayCopy::Serve(common::HostBuffer bytes,
+                                                        const v1::TransferDescriptor& pulled) {
   absl::MutexLock lock(&mu_);
-  if (handle_) (void)data_plane_->DeregisterMemory(*handle_);
-  handle_.reset();
-  // (handed on whole, not cleared: the next pull into it then fills nothing first)
-  if (previous != nullptr) *previous = std::move(bytes_);
-  ReleaseLocked();
+  ReleaseLocked();  // (the image served before goes back to its pool)
   bytes_ = std::move(bytes);
   absl::StatusOr<transport::MemoryHandle> handle =
       data_plane_->RegisterMemory(bytes_.data(), bytes_.size(), transport::MemoryKind::kHost, 0);
@@ -42,7 +39,7 @@ absl::StatusOr<v1::TransferDescriptor> RelayCopy::Serve(std::string bytes, const
 void RelayCopy::ReleaseLocked() {
   if (handle_) (void)data_plane_->DeregisterMemory(*handle_);
   handle_.reset();
-  bytes_.clear();
+  bytes_ = common::HostBuffer();
 }
 
 void ReportInstall(const InstallReport& report, v1::CommitWeightsResponse* response) {
@@ -61,11 +58,7 @@ WeightIntake::WeightIntake(RolloutCore* core, transport::DescriptorFetcher* fetc
       receiver_(data_plane != nullptr ? std::make_unique<reshard::ShardReceiver>(*data_plane) : nullptr) {}
 
 void WeightIntake::PrefaultStaging(uint64_t bytes) {
-  std::string staging = common::PrefaultedHugeString(bytes);
-  {
-    absl::MutexLock lock(&spare_mu_);
-    spare_ = std::move(staging);
-  }
+  staging_->Give(common::PrefaultedHugeString(bytes));
   if (receiver_ != nullptr) {
     absl::MutexLock lock(&receive_mu_);
     (void)receiver_->Prefault(bytes);  // (if it fails, the first push allocates)
@@ -148,7 +141,7 @@ absl::Status WeightIntake::UpdateFromFile(const v1::PrepareWeightsRequest& req, 
         "chunks[0].source.segment.backend: FILE descriptors are not accepted here (no --publish_dir)");
   }
   const uint64_t version = req.manifest().version().version();
-  absl::StatusOr<std::string> bytes = fetcher_->Fetch(req.chunks(0).source(), deadline);
+  absl::StatusOr<common::HostBuffer> bytes = fetcher_->Fetch(req.chunks(0).source(), deadline, staging_);
   if (!bytes.ok()) return common::Annotate(bytes.status(), "chunks[0].source");
   ASSIGN_OR_RETURN(
       InstallReport report,
@@ -166,34 +159,22 @@ absl::Status WeightIntake::UpdateByPull(const v1::PrepareWeightsRequest& req, ab
   const uint64_t version = req.manifest().version().version();
   const absl::Time pull_start = absl::Now();
   // Into the memory of the image before last (faulted in already), if there is one.
-  std::string reuse;
-  {
-    absl::MutexLock lock(&spare_mu_);
-    reuse.swap(spare_);
-  }
   transport::FetchTimings timings;
-  absl::StatusOr<std::string> bytes = fetcher_->Fetch(source, deadline, std::move(reuse), &timings);
+  absl::StatusOr<common::HostBuffer> bytes = fetcher_->Fetch(source, deadline, staging_, &timings);
   if (!bytes.ok()) return common::Annotate(bytes.status(), "chunks[0].source: pulling the version");
   resp->set_pull_us(absl::ToInt64Microseconds(absl::Now() - pull_start));
   resp->set_pull_allocate_us(absl::ToInt64Microseconds(timings.allocate));
   resp->set_pull_verify_us(absl::ToInt64Microseconds(timings.verify));
   const bool serve = req.serve_relay() && relay_ != nullptr;
-  std::string image;  // handed back by the install, to serve without a copy
+  common::HostBuffer image;  // handed back by the install, to serve without a copy
   absl::StatusOr<InstallReport> report = core_->InstallFromBytes(
       std::move(*bytes), absl::StrCat("version ", version, " (pulled)"), version, deadline, &image);
   std::optional<v1::TransferDescriptor> relay;
-  std::string spare;
   if (report.ok() && serve && image.size() == source.length_bytes()) {
     // (no relay copy is not an error: the weights service then serves the others)
-    absl::StatusOr<v1::TransferDescriptor> served = relay_->Serve(std::move(image), source, &spare);
+    absl::StatusOr<v1::TransferDescriptor> served = relay_->Serve(std::move(image), source);
     if (served.ok()) relay = *served;
-  } else {
-    spare = std::move(image);
-  }
-  if (spare.capacity() > (1 << 20)) {  // (cleared, not freed: its memory is what counts)
-    absl::MutexLock lock(&spare_mu_);
-    spare_ = std::move(spare);
-  }
+  }  // (else the image's memory goes back to the staging pool here)
   if (!report.ok()) return report.status();
   if (relay) *resp->mutable_relay_source() = *relay;
   ReportInstall(*report, resp);

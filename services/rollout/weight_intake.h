@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/common/host_buffer.h"
 #include "libs/reshard/round.h"
 #include "libs/transport/descriptor_fetcher.h"
 #include "libs/transport/transport.h"
@@ -47,16 +48,15 @@ class RelayCopy {
   RelayCopy& operator=(const RelayCopy&) = delete;
   // Serves `bytes` (taken over: the installed image, not a copy of it), the version
   // `pulled` describes; returns where to pull it (same length, digest and version).
-  // The image it served before, no longer registered, goes to `previous` (memory for
-  // the next pull). Errors from registering it.
-  absl::StatusOr<v1::TransferDescriptor> Serve(std::string bytes, const v1::TransferDescriptor& pulled,
-                                               std::string* previous = nullptr);
+  // The image it served before, no longer registered, is dropped (its memory goes back
+  // to its pool: the next pull's). Errors from registering it.
+  absl::StatusOr<v1::TransferDescriptor> Serve(common::HostBuffer bytes, const v1::TransferDescriptor& pulled);
 
  private:
   void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   transport::Transport* const data_plane_;
   absl::Mutex mu_;
-  std::string bytes_ ABSL_GUARDED_BY(mu_);
+  common::HostBuffer bytes_ ABSL_GUARDED_BY(mu_);
   std::optional<transport::MemoryHandle> handle_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -109,10 +109,9 @@ class WeightIntake {
   // Pushed versions: one round at a time, and the shard untouched until installed.
   absl::Mutex receive_mu_;
   const std::unique_ptr<reshard::ShardReceiver> receiver_ ABSL_PT_GUARDED_BY(receive_mu_);
-  // A pulled image's memory, kept for the next pull (with a relay: the one it served
-  // before the current one).
-  absl::Mutex spare_mu_;
-  std::string spare_ ABSL_GUARDED_BY(spare_mu_);
+  // Pulled images' memory, kept for the next pull (with a relay: the image it served
+  // before the current one comes back here when the next is served).
+  const std::shared_ptr<common::BufferPool> staging_ = std::make_shared<common::BufferPool>(1);
 };
 
 // An install's report in an UpdateWeights reply.

@@ -670,8 +670,8 @@ absl::Status TrainerCore::InstallLocked(CheckpointContents contents, v1::LoadChe
 
 void TrainerCore::PrefaultPublishMemory() {
   absl::MutexLock lock(&mu_);
-  spare_image_ =
-      common::PrefaultedHugeString(model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters())));
+  publish_pool_->Give(
+      common::PrefaultedHugeString(model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters()))));
 }
 
 absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::PublishWeightsRequest& request,
@@ -722,18 +722,16 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
     where->mutable_segment()->set_worker_address(path);
   } else {
     if (published_.empty() || published_.back().version != version_) {  // (else: already in memory)
-      // The oldest of the two kept goes first, and its memory takes the new image (or
-      // the memory faulted in at start).
-      std::string reuse = std::move(spare_image_);
+      // The oldest of the two kept goes first, and its memory (back in the pool) takes
+      // the new image (or the memory faulted in at start).
       if (published_.size() >= 2) {
         (void)published_.front().data_plane->DeregisterMemory(published_.front().handle);
-        reuse = std::move(published_.front().bytes);
         published_.pop_front();
       }
       Published p;
       p.version = version_;
-      p.bytes = policy_->SafetensorsBytes(std::move(reuse));
-      p.digest = common::Xxh64(p.bytes);
+      p.bytes = policy_->SafetensorsImage(publish_pool_);
+      p.digest = common::Xxh64(p.bytes.view());
       p.data_plane = target.data_plane;
       ASSIGN_OR_RETURN(
           p.handle, target.data_plane->RegisterMemory(p.bytes.data(), p.bytes.size(), transport::MemoryKind::kHost, 0));

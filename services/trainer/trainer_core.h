@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/common/host_buffer.h"
 #include "libs/common/ids.h"
 #include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
@@ -168,8 +169,8 @@ class TrainerCore {
   // A version published in memory.
   struct Published {
     uint64_t version = 0;
-    std::string bytes;
-    uint64_t digest = 0;  // XXH64 of bytes
+    common::HostBuffer bytes;  // (back to publish_pool_ when dropped)
+    uint64_t digest = 0;       // XXH64 of bytes
     transport::MemoryHandle handle;
     transport::Transport* data_plane = nullptr;
   };
@@ -177,7 +178,8 @@ class TrainerCore {
   absl::Mutex mu_;
   std::unique_ptr<model::Policy> policy_ ABSL_GUARDED_BY(mu_);
   std::deque<Published> published_ ABSL_GUARDED_BY(mu_);  // the latest two, in memory
-  std::string spare_image_ ABSL_GUARDED_BY(mu_);          // memory for the next image
+  // Memory for the next image: a dropped one's, or faulted in at start.
+  const std::shared_ptr<common::BufferPool> publish_pool_ = std::make_shared<common::BufferPool>(1);
   BufferSource* const buffer_;
   const std::string device_;
   const std::filesystem::path checkpoint_root_;  // absolute; empty: no checkpoints

@@ -18,7 +18,6 @@ namespace rlfleet::weights {
 PushChains::Source::~Source() {
   // (a push copy is never described to a peer: deregistering it waits for nobody)
   if (handle.id != 0) (void)data_plane->DeregisterMemory(handle);
-  if (pool != nullptr) pool->Give(std::move(packed));
 }
 
 PushChains::PushChains(transport::Transport* data_plane, absl::Duration round_timeout)
@@ -58,12 +57,11 @@ absl::StatusOr<std::shared_ptr<PushChains::Source>> PushChains::SourceLocked(con
   ASSIGN_OR_RETURN(auto views, model::ParseSafetensorsViews(version.image->bytes(), "the version"));
   auto push = std::make_shared<Source>();
   push->data_plane = data_plane_;
-  push->pool = pool_;
   push->version = number;
   const reshard::Layout whole =
       reshard::Layout::Tp(1, std::vector<reshard::Split>(tensors.size(), reshard::Split::kReplicated));
   ASSIGN_OR_RETURN(push->plan, reshard::MakePlan(tensors, whole, whole));
-  push->packed = common::ReuseOrNewHugeString(pool_->Take(), push->plan.src_shard_bytes[0]);
+  push->packed = common::HostBuffer::Allocate(pool_, push->plan.src_shard_bytes[0]);
   // The destination (one rank, every tensor whole) has the source's layout, so this
   // service's digest share is computed in the same pass as the copy.
   for (size_t t = 0; t < tensors.size(); ++t) {

@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "libs/common/buffer_pool.h"
+#include "libs/common/host_buffer.h"
 #include "libs/reshard/executor.h"
 #include "libs/reshard/plan.h"
 #include "libs/transport/transport.h"
@@ -73,9 +73,8 @@ class PushChains {
   struct Source {
     ~Source();
     transport::Transport* data_plane = nullptr;
-    std::shared_ptr<common::BufferPool> pool;
     uint64_t version = 0;
-    std::string packed;
+    common::HostBuffer packed;  // (back to the pool after the deregistration)
     transport::MemoryHandle handle;
     reshard::Plan plan;  // to one destination rank holding every tensor whole
     uint64_t share = 0;  // this source's share of that rank's digest

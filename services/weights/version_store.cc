@@ -57,9 +57,11 @@ std::vector<reshard::TensorSpec> TensorsOf(const std::string& bytes) {
 // INVALID_ARGUMENT naming the field for a request that does not fit the layout;
 // DATA_LOSS naming the rank and tensor whose bytes do not match their digest; the data
 // plane's error for a shard that cannot be pulled.
-absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& request, transport::Transport* data_plane,
-                                            const transport::DescriptorFetcher::Options& fetch, absl::Time deadline,
-                                            std::string reuse) {
+absl::StatusOr<common::HostBuffer> AssembleSharded(const v1::PublishVersionRequest& request,
+                                                   transport::Transport* data_plane,
+                                                   const transport::DescriptorFetcher::Options& fetch,
+                                                   absl::Time deadline,
+                                                   const std::shared_ptr<common::BufferPool>& pool) {
   ASSIGN_OR_RETURN(reshard::ModelLayout model,
                    reshard::ModelLayoutFromProto(request.manifest().layout(), "manifest.layout", 1024));
   const int ranks = model.layout.ranks;
@@ -150,7 +152,7 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
   for (size_t t = 0; t < specs.size(); ++t) {
     views[specs[t].name] = {reshard::SafetensorsName(specs[t].dtype), specs[t].shape, whole[t]};
   }
-  return model::SerializeSafetensors(views, std::move(reuse));  // (into a retired version's memory if it fits)
+  return model::SerializeSafetensors(views, pool);  // (into a retired version's memory if it fits)
 }
 
 }  // namespace
@@ -158,7 +160,6 @@ absl::StatusOr<std::string> AssembleSharded(const v1::PublishVersionRequest& req
 VersionImage::~VersionImage() {
   // (deregistering waits for the peers that know the key: never under a lock)
   if (registered_) (void)data_plane_->DeregisterMemory(*registered_);
-  if (pool_ != nullptr) pool_->Give(std::move(bytes_));
 }
 
 absl::Status VersionImage::Stage(uint64_t version, const v1::Digest& digest) {
@@ -199,16 +200,16 @@ void VersionStore::PrefaultMemory(uint64_t bytes) {
   for (int i = 0; i < keep_versions_; ++i) pool_->Give(common::PrefaultedHugeString(bytes));
 }
 
-absl::StatusOr<std::string> VersionStore::Read(const v1::PublishVersionRequest& request, bool sharded,
-                                               v1::TransferDescriptor* where, std::string reuse) const {
+absl::StatusOr<common::HostBuffer> VersionStore::Read(const v1::PublishVersionRequest& request, bool sharded,
+                                                      v1::TransferDescriptor* where) const {
   const uint64_t version = request.manifest().version().version();
   const transport::DescriptorFetcher::Options fetch = TrainerFetch(file_root_, max_version_bytes_);
   const bool file = where->segment().backend() == v1::TRANSFER_BACKEND_FILE;
   // Either way the digest is checked.
-  absl::StatusOr<std::string> fetched =
-      sharded ? AssembleSharded(request, data_plane_, fetch, absl::Now() + fetch.timeout, std::move(reuse))
+  absl::StatusOr<common::HostBuffer> fetched =
+      sharded ? AssembleSharded(request, data_plane_, fetch, absl::Now() + fetch.timeout, pool_)
               : transport::DescriptorFetcher(file ? nullptr : data_plane_, fetch)
-                    .Fetch(*where, absl::Now() + fetch.timeout, std::move(reuse));
+                    .Fetch(*where, absl::Now() + fetch.timeout, pool_);
   if (!fetched.ok()) {
     return common::Annotate(fetched.status(),
                             absl::StrCat("version ", version, sharded ? "" : ": sources[0].shards[0].location"));
@@ -216,7 +217,7 @@ absl::StatusOr<std::string> VersionStore::Read(const v1::PublishVersionRequest& 
   if (sharded) {  // what replicas pull: the whole image, with its digest
     where->set_length_bytes(fetched->size());
     where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
-    where->mutable_digest()->set_value(common::Xxh64(*fetched));
+    where->mutable_digest()->set_value(common::Xxh64(fetched->view()));
     where->set_version(version);
   }
   return fetched;
@@ -286,7 +287,7 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
   // Read or pull, and verify, before anyone sees the version (the trainer's file may be
   // anywhere on this host: PublishVersion is the trainer's call, not a producer's).
   const absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(std::string bytes, Read(request, sharded, &where, pool_->Take()));
+  ASSIGN_OR_RETURN(common::HostBuffer bytes, Read(request, sharded, &where));
   auto info = std::make_shared<VersionInfo>();
   info->number = version;
   info->manifest = request.manifest();
@@ -300,13 +301,13 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
     info->tensors = std::move(model.tensors);
     info->layout = std::move(model.layout);
   } else {
-    info->tensors = TensorsOf(bytes);  // (the trainer's one rank holds all of it)
+    info->tensors = TensorsOf(bytes.str());  // (the trainer's one rank holds all of it)
     info->layout =
         reshard::Layout::Tp(1, std::vector<reshard::Split>(info->tensors.size(), reshard::Split::kReplicated));
   }
   std::shared_ptr<VersionImage> image;
   if (data_plane_ != nullptr) {  // served from memory: the replicas pull it over the data plane
-    image = std::make_shared<VersionImage>(std::move(bytes), data_plane_, pool_);
+    image = std::make_shared<VersionImage>(std::move(bytes), data_plane_);
     RETURN_IF_ERROR(image->Stage(version, where.digest()));
   }
   info->read_us = absl::ToInt64Microseconds(absl::Now() - start);

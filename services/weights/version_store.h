@@ -25,7 +25,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "libs/common/buffer_pool.h"
+#include "libs/common/host_buffer.h"
 #include "libs/reshard/plan.h"
 #include "libs/transport/transport.h"
 #include "rlfleet/v1/weights.pb.h"
@@ -47,8 +47,8 @@ struct VersionInfo {
 // its memory given to the store's pool, when the last holder lets go.
 class VersionImage {
  public:
-  VersionImage(std::string bytes, transport::Transport* data_plane, std::shared_ptr<common::BufferPool> pool)
-      : bytes_(std::move(bytes)), data_plane_(data_plane), pool_(std::move(pool)) {}
+  VersionImage(common::HostBuffer bytes, transport::Transport* data_plane)
+      : bytes_(std::move(bytes)), data_plane_(data_plane) {}
   ~VersionImage();
   VersionImage(const VersionImage&) = delete;
   VersionImage& operator=(const VersionImage&) = delete;
@@ -57,14 +57,13 @@ class VersionImage {
   // `digest`; the data plane's error otherwise.
   absl::Status Stage(uint64_t version, const v1::Digest& digest);
 
-  const std::string& bytes() const { return bytes_; }
+  const std::string& bytes() const { return bytes_.str(); }
   bool staged() const { return registered_.has_value(); }
   const v1::TransferDescriptor& staging() const { return staging_; }  // the bytes on the data plane
 
  private:
-  std::string bytes_;
+  common::HostBuffer bytes_;  // (its memory goes back to its pool after the deregistration)
   transport::Transport* const data_plane_;
-  const std::shared_ptr<common::BufferPool> pool_;
   std::optional<transport::MemoryHandle> registered_;
   v1::TransferDescriptor staging_;
 };
@@ -132,10 +131,10 @@ class VersionStore {
     std::shared_ptr<const VersionImage> image;                // null once given up
     std::map<std::string, v1::DestinationSyncStatus> status;  // by replica_id
   };
-  // Reads (or pulls, or assembles) the version's bytes into `reuse`'s memory when it
-  // fits, and checks them; fills `where` with the image's descriptor.
-  absl::StatusOr<std::string> Read(const v1::PublishVersionRequest& request, bool sharded,
-                                   v1::TransferDescriptor* where, std::string reuse) const;
+  // Reads (or pulls, or assembles) the version's bytes into memory from the pool, and
+  // checks them; fills `where` with the image's descriptor.
+  absl::StatusOr<common::HostBuffer> Read(const v1::PublishVersionRequest& request, bool sharded,
+                                          v1::TransferDescriptor* where) const;
   // The record of `version` (0: the latest); NOT_FOUND when it has none.
   absl::StatusOr<const Record*> FindLocked(uint64_t version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Log(const std::string& line) const {

@@ -51,19 +51,24 @@ TEST(Safetensors, ViewsAndBlobsWriteTheSameImageAndParseBackAlike) {
   }
 }
 
-// Written into an earlier image's memory when it fits: the same bytes, the same memory.
-TEST(Safetensors, AnImageIsWrittenIntoReusedMemoryWhenItFits) {
+// Written into a pooled buffer's memory when it fits: the same bytes, the same memory.
+TEST(Safetensors, AnImageIsWrittenIntoPooledMemoryWhenItFits) {
   const auto blobs = Blobs();
   std::map<std::string, TensorView> views;
   for (const auto& [name, b] : blobs) views[name] = {b.dtype, b.shape, b.bytes};
   const std::string want = SerializeSafetensors(views);
+  auto pool = std::make_shared<common::BufferPool>(1);
   std::string old(want.size() + 100, 'z');
   const char* memory = old.data();
-  std::string again = SerializeSafetensors(views, std::move(old));
-  EXPECT_EQ(again, want);
+  pool->Give(std::move(old));
+  common::HostBuffer again = SerializeSafetensors(views, pool);
+  EXPECT_EQ(again.str(), want);
   EXPECT_EQ(again.data(), memory);
-  std::string small(10, 'z');
-  EXPECT_EQ(SerializeSafetensors(views, std::move(small)), want);  // too small: new memory, same image
+  again = common::HostBuffer();  // (dropped: back to the pool)
+  EXPECT_EQ(pool->size(), 1u);
+  common::HostBuffer taken = common::HostBuffer::Allocate(pool, 1);  // (empties the pool)
+  pool->Give(std::string(100, 'z'));
+  EXPECT_EQ(SerializeSafetensors(views, pool).str(), want);  // too small: new memory, same image
 }
 
 TEST(Safetensors, AMalformedImageIsDataLossInEveryParse) {

@@ -41,29 +41,34 @@ TEST(DescriptorFetcherTest, FetchesIntoTheMemoryOfAnEarlierFetchWhenItFits) {
   DescriptorFetcher fetcher(puller.get(), options);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
 
+  auto pool = std::make_shared<common::BufferPool>(1);
   FetchTimings timings;
-  auto first = fetcher.Fetch(Describe(*owner, *h1, v1_bytes), deadline, std::string(), &timings);
+  auto first = fetcher.Fetch(Describe(*owner, *h1, v1_bytes), deadline, pool, &timings);
   ASSERT_TRUE(first.ok()) << first.status();
   // Where the time went: each phase measured (the transport's copy and the digest take
   // some; the allocation may round to nothing).
   EXPECT_GT(timings.transfer, absl::ZeroDuration());
   EXPECT_GT(timings.verify, absl::ZeroDuration());
   EXPECT_GE(timings.allocate, absl::ZeroDuration());
-  EXPECT_EQ(*first, v1_bytes);
+  EXPECT_EQ(first->str(), v1_bytes);
   const char* memory = first->data();
+  *first = common::HostBuffer();  // (dropped: its memory goes back to the pool)
   // A smaller version lands in the same memory.
-  auto second = fetcher.Fetch(Describe(*owner, *h2, v2_bytes), deadline, std::move(*first));
+  auto second = fetcher.Fetch(Describe(*owner, *h2, v2_bytes), deadline, pool);
   ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_EQ(*second, v2_bytes);
+  EXPECT_EQ(second->str(), v2_bytes);
   EXPECT_EQ(second->data(), memory);
+  *second = common::HostBuffer();
   // A bigger one needs new memory, and still arrives whole.
-  auto third = fetcher.Fetch(Describe(*owner, *h3, big), deadline, std::move(*second));
+  auto third = fetcher.Fetch(Describe(*owner, *h3, big), deadline, pool);
   ASSERT_TRUE(third.ok()) << third.status();
-  EXPECT_EQ(*third, big);
-  // A bad digest is DATA_LOSS whatever memory it went into.
+  EXPECT_EQ(third->str(), big);
+  *third = common::HostBuffer();
+  // A bad digest is DATA_LOSS whatever memory it went into (and the memory is kept).
   v1::TransferDescriptor wrong = Describe(*owner, *h1, v1_bytes);
   wrong.mutable_digest()->set_value(wrong.digest().value() ^ 1);
-  EXPECT_EQ(fetcher.Fetch(wrong, deadline, std::move(*third)).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(fetcher.Fetch(wrong, deadline, pool).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(pool->size(), 1u);
 }
 
 // A fetch that times out while the Get may still land holds its memory and

@@ -84,14 +84,18 @@ TEST(RolloutCore, InstallFromBytesHandsTheImageBack) {
   auto source = model::Policy::Create(Small(), "cpu");
   ASSERT_TRUE(source.ok()) << source.status();
   const std::string image = (*source)->SafetensorsBytes();
-  std::string back;
-  auto report = (*core)->InstallFromBytes(image, "test image", 4, absl::Now() + absl::Seconds(30), &back);
+  common::HostBuffer back;
+  auto report =
+      (*core)->InstallFromBytes(common::HostBuffer(image), "test image", 4, absl::Now() + absl::Seconds(30), &back);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->version, 4u);
   EXPECT_EQ((*core)->installed_version(), 4u);
-  EXPECT_EQ(back, image);
-  std::string none;
-  EXPECT_EQ((*core)->InstallFromBytes(image, "test image", 4, absl::Now() + absl::Seconds(30), &none).status().code(),
+  EXPECT_EQ(back.str(), image);
+  common::HostBuffer none;
+  EXPECT_EQ((*core)
+                ->InstallFromBytes(common::HostBuffer(image), "test image", 4, absl::Now() + absl::Seconds(30), &none)
+                .status()
+                .code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(none.empty());
 }

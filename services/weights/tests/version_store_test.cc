@@ -46,7 +46,7 @@ struct Trainer {
     std::map<std::string, model::TensorView> views;
     const std::string w(floats * 4, static_cast<char>(version));
     views["w"] = {"F32", {static_cast<int64_t>(floats)}, w};
-    std::string& image = images[version] = model::SerializeSafetensors(views, std::string());
+    std::string& image = images[version] = model::SerializeSafetensors(views);
     auto handle = transport->RegisterMemory(image.data(), image.size(), transport::MemoryKind::kHost, 0);
     EXPECT_TRUE(handle.ok()) << handle.status();
     v1::PublishVersionRequest r;
