@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "bench/cpu_model.h"
 #include "libs/dist/loopback_cluster.h"
 #include "libs/dist/ring_collectives.h"
 
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   std::ofstream out(absl::GetFlag(FLAGS_out));
   out << "# hierarchical_allreduce: flat ring vs hierarchical, " << absl::GetFlag(FLAGS_nodes) << " nodes x "
       << absl::GetFlag(FLAGS_ranks_per_node) << " ranks on loopback\n\n"
+      << "CPU: " << rlfleet::bench::CpuModel() << "\n\n"
       << "Inter-node link: " << absl::GetFlag(FLAGS_latency_us) << " us + size / " << absl::GetFlag(FLAGS_link_gbps)
       << " Gbit/s per transfer (FaultTransport); inside a node, memory speed. Median of " << repeats
       << " runs; error = max |result - exact| / sum of the inputs' magnitudes.\n\n"

@@ -117,14 +117,18 @@ class Registered {
   absl::Status status_;
 };
 
-// This rank's buffers for one collective: a working copy of the data, a receive
-// buffer, and the 16-bit staging buffers, each registered with the transports used.
-struct Buffers {
-  Buffers(const Links& links, absl::Span<const float> data)
-      : work(data.begin(), data.end()),
-        scratch(data.size()),
-        send16(data.size()),
-        recv16(data.size()),
+}  // namespace
+
+// This rank's buffers for collectives of up to `capacity` elements: a working copy of
+// the data, a receive buffer, and the 16-bit staging buffers, each registered with the
+// transports used.
+struct CollectiveBuffers::Set {
+  Set(const Links& links, size_t capacity)
+      : transports(links.transport),
+        work(capacity),
+        scratch(capacity),
+        send16(capacity),
+        recv16(capacity),
         data_reg(links, work.data(), work.size() * 4),
         scratch_reg(links, scratch.data(), scratch.size() * 4),
         send16_reg(links, send16.data(), send16.size() * 2),
@@ -135,26 +139,57 @@ struct Buffers {
     }
     return absl::OkStatus();
   }
-  std::vector<float> work;
+  const std::vector<Transport*> transports;  // what the buffers are registered with
+  std::vector<float> work;                   // (never resized: registered)
   std::vector<float> scratch;
   std::vector<uint16_t> send16, recv16;
   Registered data_reg, scratch_reg, send16_reg, recv16_reg;
 };
 
-// Runs `body` over a working copy of `data` and copies the result back. When it fails,
-// transfers it posted may still be in flight (a peer that is late, not dead, writes
-// into them afterwards): the buffers are then left allocated and registered on
-// purpose, never freed under a transfer.
+CollectiveBuffers::CollectiveBuffers() = default;
+CollectiveBuffers::~CollectiveBuffers() = default;
+
+std::unique_ptr<CollectiveBuffers::Set> CollectiveBuffers::Take(size_t elements,
+                                                                const std::vector<Transport*>& transports) {
+  absl::MutexLock lock(&mu_);
+  if (kept_ == nullptr || kept_->work.size() < elements || kept_->transports != transports) return nullptr;
+  return std::move(kept_);
+}
+
+size_t CollectiveBuffers::kept_elements() {
+  absl::MutexLock lock(&mu_);
+  return kept_ == nullptr ? 0 : kept_->work.size();
+}
+
+void CollectiveBuffers::Give(std::unique_ptr<Set> set) {
+  absl::MutexLock lock(&mu_);
+  if (kept_ == nullptr || kept_->work.size() < set->work.size()) kept_ = std::move(set);
+}
+
+namespace {
+
+using Buffers = CollectiveBuffers::Set;
+
+// Runs `body` over a working copy of `data` (in the buffers `links` keeps, when they
+// fit) and copies the result back. When it fails, transfers it posted may still be in
+// flight (a peer that is late, not dead, writes into them afterwards): the buffers are
+// then left allocated and registered on purpose, never freed or reused under a transfer.
 absl::Status WithBuffers(absl::Span<float> data, const Links& links,
                          const std::function<absl::Status(Buffers&)>& body) {
-  auto b = std::make_unique<Buffers>(links, data);
-  RETURN_IF_ERROR(b->status());
+  std::unique_ptr<Buffers> b;
+  if (links.buffers != nullptr) b = links.buffers->Take(data.size(), links.transport);
+  if (b == nullptr) {
+    b = std::make_unique<Buffers>(links, data.size());
+    RETURN_IF_ERROR(b->status());
+  }
+  std::copy(data.begin(), data.end(), b->work.begin());
   absl::Status s = body(*b);
   if (!s.ok()) {
     b.release();  // NOLINT: deliberately leaked (see above)
     return s;
   }
-  std::copy(b->work.begin(), b->work.end(), data.begin());
+  std::copy(b->work.begin(), b->work.begin() + data.size(), data.begin());
+  if (links.buffers != nullptr) links.buffers->Give(std::move(b));
   return absl::OkStatus();
 }
 
@@ -175,17 +210,23 @@ absl::Status Exchange(std::vector<float>& data, Buffers& b, const Links& links, 
                       size_t recv_offset, size_t recv_count, bool add) {
   Transport* tx = links.transport[to];
   Transport* rx = links.transport[from];
+  // An empty chunk (fewer elements than ranks) is neither sent nor received: the sender
+  // and the receiver of a chunk compute the same size for it.
   std::unique_ptr<Completion> recv, send;
   if (precision == WirePrecision::kFp32) {
-    recv = rx->Recv(links.peer[from], tag, b.scratch_reg.on(rx), recv_offset * 4, recv_count * 4);
-    send = tx->Send(links.peer[to], tag, b.data_reg.on(tx), send_offset * 4, send_count * 4);
+    if (recv_count > 0) recv = rx->Recv(links.peer[from], tag, b.scratch_reg.on(rx), recv_offset * 4, recv_count * 4);
+    if (send_count > 0) send = tx->Send(links.peer[to], tag, b.data_reg.on(tx), send_offset * 4, send_count * 4);
   } else {
     for (size_t i = 0; i < send_count; ++i) b.send16[send_offset + i] = Encode(precision, data[send_offset + i]);
-    recv = rx->Recv(links.peer[from], tag, b.recv16_reg.on(rx), recv_offset * 2, recv_count * 2);
-    send = tx->Send(links.peer[to], tag, b.send16_reg.on(tx), send_offset * 2, send_count * 2);
+    if (recv_count > 0) recv = rx->Recv(links.peer[from], tag, b.recv16_reg.on(rx), recv_offset * 2, recv_count * 2);
+    if (send_count > 0) send = tx->Send(links.peer[to], tag, b.send16_reg.on(tx), send_offset * 2, send_count * 2);
   }
-  RETURN_IF_ERROR(WaitFor(*send, options, absl::StrCat("rank ", links.rank, ": sending to rank ", to)));
-  RETURN_IF_ERROR(WaitFor(*recv, options, absl::StrCat("rank ", links.rank, ": receiving from rank ", from)));
+  if (send != nullptr) {
+    RETURN_IF_ERROR(WaitFor(*send, options, absl::StrCat("rank ", links.rank, ": sending to rank ", to)));
+  }
+  if (recv != nullptr) {
+    RETURN_IF_ERROR(WaitFor(*recv, options, absl::StrCat("rank ", links.rank, ": receiving from rank ", from)));
+  }
   for (size_t i = 0; i < recv_count; ++i) {
     const float v =
         precision == WirePrecision::kFp32 ? b.scratch[recv_offset + i] : Decode(precision, b.recv16[recv_offset + i]);
@@ -258,7 +299,7 @@ absl::Status Ring(std::vector<float>& data, Buffers& b, const std::vector<int>& 
 absl::Status RingAllReduce(absl::Span<float> data, const std::vector<int>& ring, const Links& links,
                            const CollectiveOptions& options) {
   return WithBuffers(data, links, [&](Buffers& b) {
-    return Ring(b.work, b, ring, links, options, options.precision, options.tag << 2, 0, b.work.size());
+    return Ring(b.work, b, ring, links, options, options.precision, options.tag << 2, 0, data.size());
   });
 }
 

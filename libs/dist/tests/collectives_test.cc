@@ -151,6 +151,28 @@ TEST(Collectives, ARankThatNeverComesIsAnErrorWithinTheDeadline) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "rank")) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // A failed call's buffers are never kept for another (a late peer may write into them).
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(cluster.links(rank).buffers->kept_elements(), 0u) << rank;
+}
+
+// Calls of different sizes on one group reuse its buffers while they fit and stay exact:
+// a smaller call after a larger one sums only its own elements; one of fewer elements
+// than ranks (empty chunks) works too.
+TEST(Collectives, BuffersAreKeptBetweenCallsAndReusedWhileTheyFit) {
+  LoopbackCluster cluster(2, 2);
+  std::vector<int> everyone = {0, 1, 2, 3};
+  for (size_t n : {1000, 10, 5000, 1000, 1}) {
+    std::vector<double> exact;
+    auto data = Inputs(cluster.size(), n, &exact);
+    absl::Status s = cluster.RunOnAll([&](int rank) {
+      return RingAllReduce(absl::MakeSpan(data[rank]), everyone, cluster.links(rank), CollectiveOptions());
+    });
+    ASSERT_TRUE(s.ok()) << n << ": " << s;
+    for (size_t i = 0; i < n; ++i) EXPECT_NEAR(data[0][i], exact[i], 1e-4) << n << ": element " << i;
+    for (int r = 1; r < cluster.size(); ++r) EXPECT_EQ(data[r], data[0]) << n << ": rank " << r;
+  }
+  // The largest set (5000 elements) is what each rank keeps.
+  for (int rank = 0; rank < cluster.size(); ++rank) EXPECT_EQ(cluster.links(rank).buffers->kept_elements(), 5000u);
 }
 
 }  // namespace
