@@ -141,10 +141,12 @@ void Registrar::Loop() {
   }
 }
 
+std::string RegistryAddressFromFlags() { return absl::GetFlag(FLAGS_registry_address); }
+
 absl::StatusOr<std::unique_ptr<Registrar>> RegisterFromFlags(v1::ReplicaRole role, const std::string& grpc_address,
                                                              int metrics_port, Registrar::Fill fill,
                                                              const std::string& name, Registrar::Rejoined rejoined) {
-  const std::string address = absl::GetFlag(FLAGS_registry_address);
+  const std::string address = RegistryAddressFromFlags();
   if (address.empty()) return std::unique_ptr<Registrar>();
   auto client = rpc::ClientOptionsFromFlags(address);
   if (!client.ok()) return common::Annotate(client.status(), "--registry_address");

@@ -80,6 +80,9 @@ class Registrar {
 // nothing when it is empty (returns nullptr), else Registrar::Start as `role` at
 // `grpc_address` with the label metrics_port (when > 0), logging as `name`; `rejoined`
 // as for Registrar::Start (a rollout replica resumes there).
+// The value of --registry_address (empty: the service registers nowhere).
+std::string RegistryAddressFromFlags();
+
 absl::StatusOr<std::unique_ptr<Registrar>> RegisterFromFlags(v1::ReplicaRole role, const std::string& grpc_address,
                                                              int metrics_port, Registrar::Fill fill,
                                                              const std::string& name,

@@ -16,9 +16,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/status_macros.h"
+#include "libs/rpc/advertise.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to serve on (loopback by default; 0.0.0.0 or :: for all interfaces).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "The address other hosts reach this service at: what it registers with the controller. Empty: --host "
+          "when it names one address; when bound to every interface (0.0.0.0 or ::), the address of the interface "
+          "that routes to --registry_address (not loopback), else this host's first address.");
 ABSL_FLAG(int, port, 0, "Port to serve on; 0 picks a free one (see --port_file).");
 ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once serving.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
@@ -85,6 +90,7 @@ std::string JoinHostPort(const std::string& host, int port) {
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   ServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
+  options.advertise_host = absl::GetFlag(FLAGS_advertise_address);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_bind);
   options.handle_signals = true;
@@ -131,6 +137,16 @@ absl::Status ServerRunner::Start() {
     server_.reset();
     return absl::UnavailableError(absl::StrCat("cannot serve on ", listen, " (address in use or not local?)"));
   }
+  std::string why;
+  absl::StatusOr<std::string> advertised =
+      AdvertisedHost(options_.host, options_.advertise_host, options_.advertise_route_to, &why);
+  if (!advertised.ok()) {
+    server_->Shutdown();
+    server_.reset();
+    return advertised.status();
+  }
+  advertised_host_ = *advertised;
+  if (!why.empty()) std::cerr << program_invocation_short_name << ": " << why << std::endl;
   SetServing(true);
   if (options_.handle_signals) RETURN_IF_ERROR(InstallSignalHandlers());
   if (!options_.port_file.empty()) RETURN_IF_ERROR(WritePortFile(options_.port_file, port_));
@@ -145,16 +161,19 @@ absl::Status ServerRunner::Start() {
     if (!served.ok()) return served.status();
     metrics_ = std::move(*served);
     std::cout << program_invocation_short_name << " metrics on http://"
-              << (metrics_->host() == "0.0.0.0" ? "127.0.0.1" : metrics_->host()) << ":" << metrics_->port()
+              << (metrics_->host() == "0.0.0.0" ? advertised_host_ : metrics_->host()) << ":" << metrics_->port()
               << "/metrics" << std::endl;
   }
   return absl::OkStatus();
 }
 
 std::string ServerRunner::address() const {
-  std::string host = options_.host;
-  if (host == "0.0.0.0") host = "127.0.0.1";
-  if (host == "::" || host == "[::]") host = "::1";
+  std::string host = advertised_host_;
+  if (host.empty()) {  // (not started)
+    host = options_.host;
+    if (host == "0.0.0.0") host = "127.0.0.1";
+    if (host == "::" || host == "[::]") host = "::1";
+  }
   return JoinHostPort(host, port_);
 }
 

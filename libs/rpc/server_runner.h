@@ -59,13 +59,19 @@ struct ServerOptions {
   int metrics_port = -1;
   // IPv4 address /metrics binds; empty binds `host` (:: as 0.0.0.0, ::1 as 127.0.0.1).
   std::string metrics_host;
+  // The address others reach this server at (--advertise_address); empty: `host` when it
+  // names one address, else the address of the interface that routes towards
+  // `advertise_route_to` (the registry's target), else this host's first address
+  // (advertise.h). What address() reports and the service registers.
+  std::string advertise_host;
+  std::string advertise_route_to;
   // Catch SIGTERM / SIGINT from Start() on (binaries: a signal that arrives between
   // Start and WaitForTermination is then a graceful stop, not the default kill).
   bool handle_signals = false;
 };
 
-// Reads --host, --port, --port_file, --drain_timeout, --max_message_bytes,
-// --metrics_port, --metrics_bind and the auth flags (auth.h).
+// Reads --host, --advertise_address, --port, --port_file, --drain_timeout,
+// --max_message_bytes, --metrics_port, --metrics_bind and the auth flags (auth.h).
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
 
 class ServerRunner {
@@ -107,7 +113,8 @@ class ServerRunner {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
   int port_ = 0;
-  int wake_fds_[2] = {-1, -1};  // written by Shutdown() to wake WaitForTermination().
+  std::string advertised_host_;  // (set by Start)
+  int wake_fds_[2] = {-1, -1};   // written by Shutdown() to wake WaitForTermination().
 
   absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

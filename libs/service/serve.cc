@@ -7,6 +7,12 @@
 
 namespace rlfleet::service {
 
+absl::StatusOr<rpc::ServerOptions> ServerOptionsFromFlags() {
+  absl::StatusOr<rpc::ServerOptions> options = rpc::ServerOptionsFromFlags();
+  if (options.ok()) options->advertise_route_to = registry::RegistryAddressFromFlags();
+  return options;
+}
+
 int ServeUntilTerminated(rpc::ServerRunner& runner, const ServeSpec& spec) {
   // The GPUs' utilisation and memory beside the process's metrics (none without an
   // NVIDIA driver): here, so that libs/rpc does not depend on libs/gpu.

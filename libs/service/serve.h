@@ -34,6 +34,11 @@ struct ServeSpec {
 // SIGTERM or SIGINT. The listening line names the address and, when they are on, the
 // bearer token and TLS. Returns the process's exit code: 0, or 1 with the reason on
 // stderr when the server does not start or the registration is refused.
+// rpc::ServerOptionsFromFlags, with the registry's address (--registry_address) as the
+// destination whose route picks the advertised address of a service bound to every
+// interface.
+absl::StatusOr<rpc::ServerOptions> ServerOptionsFromFlags();
+
 int ServeUntilTerminated(rpc::ServerRunner& runner, const ServeSpec& spec);
 
 }  // namespace rlfleet::service

@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   rlfleet::common::ParseFlagsWithConfig(
       argc, argv, "rlfleet-buffer: experience buffer.\n  rlfleet-buffer --port=7002 [--auth_token_file=F]");
-  auto options = rlfleet::rpc::ServerOptionsFromFlags();
+  auto options = rlfleet::service::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-buffer: " << options.status() << "\n";
     return 2;

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "rlfleet-controller: registry and control of an rlfleet fleet.\n"
       "  rlfleet-controller --port=7000 [--registry=memory://] [--auth_token_file=F] ...");
-  auto options = rlfleet::rpc::ServerOptionsFromFlags();
+  auto options = rlfleet::service::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-controller: " << options.status() << "\n";
     return 2;

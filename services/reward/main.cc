@@ -22,7 +22,7 @@ ABSL_FLAG(int, rm_max_seq_len, 64, "Reward model: prompt + response tokens at mo
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(
       argc, argv, "rlfleet-reward: scores responses.\n  rlfleet-reward --port=7001 [--auth_token_file=F]");
-  auto options = rlfleet::rpc::ServerOptionsFromFlags();
+  auto options = rlfleet::service::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-reward: " << options.status() << "\n";
     return 2;

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-rollout: --nccl_profile: " << s << "\n";
     return 2;
   }
-  auto options = rlfleet::rpc::ServerOptionsFromFlags();
+  auto options = rlfleet::service::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-rollout: " << options.status() << "\n";
     return 2;

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-trainer: --nccl_profile: " << s << "\n";
     return 2;
   }
-  auto options = rlfleet::rpc::ServerOptionsFromFlags();
+  auto options = rlfleet::service::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-trainer: " << options.status() << "\n";
     return 2;

@@ -40,7 +40,7 @@ ABSL_FLAG(int64_t, max_version_mib, 16384,
 
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-weights: weight-broadcast service.");
-  auto options = rlfleet::rpc::ServerOptionsFromFlags();
+  auto options = rlfleet::service::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-weights: " << options.status() << "\n";
     return 2;
