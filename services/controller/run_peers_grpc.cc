@@ -235,7 +235,7 @@ absl::StatusOr<std::unique_ptr<Interface>> Make(const rpc::ClientOptions& option
   o.target = address;
   auto channel = rpc::MakeChannel(o);
   if (!channel.ok()) return channel.status();
-  return std::unique_ptr<Interface>(new Impl(*channel, options, timeout, extra...));
+  return std::unique_ptr<Interface>(new Impl(*channel, o, timeout, extra...));
 }
 
 }  // namespace

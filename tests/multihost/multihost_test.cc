@@ -1,0 +1,165 @@
+// The fleet across hosts: four test hosts made of network namespaces this test creates
+// (joined by veth pairs on a bridge in a fifth, each link shaped to 10 Gbit/s with tbf;
+// addresses 10.77.0.0/24 exist only inside them), the real binaries on them:
+//   host a: redis-server, controller, reward, buffer, weights
+//   host b: trainer                    (bound to 0.0.0.0: it advertises 10.77.0.2)
+//   hosts c, d: one rollout replica each (bound to 0.0.0.0)
+// with UCX over tcp between hosts. A run completes. Needs CAP_NET_ADMIN (root): a
+// machine without it skips the test saying so.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/util/subprocess.h"
+
+namespace rlfleet {
+namespace {
+
+using testing::RunfilePath;
+using testing::Subprocess;
+
+// Runs `command` through /bin/sh; its exit code (-1 if it did not run).
+int Shell(const std::string& command) {
+  const int status = std::system(command.c_str());
+  return status == -1 || !WIFEXITED(status) ? -1 : WEXITSTATUS(status);
+}
+
+class MultiHost : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // (Bazel's test PATH lacks the sbin directories: ip, tc)
+    setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
+    suffix_ = absl::StrCat(getpid() % 100000);
+    const std::string probe = Ns("probe");
+    if (Shell(absl::StrCat("ip netns add ", probe, " 2>/dev/null")) != 0) {
+      GTEST_SKIP() << "skipped: creating network namespaces needs CAP_NET_ADMIN (run as root)";
+    }
+    Shell(absl::StrCat("ip netns del ", probe));
+    made_ = true;
+    const std::string sw = Ns("sw");
+    ASSERT_EQ(Shell(absl::StrCat("ip netns add ", sw, " && ip -n ", sw, " link add br0 type bridge && ip -n ", sw,
+                                 " link set br0 up")),
+              0);
+    for (size_t i = 0; i < hosts_.size(); ++i) {
+      const std::string h = Ns(hosts_[i]);
+      const std::string veth = absl::StrCat("v", hosts_[i]);
+      ASSERT_EQ(Shell(absl::StrCat("ip netns add ", h, " && ip -n ", sw, " link add ", veth,
+                                   " type veth peer name eth0 netns ", h, " && ip -n ", sw, " link set ", veth,
+                                   " master br0 up && ip -n ", h, " addr add ", Address(i), "/24 dev eth0 && ip -n ", h,
+                                   " link set eth0 up && ip -n ", h, " link set lo up && ip netns exec ", h,
+                                   " tc qdisc add dev eth0 root tbf rate 10gbit burst 4mb latency 50ms")),
+                0)
+          << "host " << hosts_[i];
+    }
+  }
+
+  void TearDown() override {
+    for (auto it = processes_.rbegin(); it != processes_.rend(); ++it) {
+      (void)(*it)->Signal(SIGTERM);
+      (void)(*it)->Wait(absl::Seconds(20));
+    }
+    processes_.clear();
+    if (!made_) return;
+    for (const std::string& h :
+         {std::string("sw"), std::string("a"), std::string("b"), std::string("c"), std::string("d")}) {
+      Shell(absl::StrCat("ip netns del ", Ns(h), " 2>/dev/null"));
+    }
+  }
+
+  std::string Ns(const std::string& host) const { return absl::StrCat("rlfmh-", host, "-", suffix_); }
+  static std::string Address(size_t index) { return absl::StrCat("10.77.0.", index + 1); }
+
+  // Starts `argv` on test host `host` and waits for a line containing `ready`.
+  Subprocess* Run(const std::string& host, std::vector<std::string> argv, const std::string& ready) {
+    argv.insert(argv.begin(), {"ip", "netns", "exec", Ns(host)});
+    argv.insert(argv.begin(), "/usr/bin/env");
+    processes_.push_back(std::make_unique<Subprocess>());
+    Subprocess* p = processes_.back().get();
+    EXPECT_TRUE(p->Start(argv).ok());
+    auto line = p->WaitForLine([&](const std::string& l) { return absl::StrContains(l, ready); }, absl::Seconds(90));
+    EXPECT_TRUE(line.ok()) << host << " " << argv[5] << ": " << line.status() << "\n" << p->output();
+    return p;
+  }
+
+  // A fleet binary's command line on a test host, registering with the controller.
+  std::vector<std::string> Service(const std::string& binary, const std::string& bind, int port,
+                                   std::vector<std::string> flags) {
+    std::vector<std::string> argv = {RunfilePath(binary), "--host=" + bind, absl::StrCat("--port=", port),
+                                     "--registry_address=10.77.0.1:7000"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return argv;
+  }
+
+  const std::vector<std::string> hosts_ = {"a", "b", "c", "d"};
+  std::string suffix_;
+  bool made_ = false;
+  std::vector<std::unique_ptr<Subprocess>> processes_;
+};
+
+TEST_F(MultiHost, ARunCompletesWithTrainerAndRolloutsOnOtherHosts) {
+  const std::string dir = getenv("TEST_TMPDIR");
+  Run("a",
+      {"redis-server", "--bind", "10.77.0.1", "--protected-mode", "no", "--port", "6379", "--dir", dir, "--save", "",
+       "--appendonly", "no"},
+      "Ready to accept connections");
+  Run("a",
+      {RunfilePath("services/controller/rlfleet-controller"), "--host=10.77.0.1", "--port=7000",
+       "--registry=redis://10.77.0.1:6379"},
+      "listening on 10.77.0.1:7000");
+  // UCX over tcp on each host's eth0 (what crosses hosts; these hosts share a kernel, so
+  // UCX's shared-memory transports must not be offered).
+  const std::vector<std::string> data_plane = {"--data_plane_tls=tcp", "--data_plane_devices=eth0"};
+  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  Run("a", Service("services/reward/rlfleet-reward", "10.77.0.1", 7001, {}), "registered as");
+  Run("a", Service("services/buffer/rlfleet-buffer", "10.77.0.1", 7002, {"--store=redis://10.77.0.1:6379"}),
+      "registered as");
+  Run("a", Service("services/weights/rlfleet-weights", "10.77.0.1", 7003, data_plane), "registered as");
+  Subprocess* trainer =
+      Run("b",
+          Service("services/trainer/rlfleet-trainer", "0.0.0.0", 7010,
+                  with(with({"--buffer=10.77.0.1:7002", "--weights=10.77.0.1:7003"}, data_plane), model)),
+          "registered as");
+  // Bound to every interface, each advertises the address that routes to the registry.
+  EXPECT_TRUE(absl::StrContains(trainer->output(), "listening on 10.77.0.2:7010")) << trainer->output();
+  for (const char* host : {"c", "d"}) {
+    Subprocess* rollout = Run(
+        host, Service("services/rollout/rlfleet-rollout", "0.0.0.0", 7020, with(data_plane, model)), "registered as");
+    EXPECT_TRUE(
+        absl::StrContains(rollout->output(), std::string("listening on 10.77.0.") + (host[0] == 'c' ? "3" : "4")))
+        << rollout->output();
+  }
+  ASSERT_FALSE(HasFailure());
+
+  Subprocess replicas;
+  ASSERT_TRUE(replicas
+                  .Start({"/usr/bin/env", "ip", "netns", "exec", Ns("a"), RunfilePath("services/controller/rlfleet"),
+                          "replicas", "--controller=10.77.0.1:7000"})
+                  .ok());
+  ASSERT_TRUE(replicas.Wait(absl::Seconds(60)).ok());
+  for (const char* address : {"10.77.0.2:7010", "10.77.0.3:7020", "10.77.0.4:7020"}) {
+    EXPECT_TRUE(absl::StrContains(replicas.output(), address)) << replicas.output();
+  }
+
+  Subprocess run;
+  ASSERT_TRUE(run.Start({"/usr/bin/env", "ip", "netns", "exec", Ns("a"), RunfilePath("services/controller/rlfleet"),
+                         "run", "--controller=10.77.0.1:7000", "--steps=4", "--eval_every=0", "--loop_prompts=8",
+                         "--loop_samples=4", "--timeout=60s"})
+                  .ok());
+  auto status = run.Wait(absl::Seconds(240));
+  ASSERT_TRUE(status.ok()) << status.status() << "\n" << run.output();
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << run.output();
+  EXPECT_TRUE(absl::StrContains(run.output(), "RUN_STATE_COMPLETED")) << run.output();
+}
+
+}  // namespace
+}  // namespace rlfleet
