@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "libs/registry/registry.h"
+#include "services/controller/run_peers_grpc.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -56,6 +57,25 @@ TEST(RunPeersFactory, RolloutsAreTheFlagsAndTheRegisteredOnesEachOnce) {
   absl::StatusOr<std::unique_ptr<RolloutReplica>> late = factory.Replica("127.0.0.1:4");
   ASSERT_TRUE(late.ok()) << late.status();
   EXPECT_NE(*late, nullptr);
+}
+
+// A peer that is not there is an error naming the call and the peer's address; a call
+// that must not run twice (GenerateBatch) is tried once.
+TEST(RunPeersGrpc, ErrorsNameTheMethodAndThePeer) {
+  rpc::ClientOptions options;
+  options.retry.initial_backoff = absl::Milliseconds(1);
+  auto replica = NewGrpcRolloutReplica(options, "127.0.0.1:1", absl::Seconds(5));
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  v1::GenerateBatchResponse out;
+  absl::Status s = (*replica)->GenerateBatch(v1::GenerateBatchRequest(), &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "GenerateBatch to 127.0.0.1:1:")) << s;
+  EXPECT_FALSE(absl::StrContains(s.message(), "attempts")) << s;  // (one attempt: not retried)
+  auto trainer = NewGrpcTrainerPeer(options, "127.0.0.1:1", absl::Seconds(5));
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  absl::StatusOr<uint64_t> version = (*trainer)->PolicyVersion();
+  EXPECT_TRUE(absl::StrContains(version.status().message(), "GetState to 127.0.0.1:1: after 4 attempts"))
+      << version.status();
 }
 
 }  // namespace
