@@ -96,6 +96,57 @@ class MultiHost : public ::testing::Test {
     return argv;
   }
 
+  // The fleet on the four hosts; returns the controller's process (its output tells
+  // what the run did to the replicas). `controller_flags` go to the controller.
+  Subprocess* StartFleet(const std::vector<std::string>& controller_flags = {}) {
+    const std::string dir = getenv("TEST_TMPDIR");
+    Run("a",
+        {"redis-server", "--bind", "10.77.0.1", "--protected-mode", "no", "--port", "6379", "--dir", dir, "--save", "",
+         "--appendonly", "no"},
+        "Ready to accept connections");
+    std::vector<std::string> controller = {RunfilePath("services/controller/rlfleet-controller"), "--host=10.77.0.1",
+                                           "--port=7000", "--registry=redis://10.77.0.1:6379",
+                                           "--runs_dir=" + dir + "/runs"};
+    controller.insert(controller.end(), controller_flags.begin(), controller_flags.end());
+    Subprocess* c = Run("a", controller, "listening on 10.77.0.1:7000");
+    // UCX over tcp on each host's eth0 (what crosses hosts; these hosts share a kernel,
+    // so UCX's shared-memory transports must not be offered).
+    const std::vector<std::string> data_plane = {"--data_plane_tls=tcp", "--data_plane_devices=eth0"};
+    const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
+    auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+      a.insert(a.end(), b.begin(), b.end());
+      return a;
+    };
+    Run("a", Service("services/reward/rlfleet-reward", "10.77.0.1", 7001, {}), "registered as");
+    Run("a", Service("services/buffer/rlfleet-buffer", "10.77.0.1", 7002, {"--store=redis://10.77.0.1:6379"}),
+        "registered as");
+    Run("a", Service("services/weights/rlfleet-weights", "10.77.0.1", 7003, data_plane), "registered as");
+    Subprocess* trainer =
+        Run("b",
+            Service("services/trainer/rlfleet-trainer", "0.0.0.0", 7010,
+                    with(with({"--buffer=10.77.0.1:7002", "--weights=10.77.0.1:7003"}, data_plane), model)),
+            "registered as");
+    // Bound to every interface, each advertises the address that routes to the registry.
+    EXPECT_TRUE(absl::StrContains(trainer->output(), "listening on 10.77.0.2:7010")) << trainer->output();
+    for (const char* host : {"c", "d"}) {
+      Subprocess* rollout = Run(
+          host, Service("services/rollout/rlfleet-rollout", "0.0.0.0", 7020, with(data_plane, model)), "registered as");
+      EXPECT_TRUE(
+          absl::StrContains(rollout->output(), std::string("listening on 10.77.0.") + (host[0] == 'c' ? "3" : "4")))
+          << rollout->output();
+    }
+    return c;
+  }
+
+  // `rlfleet ARGS...` on host a against the controller, started (not waited for).
+  void Cli(Subprocess* p, std::vector<std::string> args) {
+    std::vector<std::string> argv = {"/usr/bin/env", "ip",    "netns",
+                                     "exec",         Ns("a"), RunfilePath("services/controller/rlfleet")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back("--controller=10.77.0.1:7000");
+    ASSERT_TRUE(p->Start(argv).ok());
+  }
+
   const std::vector<std::string> hosts_ = {"a", "b", "c", "d"};
   std::string suffix_;
   bool made_ = false;
@@ -103,58 +154,18 @@ class MultiHost : public ::testing::Test {
 };
 
 TEST_F(MultiHost, ARunCompletesWithTrainerAndRolloutsOnOtherHosts) {
-  const std::string dir = getenv("TEST_TMPDIR");
-  Run("a",
-      {"redis-server", "--bind", "10.77.0.1", "--protected-mode", "no", "--port", "6379", "--dir", dir, "--save", "",
-       "--appendonly", "no"},
-      "Ready to accept connections");
-  Run("a",
-      {RunfilePath("services/controller/rlfleet-controller"), "--host=10.77.0.1", "--port=7000",
-       "--registry=redis://10.77.0.1:6379"},
-      "listening on 10.77.0.1:7000");
-  // UCX over tcp on each host's eth0 (what crosses hosts; these hosts share a kernel, so
-  // UCX's shared-memory transports must not be offered).
-  const std::vector<std::string> data_plane = {"--data_plane_tls=tcp", "--data_plane_devices=eth0"};
-  const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
-  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
-  Run("a", Service("services/reward/rlfleet-reward", "10.77.0.1", 7001, {}), "registered as");
-  Run("a", Service("services/buffer/rlfleet-buffer", "10.77.0.1", 7002, {"--store=redis://10.77.0.1:6379"}),
-      "registered as");
-  Run("a", Service("services/weights/rlfleet-weights", "10.77.0.1", 7003, data_plane), "registered as");
-  Subprocess* trainer =
-      Run("b",
-          Service("services/trainer/rlfleet-trainer", "0.0.0.0", 7010,
-                  with(with({"--buffer=10.77.0.1:7002", "--weights=10.77.0.1:7003"}, data_plane), model)),
-          "registered as");
-  // Bound to every interface, each advertises the address that routes to the registry.
-  EXPECT_TRUE(absl::StrContains(trainer->output(), "listening on 10.77.0.2:7010")) << trainer->output();
-  for (const char* host : {"c", "d"}) {
-    Subprocess* rollout = Run(
-        host, Service("services/rollout/rlfleet-rollout", "0.0.0.0", 7020, with(data_plane, model)), "registered as");
-    EXPECT_TRUE(
-        absl::StrContains(rollout->output(), std::string("listening on 10.77.0.") + (host[0] == 'c' ? "3" : "4")))
-        << rollout->output();
-  }
+  StartFleet();
   ASSERT_FALSE(HasFailure());
 
   Subprocess replicas;
-  ASSERT_TRUE(replicas
-                  .Start({"/usr/bin/env", "ip", "netns", "exec", Ns("a"), RunfilePath("services/controller/rlfleet"),
-                          "replicas", "--controller=10.77.0.1:7000"})
-                  .ok());
+  Cli(&replicas, {"replicas"});
   ASSERT_TRUE(replicas.Wait(absl::Seconds(60)).ok());
   for (const char* address : {"10.77.0.2:7010", "10.77.0.3:7020", "10.77.0.4:7020"}) {
     EXPECT_TRUE(absl::StrContains(replicas.output(), address)) << replicas.output();
   }
 
   Subprocess run;
-  ASSERT_TRUE(run.Start({"/usr/bin/env", "ip", "netns", "exec", Ns("a"), RunfilePath("services/controller/rlfleet"),
-                         "run", "--controller=10.77.0.1:7000", "--steps=4", "--eval_every=0", "--loop_prompts=8",
-                         "--loop_samples=4", "--timeout=60s"})
-                  .ok());
+  Cli(&run, {"run", "--steps=4", "--eval_every=0", "--loop_prompts=8", "--loop_samples=4", "--timeout=60s"});
   auto status = run.Wait(absl::Seconds(240));
   ASSERT_TRUE(status.ok()) << status.status() << "\n" << run.output();
   EXPECT_EQ(WEXITSTATUS(*status), 0) << run.output();
