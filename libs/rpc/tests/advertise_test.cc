@@ -26,7 +26,9 @@ TEST(Advertise, TheRouteTowardsATargetIsReadBackFromTheKernel) {
     EXPECT_EQ(*source, "127.0.0.1") << target;
   }
   absl::StatusOr<std::string> v6 = SourceAddressTowards("[::1]:7000");
-  if (v6.ok()) EXPECT_EQ(*v6, "::1");  // (a host without IPv6 has no route: fine)
+  if (v6.ok()) {  // (a host without IPv6 has no route: fine)
+    EXPECT_EQ(*v6, "::1");
+  }
   EXPECT_EQ(SourceAddressTowards("0.0.0.0:7000").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SourceAddressTowards("").status().code(), absl::StatusCode::kInvalidArgument);
 }
