@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "libs/common/hosts.h"
 
 namespace rlfleet::rpc {
 namespace {
@@ -48,8 +49,6 @@ std::string AddressString(const sockaddr* sa) {
 }
 
 }  // namespace
-
-bool IsLoopbackAddress(const std::string& host) { return absl::StartsWith(host, "127.") || host == "::1"; }
 
 bool IsWildcardHost(const std::string& host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
@@ -119,7 +118,7 @@ absl::StatusOr<std::string> AdvertisedHost(const std::string& bind_host, const s
     // (a registry on loopback routes from 127.0.0.1, which peers on other hosts that
     // learn the address from it could not dial: then this host's own address)
     absl::StatusOr<std::string> routed = SourceAddressTowards(route_to);
-    if (routed.ok() && !IsLoopbackAddress(*routed)) return routed;
+    if (routed.ok() && !common::IsLoopbackHost(*routed)) return routed;
     if (!routed.ok()) {
       absl::StrAppend(why, "no route towards the registry ", route_to, " (", routed.status().message(), "); ");
     }

@@ -15,8 +15,6 @@ namespace rlfleet::rpc {
 
 // True for 0.0.0.0, ::, [::] and the empty host: bound to every interface.
 bool IsWildcardHost(const std::string& host);
-// True for 127.0.0.0/8 and ::1.
-bool IsLoopbackAddress(const std::string& host);
 
 // The local address the kernel routes to `host` from (a UDP socket connected to it and
 // read back with getsockname: no packet is sent). `host` is an IP literal or a name

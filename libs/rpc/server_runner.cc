@@ -123,6 +123,11 @@ void ServerRunner::AddService(grpc::Service* service) { services_.push_back(serv
 
 absl::Status ServerRunner::Start() {
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, MakeServerCredentials(options_.auth));
+  // (before binding: a bad --advertise_address starts nothing)
+  std::string why;
+  ASSIGN_OR_RETURN(advertised_host_,
+                   AdvertisedHost(options_.host, options_.advertise_host, options_.advertise_route_to, &why));
+  if (!why.empty()) std::cerr << program_invocation_short_name << ": " << why << std::endl;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string listen = JoinHostPort(options_.host, options_.port);
@@ -137,16 +142,6 @@ absl::Status ServerRunner::Start() {
     server_.reset();
     return absl::UnavailableError(absl::StrCat("cannot serve on ", listen, " (address in use or not local?)"));
   }
-  std::string why;
-  absl::StatusOr<std::string> advertised =
-      AdvertisedHost(options_.host, options_.advertise_host, options_.advertise_route_to, &why);
-  if (!advertised.ok()) {
-    server_->Shutdown();
-    server_.reset();
-    return advertised.status();
-  }
-  advertised_host_ = *advertised;
-  if (!why.empty()) std::cerr << program_invocation_short_name << ": " << why << std::endl;
   SetServing(true);
   if (options_.handle_signals) RETURN_IF_ERROR(InstallSignalHandlers());
   if (!options_.port_file.empty()) RETURN_IF_ERROR(WritePortFile(options_.port_file, port_));

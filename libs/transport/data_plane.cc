@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "libs/common/files.h"
+#include "libs/common/hosts.h"
 #include "libs/transport/authenticated/authenticated_transport.h"
 #include "libs/transport/ucx/ucx_transport.h"
 
@@ -58,10 +59,6 @@ absl::StatusOr<std::string> DataPlaneSecretFromFlags() {
   return secret;
 }
 
-bool IsLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
-}
-
 absl::StatusOr<std::unique_ptr<Transport>> OpenDataPlaneFromFlags(const std::string& serving_host,
                                                                   const std::string& name, const std::string& without) {
   const std::string kind = absl::GetFlag(FLAGS_data_plane);
@@ -70,7 +67,7 @@ absl::StatusOr<std::unique_ptr<Transport>> OpenDataPlaneFromFlags(const std::str
   absl::StatusOr<std::string> secret = DataPlaneSecretFromFlags();
   if (!secret.ok()) return secret.status();
   UcxOptions ucx;
-  ucx.loopback_only = IsLoopbackHost(serving_host);
+  ucx.loopback_only = common::IsLoopbackHost(serving_host);
   ucx.net_devices = absl::GetFlag(FLAGS_data_plane_devices);
   if (absl::Status s = CheckNetDevicesExist(ucx.net_devices); !s.ok()) return s;
   ucx.tls = absl::GetFlag(FLAGS_data_plane_tls);

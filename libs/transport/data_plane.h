@@ -14,9 +14,6 @@
 
 namespace rlfleet::transport {
 
-// Whether `host` names this machine's loopback (127.x.y.z, ::1, localhost).
-bool IsLoopbackHost(const std::string& host);
-
 // The fleet's data-plane secret from --data_plane_secret_file: empty when unset;
 // NOT_FOUND / INVALID_ARGUMENT for a missing, non-regular or too short file.
 absl::StatusOr<std::string> DataPlaneSecretFromFlags();

@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "libs/common/hosts.h"
 #include "libs/common/status_macros.h"
 #include "libs/dist/transport_group.h"
-#include "libs/transport/data_plane.h"
 
 namespace rlfleet::trainer {
 
@@ -60,7 +60,7 @@ absl::StatusOr<DataParallel> JoinDataParallel(const DataParallelOptions& options
     t.timeout = options.timeout;
     // Ranks on one host (a loopback rendezvous) keep UCX on loopback; otherwise every
     // interface, so that ranks on other hosts can reach this one.
-    t.loopback_only = transport::IsLoopbackHost(o.store_host);
+    t.loopback_only = common::IsLoopbackHost(o.store_host);
     absl::StatusOr<std::unique_ptr<dist::TransportGroup>> made = dist::TransportGroup::Create(std::move(*joined), t);
     if (!made.ok()) return common::Annotate(made.status(), absl::StrCat("rank ", options.rank));
     log(absl::StrCat("rank ", options.rank, ": all-reduce ", (*made)->hierarchical() ? "hierarchical" : "ring",

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/common/hosts.h"
 #include "libs/rpc/server_runner.h"
 #include "libs/rpc/tests/echo_service.h"
 
@@ -15,8 +16,8 @@ namespace {
 TEST(Advertise, WildcardsAndLoopback) {
   for (const char* h : {"", "0.0.0.0", "::", "[::]"}) EXPECT_TRUE(IsWildcardHost(h)) << h;
   for (const char* h : {"127.0.0.1", "10.0.0.1", "::1", "host"}) EXPECT_FALSE(IsWildcardHost(h)) << h;
-  for (const char* h : {"127.0.0.1", "127.1.2.3", "::1"}) EXPECT_TRUE(IsLoopbackAddress(h)) << h;
-  for (const char* h : {"10.0.0.1", "::2", "0.0.0.0"}) EXPECT_FALSE(IsLoopbackAddress(h)) << h;
+  for (const char* h : {"127.0.0.1", "127.1.2.3", "::1"}) EXPECT_TRUE(common::IsLoopbackHost(h)) << h;
+  for (const char* h : {"10.0.0.1", "::2", "0.0.0.0"}) EXPECT_FALSE(common::IsLoopbackHost(h)) << h;
 }
 
 TEST(Advertise, TheRouteTowardsATargetIsReadBackFromTheKernel) {
@@ -56,7 +57,7 @@ TEST(Advertise, BoundToEveryInterfaceIsNeverLoopbackWhileThereIsAnotherAddress) 
     ASSERT_TRUE(host.ok()) << host.status();
     if (first.ok()) {
       EXPECT_EQ(*host, *first) << route_to;
-      EXPECT_FALSE(IsLoopbackAddress(*host)) << route_to;
+      EXPECT_FALSE(common::IsLoopbackHost(*host)) << route_to;
       EXPECT_TRUE(why.empty()) << why;
     } else {
       EXPECT_EQ(*host, "127.0.0.1");
