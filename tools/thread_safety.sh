@@ -26,15 +26,4 @@ check_one() {
   fi
 }
 
-if [[ "${1:-}" == "--one" ]]; then check_one "$2"; exit 0; fi
-if (($#)); then FILES=("$@"); else
-  mapfile -t FILES < <(clang_files)
-fi
-# In parallel over the cores (each clang is one process; torch's headers make some
-# files take ~10 s).
-out=$(printf '%s\n' "${FILES[@]}" | xargs -P "$(nproc)" -n 1 bash "$0" --one)
-[[ -n "$out" ]] && echo "$out"
-warnings=$(grep -c '\[-W.*thread-safety' <<<"$out")
-failed=$(grep -c '^thread-safety: clang could not parse' <<<"$out")
-echo "thread-safety: ${#FILES[@]} files, $warnings warnings, $failed not parsed"
-((warnings == 0 && failed == 0))
+clang_check_main thread-safety '\[-W.*thread-safety' "$@"

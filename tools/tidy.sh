@@ -19,13 +19,4 @@ check_one() {
     echo "tidy: clang-tidy could not parse $f:"; grep -m3 'error:' <<<"$out"
   fi
 }
-if [[ "${1:-}" == "--one" ]]; then check_one "$2"; exit 0; fi
-if (($#)); then FILES=("$@"); else
-  mapfile -t FILES < <(clang_files)
-fi
-out=$(printf '%s\n' "${FILES[@]}" | xargs -P "$(nproc)" -n 1 bash "$0" --one)
-[[ -n "$out" ]] && echo "$out"
-warnings=$(grep -cE '(warning|error): .*\[[a-z]+-[a-z-]+(,[a-z-]+)*\]$' <<<"$out")
-failed=$(grep -c '^tidy: clang-tidy could not parse' <<<"$out")
-echo "tidy: ${#FILES[@]} files, $warnings warnings, $failed not parsed"
-((warnings == 0 && failed == 0))
+clang_check_main tidy '(warning|error): .*\[[a-z]+-[a-z-]+(,[a-z-]+)*\]$' "$@"
