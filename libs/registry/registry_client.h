@@ -9,7 +9,6 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "libs/rpc/client.h"
 #include "rlfleet/v1/controller.grpc.pb.h"
 
@@ -30,38 +29,26 @@ class RegistryClient : public rpc::ClientBase {
   // `timeout` zero: options().default_timeout.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
                                                 absl::Duration timeout = absl::ZeroDuration()) {
-    return Unary<v1::RegisterResponse>(
+    return CallFor<v1::RegisterResponse>(
         "Register", rpc::Retry::kIdempotent,
         [&](grpc::ClientContext* c, auto* r) { return registry_->Register(c, request, r); }, timeout);
   }
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
                                                   absl::Duration timeout = absl::ZeroDuration()) {
-    return Unary<v1::HeartbeatResponse>(
+    return CallFor<v1::HeartbeatResponse>(
         "Heartbeat", rpc::Retry::kIdempotent,
         [&](grpc::ClientContext* c, auto* r) { return registry_->Heartbeat(c, request, r); }, timeout);
   }
   absl::StatusOr<v1::DeregisterResponse> Deregister(const v1::DeregisterRequest& request,
                                                     absl::Duration timeout = absl::ZeroDuration()) {
-    return Unary<v1::DeregisterResponse>(
+    return CallFor<v1::DeregisterResponse>(
         "Deregister", rpc::Retry::kIdempotent,
         [&](grpc::ClientContext* c, auto* r) { return registry_->Deregister(c, request, r); }, timeout);
   }
   absl::StatusOr<v1::ListReplicasResponse> ListReplicas(const v1::ListReplicasRequest& request) {
-    return Unary<v1::ListReplicasResponse>(
+    return CallFor<v1::ListReplicasResponse>(
         "ListReplicas", rpc::Retry::kIdempotent,
         [&](grpc::ClientContext* c, auto* r) { return registry_->ListReplicas(c, request, r); });
-  }
-
- protected:
-  // Call() returning the response: `fn(context, &response)` makes the call.
-  template <typename Response, typename Fn>
-  absl::StatusOr<Response> Unary(absl::string_view method, rpc::Retry retry, Fn&& fn,
-                                 absl::Duration timeout = absl::ZeroDuration()) {
-    Response response;
-    absl::Status status = Call(
-        method, [&](grpc::ClientContext* context) { return fn(context, &response); }, retry, timeout);
-    if (!status.ok()) return status;
-    return response;
   }
 
  private:

@@ -98,6 +98,16 @@ class ClientBase {
   // and the target.
   absl::Status Call(absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& rpc, Retry retry,
                     absl::Duration timeout = absl::ZeroDuration());
+  // Call() returning the response: `fn(context, &response)` makes the call.
+  template <typename Response, typename Fn>
+  absl::StatusOr<Response> CallFor(absl::string_view method, Retry retry, Fn&& fn,
+                                   absl::Duration timeout = absl::ZeroDuration()) {
+    Response response;
+    absl::Status status = Call(
+        method, [&](grpc::ClientContext* context) { return fn(context, &response); }, retry, timeout);
+    if (!status.ok()) return status;
+    return response;
+  }
 
  private:
   std::shared_ptr<grpc::Channel> channel_;

@@ -30,30 +30,31 @@ class ControllerClient : public registry::RegistryClient {
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus() {
     v1::GetStatusRequest request;
-    return Unary<v1::GetStatusResponse>("GetStatus", rpc::Retry::kIdempotent, [&](grpc::ClientContext* c, auto* r) {
+    return CallFor<v1::GetStatusResponse>("GetStatus", rpc::Retry::kIdempotent, [&](grpc::ClientContext* c, auto* r) {
       return controller_->GetStatus(c, request, r);
     });
   }
   // Once: a StartRun the controller took but whose answer was lost must not be sent
   // again (the second would be refused: "run ... is active; StopRun it first").
   absl::StatusOr<v1::StartRunResponse> StartRun(const v1::StartRunRequest& request) {
-    return Unary<v1::StartRunResponse>("StartRun", rpc::Retry::kOnce, [&](grpc::ClientContext* c, auto* r) {
+    return CallFor<v1::StartRunResponse>("StartRun", rpc::Retry::kOnce, [&](grpc::ClientContext* c, auto* r) {
       return controller_->StartRun(c, request, r);
     });
   }
   absl::StatusOr<v1::ScaleResponse> Scale(const v1::ScaleRequest& request) {  // (a target count: idempotent)
-    return Unary<v1::ScaleResponse>("Scale", rpc::Retry::kIdempotent,
-                                    [&](grpc::ClientContext* c, auto* r) { return controller_->Scale(c, request, r); });
+    return CallFor<v1::ScaleResponse>("Scale", rpc::Retry::kIdempotent, [&](grpc::ClientContext* c, auto* r) {
+      return controller_->Scale(c, request, r);
+    });
   }
   absl::StatusOr<v1::StopRunResponse> StopRun(const v1::StopRunRequest& request) {
-    return Unary<v1::StopRunResponse>("StopRun", rpc::Retry::kIdempotent, [&](grpc::ClientContext* c, auto* r) {
+    return CallFor<v1::StopRunResponse>("StopRun", rpc::Retry::kIdempotent, [&](grpc::ClientContext* c, auto* r) {
       return controller_->StopRun(c, request, r);
     });
   }
   // The server's overall health (grpc.health.v1, service "").
   absl::StatusOr<grpc::health::v1::HealthCheckResponse> CheckHealth() {
     grpc::health::v1::HealthCheckRequest request;
-    return Unary<grpc::health::v1::HealthCheckResponse>(
+    return CallFor<grpc::health::v1::HealthCheckResponse>(
         "Health.Check", rpc::Retry::kIdempotent,
         [&](grpc::ClientContext* c, auto* r) { return health_->Check(c, request, r); });
   }
