@@ -21,6 +21,7 @@
 namespace rlfleet {
 namespace {
 
+using testing::FleetLogs;
 using testing::RunfilePath;
 using testing::Subprocess;
 
@@ -82,7 +83,7 @@ TEST(Launcher, ReplacesAKilledRolloutReplicaAndRestartsACrashedService) {
   // leave the new reward behind when the signal came before its pid was stored.)
   ASSERT_TRUE(launcher.Signal(SIGINT).ok());
   auto exited = launcher.Wait(absl::Seconds(60));
-  ASSERT_TRUE(exited.ok());
+  ASSERT_TRUE(exited.ok()) << exited.status() << "\n" << launcher.output() << FleetLogs(dir);
   EXPECT_EQ(WEXITSTATUS(*exited), 0) << launcher.output();
   std::set<pid_t> pids;
   const std::string all = launcher.output();

@@ -1,5 +1,8 @@
 #include "tests/util/local_fleet.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "absl/strings/match.h"
@@ -27,6 +30,27 @@ absl::StatusOr<std::string> StartLocalFleet(Subprocess* launcher, const std::str
     return absl::InternalError(absl::StrCat("no controller address in: ", *up));
   }
   return m[1].str();
+}
+
+std::string FleetLogs(const std::string& dir, int lines) {
+  std::vector<std::string> logs;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".log") logs.push_back(entry.path().string());
+  }
+  std::sort(logs.begin(), logs.end());
+  std::string out;
+  for (const std::string& path : logs) {
+    std::ifstream in(path);
+    std::vector<std::string> tail;
+    for (std::string line; std::getline(in, line);) {
+      tail.push_back(line);
+      if (static_cast<int>(tail.size()) > lines) tail.erase(tail.begin());
+    }
+    absl::StrAppend(&out, "== ", std::filesystem::path(path).filename().string(), "\n");
+    for (const std::string& line : tail) absl::StrAppend(&out, line, "\n");
+  }
+  return out;
 }
 
 }  // namespace rlfleet::testing

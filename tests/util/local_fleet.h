@@ -19,6 +19,10 @@ namespace rlfleet::testing {
 absl::StatusOr<std::string> StartLocalFleet(Subprocess* launcher, const std::string& dir, int rollouts = 1,
                                             const std::vector<std::string>& env = {});
 
+// The last `lines` lines of every service log in the launcher's `dir` (NAME.log), each
+// under a "== NAME.log" header: what a failing test prints to say which service hung.
+std::string FleetLogs(const std::string& dir, int lines = 30);
+
 }  // namespace rlfleet::testing
 
 #endif  // RLFLEET_TESTS_UTIL_LOCAL_FLEET_H_

@@ -304,8 +304,10 @@ TEST(WeightsService, AControllerRunPublishesThroughIt) {
   ASSERT_TRUE(c.ok()) << controller.output();
   Subprocess run;
   ASSERT_TRUE(run.Start({testing::RunfilePath("services/controller/rlfleet"), "run", "--controller=" + *c, "--steps=3",
-                         "--eval_every=1", "--loop_prompts=4", "--loop_samples=4", "--max_len=3"})
+                         "--eval_every=1", "--loop_prompts=8", "--loop_samples=8", "--max_len=3"})
                   .ok());
+  // (8 prompts x 8 samples: with 4 x 4 an untrained policy sometimes gave every sample
+  // of all 3 steps the same reward, and a run with nothing to learn fails.)
   auto done = run.Wait(absl::Seconds(180));
   ASSERT_TRUE(done.ok());
   ASSERT_EQ(WEXITSTATUS(*done), 0) << run.output() << controller.output();
