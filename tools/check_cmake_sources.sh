@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the CMake build lists that build parts of the tree outside Bazel (on the GPU
 # machine, which has no Bazel) against the Bazel targets they mirror, so that they
-# cannot drift silently (bench/gpu's list once lacked libs/common and stopped linking):
+# cannot drift silently (a bench's list once lacked libs/common and stopped linking):
 # every in-repo .cc that the Bazel target compiles, its own and its dependencies', must
 # be in the CMake target's source list, and nothing else may be.
 #
@@ -13,7 +13,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 BAZEL="${BAZEL:-bazel}"
 PAIRS=(
-  "bench/gpu/CMakeLists.txt rollout_tokens //bench:rollout_tokens"
+  "deploy/gpu/CMakeLists.txt rlfleet_model //libs/model:librlfleet_model.so"
+  "deploy/gpu/CMakeLists.txt rlfleet_gloo //libs/dist:librlfleet_gloo.so"
 )
 errors=0
 for pair in "${PAIRS[@]}"; do

@@ -74,8 +74,11 @@ fi
 #                   services under ASan + UBSan, counted per test case
 #   soak            bench/soak.sh --ci: the local fleet busy for 3 minutes, every
 #                   service's RSS and open fds flat after a minute's warm-up
-#   cmake-sources   the CMake lists built outside Bazel (bench/gpu) against the Bazel
+#   cmake-sources   the CMake lists built outside Bazel (deploy/gpu) against the Bazel
 #                   targets they mirror (tools/check_cmake_sources.sh)
+#   cmake-backends  deploy/gpu's CMake build of the model backends, here against Debian's
+#                   libtorch, loaded by Bazel-built tests and rlfleet-rollout
+#                   (tools/check_cmake_backends.sh)
 #   tidy            clang-tidy's checks of .clang-tidy over every .cc (tools/tidy.sh)
 #   format          every C++ file formatted as .clang-format says (tools/check_format.sh)
 #   layers          every package declares its layer (tools/layers.bzl) and Bazel refuses
@@ -93,6 +96,8 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   # (first: the binaries bazel test built are where bazel-bin points until another config runs)
   echo "== soak, CI form (bench/soak.sh --ci)"
   extra soak env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash bench/soak.sh --ci --out="$(mktemp -d)"
+  echo "== the model backends built by CMake, as on a GPU host (tools/check_cmake_backends.sh)"
+  extra cmake-backends bash tools/check_cmake_backends.sh
   echo "== thread safety (clang -Wthread-safety)"
   extra thread-safety bash tools/thread_safety.sh
   echo "== clang-tidy (.clang-tidy)"

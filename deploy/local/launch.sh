@@ -15,7 +15,10 @@
 # where they left it (the controller resumes its active run from the record it keeps
 # in Redis, the trainer from its newest checkpoint: --resume=latest); one that keeps dying (more than RLFLEET_MAX_RESTARTS, default 5,
 # in 5 minutes) stops the fleet. Ctrl-C (or SIGTERM) stops everything it started, by
-# pid, and leaves no process behind.
+# pid, and leaves no process behind. (Nothing after startup runs a $(command
+# substitution): bash 5.2 loses a SIGINT/SIGTERM trap that fires while it reads one,
+# "interrupt trap: unexpected EOF while looking for matching `)'", and the fleet then
+# ignored Ctrl-C. Helpers write to files under DIR and `read` them instead.)
 # RLFLEET_PEER_TIMEOUT (default 120s) is the deadline of each call a run makes (a hung
 # replica is dropped after it); RLFLEET_BUFFER_FLAGS, extra flags for rlfleet-buffer
 # (e.g. --dedupe_ids=N).
@@ -67,8 +70,9 @@ stop_all() {
   done
   # Anything started but not yet in the lists (Ctrl-C while a replacement was starting
   # or had just printed its pid) is still one of this shell's jobs.
-  for pid in $(jobs -p); do kill -TERM "$pid" 2>/dev/null; done
-  for pid in $(jobs -p); do wait "$pid" 2>/dev/null; done
+  jobs -p >"$DIR/.jobs"
+  while read -r pid; do kill -TERM "$pid" 2>/dev/null; done <"$DIR/.jobs"
+  while read -r pid; do wait "$pid" 2>/dev/null; done <"$DIR/.jobs"
   echo "launch.sh: stopped $(( ${#ROLLOUT_PIDS[@]} + ${#CORE_PIDS[@]} )) processes; logs in $DIR"
 }
 trap 'stop_all; exit 0' INT TERM
@@ -80,17 +84,17 @@ start() {
   local name=$1
   shift
   rm -f "$DIR/$name.port"
-  CMD_OF[$name]=$(printf '%q ' "$@")
+  printf -v "CMD_OF[$name]" '%q ' "$@"
   [[ -f "$DIR/$name.log" ]] && cat "$DIR/$name.log" >>"$DIR/$name.log.prev"  # keep a dead one's log
   "$@" --host=127.0.0.1 --port="${START_PORT:-0}" --port_file="$DIR/$name.port" >"$DIR/$name.log" 2>&1 &
   PID=$!
-  for _ in $(seq 1 600); do
+  for ((try = 0; try < 600; try++)); do
     [[ -s "$DIR/$name.port" ]] && break
     kill -0 "$PID" 2>/dev/null || { echo "launch.sh: $name failed:"; tail -5 "$DIR/$name.log"; return 1; }
     sleep 0.1
   done
   [[ -s "$DIR/$name.port" ]] || { echo "launch.sh: $name did not start"; return 1; }
-  PORT_OF[$name]=$(cat "$DIR/$name.port")
+  read -r "PORT_OF[$name]" <"$DIR/$name.port"
   ADDR="127.0.0.1:${PORT_OF[$name]}"
   echo "launch.sh: $name on $ADDR (pid $PID, log $DIR/$name.log)"
   add_target "$name"
@@ -114,7 +118,10 @@ write_targets() {
 }
 add_target() {
   local metrics
-  metrics=$(grep -o 'metrics on http://[0-9.:]*' "$DIR/$1.log" | head -1 | sed 's|metrics on http://||')
+  grep -o -m1 'metrics on http://[0-9.:]*' "$DIR/$1.log" >"$DIR/.metrics" || true
+  metrics=""
+  read -r metrics <"$DIR/.metrics" || true
+  metrics=${metrics#metrics on http://}
   [[ -n "$metrics" ]] && TARGETS[$1]="{\"targets\": [\"$metrics\"], \"labels\": {\"service\": \"$1\"}}"
   write_targets
 }
@@ -136,7 +143,7 @@ start_redis() {
   redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$DIR/redis" --appendonly yes --save "" \
     --daemonize no --loglevel warning >>"$DIR/redis.log" 2>&1 &
   PID=$!
-  for _ in $(seq 1 100); do
+  for ((try = 0; try < 100; try++)); do
     if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
       echo "launch.sh: redis-server on redis://127.0.0.1:$REDIS_PORT (pid $PID, AOF in $DIR/redis)"
       return 0
@@ -160,7 +167,7 @@ start controller "$BIN/controller/rlfleet-controller" --registry="$REDIS_URL/reg
 CORE_PIDS+=("$PID"); CORE_NAMES+=(controller); CONTROLLER=$ADDR
 # registered NAME: waits until NAME's log says it registered with the controller.
 registered() {
-  for _ in $(seq 1 100); do grep -q "registered as" "$DIR/$1.log" && return 0; sleep 0.1; done
+  for ((try = 0; try < 100; try++)); do grep -q "registered as" "$DIR/$1.log" && return 0; sleep 0.1; done
   echo "launch.sh: $1 did not register: $(tail -3 "$DIR/$1.log")"
   return 1
 }
@@ -204,7 +211,7 @@ remove_rollout() {  # the newest: SIGTERM, it deregisters and the controller dra
   ROLLOUT_NAMES=("${ROLLOUT_NAMES[@]}")
   echo "launch.sh: rollout replica pid $pid stopped (scale down)"
 }
-for _ in $(seq 1 "$ROLLOUTS"); do add_rollout || fail "rollout replica"; done
+for ((r = 0; r < ROLLOUTS; r++)); do add_rollout || fail "rollout replica"; done
 "$BIN/controller/rlfleet" scale "rollout=$ROLLOUTS" --controller="$CONTROLLER" >/dev/null || fail "scale"
 echo "launch.sh: fleet up: controller $CONTROLLER (rlfleet run|status|scale|stop --controller=$CONTROLLER)"
 echo "launch.sh: metrics of every service: prometheus --config.file=$DIR/prometheus/prometheus.yml"
@@ -215,7 +222,7 @@ restart_core() {
   local i=$1 name=${CORE_NAMES[$1]:-core$1} pid=${CORE_PIDS[$1]} rc now recent=() t
   wait "$pid" 2>/dev/null
   rc=$?
-  now=$(date +%s)
+  now=$EPOCHSECONDS
   for t in ${RESTARTS_OF[$name]:-}; do (( now - t < 300 )) && recent+=("$t"); done
   (( ${#recent[@]} >= MAX_RESTARTS )) &&
     fail "$name (pid $pid) exited (status $rc) after ${#recent[@]} restarts in 5 minutes; see $DIR/$name.log"
@@ -253,8 +260,10 @@ while [[ $STOPPING -eq 0 ]]; do
     kill -0 "${CORE_PIDS[$i]}" 2>/dev/null || restart_core "$i"
   done
   reap_rollouts
-  desired=$("$BIN/controller/rlfleet" status --controller="$CONTROLLER" 2>/dev/null |
-            awk '$1 == "rollout" { for (i = 1; i < NF; i++) if ($i == "desired") print $(i + 1) }')
+  "$BIN/controller/rlfleet" status --controller="$CONTROLLER" 2>/dev/null |
+    awk '$1 == "rollout" { for (i = 1; i < NF; i++) if ($i == "desired") print $(i + 1) }' >"$DIR/.desired"
+  desired=""
+  read -r desired <"$DIR/.desired" || true
   [[ -n "$desired" ]] && DESIRED=$desired  # (the controller unreachable: the last count)
   while (( ${#ROLLOUT_PIDS[@]} < DESIRED )); do
     add_rollout || { echo "launch.sh: a rollout replica did not start; trying again"; break; }

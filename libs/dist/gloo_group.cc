@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "libs/metrics/metrics.h"
 
 namespace rlfleet::dist {
 namespace {
@@ -123,17 +122,9 @@ absl::StatusOr<std::unique_ptr<GlooGroup>> GlooGroup::Join(const GlooGroupOption
 }
 
 absl::Status GlooGroup::AllReduceSum(float* data, size_t n) {
-  static metrics::Histogram* const seconds =
-      metrics::Global().AddHistogram("rlfleet_dp_allreduce_seconds",
-                                     "Gradient all-reduce time per call (data-parallel ranks).", {{"backend", "gloo"}});
-  static metrics::Counter* const bytes = metrics::Global().AddCounter(
-      "rlfleet_dp_allreduce_bytes_total", "Bytes all-reduced (data-parallel ranks).", {{"backend", "gloo"}});
-  const absl::Time start = absl::Now();
+  // (Metered by the caller, dist::MeteredGroup: this library's metrics would be its own.)
   std::vector<at::Tensor> tensors = {torch::from_blob(data, {static_cast<int64_t>(n)}, torch::kFloat32)};
-  absl::Status s = impl_->Run(tensors, /*broadcast=*/false, absl::StrCat("all-reduce of ", n, " floats"));
-  seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  bytes->Add(n * sizeof(float));
-  return s;
+  return impl_->Run(tensors, /*broadcast=*/false, absl::StrCat("all-reduce of ", n, " floats"));
 }
 
 absl::Status GlooGroup::Broadcast(std::string* bytes) {

@@ -1,7 +1,9 @@
 // The policy (policy.h) in libtorch; the module itself is in policy_impl.h.
 #include "libs/model/policy.h"
 
+#include <dlfcn.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +24,40 @@
 #include "libs/rl/rl.h"
 
 namespace rlfleet::model {
+
+std::string ModelBackend() {
+  Dl_info info{};
+  const char* path = dladdr(reinterpret_cast<void*>(&ModelBackend), &info) != 0 && info.dli_fname != nullptr
+                         ? info.dli_fname
+                         : "(linked in)";
+  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  return absl::StrCat(path, " (libtorch ", TORCH_VERSION,
+                      ", cuda: ", gpus == 0 ? "none" : absl::StrCat(gpus, gpus == 1 ? " device" : " devices"), ")");
+}
+
+absl::Status CheckDevice(const std::string& device) {
+  c10::optional<torch::Device> parsed;
+  try {
+    parsed = torch::Device(device);
+  } catch (const std::exception&) {
+    return absl::InvalidArgumentError(absl::StrCat("device \"", device, "\": want cpu, cuda or cuda:N"));
+  }
+  if (parsed->is_cpu()) return absl::OkStatus();
+  if (!parsed->is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat("device \"", device, "\": want cpu, cuda or cuda:N"));
+  }
+  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  if (gpus == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("device ", device, ": the model backend sees no CUDA device (",
+                                                      ModelBackend(),
+                                                      "); on a GPU host, load a CUDA build of it (deploy/gpu)"));
+  }
+  if (parsed->has_index() && parsed->index() >= gpus) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", device, ": the model backend sees ", gpus, " CUDA device(s) (", ModelBackend(), ")"));
+  }
+  return absl::OkStatus();
+}
 
 void SetComputeThreads(int threads) { torch::set_num_threads(std::max(1, threads)); }
 
@@ -53,6 +89,7 @@ absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& confi
                                                    config.n_heads, " (d_model must divide by n_heads), max_seq_len ",
                                                    config.max_seq_len));
   }
+  RETURN_IF_ERROR(CheckDevice(device));
   try {
     torch::manual_seed(init_seed);
     std::unique_ptr<Impl> impl(new Impl(config, torch::Device(device)));

@@ -56,6 +56,18 @@ struct Generation {
   bool stopped_by_eos = false;
 };
 
+// The model backend this process runs, for a service's startup line: the shared
+// library it was loaded from, the libtorch it was built against and the CUDA devices
+// that libtorch sees, e.g. "/opt/rlfleet/librlfleet_model.so (libtorch 2.11.0, cuda: 1
+// device)". (policy.h is the ABI between the services and a backend built elsewhere:
+// //libs/model:librlfleet_model.so here, deploy/gpu on a GPU host.)
+std::string ModelBackend();
+
+// A clear error for a device this backend cannot run on: INVALID_ARGUMENT for a name
+// that is not cpu / cuda / cuda:N, FAILED_PRECONDITION for CUDA in a backend built
+// without it or a GPU index it does not see (naming the backend).
+absl::Status CheckDevice(const std::string& device);
+
 // Sets libtorch's intra-op threads for the process (pin OPENBLAS_NUM_THREADS=1 too:
 // both pools on the same cores run several times slower; DESIGN.md).
 void SetComputeThreads(int threads);

@@ -4,11 +4,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "libs/model/policy.h"
 
 namespace rlfleet::model {
+
+// The device the tests of code that runs a Policy use: $RLFLEET_TEST_DEVICE (cuda:0 on
+// a GPU host: tools/device/run_gpu_tests.sh), cpu when unset.
+inline std::string TestDevice() {
+  const char* device = std::getenv("RLFLEET_TEST_DEVICE");
+  return device != nullptr && *device != '\0' ? device : "cpu";
+}
 
 // A model small enough for unit tests: vocabulary 32, width 32, 2 blocks of 4 heads.
 inline PolicyConfig TinyConfig(int max_seq_len = 32, bool value_head = false) {

@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/config.h"
+#include "libs/model/policy.h"
 #include "libs/model/safetensors.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/rpc/server_runner.h"
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-rollout: " << core.status() << "\n";
     return 2;
   }
+  std::cerr << "rlfleet-rollout: model on " << absl::GetFlag(FLAGS_device) << ", backend "
+            << rlfleet::model::ModelBackend() << "\n";
+
   absl::Status installed = absl::OkStatus();
   if (!absl::GetFlag(FLAGS_weights).empty()) {
     installed = (*core)->InstallFromFile(absl::GetFlag(FLAGS_weights), absl::GetFlag(FLAGS_weights_version)).status();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "libs/common/hosts.h"
 #include "libs/common/status_macros.h"
+#include "libs/dist/metered_group.h"
 #include "libs/dist/transport_group.h"
 
 namespace rlfleet::trainer {
@@ -44,7 +45,7 @@ absl::StatusOr<DataParallel> JoinDataParallel(const DataParallelOptions& options
   absl::StatusOr<std::unique_ptr<dist::GlooGroup>> joined = dist::GlooGroup::Join(o, out.rendezvous.get());
   if (!joined.ok()) return common::Annotate(joined.status(), absl::StrCat("rank ", options.rank));
   if (allreduce == "gloo") {
-    out.group = std::move(*joined);
+    out.group = std::make_unique<dist::MeteredGroup>(std::move(*joined), "gloo");
   } else {
     dist::TransportGroupOptions t;
     t.node = options.node;

@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
 #include "libs/common/config.h"
+#include "libs/model/policy.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/rpc/server_runner.h"
 #include "libs/service/serve.h"
@@ -119,6 +120,9 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-trainer: " << core.status() << "\n";
     return 2;
   }
+  std::cerr << "rlfleet-trainer: model on " << absl::GetFlag(FLAGS_device) << ", backend "
+            << rlfleet::model::ModelBackend() << "\n";
+
   if (const std::string resume = absl::GetFlag(FLAGS_resume); resume == "latest" && (world <= 1 || rank == 0)) {
     // (rank 0 loads and the other ranks follow it, as for LoadCheckpoint)
     rlfleet::v1::LoadCheckpointResponse loaded;

@@ -1,22 +1,55 @@
 #!/usr/bin/env bash
 # Packs Bazel-built binaries for the GPU machine (no Bazel, gRPC or absl there) into
-# .carry/: binaries in .carry/bin, the shared libraries they need that the GPU machine
-# lacks in .carry/lib. glibc, libstdc++ and NCCL (218 MiB here; the GPU machine has its
-# own 2.28) stay behind.
-#   tools/device/pack.sh //libs/gpu/tests:gpu_probe_test [more targets...]
+# .carry/: each binary under .carry/bin/<its package>/ (//services/rollout:rlfleet-rollout
+# -> .carry/bin/services/rollout/rlfleet-rollout, the layout deploy/local/launch.sh's
+# RLFLEET_BIN wants), and the shared libraries they need that the GPU machine lacks in
+# .carry/lib. Left behind: glibc, libstdc++ and NCCL (the GPU machine has its own), and
+# the libtorch backends (librlfleet_model.so, librlfleet_gloo.so) with everything only
+# they need (Debian's CPU libtorch): the GPU machine builds those against its own
+# libtorch (deploy/gpu/build_backends.sh), so no binary there loads Debian's.
+# An argument that is an absolute path (a Debian program, e.g. /usr/bin/redis-server)
+# is copied to .carry/bin/system/ with its libraries.
+#   tools/device/pack.sh //libs/gpu/tests:gpu_probe_test [more targets or /paths...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ $# -gt 0 ]] || { echo "usage: $0 //bazel:target ..." >&2; exit 2; }
-bazel build "$@" >&2
-rm -rf .carry && mkdir -p .carry/bin .carry/lib
+targets=()
+for arg in "$@"; do [[ $arg == //* ]] && targets+=("$arg"); done
+((${#targets[@]} == 0)) || bazel build "${targets[@]}" >&2
+rm -rf .carry/bin .carry/lib && mkdir -p .carry/bin/system .carry/lib
 for target in "$@"; do
-  path="bazel-bin/$(echo "${target#//}" | tr ':' '/')"
-  cp -L "$path" .carry/bin/
-  ldd "$path" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|libpthread.so*|librt.so*|libdl.so*|ld-linux*|libnccl.so*) ;;
-      *) cp -Ln "$lib" .carry/lib/ 2>/dev/null || true ;;
-    esac
-  done
+  if [[ $target != //* ]]; then
+    rel="system/$(basename "$target")"
+    cp -L "$target" ".carry/bin/$rel"
+  else
+    rel="$(echo "${target#//}" | tr ':' '/')"
+    mkdir -p ".carry/bin/$(dirname "$rel")"
+    cp -L "bazel-bin/$rel" ".carry/bin/$rel"
+  fi
+  # The libraries the binary needs, walking DT_NEEDED from it and not through the
+  # backends (ldd resolves the names to paths; readelf says who needs what).
+  python3 - ".carry/bin/$rel" <<'PY' | while read -r lib; do cp -Ln "$lib" .carry/lib/ 2>/dev/null || true; done
+import re, subprocess, sys
+exe = sys.argv[1]
+paths = {}
+for line in subprocess.run(["ldd", exe], capture_output=True, text=True).stdout.splitlines():
+    m = re.match(r"\s*(\S+) => (/\S+)", line)
+    if m:
+        paths[m.group(1)] = m.group(2)
+def needed(path):
+    out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[(\S+)\]", out)
+system = re.compile(r"^(libc|libm|libstdc\+\+|libgcc_s|libpthread|librt|libdl|ld-linux.*|libnccl)\.so")
+seen, todo = set(), needed(exe)
+while todo:
+    name = todo.pop()
+    if name in seen or name.startswith("librlfleet_") or system.match(name) or name not in paths:
+        continue
+    seen.add(name)
+    print(paths[name])
+    todo.extend(needed(paths[name]))
+PY
 done
+# Symbols stay behind (a carry holds 64 MiB): each binary loses about half its size.
+find .carry/bin -type f -exec strip --strip-unneeded {} + 2>/dev/null || true
 du -sh .carry >&2

@@ -24,7 +24,7 @@ TEST(GlooGroup, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
   options.weight_decay = 0.01f;
   const std::vector<std::vector<int32_t>> probe = {{1, 4, 5, 6, 7, 8}};
 
-  auto single = model::Policy::Create(Small(), "cpu", 7);
+  auto single = model::Policy::Create(Small(), model::TestDevice(), 7);
   ASSERT_TRUE(single.ok());
   for (int step = 0; step < 3; ++step) ASSERT_TRUE((*single)->TrainStep(batch, options).ok());
   const std::vector<float> want = *(*single)->Logits(probe);
@@ -35,7 +35,7 @@ TEST(GlooGroup, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
   absl::Status status[2];
   // Same init on every rank (created here: the init RNG is process-global).
   std::unique_ptr<model::Policy> policies[2];
-  for (auto& p : policies) p = std::move(*model::Policy::Create(Small(), "cpu", 7));
+  for (auto& p : policies) p = std::move(*model::Policy::Create(Small(), model::TestDevice(), 7));
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
@@ -64,7 +64,7 @@ TEST(GlooGroup, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
   EXPECT_LT(MaxAbsDiff(got[0], got[1]), 1e-6f) << "the ranks drifted apart";
   EXPECT_LT(MaxAbsDiff(got[0], want), 1e-4f) << "DP differs from one rank on the whole batch";
   // The check can fail: a rank training on its half alone lands elsewhere.
-  auto alone = model::Policy::Create(Small(), "cpu", 7);
+  auto alone = model::Policy::Create(Small(), model::TestDevice(), 7);
   std::vector<model::TrainSequence> half;
   for (size_t i = 0; i < batch.size(); i += 2) half.push_back(batch[i]);
   for (int step = 0; step < 3; ++step) ASSERT_TRUE((*alone)->TrainStep(half, options).ok());

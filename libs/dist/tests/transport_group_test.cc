@@ -21,7 +21,7 @@ void FourRanksEqualOneRank(bool hierarchical) {
   model::TrainOptions options;
   options.epochs = 2;
   const std::vector<std::vector<int32_t>> probe = {{1, 4, 5, 6, 7, 8}};
-  auto single = model::Policy::Create(model::TinyConfig(), "cpu", 7);
+  auto single = model::Policy::Create(model::TinyConfig(), model::TestDevice(), 7);
   ASSERT_TRUE(single.ok());
   for (int step = 0; step < 3; ++step) ASSERT_TRUE((*single)->TrainStep(batch, options).ok());
   const std::vector<float> want = *(*single)->Logits(probe);
@@ -29,7 +29,7 @@ void FourRanksEqualOneRank(bool hierarchical) {
   auto rendezvous = Rendezvous::Serve("127.0.0.1", 0, kRanks, absl::Seconds(30));
   ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
   std::unique_ptr<model::Policy> policies[kRanks];
-  for (auto& p : policies) p = std::move(*model::Policy::Create(model::TinyConfig(), "cpu", 7));
+  for (auto& p : policies) p = std::move(*model::Policy::Create(model::TinyConfig(), model::TestDevice(), 7));
   std::vector<float> got[kRanks];
   absl::Status status[kRanks];
   bool used_hierarchical[kRanks] = {};

@@ -47,7 +47,7 @@ std::vector<int32_t> Alone(Policy* policy, const DecodeBatch::Sequence& s) {
 }
 
 TEST(DecodeBatch, SequencesJoiningAndLeavingAtRandomGenerateWhatTheyGenerateAlone) {
-  auto policy = Policy::Create(Small(), "cpu", 11);
+  auto policy = Policy::Create(Small(), TestDevice(), 11);
   ASSERT_TRUE(policy.ok());
   for (float temperature : {0.0f, 1.0f}) {
     std::mt19937 rng(temperature == 0 ? 1 : 2);
@@ -91,8 +91,8 @@ TEST(DecodeBatch, SequencesJoiningAndLeavingAtRandomGenerateWhatTheyGenerateAlon
 }
 
 TEST(DecodeBatch, AfterAWeightSwapAndRefreshTokensComeFromTheNewWeightsAlone) {
-  auto policy = Policy::Create(Small(), "cpu", 1);
-  auto other = Policy::Create(Small(), "cpu", 2);
+  auto policy = Policy::Create(Small(), TestDevice(), 1);
+  auto other = Policy::Create(Small(), TestDevice(), 2);
   ASSERT_TRUE(policy.ok() && other.ok());
   const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/other.safetensors");
   ASSERT_TRUE((*other)->SaveSafetensors(path).ok());
@@ -126,7 +126,7 @@ TEST(DecodeBatch, AfterAWeightSwapAndRefreshTokensComeFromTheNewWeightsAlone) {
 }
 
 TEST(DecodeBatch, FullBatchRefusesAndRemoveFreesARow) {
-  auto policy = Policy::Create(Small(), "cpu", 3);
+  auto policy = Policy::Create(Small(), TestDevice(), 3);
   ASSERT_TRUE(policy.ok());
   DecodeBatch batch(policy->get(), 2);
   ASSERT_TRUE(batch.Add({Seq(7, {4, 5, 6}, 10, 0, 0), Seq(8, {4, 5}, 10, 0, 0)}).ok());

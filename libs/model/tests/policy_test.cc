@@ -27,7 +27,7 @@ float TokenProbability(Policy& policy, const std::vector<int32_t>& prompt, int32
 }
 
 TEST(Policy, IncrementalDecodingWithTheKvCacheEqualsFullRecomputation) {
-  auto policy = Policy::Create(Small());
+  auto policy = Policy::Create(Small(), TestDevice());
   ASSERT_TRUE(policy.ok()) << policy.status().ToString();
   // Two rows, the second left-padded: PAD keys are masked in both paths.
   std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 11, 3, 12, 13}, {0, 0, 1, 5, 14, 15, 3, 16}};
@@ -39,7 +39,7 @@ TEST(Policy, IncrementalDecodingWithTheKvCacheEqualsFullRecomputation) {
 }
 
 TEST(Policy, SameSeedSameTokensAndGreedyIsDeterministic) {
-  auto policy = Policy::Create(Small(), "cpu", /*init_seed=*/7);
+  auto policy = Policy::Create(Small(), TestDevice(), /*init_seed=*/7);
   ASSERT_TRUE(policy.ok());
   std::vector<std::vector<int32_t>> prompts = {*Tokenizer::EncodePrompt("reverse:123"),
                                                *Tokenizer::EncodePrompt("add:12+34"),
@@ -78,7 +78,7 @@ TEST(Policy, SameSeedSameTokensAndGreedyIsDeterministic) {
 }
 
 TEST(Policy, GreedyGenerationMatchesArgmaxOfFullLogits) {
-  auto policy = Policy::Create(Small(), "cpu", 3);
+  auto policy = Policy::Create(Small(), TestDevice(), 3);
   ASSERT_TRUE(policy.ok());
   std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("reverse:4567");
   SamplingOptions options;
@@ -103,7 +103,7 @@ TEST(Policy, GreedyGenerationMatchesArgmaxOfFullLogits) {
 // after a TrainStep and after a load it must follow the new weights, which the full
 // forward pass reads directly.
 TEST(Policy, GenerationFollowsTheWeightsAfterATrainStepAndALoad) {
-  auto policy = Policy::Create(Small(), "cpu", 11);
+  auto policy = Policy::Create(Small(), TestDevice(), 11);
   ASSERT_TRUE(policy.ok());
   const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("reverse:812");
   SamplingOptions options;
@@ -144,7 +144,7 @@ TEST(Policy, GenerationFollowsTheWeightsAfterATrainStepAndALoad) {
 TEST(Policy, WhatASequenceGeneratesDoesNotDependOnItsBatch) {
   // A short prompt left-padded next to a longer one must generate what it generates
   // alone (position embeddings count real tokens only).
-  auto policy = Policy::Create(Small(), "cpu", 5);
+  auto policy = Policy::Create(Small(), TestDevice(), 5);
   ASSERT_TRUE(policy.ok());
   std::vector<int32_t> short_prompt = *Tokenizer::EncodePrompt("reverse:45");
   std::vector<int32_t> long_prompt = *Tokenizer::EncodePrompt("reverse:1234567");
@@ -164,11 +164,11 @@ TEST(Policy, WhatASequenceGeneratesDoesNotDependOnItsBatch) {
 
 TEST(Policy, ValuesAreTheValueHeadAtTheLastTokenWhateverTheBatch) {
   PolicyConfig c = Small();
-  auto plain = Policy::Create(c);
+  auto plain = Policy::Create(c, TestDevice());
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ((*plain)->Values({{1, 2}}).status().code(), absl::StatusCode::kFailedPrecondition);
   c.value_head = true;
-  auto policy = Policy::Create(c, "cpu", 4);
+  auto policy = Policy::Create(c, TestDevice(), 4);
   ASSERT_TRUE(policy.ok());
   std::vector<int32_t> a = *Tokenizer::EncodePrompt("reverse:12");
   std::vector<int32_t> b = *Tokenizer::EncodePrompt("reverse:98765");
@@ -181,7 +181,7 @@ TEST(Policy, ValuesAreTheValueHeadAtTheLastTokenWhateverTheBatch) {
 }
 
 TEST(Policy, LimitsAreInvalidArgumentNamingTheLimit) {
-  auto policy = Policy::Create(Small());
+  auto policy = Policy::Create(Small(), TestDevice());
   ASSERT_TRUE(policy.ok());
   SamplingOptions options;
   options.max_new_tokens = 40;
@@ -193,13 +193,26 @@ TEST(Policy, LimitsAreInvalidArgumentNamingTheLimit) {
   EXPECT_EQ((*policy)->Generate({}, options).status().code(), absl::StatusCode::kInvalidArgument);
   PolicyConfig bad = Small();
   bad.n_heads = 5;
-  EXPECT_EQ(Policy::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Policy::Create(bad, TestDevice()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A device the backend cannot run on is a clear error at Create, naming the backend
+// (the services print the same at start): never a libtorch exception or a crash.
+TEST(Policy, ADeviceTheBackendLacksIsAClearErrorNamingTheBackend) {
+  EXPECT_TRUE(absl::StrContains(ModelBackend(), "librlfleet_model.so (libtorch ")) << ModelBackend();
+  auto tpu = Policy::Create(Small(), "tpu");
+  EXPECT_EQ(tpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(tpu.status().message(), "want cpu, cuda or cuda:N")) << tpu.status();
+  auto far = Policy::Create(Small(), "cuda:64");  // (no backend sees 65 GPUs)
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(far.status().message(), "librlfleet_model.so")) << far.status();
+  EXPECT_TRUE(Policy::Create(Small(), "cpu").ok());
 }
 
 TEST(Policy, SafetensorsRoundTripRestoresTheSameModel) {
   const std::string path = std::string(getenv("TEST_TMPDIR")) + "/policy.safetensors";
-  auto a = Policy::Create(Small(), "cpu", 1);
-  auto b = Policy::Create(Small(), "cpu", 2);
+  auto a = Policy::Create(Small(), TestDevice(), 1);
+  auto b = Policy::Create(Small(), TestDevice(), 2);
   ASSERT_TRUE(a.ok() && b.ok());
   std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 3}};
   ASSERT_GT(MaxAbsDiff(*(*a)->Logits(tokens), *(*b)->Logits(tokens)), 1e-3f);
@@ -212,7 +225,7 @@ TEST(Policy, SafetensorsRoundTripRestoresTheSameModel) {
   // A model of another shape refuses the file, naming the tensor.
   PolicyConfig other = Small();
   other.d_model = 64;
-  auto c = Policy::Create(other);
+  auto c = Policy::Create(other, TestDevice());
   absl::Status s = (*c)->LoadSafetensors(path);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(s.message(), "tensor `")) << s;
@@ -223,9 +236,9 @@ TEST(Policy, SafetensorsRoundTripRestoresTheSameModel) {
 // The probability of that token must rise from chance (~1/32) to most of the mass.
 TEST(PolicyTraining, OptimizerStateRoundTripContinuesTrainingExactly) {
   const std::string dir = std::getenv("TEST_TMPDIR");
-  auto a = Policy::Create(Small(), "cpu", 1);
-  auto b = Policy::Create(Small(), "cpu", 2);
-  auto c = Policy::Create(Small(), "cpu", 3);
+  auto a = Policy::Create(Small(), TestDevice(), 1);
+  auto b = Policy::Create(Small(), TestDevice(), 2);
+  auto c = Policy::Create(Small(), TestDevice(), 3);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   std::vector<TrainSequence> batch(4);
   for (int i = 0; i < 4; ++i) {
@@ -252,7 +265,7 @@ TEST(PolicyTraining, OptimizerStateRoundTripContinuesTrainingExactly) {
   EXPECT_LT(MaxAbsDiff(la, lb), 1e-6f);
   EXPECT_GT(MaxAbsDiff(la, lc), 1e-4f) << "without the optimizer state the step should differ";
   // A file for another model changes nothing and names the tensor.
-  auto other = Policy::Create(PolicyConfig{32, 64, 2, 4, 32, false});
+  auto other = Policy::Create(PolicyConfig{32, 64, 2, 4, 32, false}, TestDevice());
   ASSERT_TRUE((*other)->TrainStep(batch, options).ok());
   ASSERT_TRUE((*other)->SaveOptimizerState(dir + "/other.safetensors", &saved).ok());
   absl::Status s = (*b)->LoadOptimizerState(dir + "/other.safetensors");
@@ -262,9 +275,9 @@ TEST(PolicyTraining, OptimizerStateRoundTripContinuesTrainingExactly) {
 
 TEST(PolicyTraining, PpoWithGaeLearnsTheCriticAndRaisesRewardedTokens) {
   PolicyConfig c = Small();
-  auto plain = Policy::Create(c, "cpu", 5);
+  auto plain = Policy::Create(c, TestDevice(), 5);
   c.value_head = true;
-  auto policy = Policy::Create(c, "cpu", 5);
+  auto policy = Policy::Create(c, TestDevice(), 5);
   ASSERT_TRUE(policy.ok() && plain.ok());
   const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("sort:6");
   const int32_t target = Tokenizer::EncodeResponse("6")->at(0);
@@ -304,7 +317,7 @@ TEST(PolicyTraining, PpoWithGaeLearnsTheCriticAndRaisesRewardedTokens) {
 }
 
 TEST(PolicyTraining, GrpoStepsRaiseTheProbabilityOfRewardedTokens) {
-  auto policy = Policy::Create(Small(), "cpu", 5);
+  auto policy = Policy::Create(Small(), TestDevice(), 5);
   ASSERT_TRUE(policy.ok());
   const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("sort:6");
   const int32_t target = Tokenizer::EncodeResponse("6")->at(0);

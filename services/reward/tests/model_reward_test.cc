@@ -16,7 +16,7 @@ model::PolicyConfig Small() { return model::TinyConfig(/*max_seq_len=*/32, /*val
 
 std::string SavedModel() {
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/rm.safetensors";
-  auto policy = model::Policy::Create(Small(), "cpu", /*init_seed=*/5);
+  auto policy = model::Policy::Create(Small(), model::TestDevice(), /*init_seed=*/5);
   EXPECT_TRUE(policy.ok());
   EXPECT_TRUE((*policy)->SaveSafetensors(path).ok());
   return path;

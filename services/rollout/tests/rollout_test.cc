@@ -45,7 +45,7 @@ v1::GenerateBatchRequest Request(int samples = 2) {
 }
 
 TEST(RolloutCore, WaitsForWeightsThenGeneratesTaggedExperiences) {
-  auto core = RolloutCore::Create(Small(), "cpu");
+  auto core = RolloutCore::Create(Small(), model::TestDevice());
   ASSERT_TRUE(core.ok()) << core.status();
   v1::GenerateBatchResponse response;
   EXPECT_EQ((*core)->GenerateBatch(Request(), &response).code(), absl::StatusCode::kFailedPrecondition);
@@ -79,9 +79,9 @@ TEST(RolloutCore, WaitsForWeightsThenGeneratesTaggedExperiences) {
 // A pulled image is installed and, when asked, handed back unchanged (a relay then
 // serves it without a copy); a version not newer hands nothing back.
 TEST(RolloutCore, InstallFromBytesHandsTheImageBack) {
-  auto core = RolloutCore::Create(Small(), "cpu");
+  auto core = RolloutCore::Create(Small(), model::TestDevice());
   ASSERT_TRUE(core.ok()) << core.status();
-  auto source = model::Policy::Create(Small(), "cpu");
+  auto source = model::Policy::Create(Small(), model::TestDevice());
   ASSERT_TRUE(source.ok()) << source.status();
   const std::string image = (*source)->SafetensorsBytes();
   common::HostBuffer back;
@@ -101,7 +101,7 @@ TEST(RolloutCore, InstallFromBytesHandsTheImageBack) {
 }
 
 TEST(RolloutCore, LimitsAndStatesAreClearErrors) {
-  auto core = RolloutCore::Create(Small(), "cpu", RolloutLimits{2, 4, 16});
+  auto core = RolloutCore::Create(Small(), model::TestDevice(), RolloutLimits{2, 4, 16});
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
   EXPECT_EQ((*core)->InstallInitial(1).code(), absl::StatusCode::kFailedPrecondition);
   v1::GenerateBatchResponse r;
@@ -125,7 +125,7 @@ TEST(RolloutCore, LimitsAndStatesAreClearErrors) {
 }
 
 TEST(RolloutService, GeneratesOverGrpcAndHealthFollowsTheState) {
-  auto core = RolloutCore::Create(Small(), "cpu");
+  auto core = RolloutCore::Create(Small(), model::TestDevice());
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
   rpc::ServerRunner runner(rpc::ServerOptions{});
   RolloutServiceImpl service(core->get(), rpc::CallAuth{}, [&](bool serving) { runner.SetServing(serving); });
@@ -233,7 +233,7 @@ bool AwaitInfo(RolloutCore* core, std::function<bool(const v1::GetInfoResponse&)
 }
 
 TEST(RolloutCore, ARequestJoinsTheRunningBatchBetweenDecodeSteps) {
-  auto core = RolloutCore::Create(Long(), "cpu");
+  auto core = RolloutCore::Create(Long(), model::TestDevice());
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
   auto first = std::make_shared<Recorded>();
   auto second = std::make_shared<Recorded>();
@@ -269,9 +269,9 @@ TEST(RolloutCore, ARequestJoinsTheRunningBatchBetweenDecodeSteps) {
 }
 
 TEST(RolloutCore, AWeightSwapMidDecodeTagsLaterTokensWithTheNewVersion) {
-  auto core = RolloutCore::Create(Long(), "cpu");
+  auto core = RolloutCore::Create(Long(), model::TestDevice());
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
-  auto other = model::Policy::Create(Long(), "cpu", /*init_seed=*/77);
+  auto other = model::Policy::Create(Long(), model::TestDevice(), /*init_seed=*/77);
   const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/v2.safetensors");
   ASSERT_TRUE((*other)->SaveSafetensors(path).ok());
   auto rec = std::make_shared<Recorded>();
@@ -312,7 +312,7 @@ TEST(RolloutCore, AWeightSwapMidDecodeTagsLaterTokensWithTheNewVersion) {
   EXPECT_EQ(info.installed_version().version(), 2u);
   EXPECT_EQ(info.weight_swaps(), 1u);
   // A file that does not fit changes nothing.
-  auto wrong = model::Policy::Create(Small(), "cpu");
+  auto wrong = model::Policy::Create(Small(), model::TestDevice());
   ASSERT_TRUE((*wrong)->SaveSafetensors(path).ok());
   EXPECT_EQ((*core)->InstallFromFile(path, 3).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*core)->installed_version(), 2u);
@@ -321,7 +321,7 @@ TEST(RolloutCore, AWeightSwapMidDecodeTagsLaterTokensWithTheNewVersion) {
 TEST(RolloutCore, DrainAbortsWhatOutlivesTheGraceAndDeadlinesAndQueueLimitsHold) {
   RolloutLimits limits;
   limits.max_queued = 8;
-  auto core = RolloutCore::Create(Long(), "cpu", limits);
+  auto core = RolloutCore::Create(Long(), model::TestDevice(), limits);
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
   // More than the queue holds: RESOURCE_EXHAUSTED at once.
   EXPECT_EQ((*core)->Generate(Stream("big", 9, 4), [](auto, bool, absl::Status) {}).status().code(),
@@ -361,7 +361,7 @@ TEST(RolloutCore, DrainAbortsWhatOutlivesTheGraceAndDeadlinesAndQueueLimitsHold)
 }
 
 TEST(RolloutService, GenerateStreamsChunksAndEndsEachSample) {
-  auto core = RolloutCore::Create(Long(), "cpu");
+  auto core = RolloutCore::Create(Long(), model::TestDevice());
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
   rpc::ServerRunner runner(rpc::ServerOptions{});
   RolloutServiceImpl service(core->get(), rpc::CallAuth{});
@@ -420,7 +420,7 @@ TEST(RolloutService, GenerateStreamsChunksAndEndsEachSample) {
 // A replica on a loopback port, FILE descriptors allowed under `root`.
 struct ServedReplica {
   explicit ServedReplica(const std::string& root, model::PolicyConfig config = Long())
-      : core(*RolloutCore::Create(config, "cpu")),
+      : core(*RolloutCore::Create(config, model::TestDevice())),
         fetcher(nullptr, FileOptions(root)),
         runner(rpc::ServerOptions{}),
         service(core.get(), rpc::CallAuth{}, {}, root.empty() ? nullptr : &fetcher) {
@@ -488,7 +488,7 @@ TEST(RolloutService, FileWeightsComeOnlyFromRegularFilesUnderThePublishDir) {
   const std::string tmp = std::getenv("TEST_TMPDIR");
   const std::string root = tmp + "/rollout-publish";
   ASSERT_TRUE(mkdir(root.c_str(), 0755) == 0 || errno == EEXIST);
-  auto other = model::Policy::Create(Long(), "cpu", /*init_seed=*/5);
+  auto other = model::Policy::Create(Long(), model::TestDevice(), /*init_seed=*/5);
   ASSERT_TRUE((*other)->SaveSafetensors(root + "/policy-v2.safetensors").ok());
   std::ifstream in(root + "/policy-v2.safetensors", std::ios::binary);
   const std::string image((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -29,7 +29,7 @@ using transport::LoopbackTransport;
 // A replica: its core (version 1 installed) and intake over its own loopback transport.
 struct Replica {
   explicit Replica(const std::string& file_root = "") {
-    core = std::move(*RolloutCore::Create(model::TinyConfig(), "cpu"));
+    core = std::move(*RolloutCore::Create(model::TinyConfig(), model::TestDevice()));
     EXPECT_TRUE(core->InstallInitial(1).ok());
     transport::DescriptorFetcher::Options options;
     options.max_bytes = 64 << 20;
@@ -45,7 +45,7 @@ struct Replica {
 
 // Another policy's weights (seed 7) as a safetensors image.
 std::string OtherImage() {
-  auto other = model::Policy::Create(model::TinyConfig(), "cpu", /*init_seed=*/7);
+  auto other = model::Policy::Create(model::TinyConfig(), model::TestDevice(), /*init_seed=*/7);
   return (*other)->SafetensorsBytes();
 }
 

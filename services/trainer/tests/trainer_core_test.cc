@@ -65,7 +65,7 @@ v1::Experience Exp(const std::string& id, const std::string& group, float reward
 }
 
 TEST(TrainerCore, InlineStepUpdatesStepVersionAndMetrics) {
-  auto core = TrainerCore::Create(Small(), "cpu", 1);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1);
   ASSERT_TRUE(core.ok()) << core.status();
   v1::TrainStepRequest request;
   for (int i = 0; i < 4; ++i)
@@ -95,7 +95,7 @@ TEST(TrainerCore, BufferBatchesAreAckedAndFailedStepsNackedSoNothingIsLost) {
   v1::ConfigureResponse cr;
   ASSERT_TRUE(buffer.Configure(c, &cr).ok());
   CoreSource source(&buffer);
-  auto core = TrainerCore::Create(Small(), "cpu", 1, &source);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1, &source);
   v1::PutExperiencesRequest put;
   *put.add_experiences() = Exp("a1", "A", 1);
   *put.add_experiences() = Exp("a2", "A", 0);
@@ -134,7 +134,7 @@ TEST(TrainerCore, BufferBatchesAreAckedAndFailedStepsNackedSoNothingIsLost) {
 
 TEST(TrainerCore, CheckpointRoundTripRestoresWeightsAndState) {
   const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/ckpt";
-  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, Root());
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1, nullptr, nullptr, Root());
   v1::TrainStepRequest request;
   for (int i = 0; i < 4; ++i)
     *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
@@ -168,11 +168,11 @@ TEST(TrainerCore, CheckpointRoundTripRestoresWeightsAndState) {
 TEST(TrainerCore, ResumesFromTheLatestCheckpointAndRenumbersPastTheFleetsVersion) {
   const std::string root = Root() + "/resume-root";
   std::filesystem::create_directories(root + "/run-a");
-  auto fresh = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  auto fresh = TrainerCore::Create(Small(), model::TestDevice(), 1, nullptr, nullptr, root);
   v1::LoadCheckpointResponse loaded;
   EXPECT_EQ((*fresh)->ResumeLatest(&loaded).status().code(), absl::StatusCode::kNotFound);
 
-  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1, nullptr, nullptr, root);
   v1::TrainStepRequest request;
   for (int i = 0; i < 4; ++i)
     *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
@@ -190,7 +190,7 @@ TEST(TrainerCore, ResumesFromTheLatestCheckpointAndRenumbersPastTheFleetsVersion
   const std::vector<std::vector<int32_t>> probe = {*model::Tokenizer::EncodePrompt("reverse:12")};
   const auto at_step_2 = *(*core)->policy()->Logits(probe);
 
-  auto restarted = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  auto restarted = TrainerCore::Create(Small(), model::TestDevice(), 1, nullptr, nullptr, root);
   absl::StatusOr<std::string> from = (*restarted)->ResumeLatest(&loaded);
   ASSERT_TRUE(from.ok()) << from.status();
   EXPECT_TRUE(absl::EndsWith(*from, "run-a/step-2")) << *from;
@@ -220,7 +220,7 @@ TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherMode
   for (int i = 0; i < 4; ++i)
     *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   v1::TrainStepResponse response;
-  auto a = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, Root());
+  auto a = TrainerCore::Create(Small(), model::TestDevice(), 1, nullptr, nullptr, Root());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE((*a)->TrainStep(request, &response).ok());
   v1::SaveCheckpointRequest save;
   save.set_path(dir);
@@ -229,7 +229,7 @@ TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherMode
   ASSERT_TRUE((*a)->TrainStep(request, &response).ok());
   // Another trainer (another init) resumes from the checkpoint: its next step lands
   // where the first trainer's did (AdamW's moments and step count came along).
-  auto b = TrainerCore::Create(Small(), "cpu", 99, nullptr, nullptr, Root());
+  auto b = TrainerCore::Create(Small(), model::TestDevice(), 99, nullptr, nullptr, Root());
   v1::LoadCheckpointRequest load;
   load.set_path(dir);
   v1::LoadCheckpointResponse loaded;
@@ -243,7 +243,7 @@ TEST(TrainerCore, ACheckpointCarriesTheOptimizerAndRefusesCorruptionAndOtherMode
   // A model of another shape is FAILED_PRECONDITION; a flipped byte is DATA_LOSS.
   model::PolicyConfig other = Small();
   other.d_model = 64;
-  auto c = TrainerCore::Create(other, "cpu", 1, nullptr, nullptr, Root());
+  auto c = TrainerCore::Create(other, model::TestDevice(), 1, nullptr, nullptr, Root());
   EXPECT_EQ((*c)->LoadCheckpoint(load, &loaded).code(), absl::StatusCode::kFailedPrecondition);
   {
     std::fstream f(dir + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
@@ -306,7 +306,7 @@ v1::TrainStepRequest FromBuffer() {
 
 TEST(TrainerCore, AFailedAckNeverTrainsABatchTwice) {
   ScriptedBuffer buffer;
-  auto core = TrainerCore::Create(Small(), "cpu", 1, &buffer);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1, &buffer);
   ASSERT_TRUE(core.ok());
   // Step 1 trains A; its ack fails (the buffer is briefly unreachable).
   buffer.samples.push_back({Group("A")});
@@ -334,7 +334,7 @@ TEST(TrainerCore, AFailedAckNeverTrainsABatchTwice) {
 
   // A trained group handed out again together with a new one: only the new one trains.
   ScriptedBuffer mixed;
-  auto other = TrainerCore::Create(Small(), "cpu", 1, &mixed);
+  auto other = TrainerCore::Create(Small(), model::TestDevice(), 1, &mixed);
   mixed.samples.push_back({Group("A")});
   mixed.samples.push_back({Group("A"), Group("B")});
   mixed.ack_results = {absl::UnavailableError("buffer down"), absl::FailedPreconditionError("expired")};
@@ -347,7 +347,7 @@ TEST(TrainerCore, AFailedAckNeverTrainsABatchTwice) {
 
 TEST(TrainerCore, AFailedAckIsRetriedBeforeTheNextSample) {
   ScriptedBuffer buffer;
-  auto core = TrainerCore::Create(Small(), "cpu", 1, &buffer);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1, &buffer);
   buffer.samples.push_back({Group("A")});
   buffer.samples.push_back({Group("B")});
   buffer.ack_results = {absl::UnavailableError("buffer down")};
@@ -358,7 +358,7 @@ TEST(TrainerCore, AFailedAckIsRetriedBeforeTheNextSample) {
   EXPECT_EQ(buffer.acked, (std::vector<std::string>{"L1", "L1", "L2"}));  // L1 retried, then consumed
   // Only already-trained groups, again and again: acked, nothing trained, UNAVAILABLE.
   ScriptedBuffer replay;
-  auto other = TrainerCore::Create(Small(), "cpu", 1, &replay);
+  auto other = TrainerCore::Create(Small(), model::TestDevice(), 1, &replay);
   replay.samples.push_back({Group("A")});
   replay.ack_results = {absl::UnavailableError("down"), absl::FailedPreconditionError("expired")};
   ASSERT_TRUE((*other)->TrainStep(FromBuffer(), &r).ok());
@@ -386,7 +386,8 @@ TEST(TrainerCore, ANonFiniteLossInALaterUpdateUndoesTheWholeStep) {
   v1::TrainStepRequest good;
   for (int i = 0; i < 4; ++i) *good.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   good.mutable_params()->set_ppo_epochs(2);
-  auto a = TrainerCore::Create(Small(), "cpu", 1), b = TrainerCore::Create(Small(), "cpu", 1);
+  auto a = TrainerCore::Create(Small(), model::TestDevice(), 1),
+       b = TrainerCore::Create(Small(), model::TestDevice(), 1);
   const std::vector<std::vector<int32_t>> probe = {*model::Tokenizer::EncodePrompt("reverse:12")};
   const auto initial = *(*a)->policy()->Logits(probe);
   v1::TrainStepResponse r;
@@ -403,7 +404,7 @@ TEST(TrainerCore, ANonFiniteLossInALaterUpdateUndoesTheWholeStep) {
 TEST(TrainerCore, CheckpointPathsStayUnderTheRoot) {
   const std::string root = Root() + "/root-a";
   std::filesystem::create_directories(root);
-  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1, nullptr, nullptr, root);
   v1::SaveCheckpointRequest save;
   v1::SaveCheckpointResponse saved;
   for (const std::string& bad : {Root() + "/outside", std::string("../outside"), std::string("a/../../outside"),
@@ -428,7 +429,7 @@ TEST(TrainerCore, CheckpointPathsStayUnderTheRoot) {
   save.set_path("nested/ok");
   ASSERT_TRUE((*core)->SaveCheckpoint(save, &saved).ok());
   EXPECT_EQ(saved.path(), std::filesystem::canonical(root).string() + "/nested/ok");
-  auto rootless = TrainerCore::Create(Small(), "cpu", 1);
+  auto rootless = TrainerCore::Create(Small(), model::TestDevice(), 1);
   EXPECT_EQ((*rootless)->SaveCheckpoint(save, &saved).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -436,7 +437,7 @@ TEST(TrainerCore, CheckpointPathsStayUnderTheRoot) {
 // would refuse and writes nothing.
 TEST(TrainerCore, ADryRunChecksThePathAndWritesNothing) {
   const std::string root = Root() + "/root-dry";
-  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1, nullptr, nullptr, root);
   v1::SaveCheckpointRequest save;
   save.set_dry_run(true);
   v1::SaveCheckpointResponse saved;
@@ -459,7 +460,7 @@ TEST(TrainerCore, ADryRunChecksThePathAndWritesNothing) {
 
 TEST(TrainerCore, OverwriteReplacesOnlyACheckpointThisTrainerWrote) {
   const std::string root = Root() + "/root-b";
-  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1, nullptr, nullptr, root);
   std::filesystem::create_directories(root + "/precious");
   std::ofstream(root + "/precious/thesis.tex") << "years of work";
   v1::SaveCheckpointRequest save;
@@ -487,7 +488,7 @@ TEST(TrainerCore, OverwriteReplacesOnlyACheckpointThisTrainerWrote) {
 
 TEST(TrainerCore, AStateFileCannotMakeTheTrainerReadOutsideItsCheckpoint) {
   const std::string root = Root() + "/root-c";
-  auto core = TrainerCore::Create(Small(), "cpu", 1, nullptr, nullptr, root);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1, nullptr, nullptr, root);
   v1::SaveCheckpointRequest save;
   save.set_path("ckpt");
   v1::SaveCheckpointResponse saved;
@@ -540,13 +541,13 @@ TEST(TrainerCore, PpoUsesTheValueHeadOrSaysItNeedsOne) {
     *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
   request.mutable_params()->set_algorithm(v1::ALGORITHM_PPO);
   v1::TrainStepResponse response;
-  auto plain = TrainerCore::Create(Small(), "cpu", 1);
+  auto plain = TrainerCore::Create(Small(), model::TestDevice(), 1);
   absl::Status s = (*plain)->TrainStep(request, &response);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(s.message(), "value_head")) << s;
   model::PolicyConfig c = Small();
   c.value_head = true;
-  auto critic = TrainerCore::Create(c, "cpu", 1);
+  auto critic = TrainerCore::Create(c, model::TestDevice(), 1);
   ASSERT_TRUE((*critic)->TrainStep(request, &response).ok());
   EXPECT_GT(response.metrics().value_loss(), 0.0f);
   EXPECT_EQ(response.step(), 1u);
@@ -555,7 +556,7 @@ TEST(TrainerCore, PpoUsesTheValueHeadOrSaysItNeedsOne) {
 }
 
 TEST(TrainerCore, BadBatchesAreInvalidArgumentNamingTheField) {
-  auto core = TrainerCore::Create(Small(), "cpu", 1);
+  auto core = TrainerCore::Create(Small(), model::TestDevice(), 1);
   v1::TrainStepRequest empty;
   v1::TrainStepResponse r;
   EXPECT_EQ((*core)->TrainStep(empty, &r).code(), absl::StatusCode::kInvalidArgument);

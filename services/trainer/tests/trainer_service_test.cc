@@ -40,7 +40,8 @@ class Served {
  public:
   explicit Served(uint64_t seed = 1, TrainerCore::PublishTarget publish = {}, WeightsSink* weights = nullptr,
                   rpc::CallAuth auth = {}) {
-    auto core = TrainerCore::Create(model::TinyConfig(), "cpu", seed, nullptr, nullptr, getenv("TEST_TMPDIR"));
+    auto core =
+        TrainerCore::Create(model::TinyConfig(), model::TestDevice(), seed, nullptr, nullptr, getenv("TEST_TMPDIR"));
     EXPECT_TRUE(core.ok()) << core.status();
     core_ = std::move(*core);
     service_ = std::make_unique<TrainerServiceImpl>(core_.get(), auth, publish, weights);

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# On the build machine (Bazel): packs what deploy/gpu/run_demo.sh needs on a GPU host
+# that has PyTorch but no Bazel, gRPC, absl or Redis into .carry/ (git-ignored): the
+# fleet's binaries and the GPU bench (tools/device/pack.sh), redis-server and
+# redis-cli, and Debian's absl headers and libraries to build the backends against
+# (tools/device/pack_absl.sh). About 40 MB.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bash tools/device/pack.sh //services/controller:rlfleet-controller //services/controller:rlfleet \
+  //services/reward:rlfleet-reward //services/buffer:rlfleet-buffer //services/trainer:rlfleet-trainer \
+  //services/rollout:rlfleet-rollout //services/weights:rlfleet-weights //bench:rollout_tokens \
+  "$(command -v redis-server)" "$(command -v redis-cli)"
+bash tools/device/pack_absl.sh
+rm -f .carry/lib/libabsl_*  # (the same files are in .carry/absl/lib)
+du -sh .carry >&2
