@@ -20,15 +20,17 @@ rm -rf .carry/bin .carry/lib && mkdir -p .carry/bin/system .carry/lib
 for target in "$@"; do
   if [[ $target != //* ]]; then
     rel="system/$(basename "$target")"
-    cp -L "$target" ".carry/bin/$rel"
+    src="$target"
   else
     rel="$(echo "${target#//}" | tr ':' '/')"
+    src="bazel-bin/$rel"
     mkdir -p ".carry/bin/$(dirname "$rel")"
-    cp -L "bazel-bin/$rel" ".carry/bin/$rel"
   fi
+  cp -L "$src" ".carry/bin/$rel"
   # The libraries the binary needs, walking DT_NEEDED from it and not through the
   # backends (ldd resolves the names to paths; readelf says who needs what).
-  python3 - ".carry/bin/$rel" <<'PY' | while read -r lib; do cp -Ln "$lib" .carry/lib/ 2>/dev/null || true; done
+  # (ldd on the original: its RUNPATH finds the per-library .so files of a test)
+  python3 - "$src" <<'PY' | while read -r lib; do cp -Ln "$lib" .carry/lib/ 2>/dev/null || true; done
 import re, subprocess, sys
 exe = sys.argv[1]
 paths = {}
@@ -43,8 +45,13 @@ system = re.compile(r"^(libc|libm|libstdc\+\+|libgcc_s|libpthread|librt|libdl|ld
 seen, todo = set(), needed(exe)
 while todo:
     name = todo.pop()
-    if name in seen or name.startswith("librlfleet_") or system.match(name) or name not in paths:
+    if name in seen or name.startswith("librlfleet_") or system.match(name):
         continue
+    if name not in paths:
+        print(f"pack.sh: {exe} needs {name}, which ldd does not find", file=sys.stderr)
+        continue
+    if re.match(r"^(libtorch|libc10)", name):
+        sys.exit(f"pack.sh: {exe} needs {name} other than through a backend: it would run Debian's libtorch")
     seen.add(name)
     print(paths[name])
     todo.extend(needed(paths[name]))
