@@ -8,6 +8,8 @@
 # $TMPDIR/rlfleet-gpu-demo.
 #   build machine:  bash deploy/gpu/pack_fleet.sh
 #   GPU host:       bash deploy/gpu/run_demo.sh [DEVICE]     (DEVICE: cuda:0 by default)
+# RLFLEET_DEMOS picks demos (default "reverse3to5 reverse4to8_d256"); RLFLEET_ROLLOUT_FLAGS
+# go to the rollout replicas (e.g. --dtype=bf16).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 device="${1:-cuda:0}"
@@ -52,7 +54,7 @@ demo() {
     sleep 0.2
   done
   [[ -n "$controller" ]] || { echo "the fleet did not come up:"; tail -30 "$dir/launch.log"; tail -20 "$dir"/fleet/*.log; return 1; }
-  grep -h "model on" "$dir"/fleet/trainer.log "$dir"/fleet/rollout0.log
+  grep -h "model on" "$dir"/fleet/trainer.log "$dir"/fleet/rollout0.log | tee -a "$out/demo_summary.txt"
   echo "== $name: rlfleet run ${run[*]}"
   local rc=0
   timeout "${RLFLEET_DEMO_RUN_TIMEOUT:-600}" "$CLI" run --controller="$controller" --timeout=120s "${run[@]}" 2>&1 |
@@ -73,8 +75,13 @@ demo() {
 
 rm -f "$out/demo_summary.txt"
 failed=0
-demo reverse3to5 -- --entropy_coef=0.05 --steps=300 --stop_at=0.8 --max_staleness=0 || failed=1
-demo reverse4to8_d256 --d_model=256 --n_layers=4 --n_heads=8 -- \
-  --entropy_coef=0.05 --steps=400 --stop_at=0.8 --max_staleness=0 --min_len=4 --max_len=8 || failed=1
+demos="${RLFLEET_DEMOS:-reverse3to5 reverse4to8_d256}"
+if [[ " $demos " == *" reverse3to5 "* ]]; then
+  demo reverse3to5 -- --entropy_coef=0.05 --steps=300 --stop_at=0.8 --max_staleness=0 || failed=1
+fi
+if [[ " $demos " == *" reverse4to8_d256 "* ]]; then
+  demo reverse4to8_d256 --d_model=256 --n_layers=4 --n_heads=8 -- \
+    --entropy_coef=0.05 --steps=400 --stop_at=0.8 --max_staleness=0 --min_len=4 --max_len=8 || failed=1
+fi
 echo "run_demo: $( ((failed)) && echo FAILED || echo passed); metrics in $out"
 exit "$failed"

@@ -20,7 +20,8 @@
 # "interrupt trap: unexpected EOF while looking for matching `)'", and the fleet then
 # ignored Ctrl-C. Helpers write to files under DIR and `read` them instead.)
 # RLFLEET_PEER_TIMEOUT (default 120s) is the deadline of each call a run makes (a hung
-# replica is dropped after it); RLFLEET_BUFFER_FLAGS, extra flags for rlfleet-buffer
+# replica is dropped after it); RLFLEET_BUFFER_FLAGS and RLFLEET_ROLLOUT_FLAGS, extra flags
+# for rlfleet-buffer and for each rollout replica (e.g. --dtype=bf16)
 # (e.g. --dedupe_ids=N).
 # Binaries come from $RLFLEET_BIN (default bazel-bin/services; build them first with
 # `bazel build //services/...`). MODEL FLAGS go to the rollout replicas and the
@@ -196,7 +197,9 @@ NEXT_ROLLOUT=0
 add_rollout() {  # returns 1 if it did not start
   local name="rollout$NEXT_ROLLOUT"
   NEXT_ROLLOUT=$((NEXT_ROLLOUT + 1))
-  start "$name" "$BIN/rollout/rlfleet-rollout" --registry_address="$CONTROLLER" "${MODEL[@]}" || return 1
+  # shellcheck disable=SC2086  # (RLFLEET_ROLLOUT_FLAGS: extra flags, split on spaces)
+  start "$name" "$BIN/rollout/rlfleet-rollout" --registry_address="$CONTROLLER" "${MODEL[@]}" \
+    ${RLFLEET_ROLLOUT_FLAGS:-} || return 1
   ROLLOUT_PIDS+=("$PID")
   ROLLOUT_NAMES+=("$name")
 }

@@ -57,7 +57,7 @@ class DecodeBatch::State {
     const int64_t n = std::min<int64_t>(capacity, std::max<int64_t>({rows_needed, 2 * allocated, 8}));
     Policy::Impl::Cache grown;
     const int64_t dh = impl->config.d_model / impl->config.n_heads;
-    auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(impl->device);
+    auto opts = torch::TensorOptions().dtype(impl->dtype).device(impl->device);
     for (int l = 0; l < impl->config.n_layers; ++l) {
       grown.k.push_back(torch::zeros({n, impl->config.n_heads, width, dh}, opts));
       grown.v.push_back(torch::zeros({n, impl->config.n_heads, width, dh}, opts));
@@ -245,67 +245,72 @@ absl::Status DecodeBatch::Validate(const Sequence& sequence) const {
 bool DecodeBatch::CanAdd(const std::vector<Sequence>& sequences) const { return state_->Placement(sequences) >= 0; }
 
 absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Add(std::vector<Sequence> sequences) {
-  if (sequences.empty()) return absl::InvalidArgumentError("no sequences to add");
-  for (const Sequence& s : sequences) RETURN_IF_ERROR(Validate(s));
-  State& st = *state_;
-  const int64_t target = st.Placement(sequences);
-  if (target < 0) {
-    return absl::FailedPreconditionError(absl::StrCat("no room for ", sequences.size(), " more sequences (",
-                                                      st.rows.size(), " of ", st.capacity, " rows live)"));
-  }
-  torch::NoGradGuard no_grad;
-  const int64_t k = sequences.size(), r0 = st.rows.size();
-  int64_t longest = 0;
-  for (const Sequence& s : sequences) longest = std::max<int64_t>(longest, s.prompt.size());
-  st.Grow(r0 + k);
-  st.Reposition(target);
-  // The joiners' rows: no keys before their prompts (the cache may hold a departed
-  // row's), prompts left-padded to end at the batch position.
-  st.cache.key_ok.narrow(0, r0, k).fill_(false);
-  st.tokens.narrow(0, r0, k).fill_(0);
-  std::vector<std::vector<int32_t>> padded(k);
-  for (int64_t j = 0; j < k; ++j) {
-    padded[j].assign(longest - sequences[j].prompt.size(), sequences[j].options.pad_id);
-    padded[j].insert(padded[j].end(), sequences[j].prompt.begin(), sequences[j].prompt.end());
-    State::Row row;
-    row.id = sequences[j].id;
-    row.options = std::move(sequences[j].options);
-    row.rng.seed(row.options.seed);
-    row.prompt_length = sequences[j].prompt.size();
-    st.rows.push_back(std::move(row));
-  }
-  torch::Tensor input = ToTensor(padded, st.impl->device);
-  st.tokens.narrow(0, r0, k).narrow(1, target - longest, longest).copy_(input);
-  auto view = st.View(r0, k);
-  torch::Tensor logits = st.impl->Forward(input, target - longest, view).select(1, -1);
-  return st.Sample(logits, r0);
+  return Guarded("DecodeBatch::Add", [&]() -> absl::StatusOr<std::vector<DecodeBatch::Token>> {
+    if (sequences.empty()) return absl::InvalidArgumentError("no sequences to add");
+    for (const Sequence& s : sequences) RETURN_IF_ERROR(Validate(s));
+    State& st = *state_;
+    const int64_t target = st.Placement(sequences);
+    if (target < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("no room for ", sequences.size(), " more sequences (",
+                                                        st.rows.size(), " of ", st.capacity, " rows live)"));
+    }
+    torch::NoGradGuard no_grad;
+    const int64_t k = sequences.size(), r0 = st.rows.size();
+    int64_t longest = 0;
+    for (const Sequence& s : sequences) longest = std::max<int64_t>(longest, s.prompt.size());
+    st.Grow(r0 + k);
+    st.Reposition(target);
+    // The joiners' rows: no keys before their prompts (the cache may hold a departed
+    // row's), prompts left-padded to end at the batch position.
+    st.cache.key_ok.narrow(0, r0, k).fill_(false);
+    st.tokens.narrow(0, r0, k).fill_(0);
+    std::vector<std::vector<int32_t>> padded(k);
+    for (int64_t j = 0; j < k; ++j) {
+      padded[j].assign(longest - sequences[j].prompt.size(), sequences[j].options.pad_id);
+      padded[j].insert(padded[j].end(), sequences[j].prompt.begin(), sequences[j].prompt.end());
+      State::Row row;
+      row.id = sequences[j].id;
+      row.options = std::move(sequences[j].options);
+      row.rng.seed(row.options.seed);
+      row.prompt_length = sequences[j].prompt.size();
+      st.rows.push_back(std::move(row));
+    }
+    torch::Tensor input = ToTensor(padded, st.impl->device);
+    st.tokens.narrow(0, r0, k).narrow(1, target - longest, longest).copy_(input);
+    auto view = st.View(r0, k);
+    torch::Tensor logits = st.impl->Forward(input, target - longest, view).select(1, -1);
+    return st.Sample(logits, r0);
+  });
 }
 
 absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Step() {
-  State& st = *state_;
-  const int64_t n = st.rows.size();
-  if (n == 0) return std::vector<Token>{};
-  torch::NoGradGuard no_grad;
-  // Each row's pending token and its position id (real tokens before it).
-  torch::Tensor host = torch::empty({2, n}, torch::kLong);
-  int64_t* h = host.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const State::Row& r = st.rows[i];
-    h[i] = r.pending;
-    h[n + i] = r.prompt_length + r.generated - 1;
-  }
-  host = host.to(st.impl->device);
-  torch::Tensor input = host[0].view({n, 1}), pos_ids = host[1].view({n, 1});
-  const int64_t p = st.position, H = st.impl->config.n_heads;
-  st.tokens.narrow(0, 0, n).narrow(1, p, 1).copy_(input);
-  st.cache.key_ok.narrow(0, 0, n).narrow(1, p, 1).fill_(true);
-  torch::Tensor bias = torch::zeros({n, p + 1}, torch::TensorOptions().device(st.impl->device))
-                           .masked_fill_(st.cache.key_ok.narrow(0, 0, n).narrow(1, 0, p + 1).logical_not(), -1e9);
-  bias = bias.unsqueeze(1).expand({n, H, p + 1}).reshape({n * H, 1, p + 1});
-  auto view = st.View(0, n);
-  torch::Tensor logits = st.impl->DecodeStep(input, pos_ids, bias, p, view);
-  ++st.position;
-  return st.Sample(logits, 0);
+  return Guarded("DecodeBatch::Step", [&]() -> absl::StatusOr<std::vector<DecodeBatch::Token>> {
+    State& st = *state_;
+    const int64_t n = st.rows.size();
+    if (n == 0) return std::vector<Token>{};
+    torch::NoGradGuard no_grad;
+    // Each row's pending token and its position id (real tokens before it).
+    torch::Tensor host = torch::empty({2, n}, torch::kLong);
+    int64_t* h = host.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const State::Row& r = st.rows[i];
+      h[i] = r.pending;
+      h[n + i] = r.prompt_length + r.generated - 1;
+    }
+    host = host.to(st.impl->device);
+    torch::Tensor input = host[0].view({n, 1}), pos_ids = host[1].view({n, 1});
+    const int64_t p = st.position, H = st.impl->config.n_heads;
+    st.tokens.narrow(0, 0, n).narrow(1, p, 1).copy_(input);
+    st.cache.key_ok.narrow(0, 0, n).narrow(1, p, 1).fill_(true);
+    torch::Tensor bias =
+        torch::zeros({n, p + 1}, torch::TensorOptions().dtype(st.impl->dtype).device(st.impl->device))
+            .masked_fill_(st.cache.key_ok.narrow(0, 0, n).narrow(1, 0, p + 1).logical_not(), st.impl->MaskedScore());
+    bias = bias.unsqueeze(1).expand({n, H, p + 1}).reshape({n * H, 1, p + 1});
+    auto view = st.View(0, n);
+    torch::Tensor logits = st.impl->DecodeStep(input, pos_ids, bias, p, view);
+    ++st.position;
+    return st.Sample(logits, 0);
+  });
 }
 
 bool DecodeBatch::Remove(uint64_t id) {
@@ -320,13 +325,15 @@ bool DecodeBatch::Remove(uint64_t id) {
 }
 
 absl::Status DecodeBatch::Refresh() {
-  State& st = *state_;
-  const int64_t n = st.rows.size();
-  if (n == 0) return absl::OkStatus();
-  torch::NoGradGuard no_grad;
-  auto view = st.View(0, n);
-  st.impl->Forward(st.tokens.narrow(0, 0, n).narrow(1, 0, st.position), 0, view);
-  return absl::OkStatus();
+  return Guarded("DecodeBatch::Refresh", [&]() -> absl::Status {
+    State& st = *state_;
+    const int64_t n = st.rows.size();
+    if (n == 0) return absl::OkStatus();
+    torch::NoGradGuard no_grad;
+    auto view = st.View(0, n);
+    st.impl->Forward(st.tokens.narrow(0, 0, n).narrow(1, 0, st.position), 0, view);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace rlfleet::model

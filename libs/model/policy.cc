@@ -80,6 +80,25 @@ void ConfigureBlas(char** argv) {
   execv("/proc/self/exe", argv);
 }
 
+namespace {
+
+// PolicyConfig::dtype's scalar type, or INVALID_ARGUMENT naming what is wrong.
+absl::StatusOr<torch::ScalarType> DtypeOf(const std::string& dtype, const std::string& device) {
+  if (dtype == "fp32") return torch::kFloat32;
+  if (dtype == "bf16") return torch::kBFloat16;
+  if (dtype == "fp16") {
+    if (device.rfind("cuda", 0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("dtype fp16 on ", device,
+                                                     ": fp16 needs a CUDA device (libtorch's CPU kernels lack "
+                                                     "half matrix products); use bf16 or fp32"));
+    }
+    return torch::kFloat16;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("dtype \"", dtype, "\": want fp32, bf16 or fp16"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& config, const std::string& device,
                                                        uint64_t init_seed) {
   if (config.vocab_size < 4 || config.d_model < 8 || config.n_layers < 1 || config.n_heads < 1 ||
@@ -90,9 +109,10 @@ absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& confi
                                                    config.max_seq_len));
   }
   RETURN_IF_ERROR(CheckDevice(device));
+  ASSIGN_OR_RETURN(const torch::ScalarType dtype, DtypeOf(config.dtype, device));
   try {
     torch::manual_seed(init_seed);
-    std::unique_ptr<Impl> impl(new Impl(config, torch::Device(device)));
+    std::unique_ptr<Impl> impl(new Impl(config, torch::Device(device), dtype));
     impl->eval();
     return std::unique_ptr<Policy>(new Policy(std::move(impl)));
   } catch (const std::exception& e) {
@@ -112,76 +132,84 @@ int64_t Policy::num_parameters() const {
 }
 
 absl::StatusOr<std::vector<float>> Policy::Logits(const std::vector<std::vector<int32_t>>& tokens) {
-  RETURN_IF_ERROR(CheckTokens(tokens, impl_->config.vocab_size, /*equal_length=*/true));
-  if (static_cast<int>(tokens[0].size()) > impl_->config.max_seq_len) {
-    return absl::InvalidArgumentError("sequence longer than max_seq_len");
-  }
-  torch::NoGradGuard no_grad;
-  auto cache = impl_->NewCache(tokens.size());
-  return ToVector(impl_->Forward(ToTensor(tokens, impl_->device), 0, cache));
+  return Guarded("Logits", [&]() -> absl::StatusOr<std::vector<float>> {
+    RETURN_IF_ERROR(CheckTokens(tokens, impl_->config.vocab_size, /*equal_length=*/true));
+    if (static_cast<int>(tokens[0].size()) > impl_->config.max_seq_len) {
+      return absl::InvalidArgumentError("sequence longer than max_seq_len");
+    }
+    torch::NoGradGuard no_grad;
+    auto cache = impl_->NewCache(tokens.size());
+    return ToVector(impl_->Forward(ToTensor(tokens, impl_->device), 0, cache));
+  });
 }
 
 absl::StatusOr<std::vector<float>> Policy::Values(const std::vector<std::vector<int32_t>>& sequences) {
-  if (!impl_->value) {
-    return absl::FailedPreconditionError("Values: the model has no value head (PolicyConfig.value_head)");
-  }
-  RETURN_IF_ERROR(CheckTokens(sequences, impl_->config.vocab_size, /*equal_length=*/false));
-  size_t longest = 0;
-  for (const auto& s : sequences) longest = std::max(longest, s.size());
-  if (static_cast<int>(longest) > impl_->config.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("Values: a sequence of ", longest,
-                                                   " tokens is longer than max_seq_len ", impl_->config.max_seq_len));
-  }
-  // Left-padded, so every sequence ends at the last position (positions count real
-  // tokens only, so padding changes nothing).
-  std::vector<std::vector<int32_t>> padded(sequences.size());
-  for (size_t b = 0; b < sequences.size(); ++b) {
-    padded[b].assign(longest - sequences[b].size(), 0);
-    padded[b].insert(padded[b].end(), sequences[b].begin(), sequences[b].end());
-  }
-  torch::NoGradGuard no_grad;
-  torch::Tensor hidden = impl_->Trunk(ToTensor(padded, impl_->device), 0, nullptr);
-  return ToVector(impl_->value(hidden.select(1, -1)).squeeze(-1));
+  return Guarded("Values", [&]() -> absl::StatusOr<std::vector<float>> {
+    if (!impl_->value) {
+      return absl::FailedPreconditionError("Values: the model has no value head (PolicyConfig.value_head)");
+    }
+    RETURN_IF_ERROR(CheckTokens(sequences, impl_->config.vocab_size, /*equal_length=*/false));
+    size_t longest = 0;
+    for (const auto& s : sequences) longest = std::max(longest, s.size());
+    if (static_cast<int>(longest) > impl_->config.max_seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat("Values: a sequence of ", longest,
+                                                     " tokens is longer than max_seq_len ", impl_->config.max_seq_len));
+    }
+    // Left-padded, so every sequence ends at the last position (positions count real
+    // tokens only, so padding changes nothing).
+    std::vector<std::vector<int32_t>> padded(sequences.size());
+    for (size_t b = 0; b < sequences.size(); ++b) {
+      padded[b].assign(longest - sequences[b].size(), 0);
+      padded[b].insert(padded[b].end(), sequences[b].begin(), sequences[b].end());
+    }
+    torch::NoGradGuard no_grad;
+    torch::Tensor hidden = impl_->Trunk(ToTensor(padded, impl_->device), 0, nullptr);
+    return ToVector(impl_->value(hidden.select(1, -1)).squeeze(-1));
+  });
 }
 
 absl::StatusOr<std::vector<float>> Policy::IncrementalLogits(const std::vector<std::vector<int32_t>>& tokens) {
-  RETURN_IF_ERROR(CheckTokens(tokens, impl_->config.vocab_size, /*equal_length=*/true));
-  torch::NoGradGuard no_grad;
-  auto cache = impl_->NewCache(tokens.size());
-  torch::Tensor all = ToTensor(tokens, impl_->device);
-  std::vector<torch::Tensor> steps;
-  for (int64_t p = 0; p < all.size(1); ++p) steps.push_back(impl_->Forward(all.narrow(1, p, 1), p, cache));
-  return ToVector(torch::cat(steps, 1));
+  return Guarded("IncrementalLogits", [&]() -> absl::StatusOr<std::vector<float>> {
+    RETURN_IF_ERROR(CheckTokens(tokens, impl_->config.vocab_size, /*equal_length=*/true));
+    torch::NoGradGuard no_grad;
+    auto cache = impl_->NewCache(tokens.size());
+    torch::Tensor all = ToTensor(tokens, impl_->device);
+    std::vector<torch::Tensor> steps;
+    for (int64_t p = 0; p < all.size(1); ++p) steps.push_back(impl_->Forward(all.narrow(1, p, 1), p, cache));
+    return ToVector(torch::cat(steps, 1));
+  });
 }
 
 absl::StatusOr<std::vector<Generation>> Policy::Generate(const std::vector<std::vector<int32_t>>& prompts,
                                                          const SamplingOptions& options) {
-  RETURN_IF_ERROR(CheckTokens(prompts, impl_->config.vocab_size, /*equal_length=*/false));
-  // One decode algorithm: the whole batch joins a DecodeBatch at once and runs out.
-  const int64_t B = prompts.size();
-  DecodeBatch batch(this, static_cast<int>(B));
-  std::vector<DecodeBatch::Sequence> sequences(B);
-  for (int64_t b = 0; b < B; ++b) {
-    sequences[b].id = b;
-    sequences[b].prompt = prompts[b];
-    sequences[b].options = options;
-    sequences[b].options.seed = SequenceSeed(options.seed, b);
-  }
-  std::vector<Generation> out(B);
-  auto collect = [&out](const std::vector<DecodeBatch::Token>& tokens) {
-    for (const DecodeBatch::Token& t : tokens) {
-      out[t.id].tokens.push_back(t.token);
-      out[t.id].logprobs.push_back(t.logprob);
-      if (t.finished) out[t.id].stopped_by_eos = t.stopped_by_eos;
+  return Guarded("Generate", [&]() -> absl::StatusOr<std::vector<Generation>> {
+    RETURN_IF_ERROR(CheckTokens(prompts, impl_->config.vocab_size, /*equal_length=*/false));
+    // One decode algorithm: the whole batch joins a DecodeBatch at once and runs out.
+    const int64_t B = prompts.size();
+    DecodeBatch batch(this, static_cast<int>(B));
+    std::vector<DecodeBatch::Sequence> sequences(B);
+    for (int64_t b = 0; b < B; ++b) {
+      sequences[b].id = b;
+      sequences[b].prompt = prompts[b];
+      sequences[b].options = options;
+      sequences[b].options.seed = SequenceSeed(options.seed, b);
     }
-  };
-  ASSIGN_OR_RETURN(std::vector<DecodeBatch::Token> first, batch.Add(std::move(sequences)));
-  collect(first);
-  while (batch.size() > 0) {
-    ASSIGN_OR_RETURN(std::vector<DecodeBatch::Token> step, batch.Step());
-    collect(step);
-  }
-  return out;
+    std::vector<Generation> out(B);
+    auto collect = [&out](const std::vector<DecodeBatch::Token>& tokens) {
+      for (const DecodeBatch::Token& t : tokens) {
+        out[t.id].tokens.push_back(t.token);
+        out[t.id].logprobs.push_back(t.logprob);
+        if (t.finished) out[t.id].stopped_by_eos = t.stopped_by_eos;
+      }
+    };
+    ASSIGN_OR_RETURN(std::vector<DecodeBatch::Token> first, batch.Add(std::move(sequences)));
+    collect(first);
+    while (batch.size() > 0) {
+      ASSIGN_OR_RETURN(std::vector<DecodeBatch::Token> step, batch.Step());
+      collect(step);
+    }
+    return out;
+  });
 }
 
 namespace {
@@ -300,6 +328,10 @@ bool IsNonFiniteLossError(const absl::Status& status) {
 }
 
 absl::Status Policy::CheckBatch(const std::vector<TrainSequence>& batch, const TrainOptions& options) const {
+  if (impl_->dtype != torch::kFloat32) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a ", impl_->config.dtype, " policy does not train: TrainStep needs dtype fp32"));
+  }
   if (batch.empty()) return absl::InvalidArgumentError("empty training batch");
   if (options.mini_batches < 1 || static_cast<size_t>(options.mini_batches) > batch.size()) {
     return absl::InvalidArgumentError(absl::StrCat("mini_batches is ", options.mini_batches, "; it must be in [1, ",
@@ -350,157 +382,160 @@ absl::Status Policy::CheckBatch(const std::vector<TrainSequence>& batch, const T
 }
 
 absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch, const TrainOptions& options) {
-  RETURN_IF_ERROR(CheckBatch(batch, options));
-  size_t prompt_len = 0, response_len = 0;
-  for (const TrainSequence& s : batch) {
-    prompt_len = std::max(prompt_len, s.prompt.size());
-    response_len = std::max(response_len, s.response.size());
-  }
-  const int64_t B = batch.size(), P = prompt_len, R = response_len;
-  // Prompts left-padded to P (as in generation), responses right-padded to R.
-  std::vector<std::vector<int32_t>> rows(B);
-  torch::Tensor targets = torch::zeros({B, R}, torch::kLong);
-  torch::Tensor mask = torch::zeros({B, R});
-  torch::Tensor old_lp = torch::zeros({B, R});
-  torch::Tensor adv = torch::zeros({B});
-  torch::Tensor rewards = torch::zeros({B, R});  // the sequence reward on its last token
-  for (int64_t b = 0; b < B; ++b) {
-    const TrainSequence& s = batch[b];
-    for (int32_t t : s.prompt) {
-      if (t < 0 || t >= impl_->config.vocab_size) return absl::InvalidArgumentError("token outside the vocabulary");
+  return Guarded("TrainStep", [&]() -> absl::StatusOr<TrainStats> {
+    RETURN_IF_ERROR(CheckBatch(batch, options));
+    size_t prompt_len = 0, response_len = 0;
+    for (const TrainSequence& s : batch) {
+      prompt_len = std::max(prompt_len, s.prompt.size());
+      response_len = std::max(response_len, s.response.size());
     }
-    rows[b].assign(P - s.prompt.size(), 0);
-    rows[b].insert(rows[b].end(), s.prompt.begin(), s.prompt.end());
-    for (int64_t j = 0; j < R; ++j) {
-      const bool real = j < static_cast<int64_t>(s.response.size());
-      const int32_t tok = real ? s.response[j] : 0;
-      if (tok < 0 || tok >= impl_->config.vocab_size) return absl::InvalidArgumentError("token outside the vocabulary");
-      rows[b].push_back(tok);
-      if (real) {
-        targets.index_put_({b, j}, tok);
-        mask.index_put_({b, j}, 1.0);
-        old_lp.index_put_({b, j}, s.behaviour_logprobs[j]);
+    const int64_t B = batch.size(), P = prompt_len, R = response_len;
+    // Prompts left-padded to P (as in generation), responses right-padded to R.
+    std::vector<std::vector<int32_t>> rows(B);
+    torch::Tensor targets = torch::zeros({B, R}, torch::kLong);
+    torch::Tensor mask = torch::zeros({B, R});
+    torch::Tensor old_lp = torch::zeros({B, R});
+    torch::Tensor adv = torch::zeros({B});
+    torch::Tensor rewards = torch::zeros({B, R});  // the sequence reward on its last token
+    for (int64_t b = 0; b < B; ++b) {
+      const TrainSequence& s = batch[b];
+      for (int32_t t : s.prompt) {
+        if (t < 0 || t >= impl_->config.vocab_size) return absl::InvalidArgumentError("token outside the vocabulary");
       }
-    }
-    adv.index_put_({b}, s.advantage);
-    rewards.index_put_({b, static_cast<int64_t>(s.response.size()) - 1}, s.reward);
-  }
-  const torch::Device dev = impl_->device;
-  torch::Tensor input = ToTensor(rows, dev);
-  targets = targets.to(dev);
-  mask = mask.to(dev);
-  old_lp = old_lp.to(dev);
-  adv = adv.to(dev);
-  // GAE: the critic's estimates at the start of the step give per-token advantages and
-  // the value targets. Logits at P-1+j predict response token j, and the value there
-  // is that of the state before token j.
-  torch::Tensor old_values, returns;
-  const int64_t micro = options.micro_batch_size > 0 ? std::min<int64_t>(options.micro_batch_size, B) : B;
-  if (options.gae) {
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> values;
-    for (int64_t begin = 0; begin < B; begin += micro) {
-      torch::Tensor hidden = impl_->Trunk(input.narrow(0, begin, std::min(micro, B - begin)), 0, nullptr);
-      values.push_back(impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1));
-    }
-    old_values = torch::cat(values) * mask;
-    rl::GaeResult g = rl::Gae(rewards.to(dev), old_values, mask, options.gamma, options.gae_lambda);
-    returns = g.returns;
-    torch::Tensor mean = rl::MaskedMean(g.advantages, mask);
-    torch::Tensor var = rl::MaskedMean((g.advantages - mean).pow(2), mask);
-    adv = (g.advantages - mean) / (var + 1e-8).sqrt() * mask;
-  }
-  if (impl_->optimizer == nullptr) {
-    impl_->optimizer = std::make_unique<torch::optim::AdamW>(
-        impl_->parameters(), torch::optim::AdamWOptions(options.learning_rate).weight_decay(options.weight_decay));
-  }
-  const int64_t epochs = std::max(1, options.epochs), mini_batches = options.mini_batches;
-  // A step of several updates can be undone (a non-finite loss in a later update).
-  std::optional<TrainSnapshot> snapshot;
-  if (epochs * mini_batches > 1) snapshot = TrainSnapshot::Take(*impl_);
-  impl_->train();
-  TrainStats stats;
-  const double batch_tokens = mask.sum().item<double>();
-  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
-    double loss_sum = 0, policy_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, value_sum = 0;
-    for (int64_t k = 0; k < mini_batches; ++k) {
-      const int64_t first = B * k / mini_batches, last = B * (k + 1) / mini_batches;
-      impl_->optimizer->zero_grad();
-      const float mini_tokens = mask.narrow(0, first, last - first).sum().item<float>();
-      bool nonfinite = false;
-      // Gradient accumulation: each micro-batch's token-mean loss weighted by its share
-      // of the mini-batch's tokens sums to the mini-batch's token-mean loss.
-      for (int64_t begin = first; begin < last; begin += micro) {
-        const int64_t n = std::min(micro, last - begin);
-        torch::Tensor m = mask.narrow(0, begin, n);
-        const float tokens = m.sum().item<float>();
-        torch::Tensor hidden = impl_->Trunk(input.narrow(0, begin, n), 0, nullptr);
-        torch::Tensor logits = impl_->head(hidden);
-        // Logits at P-1+j predict response token j.
-        torch::Tensor all_lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1);
-        torch::Tensor lp = all_lp.gather(-1, targets.narrow(0, begin, n).unsqueeze(-1)).squeeze(-1);
-        torch::Tensor entropy = -(all_lp.exp() * all_lp).sum(-1);
-        rl::PpoOptions po;
-        po.clip = options.clip;
-        po.clip_high = options.clip_high;
-        po.entropy_coef = options.entropy_coef;
-        rl::PpoLoss loss =
-            rl::PpoPolicyLoss(lp, old_lp.narrow(0, begin, n), adv.narrow(0, begin, n), m, po, {}, {}, entropy);
-        torch::Tensor total = loss.loss;
-        if (options.gae) {
-          torch::Tensor v = impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1);
-          torch::Tensor old_v = old_values.narrow(0, begin, n), ret = returns.narrow(0, begin, n);
-          torch::Tensor clipped = old_v + (v - old_v).clamp(-options.value_clip, options.value_clip);
-          torch::Tensor value_loss = 0.5 * rl::MaskedMean(torch::max((v - ret).pow(2), (clipped - ret).pow(2)), m);
-          total = total + options.value_coef * value_loss;
-          value_sum += value_loss.item<double>() * tokens;
+      rows[b].assign(P - s.prompt.size(), 0);
+      rows[b].insert(rows[b].end(), s.prompt.begin(), s.prompt.end());
+      for (int64_t j = 0; j < R; ++j) {
+        const bool real = j < static_cast<int64_t>(s.response.size());
+        const int32_t tok = real ? s.response[j] : 0;
+        if (tok < 0 || tok >= impl_->config.vocab_size)
+          return absl::InvalidArgumentError("token outside the vocabulary");
+        rows[b].push_back(tok);
+        if (real) {
+          targets.index_put_({b, j}, tok);
+          mask.index_put_({b, j}, 1.0);
+          old_lp.index_put_({b, j}, s.behaviour_logprobs[j]);
         }
-        const double total_value = total.item<double>();
-        if (!std::isfinite(total_value)) nonfinite = true;
-        if (mini_tokens > 0) (total * (tokens / mini_tokens)).backward();
-        loss_sum += total_value * tokens;
-        policy_sum += loss.policy_loss.item<double>() * tokens;
-        clip_sum += loss.clip_fraction.item<double>() * tokens;
-        kl_sum += loss.approx_kl.item<double>() * tokens;
-        entropy_sum += loss.entropy.item<double>() * tokens;
       }
-      if (options.group != nullptr) RETURN_IF_ERROR(SyncGradients(*impl_, mini_tokens, options.group, &nonfinite));
-      const double norm = torch::nn::utils::clip_grad_norm_(impl_->parameters(), options.grad_clip);
-      if (nonfinite || !std::isfinite(norm)) {
-        impl_->optimizer->zero_grad();
-        if (snapshot.has_value()) snapshot->Restore(*impl_);
-        impl_->eval();
-        return NonFiniteLossError(epoch * mini_batches + k);
-      }
-      const int64_t t = OptimizerSteps(*impl_);
-      const double lr = options.warmup_steps > 0
-                            ? options.learning_rate * std::min(1.0, static_cast<double>(t + 1) / options.warmup_steps)
-                            : options.learning_rate;
-      for (auto& group : impl_->optimizer->param_groups()) {
-        static_cast<torch::optim::AdamWOptions&>(group.options())
-            .lr(lr)
-            .weight_decay(options.weight_decay)
-            .betas(std::make_tuple(static_cast<double>(options.beta1), static_cast<double>(options.beta2)))
-            .eps(options.eps);
-      }
-      impl_->optimizer->step();
-      ++impl_->weights_generation;
-      ++stats.optimizer_steps;
-      stats.grad_norm = static_cast<float>(norm);
-      stats.learning_rate = static_cast<float>(lr);
+      adv.index_put_({b}, s.advantage);
+      rewards.index_put_({b, static_cast<int64_t>(s.response.size()) - 1}, s.reward);
     }
-    // The last epoch's token means over the whole batch.
-    const double d = std::max(1.0, batch_tokens);
-    stats.loss = static_cast<float>(loss_sum / d);
-    stats.policy_loss = static_cast<float>(policy_sum / d);
-    stats.clip_fraction = static_cast<float>(clip_sum / d);
-    stats.approx_kl = static_cast<float>(kl_sum / d);
-    stats.entropy = static_cast<float>(entropy_sum / d);
-    stats.value_loss = static_cast<float>(value_sum / d);
-  }
-  impl_->eval();
-  stats.tokens = static_cast<int64_t>(batch_tokens);
-  return stats;
+    const torch::Device dev = impl_->device;
+    torch::Tensor input = ToTensor(rows, dev);
+    targets = targets.to(dev);
+    mask = mask.to(dev);
+    old_lp = old_lp.to(dev);
+    adv = adv.to(dev);
+    // GAE: the critic's estimates at the start of the step give per-token advantages and
+    // the value targets. Logits at P-1+j predict response token j, and the value there
+    // is that of the state before token j.
+    torch::Tensor old_values, returns;
+    const int64_t micro = options.micro_batch_size > 0 ? std::min<int64_t>(options.micro_batch_size, B) : B;
+    if (options.gae) {
+      torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> values;
+      for (int64_t begin = 0; begin < B; begin += micro) {
+        torch::Tensor hidden = impl_->Trunk(input.narrow(0, begin, std::min(micro, B - begin)), 0, nullptr);
+        values.push_back(impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1));
+      }
+      old_values = torch::cat(values) * mask;
+      rl::GaeResult g = rl::Gae(rewards.to(dev), old_values, mask, options.gamma, options.gae_lambda);
+      returns = g.returns;
+      torch::Tensor mean = rl::MaskedMean(g.advantages, mask);
+      torch::Tensor var = rl::MaskedMean((g.advantages - mean).pow(2), mask);
+      adv = (g.advantages - mean) / (var + 1e-8).sqrt() * mask;
+    }
+    if (impl_->optimizer == nullptr) {
+      impl_->optimizer = std::make_unique<torch::optim::AdamW>(
+          impl_->parameters(), torch::optim::AdamWOptions(options.learning_rate).weight_decay(options.weight_decay));
+    }
+    const int64_t epochs = std::max(1, options.epochs), mini_batches = options.mini_batches;
+    // A step of several updates can be undone (a non-finite loss in a later update).
+    std::optional<TrainSnapshot> snapshot;
+    if (epochs * mini_batches > 1) snapshot = TrainSnapshot::Take(*impl_);
+    impl_->train();
+    TrainStats stats;
+    const double batch_tokens = mask.sum().item<double>();
+    for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+      double loss_sum = 0, policy_sum = 0, clip_sum = 0, kl_sum = 0, entropy_sum = 0, value_sum = 0;
+      for (int64_t k = 0; k < mini_batches; ++k) {
+        const int64_t first = B * k / mini_batches, last = B * (k + 1) / mini_batches;
+        impl_->optimizer->zero_grad();
+        const float mini_tokens = mask.narrow(0, first, last - first).sum().item<float>();
+        bool nonfinite = false;
+        // Gradient accumulation: each micro-batch's token-mean loss weighted by its share
+        // of the mini-batch's tokens sums to the mini-batch's token-mean loss.
+        for (int64_t begin = first; begin < last; begin += micro) {
+          const int64_t n = std::min(micro, last - begin);
+          torch::Tensor m = mask.narrow(0, begin, n);
+          const float tokens = m.sum().item<float>();
+          torch::Tensor hidden = impl_->Trunk(input.narrow(0, begin, n), 0, nullptr);
+          torch::Tensor logits = impl_->head(hidden);
+          // Logits at P-1+j predict response token j.
+          torch::Tensor all_lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1);
+          torch::Tensor lp = all_lp.gather(-1, targets.narrow(0, begin, n).unsqueeze(-1)).squeeze(-1);
+          torch::Tensor entropy = -(all_lp.exp() * all_lp).sum(-1);
+          rl::PpoOptions po;
+          po.clip = options.clip;
+          po.clip_high = options.clip_high;
+          po.entropy_coef = options.entropy_coef;
+          rl::PpoLoss loss =
+              rl::PpoPolicyLoss(lp, old_lp.narrow(0, begin, n), adv.narrow(0, begin, n), m, po, {}, {}, entropy);
+          torch::Tensor total = loss.loss;
+          if (options.gae) {
+            torch::Tensor v = impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1);
+            torch::Tensor old_v = old_values.narrow(0, begin, n), ret = returns.narrow(0, begin, n);
+            torch::Tensor clipped = old_v + (v - old_v).clamp(-options.value_clip, options.value_clip);
+            torch::Tensor value_loss = 0.5 * rl::MaskedMean(torch::max((v - ret).pow(2), (clipped - ret).pow(2)), m);
+            total = total + options.value_coef * value_loss;
+            value_sum += value_loss.item<double>() * tokens;
+          }
+          const double total_value = total.item<double>();
+          if (!std::isfinite(total_value)) nonfinite = true;
+          if (mini_tokens > 0) (total * (tokens / mini_tokens)).backward();
+          loss_sum += total_value * tokens;
+          policy_sum += loss.policy_loss.item<double>() * tokens;
+          clip_sum += loss.clip_fraction.item<double>() * tokens;
+          kl_sum += loss.approx_kl.item<double>() * tokens;
+          entropy_sum += loss.entropy.item<double>() * tokens;
+        }
+        if (options.group != nullptr) RETURN_IF_ERROR(SyncGradients(*impl_, mini_tokens, options.group, &nonfinite));
+        const double norm = torch::nn::utils::clip_grad_norm_(impl_->parameters(), options.grad_clip);
+        if (nonfinite || !std::isfinite(norm)) {
+          impl_->optimizer->zero_grad();
+          if (snapshot.has_value()) snapshot->Restore(*impl_);
+          impl_->eval();
+          return NonFiniteLossError(epoch * mini_batches + k);
+        }
+        const int64_t t = OptimizerSteps(*impl_);
+        const double lr = options.warmup_steps > 0
+                              ? options.learning_rate * std::min(1.0, static_cast<double>(t + 1) / options.warmup_steps)
+                              : options.learning_rate;
+        for (auto& group : impl_->optimizer->param_groups()) {
+          static_cast<torch::optim::AdamWOptions&>(group.options())
+              .lr(lr)
+              .weight_decay(options.weight_decay)
+              .betas(std::make_tuple(static_cast<double>(options.beta1), static_cast<double>(options.beta2)))
+              .eps(options.eps);
+        }
+        impl_->optimizer->step();
+        ++impl_->weights_generation;
+        ++stats.optimizer_steps;
+        stats.grad_norm = static_cast<float>(norm);
+        stats.learning_rate = static_cast<float>(lr);
+      }
+      // The last epoch's token means over the whole batch.
+      const double d = std::max(1.0, batch_tokens);
+      stats.loss = static_cast<float>(loss_sum / d);
+      stats.policy_loss = static_cast<float>(policy_sum / d);
+      stats.clip_fraction = static_cast<float>(clip_sum / d);
+      stats.approx_kl = static_cast<float>(kl_sum / d);
+      stats.entropy = static_cast<float>(entropy_sum / d);
+      stats.value_loss = static_cast<float>(value_sum / d);
+    }
+    impl_->eval();
+    stats.tokens = static_cast<int64_t>(batch_tokens);
+    return stats;
+  });
 }
 
 std::string Policy::SafetensorsBytes() const { return SafetensorsImage(nullptr).Release(); }
@@ -625,28 +660,30 @@ absl::Status Policy::LoadSafetensorsBytes(const std::string& bytes, const std::s
 }
 
 absl::Status Policy::LoadTensors(const std::map<std::string, TensorView>& tensors, const std::string& path) {
-  torch::NoGradGuard no_grad;
-  // Every tensor is checked before any is copied: a bad file changes nothing.
-  std::vector<std::pair<torch::Tensor, const TensorView*>> copies;
-  for (auto& item : impl_->named_parameters()) {
-    auto it = tensors.find(item.key());
-    if (it == tensors.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor `", item.key(), "` is missing"));
+  return Guarded("LoadTensors", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    // Every tensor is checked before any is copied: a bad file changes nothing.
+    std::vector<std::pair<torch::Tensor, const TensorView*>> copies;
+    for (auto& item : impl_->named_parameters()) {
+      auto it = tensors.find(item.key());
+      if (it == tensors.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor `", item.key(), "` is missing"));
+      }
+      const TensorView& blob = it->second;
+      if (blob.dtype != "F32" || blob.shape != item.value().sizes().vec()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor `", item.key(), "` is ", blob.dtype,
+                                                       " of the wrong shape; want F32 [",
+                                                       absl::StrJoin(item.value().sizes().vec(), ","), "]"));
+      }
+      copies.emplace_back(item.value(), &blob);
     }
-    const TensorView& blob = it->second;
-    if (blob.dtype != "F32" || blob.shape != item.value().sizes().vec()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor `", item.key(), "` is ", blob.dtype,
-                                                     " of the wrong shape; want F32 [",
-                                                     absl::StrJoin(item.value().sizes().vec(), ","), "]"));
+    for (auto& [param, blob] : copies) {
+      torch::Tensor src = torch::from_blob(const_cast<char*>(blob->bytes.data()), blob->shape, torch::kFloat32);
+      param.copy_(src);
     }
-    copies.emplace_back(item.value(), &blob);
-  }
-  for (auto& [param, blob] : copies) {
-    torch::Tensor src = torch::from_blob(const_cast<char*>(blob->bytes.data()), blob->shape, torch::kFloat32);
-    param.copy_(src);
-  }
-  ++impl_->weights_generation;
-  return absl::OkStatus();
+    ++impl_->weights_generation;
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace rlfleet::model

@@ -34,6 +34,10 @@ struct PolicyConfig {
   int n_heads = 4;
   int max_seq_len = 128;  // prompt + response tokens
   bool value_head = false;
+  // Weights, activations and the KV cache: "fp32", "bf16" or "fp16" (fp16 needs a CUDA
+  // device). Only fp32 trains (TrainStep); bf16 / fp16 serve generation (a rollout
+  // replica): F32 images load by conversion, and the images it writes are F32.
+  std::string dtype = "fp32";
 };
 
 struct SamplingOptions {

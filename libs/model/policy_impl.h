@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,7 +37,7 @@ using internal::Block;
 
 class Policy::Impl : public torch::nn::Module {
  public:
-  Impl(const PolicyConfig& c, torch::Device device) : config(c), device(device) {
+  Impl(const PolicyConfig& c, torch::Device device, torch::ScalarType dtype) : config(c), device(device), dtype(dtype) {
     tok = register_module("tok_emb", torch::nn::Embedding(c.vocab_size, c.d_model));
     pos = register_module("pos_emb", torch::nn::Embedding(c.max_seq_len, c.d_model));
     list = register_module("blocks", torch::nn::ModuleList());
@@ -47,7 +48,7 @@ class Policy::Impl : public torch::nn::Module {
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
     head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.vocab_size).bias(false)));
     if (c.value_head) value = register_module("value_head", torch::nn::Linear(c.d_model, 1));
-    to(device);
+    to(device, dtype);
   }
 
   // The KV cache: per layer [B, H, max_seq_len, Dh] keys and values, written in place.
@@ -59,7 +60,7 @@ class Policy::Impl : public torch::nn::Module {
   Cache NewCache(int64_t batch) {
     Cache cache;
     const int64_t dh = config.d_model / config.n_heads;
-    auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    auto opts = torch::TensorOptions().dtype(dtype).device(device);
     for (int i = 0; i < config.n_layers; ++i) {
       cache.k.push_back(torch::zeros({batch, config.n_heads, config.max_seq_len, dh}, opts));
       cache.v.push_back(torch::zeros({batch, config.n_heads, config.max_seq_len, dh}, opts));
@@ -102,7 +103,8 @@ class Policy::Impl : public torch::nn::Module {
     // A query at a PAD position would see nothing: let every query see itself, which
     // keeps the softmax finite (PAD rows' outputs are never used).
     allowed = allowed | kpos.unsqueeze(0).eq(positions.unsqueeze(1)).unsqueeze(0);
-    torch::Tensor bias = torch::zeros({B, 1, t, T}, x.options()).masked_fill(allowed.logical_not().unsqueeze(1), -1e9);
+    torch::Tensor bias =
+        torch::zeros({B, 1, t, T}, x.options()).masked_fill(allowed.logical_not().unsqueeze(1), MaskedScore());
     const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
     for (size_t l = 0; l < blocks.size(); ++l) {
       Block& b = blocks[l];
@@ -153,7 +155,7 @@ class Policy::Impl : public torch::nn::Module {
 
   // One decode step: token [n, 1] of each of the cache's n rows at cache position p,
   // with position ids pos_ids [n, 1] and the key mask as an additive bias [n*H, 1, p+1]
-  // (0 for a real key, -1e9 otherwise). Fewer, larger operations than Trunk: products
+  // (0 for a real key, MaskedScore() otherwise). Fewer, larger operations than Trunk: products
   // against pre-transposed weights, heads batched, scale and mask fused, no mask built
   // per step. On the CPU one query's attention is element-wise products and sums over
   // the cache (three operations for all rows and heads): bmm there is one small GEMM
@@ -188,9 +190,14 @@ class Policy::Impl : public torch::nn::Module {
     return torch::mm(ln_f(x), w.head);
   }
 
+  // The attention score of a masked key: low enough that softmax gives it nothing, and
+  // finite in the policy's dtype (-1e9 overflows fp16, whose lowest is -65504).
+  double MaskedScore() const { return dtype == torch::kFloat16 ? -6.0e4 : -1e9; }
+
   static constexpr int64_t kPadForMask = 0;
   PolicyConfig config;
   torch::Device device;
+  torch::ScalarType dtype;  // of the weights, activations and KV cache (PolicyConfig::dtype)
   torch::nn::Embedding tok{nullptr}, pos{nullptr};
   torch::nn::ModuleList list{nullptr};  // registers the blocks as blocks.<i>.*
   std::vector<Block> blocks;
@@ -200,6 +207,24 @@ class Policy::Impl : public torch::nn::Module {
   uint64_t weights_generation = 0;  // bumped by every write to the weights
   DecodeWeights decode_cache;
 };
+
+// Runs `body`, turning a libtorch exception into an error status, so that a service
+// answers a call that hit one instead of dying: RESOURCE_EXHAUSTED for device memory
+// (a CUDA OOM), INTERNAL otherwise, each naming `what` and libtorch's first line.
+template <typename Body>
+auto Guarded(const char* what, Body&& body) -> decltype(body()) {
+  auto first_line = [](const char* text) {
+    std::string s(text);
+    return s.substr(0, s.find('\n'));
+  };
+  try {
+    return body();
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": out of device memory: ", first_line(e.what())));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", first_line(e.what())));
+  }
+}
 
 inline absl::Status CheckTokens(const std::vector<std::vector<int32_t>>& rows, int vocab, bool equal_length) {
   if (rows.empty()) return absl::InvalidArgumentError("empty batch");

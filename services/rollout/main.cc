@@ -20,6 +20,9 @@ ABSL_FLAG(int, d_model, 128, "Model width.");
 ABSL_FLAG(int, n_layers, 4, "Transformer blocks.");
 ABSL_FLAG(int, n_heads, 4, "Attention heads.");
 ABSL_FLAG(int, max_seq_len, 64, "Prompt + response tokens at most.");
+ABSL_FLAG(std::string, dtype, "fp32",
+          "Weights, activations and KV cache: fp32, bf16 or fp16 (fp16: CUDA only). Versions arrive as F32 and "
+          "are converted when installed.");
 ABSL_FLAG(std::string, device, "cpu", "Device: cpu or cuda:N.");
 ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(std::string, weights, "",
@@ -55,6 +58,7 @@ int main(int argc, char** argv) {
   config.n_layers = absl::GetFlag(FLAGS_n_layers);
   config.n_heads = absl::GetFlag(FLAGS_n_heads);
   config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  config.dtype = absl::GetFlag(FLAGS_dtype);
   rlfleet::rollout::RolloutLimits limits;
   limits.max_batch = absl::GetFlag(FLAGS_max_batch);
   auto core = rlfleet::rollout::RolloutCore::Create(config, absl::GetFlag(FLAGS_device), limits);
@@ -62,7 +66,7 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-rollout: " << core.status() << "\n";
     return 2;
   }
-  std::cerr << "rlfleet-rollout: model on " << absl::GetFlag(FLAGS_device) << ", backend "
+  std::cerr << "rlfleet-rollout: model on " << absl::GetFlag(FLAGS_device) << " (" << config.dtype << "), backend "
             << rlfleet::model::ModelBackend() << "\n";
 
   absl::Status installed = absl::OkStatus();

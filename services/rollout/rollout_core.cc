@@ -688,7 +688,7 @@ absl::Status RolloutCore::GetInfo(v1::GetInfoResponse* response) {
   m->set_n_heads(c.n_heads);
   m->set_max_seq_len(c.max_seq_len);
   m->set_has_value_head(c.value_head);
-  m->set_dtype(v1::DTYPE_FLOAT32);
+  m->set_dtype(c.dtype == "bf16" ? v1::DTYPE_BFLOAT16 : c.dtype == "fp16" ? v1::DTYPE_FLOAT16 : v1::DTYPE_FLOAT32);
   m->set_num_parameters(num_parameters_);
   absl::MutexLock lock(&mu_);
   response->mutable_installed_version()->set_version(version_);

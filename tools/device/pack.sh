@@ -58,5 +58,5 @@ while todo:
 PY
 done
 # Symbols stay behind (a carry holds 64 MiB): each binary loses about half its size.
-find .carry/bin -type f -exec strip --strip-unneeded {} + 2>/dev/null || true
+find .carry/bin .carry/lib -type f -exec strip --strip-unneeded {} + 2>/dev/null || true
 du -sh .carry >&2

@@ -209,6 +209,60 @@ TEST(Policy, ADeviceTheBackendLacksIsAClearErrorNamingTheBackend) {
   EXPECT_TRUE(Policy::Create(Small(), "cpu").ok());
 }
 
+// A 16-bit policy (a rollout replica's --dtype) takes the F32 image of an fp32 one and
+// computes the same logits to 16-bit precision, decodes through its KV cache as it
+// computes from scratch, generates, and writes F32 images back; it does not train.
+// fp16 is CUDA only: on the CPU it is a clear error at Create.
+TEST(Policy, SixteenBitPoliciesLoadF32ImagesAndGenerateButDoNotTrain) {
+  auto reference = Policy::Create(Small(), TestDevice(), 3);
+  ASSERT_TRUE(reference.ok());
+  const std::string image = (*reference)->SafetensorsBytes();
+  const std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 3, 7}, {1, 5, 5, 8, 2, 6}};
+  auto want = (*reference)->Logits(tokens);
+  ASSERT_TRUE(want.ok());
+  const bool cuda = absl::StartsWith(TestDevice(), "cuda");
+  for (const std::string dtype : {"bf16", "fp16"}) {
+    PolicyConfig c = Small();
+    c.dtype = dtype;
+    auto policy = Policy::Create(c, TestDevice(), 99);
+    if (dtype == "fp16" && !cuda) {
+      EXPECT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_TRUE(absl::StrContains(policy.status().message(), "fp16 needs a CUDA device")) << policy.status();
+      continue;
+    }
+    ASSERT_TRUE(policy.ok()) << dtype << ": " << policy.status();
+    ASSERT_TRUE((*policy)->LoadSafetensorsBytes(image, "reference").ok()) << dtype;
+    auto got = (*policy)->Logits(tokens);
+    ASSERT_TRUE(got.ok()) << dtype << ": " << got.status();
+    // (logits of this model are O(1); bf16 keeps 8 bits of mantissa, fp16 11)
+    EXPECT_LT(MaxAbsDiff(*got, *want), dtype == "bf16" ? 0.15f : 0.02f) << dtype;
+    EXPECT_GT(MaxAbsDiff(*got, *want), 0.0f) << dtype << " computed in fp32?";
+    auto incremental = (*policy)->IncrementalLogits(tokens);
+    ASSERT_TRUE(incremental.ok()) << dtype << ": " << incremental.status();
+    EXPECT_LT(MaxAbsDiff(*incremental, *got), dtype == "bf16" ? 0.15f : 0.02f) << dtype;
+    SamplingOptions options;
+    options.max_new_tokens = 6;
+    options.seed = 5;
+    auto generated = (*policy)->Generate({{1, 4, 9}, {1, 5}}, options);
+    ASSERT_TRUE(generated.ok()) << dtype << ": " << generated.status();
+    ASSERT_EQ(generated->size(), 2u);
+    for (const Generation& g : *generated) {
+      EXPECT_FALSE(g.tokens.empty());
+      for (float lp : g.logprobs) EXPECT_TRUE(std::isfinite(lp) && lp <= 0.0f) << dtype;
+    }
+    // Its image is F32 again, and an fp32 policy reads it.
+    const std::string written = (*policy)->SafetensorsBytes();
+    auto back = ParseSafetensorsViews(written, "16-bit image");
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(back->at("tok_emb.weight").dtype, "F32");
+    auto trained = (*policy)->TrainStep(VariedBatch(2), TrainOptions{});
+    EXPECT_EQ(trained.status().code(), absl::StatusCode::kFailedPrecondition) << trained.status();
+  }
+  PolicyConfig bad = Small();
+  bad.dtype = "fp8";
+  EXPECT_TRUE(absl::StrContains(Policy::Create(bad, TestDevice()).status().message(), "want fp32, bf16 or fp16"));
+}
+
 TEST(Policy, SafetensorsRoundTripRestoresTheSameModel) {
   const std::string path = std::string(getenv("TEST_TMPDIR")) + "/policy.safetensors";
   auto a = Policy::Create(Small(), TestDevice(), 1);

@@ -76,6 +76,32 @@ TEST(RolloutCore, WaitsForWeightsThenGeneratesTaggedExperiences) {
   EXPECT_EQ(std::vector<int32_t>(a.begin(), a.end()), std::vector<int32_t>(b.begin(), b.end()));
 }
 
+// A bf16 replica (--dtype=bf16) says so in GetInfo, installs the trainer's F32 image by
+// conversion and generates from it.
+TEST(RolloutCore, ABf16ReplicaInstallsAnF32ImageAndGenerates) {
+  model::PolicyConfig c = Small();
+  c.dtype = "bf16";
+  auto core = RolloutCore::Create(c, model::TestDevice());
+  ASSERT_TRUE(core.ok()) << core.status();
+  v1::GetInfoResponse info;
+  ASSERT_TRUE((*core)->GetInfo(&info).ok());
+  EXPECT_EQ(info.model().dtype(), v1::DTYPE_BFLOAT16);
+  auto source = model::Policy::Create(Small(), model::TestDevice());
+  ASSERT_TRUE(source.ok()) << source.status();
+  common::HostBuffer back;
+  auto report = (*core)->InstallFromBytes(common::HostBuffer((*source)->SafetensorsBytes()), "f32 image", 2,
+                                          absl::Now() + absl::Seconds(30), &back);
+  ASSERT_TRUE(report.ok()) << report.status();
+  v1::GenerateBatchResponse response;
+  absl::Status gs = (*core)->GenerateBatch(Request(), &response);
+  ASSERT_TRUE(gs.ok()) << gs;
+  ASSERT_EQ(response.completions_size(), 4);
+  for (const v1::Experience& e : response.completions()) {
+    ASSERT_FALSE(e.response_token_ids().empty());
+    for (uint64_t v : e.token_policy_versions()) EXPECT_EQ(v, 2u);
+  }
+}
+
 // A pulled image is installed and, when asked, handed back unchanged (a relay then
 // serves it without a copy); a version not newer hands nothing back.
 TEST(RolloutCore, InstallFromBytesHandsTheImageBack) {
