@@ -128,10 +128,14 @@ class DecodeBatch::State {
   }
 
   // Samples one token per row of `logits` [m, V] for rows r0 .. r0+m-1 (each with its
-  // own options and RNG; rows with equal options are sampled together).
+  // own options and RNG; rows with equal options are sampled together). On the
+  // policy's device: only each row's uniform goes there and its token and log-prob come
+  // back (a step of 256 rows over a 152k vocabulary would otherwise copy 155 MB of
+  // logits to the host).
   std::vector<Token> Sample(const torch::Tensor& logits, int64_t r0) {
     const int64_t m = logits.size(0), V = logits.size(1);
-    torch::Tensor all = logits.to(torch::kCPU).to(torch::kFloat32);
+    torch::Tensor all = logits.to(torch::kFloat32);
+    const torch::Device device = all.device();
     std::map<std::tuple<float, int, float>, std::vector<int64_t>> groups;
     for (int64_t i = 0; i < m; ++i) {
       const SamplingOptions& o = rows[r0 + i].options;
@@ -142,7 +146,7 @@ class DecodeBatch::State {
     for (const auto& [key, index] : groups) {
       const auto [temperature, top_k, top_p] = key;
       const int64_t g = index.size();
-      torch::Tensor x = g == m ? all : all.index_select(0, torch::tensor(index, torch::kLong));
+      torch::Tensor x = g == m ? all : all.index_select(0, torch::tensor(index, torch::kLong).to(device));
       torch::Tensor logp = torch::log_softmax(temperature > 0 ? x / temperature : x, -1);
       torch::Tensor chosen;
       if (temperature == 0) {
@@ -164,11 +168,11 @@ class DecodeBatch::State {
         torch::Tensor u = torch::empty({g, 1}, torch::kFloat64);
         auto ua = u.accessor<double, 2>();
         for (int64_t j = 0; j < g; ++j) ua[j][0] = ((rows[r0 + index[j]].rng() >> 11) + 1) * 0x1.0p-53;
-        u = (u * cdf.narrow(-1, V - 1, 1).to(torch::kFloat64)).to(torch::kFloat32);
+        u = (u.to(device) * cdf.narrow(-1, V - 1, 1).to(torch::kFloat64)).to(torch::kFloat32);
         chosen = cdf.lt(u).sum(-1).clamp_max(V - 1);
       }
-      torch::Tensor chosen_lp = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).contiguous();
-      chosen = chosen.contiguous();
+      torch::Tensor chosen_lp = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).to(torch::kCPU).contiguous();
+      chosen = chosen.to(torch::kCPU).contiguous();
       const int64_t* c = chosen.data_ptr<int64_t>();
       const float* lp = chosen_lp.data_ptr<float>();
       for (int64_t j = 0; j < g; ++j) {
