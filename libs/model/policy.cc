@@ -1,6 +1,7 @@
 // The policy (policy.h) in libtorch; the module itself is in policy_impl.h.
 #include "libs/model/policy.h"
 
+#include <ATen/autocast_mode.h>
 #include <dlfcn.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -82,6 +83,56 @@ void ConfigureBlas(char** argv) {
 
 namespace {
 
+// bf16 autocast on the policy's device for its scope (when `on`), as it was after.
+class AutocastGuard {
+ public:
+  AutocastGuard(const torch::Device& device, bool on) : on_(on), type_(device.type()) {
+    if (!on_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    was_ = at::autocast::is_autocast_enabled(type_);
+    dtype_ = at::autocast::get_autocast_dtype(type_);
+    at::autocast::set_autocast_dtype(type_, at::kBFloat16);
+    at::autocast::set_autocast_enabled(type_, true);
+#else
+    if (type_ == c10::DeviceType::CUDA) {
+      was_ = at::autocast::is_enabled();
+      dtype_ = at::autocast::get_autocast_gpu_dtype();
+      at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+      at::autocast::set_enabled(true);
+    } else {
+      was_ = at::autocast::is_cpu_enabled();
+      dtype_ = at::autocast::get_autocast_cpu_dtype();
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::autocast::set_cpu_enabled(true);
+    }
+#endif
+  }
+  ~AutocastGuard() {
+    if (!on_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(type_, was_);
+    at::autocast::set_autocast_dtype(type_, dtype_);
+#else
+    if (type_ == c10::DeviceType::CUDA) {
+      at::autocast::set_enabled(was_);
+      at::autocast::set_autocast_gpu_dtype(dtype_);
+    } else {
+      at::autocast::set_cpu_enabled(was_);
+      at::autocast::set_autocast_cpu_dtype(dtype_);
+    }
+#endif
+    at::autocast::clear_cache();
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  const bool on_;
+  const c10::DeviceType type_;
+  bool was_ = false;
+  at::ScalarType dtype_ = at::kBFloat16;
+};
+
 // PolicyConfig::dtype's scalar type, or INVALID_ARGUMENT naming what is wrong.
 absl::StatusOr<torch::ScalarType> DtypeOf(const std::string& dtype, const std::string& device) {
   if (dtype == "fp32") return torch::kFloat32;
@@ -110,6 +161,10 @@ absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& confi
   }
   RETURN_IF_ERROR(CheckDevice(device));
   ASSIGN_OR_RETURN(const torch::ScalarType dtype, DtypeOf(config.dtype, device));
+  if (config.bf16_autocast && dtype != torch::kFloat32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bf16 autocast trains fp32 weights; dtype is ", config.dtype, " (want fp32)"));
+  }
   try {
     torch::manual_seed(init_seed);
     std::unique_ptr<Impl> impl(new Impl(config, torch::Device(device), dtype));
@@ -468,8 +523,13 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
           const int64_t n = std::min(micro, last - begin);
           torch::Tensor m = mask.narrow(0, begin, n);
           const float tokens = m.sum().item<float>();
-          torch::Tensor hidden = impl_->Trunk(input.narrow(0, begin, n), 0, nullptr);
-          torch::Tensor logits = impl_->head(hidden);
+          torch::Tensor hidden, logits;
+          {
+            // (--precision=bf16: the forward pass under autocast; the loss in fp32)
+            AutocastGuard autocast(impl_->device, impl_->config.bf16_autocast);
+            hidden = impl_->Trunk(input.narrow(0, begin, n), 0, nullptr);
+            logits = impl_->head(hidden).to(torch::kFloat32);
+          }
           // Logits at P-1+j predict response token j.
           torch::Tensor all_lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1);
           torch::Tensor lp = all_lp.gather(-1, targets.narrow(0, begin, n).unsqueeze(-1)).squeeze(-1);
@@ -482,7 +542,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
               rl::PpoPolicyLoss(lp, old_lp.narrow(0, begin, n), adv.narrow(0, begin, n), m, po, {}, {}, entropy);
           torch::Tensor total = loss.loss;
           if (options.gae) {
-            torch::Tensor v = impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1);
+            torch::Tensor v = impl_->value(hidden.narrow(1, P - 1, R).to(torch::kFloat32)).squeeze(-1);
             torch::Tensor old_v = old_values.narrow(0, begin, n), ret = returns.narrow(0, begin, n);
             torch::Tensor clipped = old_v + (v - old_v).clamp(-options.value_clip, options.value_clip);
             torch::Tensor value_loss = 0.5 * rl::MaskedMean(torch::max((v - ret).pow(2), (clipped - ret).pow(2)), m);

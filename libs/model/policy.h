@@ -38,6 +38,10 @@ struct PolicyConfig {
   // device). Only fp32 trains (TrainStep); bf16 / fp16 serve generation (a rollout
   // replica): F32 images load by conversion, and the images it writes are F32.
   std::string dtype = "fp32";
+  // TrainStep's forward pass in bf16 under libtorch's autocast (matrix products in
+  // bf16, reductions and the loss in fp32), with fp32 weights, gradients and AdamW
+  // state: the trainer's --precision=bf16.
+  bool bf16_autocast = false;
 };
 
 struct SamplingOptions {

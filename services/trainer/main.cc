@@ -21,6 +21,9 @@ ABSL_FLAG(int, n_layers, 4, "Transformer blocks.");
 ABSL_FLAG(int, n_heads, 4, "Attention heads.");
 ABSL_FLAG(int, max_seq_len, 64, "Prompt + response tokens at most.");
 ABSL_FLAG(std::string, device, "cpu", "Device: cpu or cuda:N.");
+ABSL_FLAG(std::string, precision, "fp32",
+          "TrainStep's forward pass: fp32, or bf16 (autocast: products in bf16, fp32 weights, gradients and "
+          "optimizer state).");
 ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(uint64_t, seed, 1, "Initial weights' seed.");
 ABSL_FLAG(bool, value_head, false, "Give the model a value head (the critic PPO's GAE needs).");
@@ -83,6 +86,12 @@ int main(int argc, char** argv) {
   config.n_heads = absl::GetFlag(FLAGS_n_heads);
   config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   config.value_head = absl::GetFlag(FLAGS_value_head);
+  if (const std::string precision = absl::GetFlag(FLAGS_precision); precision == "bf16") {
+    config.bf16_autocast = true;
+  } else if (precision != "fp32") {
+    std::cerr << "rlfleet-trainer: --precision=" << precision << ": want fp32 or bf16\n";
+    return 2;
+  }
   // Data parallelism: rank 0 serves the rendezvous, every rank joins the group.
   rlfleet::trainer::DataParallelOptions dp;
   dp.world = absl::GetFlag(FLAGS_dp_world);
@@ -120,8 +129,8 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-trainer: " << core.status() << "\n";
     return 2;
   }
-  std::cerr << "rlfleet-trainer: model on " << absl::GetFlag(FLAGS_device) << ", backend "
-            << rlfleet::model::ModelBackend() << "\n";
+  std::cerr << "rlfleet-trainer: model on " << absl::GetFlag(FLAGS_device) << " (" << absl::GetFlag(FLAGS_precision)
+            << "), backend " << rlfleet::model::ModelBackend() << "\n";
 
   if (const std::string resume = absl::GetFlag(FLAGS_resume); resume == "latest" && (world <= 1 || rank == 0)) {
     // (rank 0 loads and the other ranks follow it, as for LoadCheckpoint)

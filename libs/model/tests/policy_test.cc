@@ -370,6 +370,52 @@ TEST(PolicyTraining, PpoWithGaeLearnsTheCriticAndRaisesRewardedTokens) {
   EXPECT_LT(last_value_loss, first_value_loss) << "the critic did not get closer to the returns";
 }
 
+// --precision=bf16: the forward pass under autocast. From the same start a step moves
+// the weights nearly as fp32 does, not exactly (so autocast ran); the weights stay fp32;
+// and GRPO still learns.
+TEST(PolicyTraining, Bf16AutocastTrainsFp32WeightsAndStillLearns) {
+  PolicyConfig autocast = Small();
+  autocast.bf16_autocast = true;
+  auto plain = Policy::Create(Small(), TestDevice(), 5);
+  auto mixed = Policy::Create(autocast, TestDevice(), 5);
+  ASSERT_TRUE(plain.ok() && mixed.ok()) << mixed.status();
+  const std::vector<TrainSequence> batch = VariedBatch(8);
+  TrainOptions train;
+  train.learning_rate = 3e-3f;
+  ASSERT_TRUE((*plain)->TrainStep(batch, train).ok());
+  auto stepped = (*mixed)->TrainStep(batch, train);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  EXPECT_TRUE(std::isfinite(stepped->loss) && std::isfinite(stepped->grad_norm));
+  const std::vector<std::vector<int32_t>> tokens = {{1, 4, 9, 10, 3}};
+  const float diff = MaxAbsDiff(*(*plain)->Logits(tokens), *(*mixed)->Logits(tokens));
+  EXPECT_GT(diff, 0.0f) << "the bf16 step equals the fp32 one: autocast did not run";
+  EXPECT_LT(diff, 0.05f);
+  const std::string image = (*mixed)->SafetensorsBytes();
+  auto views = ParseSafetensorsViews(image, "autocast policy");
+  ASSERT_TRUE(views.ok());
+  EXPECT_EQ(views->at("lm_head.weight").dtype, "F32");
+  // GRPO on the one-token task still raises the rewarded token.
+  const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("sort:6");
+  const int32_t target = Tokenizer::EncodeResponse("6")->at(0);
+  const float before = TokenProbability(**mixed, prompt, target);
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 1;
+  for (int step = 0; step < 40; ++step) {
+    sampling.seed = step;
+    auto gens = (*mixed)->Generate(std::vector<std::vector<int32_t>>(16, prompt), sampling);
+    ASSERT_TRUE(gens.ok());
+    float mean = 0;
+    for (const Generation& g : *gens) mean += (g.tokens[0] == target ? 1.0f : 0.0f) / gens->size();
+    std::vector<TrainSequence> grpo;
+    for (const Generation& g : *gens) grpo.push_back({prompt, g.tokens, g.logprobs, (g.tokens[0] == target) - mean});
+    ASSERT_TRUE((*mixed)->TrainStep(grpo, train).ok());
+  }
+  EXPECT_GT(TokenProbability(**mixed, prompt, target), 0.5f) << "before " << before;
+  PolicyConfig bad = autocast;
+  bad.dtype = "bf16";
+  EXPECT_EQ(Policy::Create(bad, TestDevice()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PolicyTraining, GrpoStepsRaiseTheProbabilityOfRewardedTokens) {
   auto policy = Policy::Create(Small(), TestDevice(), 5);
   ASSERT_TRUE(policy.ok());
