@@ -3,7 +3,7 @@
 # that has PyTorch but no Bazel, gRPC, absl or Redis into .carry/ (git-ignored): the
 # fleet's binaries and the GPU bench (tools/device/pack.sh), redis-server and
 # redis-cli, and Debian's absl headers and libraries to build the backends against
-# (tools/device/pack_absl.sh). About 40 MB.
+# (tools/device/pack_absl.sh). About 55 MB (a carry to the GPU machine holds 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tools/device/pack.sh //services/controller:rlfleet-controller //services/controller:rlfleet \
