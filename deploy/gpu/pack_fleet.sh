@@ -11,5 +11,4 @@ bash tools/device/pack.sh //services/controller:rlfleet-controller //services/co
   //services/rollout:rlfleet-rollout //services/weights:rlfleet-weights //bench:rollout_tokens \
   "$(command -v redis-server)" "$(command -v redis-cli)"
 bash tools/device/pack_absl.sh
-rm -f .carry/lib/libabsl_*  # (the same files are in .carry/absl/lib)
 du -sh .carry >&2

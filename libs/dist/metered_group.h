@@ -11,13 +11,17 @@
 
 #include "libs/dist/gradient_group.h"
 
+namespace rlfleet::metrics {
+class Counter;
+class Histogram;
+}  // namespace rlfleet::metrics
+
 namespace rlfleet::dist {
 
 class MeteredGroup : public GradientGroup {
  public:
   // `backend`: the label value (e.g. "gloo").
   MeteredGroup(std::unique_ptr<GradientGroup> inner, const std::string& backend);
-  ~MeteredGroup() override;
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
@@ -25,9 +29,9 @@ class MeteredGroup : public GradientGroup {
   absl::Status Broadcast(std::string* bytes) override { return inner_->Broadcast(bytes); }
 
  private:
-  struct Meters;
   std::unique_ptr<GradientGroup> inner_;
-  std::unique_ptr<Meters> meters_;
+  metrics::Histogram* const seconds_;  // (the process's registry owns both)
+  metrics::Counter* const bytes_;
 };
 
 }  // namespace rlfleet::dist

@@ -25,29 +25,38 @@
 #include "libs/rl/rl.h"
 
 namespace rlfleet::model {
+namespace {
+
+// The CUDA devices this backend's libtorch sees (0 for a CPU build).
+int VisibleGpus() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+// The device `name` names, if it is cpu, cuda or cuda:N.
+std::optional<torch::Device> ParseDevice(const std::string& name) {
+  try {
+    torch::Device device(name);
+    if (device.is_cpu() || device.is_cuda()) return device;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 std::string ModelBackend() {
   Dl_info info{};
   const char* path = dladdr(reinterpret_cast<void*>(&ModelBackend), &info) != 0 && info.dli_fname != nullptr
                          ? info.dli_fname
                          : "(linked in)";
-  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  const int gpus = VisibleGpus();
   return absl::StrCat(path, " (libtorch ", TORCH_VERSION,
                       ", cuda: ", gpus == 0 ? "none" : absl::StrCat(gpus, gpus == 1 ? " device" : " devices"), ")");
 }
 
 absl::Status CheckDevice(const std::string& device) {
-  c10::optional<torch::Device> parsed;
-  try {
-    parsed = torch::Device(device);
-  } catch (const std::exception&) {
-    return absl::InvalidArgumentError(absl::StrCat("device \"", device, "\": want cpu, cuda or cuda:N"));
-  }
+  const std::optional<torch::Device> parsed = ParseDevice(device);
+  if (!parsed) return absl::InvalidArgumentError(absl::StrCat("device \"", device, "\": want cpu, cuda or cuda:N"));
   if (parsed->is_cpu()) return absl::OkStatus();
-  if (!parsed->is_cuda()) {
-    return absl::InvalidArgumentError(absl::StrCat("device \"", device, "\": want cpu, cuda or cuda:N"));
-  }
-  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  const int gpus = VisibleGpus();
   if (gpus == 0) {
     return absl::FailedPreconditionError(absl::StrCat("device ", device, ": the model backend sees no CUDA device (",
                                                       ModelBackend(),
@@ -83,12 +92,19 @@ void ConfigureBlas(char** argv) {
 
 namespace {
 
+// libtorch >= 2.4 sets autocast per device type; 1.13 has one call per device kind.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define RLFLEET_AUTOCAST_PER_DEVICE_TYPE 1
+#else
+#define RLFLEET_AUTOCAST_PER_DEVICE_TYPE 0
+#endif
+
 // bf16 autocast on the policy's device for its scope (when `on`), as it was after.
 class AutocastGuard {
  public:
   AutocastGuard(const torch::Device& device, bool on) : on_(on), type_(device.type()) {
     if (!on_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#if RLFLEET_AUTOCAST_PER_DEVICE_TYPE
     was_ = at::autocast::is_autocast_enabled(type_);
     dtype_ = at::autocast::get_autocast_dtype(type_);
     at::autocast::set_autocast_dtype(type_, at::kBFloat16);
@@ -109,7 +125,7 @@ class AutocastGuard {
   }
   ~AutocastGuard() {
     if (!on_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#if RLFLEET_AUTOCAST_PER_DEVICE_TYPE
     at::autocast::set_autocast_enabled(type_, was_);
     at::autocast::set_autocast_dtype(type_, dtype_);
 #else
@@ -134,12 +150,12 @@ class AutocastGuard {
 };
 
 // PolicyConfig::dtype's scalar type, or INVALID_ARGUMENT naming what is wrong.
-absl::StatusOr<torch::ScalarType> DtypeOf(const std::string& dtype, const std::string& device) {
+absl::StatusOr<torch::ScalarType> DtypeOf(const std::string& dtype, const torch::Device& device) {
   if (dtype == "fp32") return torch::kFloat32;
   if (dtype == "bf16") return torch::kBFloat16;
   if (dtype == "fp16") {
-    if (device.rfind("cuda", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("dtype fp16 on ", device,
+    if (!device.is_cuda()) {
+      return absl::InvalidArgumentError(absl::StrCat("dtype fp16 on ", device.str(),
                                                      ": fp16 needs a CUDA device (libtorch's CPU kernels lack "
                                                      "half matrix products); use bf16 or fp32"));
     }
@@ -160,14 +176,15 @@ absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& confi
                                                    config.max_seq_len));
   }
   RETURN_IF_ERROR(CheckDevice(device));
-  ASSIGN_OR_RETURN(const torch::ScalarType dtype, DtypeOf(config.dtype, device));
+  const torch::Device where = *ParseDevice(device);  // (CheckDevice accepted it)
+  ASSIGN_OR_RETURN(const torch::ScalarType dtype, DtypeOf(config.dtype, where));
   if (config.bf16_autocast && dtype != torch::kFloat32) {
     return absl::InvalidArgumentError(
         absl::StrCat("bf16 autocast trains fp32 weights; dtype is ", config.dtype, " (want fp32)"));
   }
   try {
     torch::manual_seed(init_seed);
-    std::unique_ptr<Impl> impl(new Impl(config, torch::Device(device), dtype));
+    std::unique_ptr<Impl> impl(new Impl(config, where, dtype));
     impl->eval();
     return std::unique_ptr<Policy>(new Policy(std::move(impl)));
   } catch (const std::exception& e) {

@@ -15,5 +15,4 @@ DEVICE_TESTS=(
 )
 bash tools/device/pack.sh "${gpu[@]}" "${DEVICE_TESTS[@]}"
 bash tools/device/pack_absl.sh
-rm -f .carry/lib/libabsl_*  # (the same files are in .carry/absl/lib)
 du -sh .carry >&2
