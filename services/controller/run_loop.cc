@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -657,9 +658,25 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     // UNAVAILABLE for a batch with a signal: the trainer is restarting or unreachable,
     // or its buffer was slow. Retried (with back-off) until unavailable_retry, then the
     // run fails. Without a signal it is the expected "nothing to learn" (idle step).
-    auto train_step = [&] {
+    // Unless the buffer holds no group any more, ready or leased: an attempt whose reply
+    // was lost consumed the batch (a trainer killed after its ack, before its reply), and
+    // no retry could ever find it. The step then publishes what the trainer holds.
+    bool consumed_unanswered = false;
+    auto train_step = [&]() -> absl::Status {
       trained.Clear();
-      return trainer.TrainStep(train, &trained);
+      absl::Status s = trainer.TrainStep(train, &trained);
+      if (signal && absl::IsUnavailable(s)) {
+        absl::StatusOr<v1::GetStatsResponse> held = buffer.Stats();
+        if (held.ok() && held->complete_groups() == 0 && held->leased_experiences() == 0) {
+          consumed_unanswered = true;
+          std::cerr << "rlfleet-controller: step " << step << ": TrainStep " << s.message()
+                    << ", and the buffer holds none of the batch any more: an earlier attempt consumed it (its "
+                       "reply was lost); publishing the trainer's weights as they are"
+                    << std::endl;
+          return absl::OkStatus();
+        }
+      }
+      return s;
     };
     const absl::Status ts = signal ? RetryUnavailable(config, stop, train_step) : train_step();
     progress.train_seconds = absl::ToDoubleSeconds(absl::Now() - train_begin);
@@ -672,10 +689,12 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     }
     progress.sync_seconds = 0;
     if (ts.ok()) {
-      progress.entropy = trained.metrics().entropy();
-      progress.loss = trained.metrics().loss();
-      progress.mean_staleness = trained.metrics().mean_staleness();
-      progress.trained_sequences += trained.metrics().sequences();
+      if (!consumed_unanswered) {
+        progress.entropy = trained.metrics().entropy();
+        progress.loss = trained.metrics().loss();
+        progress.mean_staleness = trained.metrics().mean_staleness();
+        progress.trained_sequences += trained.metrics().sequences();
+      }
       RETURN_IF_ERROR(at_step(publish(installed + 1)));
       progress.sync_seconds = sync_seconds;
       if (config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {

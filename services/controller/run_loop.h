@@ -57,6 +57,9 @@ class BufferPeer {
   // The reply says how many were accepted, duplicates and rejected (and why).
   virtual absl::Status PutExperiences(const v1::PutExperiencesRequest& request,
                                       v1::PutExperiencesResponse* response) = 0;
+  // What the buffer holds: the loop asks when TrainStep is UNAVAILABLE, to tell a
+  // batch still waiting for a trainer from one an earlier attempt consumed.
+  virtual absl::StatusOr<v1::GetStatsResponse> Stats() { return absl::UnimplementedError("GetStats"); }
 };
 
 class TrainerPeer {

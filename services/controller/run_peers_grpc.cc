@@ -89,6 +89,11 @@ class GrpcBufferPeer : public BufferPeer, Peer<v1::BufferService> {
     // (ids the buffer has seen stay duplicates: a second attempt adds nothing twice)
     return client_.Unary("PutExperiences", &Stub::PutExperiences, request, response, Retry::kIdempotent);
   }
+  absl::StatusOr<v1::GetStatsResponse> Stats() override {
+    v1::GetStatsResponse stats;
+    RETURN_IF_ERROR(client_.Unary("GetStats", &Stub::GetStats, v1::GetStatsRequest(), &stats, Retry::kIdempotent));
+    return stats;
+  }
 };
 
 class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {

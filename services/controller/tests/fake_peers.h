@@ -159,6 +159,11 @@ class FakeBuffer : public BufferPeer {
     }
     return absl::OkStatus();
   }
+  absl::StatusOr<v1::GetStatsResponse> Stats() override {
+    v1::GetStatsResponse stats;
+    stats.set_complete_groups(groups.size());
+    return stats;
+  }
   // Takes every held group; returns how many had a learning signal.
   int TakeGroupsWithSignal() {
     int n = 0;
@@ -195,6 +200,10 @@ class FakeTrainer : public TrainerPeer {
     if (buffer_ != nullptr && buffer_->TakeGroupsWithSignal() == 0) {
       return absl::UnavailableError("the buffer had no complete groups within wait_ms; retry");
     }
+    if (lose_replies > 0) {  // killed after its ack: the groups are gone, so is the update
+      --lose_replies;
+      return absl::UnavailableError("trainer: connection reset");
+    }
     last_max_staleness = request.buffer().max_staleness();
     last_params = request.params();
     response->mutable_metrics()->set_entropy(0.5f);
@@ -223,7 +232,8 @@ class FakeTrainer : public TrainerPeer {
     return absl::OkStatus();
   }
   int steps = 0, calls = 0, publishes = 0;
-  int unavailable = 0;  // UNAVAILABLE answers to give first
+  int unavailable = 0;   // UNAVAILABLE answers to give first
+  int lose_replies = 0;  // steps that consume their batch, then answer UNAVAILABLE
   uint64_t version = 1;
   uint64_t last_min_version = 0;
   uint32_t last_max_staleness = 0;

@@ -332,6 +332,31 @@ TEST(RunLoop, TrainerUnavailableWithALearningSignalIsRetriedThenFails) {
   EXPECT_GT(trainer.calls, 1);
 }
 
+// A trainer killed after it consumed its batch (acked the lease) and before its reply
+// arrived: the retries find no group, ever. The step publishes the trainer's weights
+// instead of retrying until the run fails (Chaos.TheTrainerKilledMidRun... once hit it).
+TEST(RunLoop, ABatchConsumedByAnAttemptWhoseReplyWasLostEndsTheStep) {
+  FakeBuffer buffer;
+  FakeTrainer trainer(&buffer);
+  trainer.lose_replies = 1;
+  FakeReward reward(FakeReward::Mode::kAlternate);
+  RolloutPool pool(Pool(std::make_unique<FakeRollout>("a")), nullptr);
+  std::atomic<bool> stop{false};
+  std::vector<LoopProgress> progress;
+  LoopConfig c = Small();
+  c.unavailable_retry = absl::Seconds(60);  // (what the run would wait for before failing)
+  const absl::Time begin = absl::Now();
+  absl::Status s =
+      RunLoop(c, pool, reward, buffer, trainer, stop, [&](const LoopProgress& p) { progress.push_back(p); });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(30)) << "the step waited out its retries";
+  ASSERT_EQ(progress.size(), 3u);
+  EXPECT_EQ(trainer.calls, 3);                       // no retry of the consumed step
+  EXPECT_EQ(trainer.publishes, 4);                   // the start, and after every step: the consumed one too
+  EXPECT_EQ(progress.back().trained_sequences, 2u);  // the lost reply's sequences are not counted
+  EXPECT_EQ(progress.back().idle_steps, 0);
+}
+
 // A replica's FAILED_PRECONDITION to UpdateWeights is "installed" only when it serves
 // exactly that version; one that serves another cannot serve this run and is dropped.
 TEST(RolloutPool, AReplicaRefusingAVersionCountsAsInstalledOnlyIfItServesIt) {
