@@ -32,6 +32,12 @@ ABSL_FLAG(int, rounds, 2, "Rounds alternating the two sides; the best of all is 
 ABSL_FLAG(std::string, torch_script, "bench/rollout_tokens_torch.py",
           "The PyTorch-eager side (CPU); empty: ours only.");
 ABSL_FLAG(std::string, device, "cpu", "Where our side runs: cpu, cuda, cuda:N.");
+ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8", "32"}), "Batch sizes, e.g. 32,256.");
+ABSL_FLAG(std::string, dtype, "fp32", "Our side's weights, activations and KV cache: fp32, bf16, fp16 (CUDA).");
+ABSL_FLAG(bool, cuda_graphs, true, "On CUDA, decode steps replay CUDA graphs (PolicyConfig::cuda_graphs).");
+ABSL_FLAG(std::string, jsonl, "",
+          "Also append one JSON line per (config, batch) here: tokens/s and, on CUDA, peak device memory "
+          "(bench/gpu/run_gpu_bench.sh merges them with Hugging Face's).");
 
 namespace {
 
@@ -62,6 +68,23 @@ int main(int argc, char** argv) {
   std::vector<Config> configs(2);
   configs[0] = {"a", {32, 128, 4, 4, 64, false}, 16, 48};
   configs[1] = {"b", {32, 256, 6, 8, 112, false}, 16, 96};
+  std::vector<int> batches;
+  for (const std::string& b : absl::GetFlag(FLAGS_batches)) {
+    int n = 0;
+    if (!absl::SimpleAtoi(b, &n) || n < 1) {
+      std::cerr << "rollout_tokens: --batches: " << b << " is not a batch size\n";
+      return 2;
+    }
+    batches.push_back(n);
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  const bool cuda = device.rfind("cuda", 0) == 0;
+  std::ofstream jsonl;
+  if (!absl::GetFlag(FLAGS_jsonl).empty()) jsonl.open(absl::GetFlag(FLAGS_jsonl), std::ios::app);
+  for (Config& c : configs) {
+    c.model.dtype = absl::GetFlag(FLAGS_dtype);
+    c.model.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  }
   std::ofstream out(absl::GetFlag(FLAGS_out));
   out << "# rollout_tokens: Policy::Generate (C++ libtorch) vs PyTorch eager, same model and algorithm\n\n"
       << "device " << absl::GetFlag(FLAGS_device) << ", threads " << threads << ", best of "
@@ -71,14 +94,16 @@ int main(int argc, char** argv) {
   double headline = 0;
   std::string eager_blas;
   for (const Config& c : configs) {
-    auto policy = rlfleet::model::Policy::Create(c.model, absl::GetFlag(FLAGS_device), 1);
+    auto policy = rlfleet::model::Policy::Create(c.model, device, 1);
     if (!policy.ok()) {
       std::cerr << policy.status() << "\n";
       return 1;
     }
     const std::string weights = absl::StrCat("/tmp/rollout_tokens_", getpid(), "_", c.name, ".safetensors");
     if (!(*policy)->SaveSafetensors(weights).ok()) return 1;
-    for (int batch : {1, 8, 32}) {
+    std::cerr << "config " << c.name << ": decode " << (*policy)->DecodeMode() << ", " << c.model.dtype << "\n";
+    for (int batch : batches) {
+      if (cuda) (void)rlfleet::model::DevicePeakBytes(device, /*reset=*/true);
       absl::BitGen gen;
       std::vector<std::vector<int32_t>> prompts(batch);
       for (auto& p : prompts) {
@@ -123,6 +148,13 @@ int main(int argc, char** argv) {
         }
       }
       const double ratio = eager > 0 ? ours / eager : 0;
+      if (jsonl.is_open()) {
+        absl::StatusOr<int64_t> peak = rlfleet::model::DevicePeakBytes(device, false);
+        jsonl << absl::StrFormat(R"({"side": "ours", "config": "%s", "batch": %d, "dtype": "%s", "decode": "%s", )"
+                                 R"("tokens_per_s": %.1f, "peak_bytes": %d})",
+                                 c.name, batch, c.model.dtype, (*policy)->DecodeMode(), ours, peak.ok() ? *peak : -1)
+              << std::endl;
+      }
       if (absl::GetFlag(FLAGS_torch_script).empty()) {  // (ours only: no eager column to divide by)
         std::cerr << absl::StrFormat("config %s batch %2d: ours %8.0f tok/s  (eager not run)\n", c.name, batch, ours);
         out << absl::StrFormat("| %s | %d | %.0f | not run | - |\n", c.name, batch, ours);

@@ -11,7 +11,91 @@
 #include "libs/model/policy.h"
 #include "libs/model/policy_impl.h"
 
+// Built against a CUDA libtorch (deploy/gpu/CMakeLists.txt defines it there; Bazel's
+// //libs/model:torch_cuda_compile_check compiles this branch against Debian's headers).
+#ifdef RLFLEET_TORCH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace rlfleet::model {
+
+// A KV cache (and the tokens at its positions) that outlives one DecodeBatch, on CUDA,
+// with the decode step's graphs captured against it: a graph replays fixed addresses,
+// so the cache, the step's inputs and its output stay where they were captured, and
+// the next DecodeBatch of the policy (Generate makes one per call) replays them too.
+struct DecodeSlot {
+  int64_t rows = 0;
+  Policy::Impl::Cache cache;
+  torch::Tensor tokens;
+  bool in_use = false;
+#ifdef RLFLEET_TORCH_CUDA
+  struct Captured {
+    at::cuda::CUDAGraph graph;
+    torch::Tensor host;    // [3, b] pinned: each row's pending token, its position id; the cache position
+    torch::Tensor in;      // the same on the device, read by the graph
+    torch::Tensor logits;  // [b, V], written by the graph
+    bool ready = false;
+  };
+  std::map<int64_t, std::unique_ptr<Captured>> graphs;  // by bucket (rows stepped)
+#endif
+};
+
+bool DecodeGraphsEnabled(const Policy::Impl& impl) {
+#ifdef RLFLEET_TORCH_CUDA
+  return impl.device.is_cuda() && impl.config.cuda_graphs;
+#else
+  (void)impl;
+  return false;
+#endif
+}
+
+namespace {
+
+constexpr size_t kMaxFreeSlots = 2;  // kept for later DecodeBatches besides those in use
+
+// A free slot of at least `rows` rows (the smallest), or a new one.
+std::shared_ptr<DecodeSlot> AcquireSlot(Policy::Impl* impl, int64_t rows, int64_t width) {
+  absl::MutexLock lock(&impl->decode_slots_mu);
+  std::shared_ptr<DecodeSlot> best;
+  for (const auto& slot : impl->decode_slots) {
+    if (!slot->in_use && slot->rows >= rows && (best == nullptr || slot->rows < best->rows)) best = slot;
+  }
+  if (best == nullptr) {
+    size_t free = 0;
+    for (const auto& slot : impl->decode_slots) free += !slot->in_use;
+    for (auto it = impl->decode_slots.begin(); free >= kMaxFreeSlots && it != impl->decode_slots.end();) {
+      if (!(*it)->in_use) {
+        it = impl->decode_slots.erase(it);
+        --free;
+      } else {
+        ++it;
+      }
+    }
+    best = std::make_shared<DecodeSlot>();
+    best->rows = rows;
+    const int64_t dh = impl->config.d_model / impl->config.n_heads;
+    auto opts = torch::TensorOptions().dtype(impl->dtype).device(impl->device);
+    for (int l = 0; l < impl->config.n_layers; ++l) {
+      best->cache.k.push_back(torch::zeros({rows, impl->config.n_heads, width, dh}, opts));
+      best->cache.v.push_back(torch::zeros({rows, impl->config.n_heads, width, dh}, opts));
+    }
+    best->cache.key_ok = torch::zeros({rows, width}, opts.dtype(torch::kBool));
+    best->tokens = torch::zeros({rows, width}, opts.dtype(torch::kLong));
+    impl->decode_slots.push_back(best);
+  }
+  best->in_use = true;
+  return best;
+}
+
+void ReleaseSlot(Policy::Impl* impl, DecodeSlot* slot) {
+  absl::MutexLock lock(&impl->decode_slots_mu);
+  slot->in_use = false;
+}
+
+}  // namespace
 
 uint64_t SequenceSeed(uint64_t seed, uint64_t index) {
   // splitmix64 of the pair: neighbouring indices get unrelated streams.
@@ -39,7 +123,13 @@ class DecodeBatch::State {
   int64_t Start(const Row& r) const { return position - (r.prompt_length + r.generated - 1); }
 
   State(Policy::Impl* impl, int capacity)
-      : impl(impl), capacity(std::max(1, capacity)), width(2 * int64_t{impl->config.max_seq_len}) {}
+      : impl(impl),
+        capacity(std::max(1, capacity)),
+        width(2 * int64_t{impl->config.max_seq_len}),
+        graphs(DecodeGraphsEnabled(*impl)) {}
+  ~State() {
+    if (slot != nullptr) ReleaseSlot(impl, slot.get());
+  }
 
   Policy::Impl::Cache View(int64_t r0, int64_t n) {
     Policy::Impl::Cache view;
@@ -54,6 +144,13 @@ class DecodeBatch::State {
   // Makes room for `rows_needed` rows (doubling, up to capacity), keeping live rows.
   void Grow(int64_t rows_needed) {
     if (rows_needed <= allocated) return;
+    if (graphs) {  // the whole capacity at once, from (or into) the policy's slots
+      slot = AcquireSlot(impl, capacity, width);
+      cache = slot->cache;
+      tokens = slot->tokens;
+      allocated = slot->rows;
+      return;
+    }
     const int64_t n = std::min<int64_t>(capacity, std::max<int64_t>({rows_needed, 2 * allocated, 8}));
     Policy::Impl::Cache grown;
     const int64_t dh = impl->config.d_model / impl->config.n_heads;
@@ -215,9 +312,72 @@ class DecodeBatch::State {
     if (rows.empty()) position = 0;
   }
 
+#ifdef RLFLEET_TORCH_CUDA
+  // The decode step for the first n rows, as a CUDA graph replayed for a bucket of b >= n
+  // rows (the next power of two, at most the slot's rows); captured the first time the
+  // bucket steps. The rows past n are free rows: what the step writes into them is never
+  // read (a joiner's row is cleared first). Returns the logits of the n rows.
+  torch::Tensor GraphStep(int64_t n) {
+    int64_t b = 1;
+    while (b < n) b *= 2;
+    b = std::min(b, slot->rows);
+    std::unique_ptr<DecodeSlot::Captured>& g = slot->graphs[b];
+    if (g == nullptr) {
+      g = std::make_unique<DecodeSlot::Captured>();
+      g->host = torch::zeros({3, b}, torch::TensorOptions().dtype(torch::kLong).pinned_memory(true));
+      g->in = torch::zeros({3, b}, torch::TensorOptions().dtype(torch::kLong).device(impl->device));
+    }
+    int64_t* h = g->host.data_ptr<int64_t>();  // (free: the last replay's copy ended with its Sample)
+    for (int64_t i = 0; i < b; ++i) {
+      h[i] = i < n ? rows[i].pending : 0;
+      h[b + i] = i < n ? rows[i].prompt_length + rows[i].generated - 1 : 0;
+      h[2 * b + i] = position;
+    }
+    g->in.copy_(g->host, /*non_blocking=*/true);
+    impl->decode_weights();  // (weights changed since: their transposes are rewritten in place, outside the graph)
+    if (!g->ready) {
+      // Captured on a side stream after one warm-up run there (cuBLAS and the allocator
+      // settle). The step is idempotent (it writes the same keys, values and mask at
+      // the same position), so the warm-up and the replay below compute it twice.
+      c10::cuda::device_synchronize();
+      c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, impl->device.index());
+      {
+        c10::cuda::CUDAStreamGuard guard(side);
+        (void)GraphBody(*g, b);
+        side.synchronize();
+        g->graph.capture_begin();
+        g->logits = GraphBody(*g, b);
+        g->graph.capture_end();
+      }
+      c10::cuda::device_synchronize();
+      g->ready = true;
+    }
+    g->graph.replay();
+    return g->logits.narrow(0, 0, n);
+  }
+
+  // What the graph runs: the step's writes at the position held in `in` and the
+  // step over the cache's whole width, masked to the real keys up to that position.
+  torch::Tensor GraphBody(DecodeSlot::Captured& g, int64_t b) {
+    const int64_t H = impl->config.n_heads;
+    torch::Tensor input = g.in[0].view({b, 1}), pos_ids = g.in[1].view({b, 1}), at = g.in[2].narrow(0, 0, 1);
+    torch::Tensor key_ok = cache.key_ok.narrow(0, 0, b);
+    key_ok.index_fill_(1, at, true);
+    tokens.narrow(0, 0, b).index_copy_(1, at, input);
+    torch::Tensor allowed = key_ok & torch::arange(width, at.options()).le(at).unsqueeze(0);  // [b, width]
+    torch::Tensor bias = torch::zeros({b, width}, torch::TensorOptions().dtype(impl->dtype).device(impl->device))
+                             .masked_fill_(allowed.logical_not(), impl->MaskedScore());
+    bias = bias.unsqueeze(1).expand({b, H, width}).reshape({b * H, 1, width});
+    auto view = View(0, b);
+    return impl->DecodeStep(input, pos_ids, bias, 0, view, at);
+  }
+#endif
+
   Policy::Impl* const impl;
   const int capacity;
-  const int64_t width;  // cache positions per row
+  const int64_t width;               // cache positions per row
+  const bool graphs;                 // decode steps replay CUDA graphs (DecodeGraphsEnabled)
+  std::shared_ptr<DecodeSlot> slot;  // with graphs: the cache's storage
   int64_t allocated = 0;
   Policy::Impl::Cache cache;
   torch::Tensor tokens;   // [allocated, width] the token at each cache position (PAD = 0)
@@ -293,6 +453,13 @@ absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Step() {
     const int64_t n = st.rows.size();
     if (n == 0) return std::vector<Token>{};
     torch::NoGradGuard no_grad;
+#ifdef RLFLEET_TORCH_CUDA
+    if (st.graphs) {
+      torch::Tensor logits = st.GraphStep(n);
+      ++st.position;
+      return st.Sample(logits, 0);
+    }
+#endif
     // Each row's pending token and its position id (real tokens before it).
     torch::Tensor host = torch::empty({2, n}, torch::kLong);
     int64_t* h = host.data_ptr<int64_t>();

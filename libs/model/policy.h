@@ -42,6 +42,10 @@ struct PolicyConfig {
   // bf16, reductions and the loss in fp32), with fp32 weights, gradients and AdamW
   // state: the trainer's --precision=bf16.
   bool bf16_autocast = false;
+  // On a CUDA device, DecodeBatch's step replays a CUDA graph captured per batch-size
+  // bucket (powers of two) instead of launching its kernels one by one; ignored on the
+  // CPU and by a backend built without CUDA. Policy::DecodeMode() says which runs.
+  bool cuda_graphs = true;
 };
 
 struct SamplingOptions {
@@ -75,6 +79,12 @@ std::string ModelBackend();
 // that is not cpu / cuda / cuda:N, FAILED_PRECONDITION for CUDA in a backend built
 // without it or a GPU index it does not see (naming the backend).
 absl::Status CheckDevice(const std::string& device);
+
+// The most device memory libtorch's caching allocator held for tensors on `device`
+// (cuda:N) since the process started or the last call with `reset` (which starts a new
+// peak): what a benchmark reports as peak GPU memory. FAILED_PRECONDITION on the CPU
+// or in a backend built without CUDA.
+absl::StatusOr<int64_t> DevicePeakBytes(const std::string& device, bool reset);
 
 // Sets libtorch's intra-op threads for the process (pin OPENBLAS_NUM_THREADS=1 too:
 // both pools on the same cores run several times slower; DESIGN.md).
@@ -174,6 +184,8 @@ class Policy {
 
   const PolicyConfig& config() const;
   int64_t num_parameters() const;
+  // How DecodeBatch steps run on this policy: "cuda graphs" or "eager".
+  std::string DecodeMode() const;
 
   // Logits of every position, [batch][position][vocab] flattened, recomputed from
   // scratch. Sequences must have equal length; PAD tokens are masked as keys.

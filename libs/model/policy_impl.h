@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "libs/model/policy.h"
 
 namespace rlfleet::model {
@@ -34,6 +36,8 @@ TORCH_MODULE(Block);
 }  // namespace internal
 
 using internal::Block;
+
+struct DecodeSlot;  // decode_batch.cc
 
 class Policy::Impl : public torch::nn::Module {
  public:
@@ -136,10 +140,23 @@ class Policy::Impl : public torch::nn::Module {
     torch::Tensor head;
   };
 
+  // Rewritten in place once made: a captured CUDA graph reads these very tensors.
   const DecodeWeights& decode_weights() {
     if (decode_cache.head.defined() && decode_cache.generation == weights_generation) return decode_cache;
     torch::NoGradGuard no_grad;
     auto t = [](const torch::nn::Linear& linear) { return linear->weight.detach().t().contiguous(); };
+    if (decode_cache.head.defined()) {
+      auto rewrite = [](torch::Tensor& into, const torch::nn::Linear& linear) { into.copy_(linear->weight.t()); };
+      for (size_t l = 0; l < blocks.size(); ++l) {
+        rewrite(decode_cache.qkv[l], blocks[l]->qkv);
+        rewrite(decode_cache.proj[l], blocks[l]->proj);
+        rewrite(decode_cache.fc1[l], blocks[l]->fc1);
+        rewrite(decode_cache.fc2[l], blocks[l]->fc2);
+      }
+      rewrite(decode_cache.head, head);
+      decode_cache.generation = weights_generation;
+      return decode_cache;
+    }
     DecodeWeights w;
     w.generation = weights_generation;
     for (Block& b : blocks) {
@@ -155,15 +172,19 @@ class Policy::Impl : public torch::nn::Module {
 
   // One decode step: token [n, 1] of each of the cache's n rows at cache position p,
   // with position ids pos_ids [n, 1] and the key mask as an additive bias [n*H, 1, p+1]
-  // (0 for a real key, MaskedScore() otherwise). Fewer, larger operations than Trunk: products
+  // (0 for a real key, MaskedScore() otherwise). For a CUDA graph (decode_batch.cc)
+  // the position is a device tensor instead, `at` [1], and the step attends over the
+  // cache's whole width (bias [n*H, 1, width]): the same kernels at every position.
+  // Fewer, larger operations than Trunk: products
   // against pre-transposed weights, heads batched, scale and mask fused, no mask built
   // per step. On the CPU one query's attention is element-wise products and sums over
   // the cache (three operations for all rows and heads): bmm there is one small GEMM
   // call per (row, head), 2 x n x H calls per layer, and was half of a batch-32 step.
   // Returns logits [n, V].
   torch::Tensor DecodeStep(const torch::Tensor& tokens, const torch::Tensor& pos_ids, const torch::Tensor& bias,
-                           int64_t p, Cache& cache) {
-    const int64_t n = tokens.size(0), H = config.n_heads, dh = config.d_model / H, T = p + 1;
+                           int64_t p, Cache& cache, const torch::Tensor& at = {}) {
+    const int64_t n = tokens.size(0), H = config.n_heads, dh = config.d_model / H;
+    const int64_t T = at.defined() ? cache.k[0].size(2) : p + 1;
     const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
     const DecodeWeights& w = decode_weights();
     const bool cpu = device.is_cpu();
@@ -171,8 +192,13 @@ class Policy::Impl : public torch::nn::Module {
     for (size_t l = 0; l < blocks.size(); ++l) {
       Block& b = blocks[l];
       torch::Tensor qkv = torch::addmm(b->qkv->bias, b->ln1(x), w.qkv[l]).view({n, 3, H, dh});
-      cache.k[l].select(2, p).copy_(qkv.select(1, 1));
-      cache.v[l].select(2, p).copy_(qkv.select(1, 2));
+      if (at.defined()) {
+        cache.k[l].index_copy_(2, at, qkv.select(1, 1).unsqueeze(2));
+        cache.v[l].index_copy_(2, at, qkv.select(1, 2).unsqueeze(2));
+      } else {
+        cache.k[l].select(2, p).copy_(qkv.select(1, 1));
+        cache.v[l].select(2, p).copy_(qkv.select(1, 2));
+      }
       torch::Tensor q = qkv.select(1, 0).reshape({n * H, 1, dh});
       torch::Tensor k = cache.k[l].narrow(2, 0, T).reshape({n * H, T, dh});
       torch::Tensor v = cache.v[l].narrow(2, 0, T).reshape({n * H, T, dh});
@@ -206,7 +232,15 @@ class Policy::Impl : public torch::nn::Module {
   std::unique_ptr<torch::optim::AdamW> optimizer;
   uint64_t weights_generation = 0;  // bumped by every write to the weights
   DecodeWeights decode_cache;
+  // KV caches kept between DecodeBatches on CUDA with the decode graphs captured
+  // against them (decode_batch.cc; a graph replays fixed addresses).
+  absl::Mutex decode_slots_mu;
+  std::vector<std::shared_ptr<DecodeSlot>> decode_slots ABSL_GUARDED_BY(decode_slots_mu);
 };
+
+// Whether DecodeBatch steps on `impl` replay CUDA graphs: a CUDA device, a backend built
+// with them (RLFLEET_TORCH_CUDA) and PolicyConfig::cuda_graphs (decode_batch.cc).
+bool DecodeGraphsEnabled(const Policy::Impl& impl);
 
 // Runs `body`, turning a libtorch exception into an error status, so that a service
 // answers a call that hit one instead of dying: RESOURCE_EXHAUSTED for device memory

@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, dtype, "fp32",
           "Weights, activations and KV cache: fp32, bf16 or fp16 (fp16: CUDA only). Versions arrive as F32 and "
           "are converted when installed.");
 ABSL_FLAG(std::string, device, "cpu", "Device: cpu or cuda:N.");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "On a CUDA device, replay each decode step as a CUDA graph captured per batch-size bucket (false: "
+          "launch its kernels one by one).");
 ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(std::string, weights, "",
           "Safetensors file to serve at --weights_version; empty: wait for weights "
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
   config.n_heads = absl::GetFlag(FLAGS_n_heads);
   config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   config.dtype = absl::GetFlag(FLAGS_dtype);
+  config.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   rlfleet::rollout::RolloutLimits limits;
   limits.max_batch = absl::GetFlag(FLAGS_max_batch);
   auto core = rlfleet::rollout::RolloutCore::Create(config, absl::GetFlag(FLAGS_device), limits);
@@ -66,8 +70,8 @@ int main(int argc, char** argv) {
     std::cerr << "rlfleet-rollout: " << core.status() << "\n";
     return 2;
   }
-  std::cerr << "rlfleet-rollout: model on " << absl::GetFlag(FLAGS_device) << " (" << config.dtype << "), backend "
-            << rlfleet::model::ModelBackend() << "\n";
+  std::cerr << "rlfleet-rollout: model on " << absl::GetFlag(FLAGS_device) << " (" << config.dtype << ", decode "
+            << (*core)->decode_mode() << "), backend " << rlfleet::model::ModelBackend() << "\n";
 
   absl::Status installed = absl::OkStatus();
   if (!absl::GetFlag(FLAGS_weights).empty()) {

@@ -135,6 +135,8 @@ class RolloutCore {
 
   uint64_t installed_version();
   bool serving();
+  // How decode steps run: "cuda graphs" or "eager" (model::Policy::DecodeMode).
+  std::string decode_mode() const { return policy_->DecodeMode(); }
 
   // Test hook: called on the scheduler thread before every decode step (a hook that
   // throws is what a libtorch failure there looks like). Set before any work.

@@ -144,5 +144,60 @@ TEST(DecodeBatch, FullBatchRefusesAndRemoveFreesARow) {
   EXPECT_EQ(batch.size(), 2);
 }
 
+// On a CUDA device the step replays a CUDA graph per batch-size bucket; it must decode
+// what the eager step decodes: the same tokens (greedy and sampled), log-probs within
+// float noise, through joins that move the cache, a removal, a weight swap (the graph
+// reads the weights in place) and a second DecodeBatch that reuses the first's graphs.
+TEST(DecodeBatch, CudaGraphStepsDecodeWhatEagerStepsDecode) {
+  PolicyConfig graphed = Small(), eager = Small();
+  eager.cuda_graphs = false;
+  auto a = Policy::Create(graphed, TestDevice(), 21);
+  auto b = Policy::Create(eager, TestDevice(), 21);
+  auto other = Policy::Create(Small(), TestDevice(), 22);
+  ASSERT_TRUE(a.ok() && b.ok() && other.ok());
+  const bool cuda = TestDevice().rfind("cuda", 0) == 0;
+  EXPECT_EQ((*a)->DecodeMode(), cuda ? "cuda graphs" : "eager");
+  EXPECT_EQ((*b)->DecodeMode(), "eager");
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/graphs_other.safetensors");
+  ASSERT_TRUE((*other)->SaveSafetensors(path).ok());
+  struct Got {
+    std::map<uint64_t, std::vector<int32_t>> tokens;
+    std::map<uint64_t, std::vector<float>> logprobs;
+  };
+  auto scenario = [&](Policy* policy, bool swap) {
+    Got got;
+    auto keep = [&](const absl::StatusOr<std::vector<DecodeBatch::Token>>& tokens) {
+      ASSERT_TRUE(tokens.ok()) << tokens.status();
+      for (const auto& t : *tokens) {
+        got.tokens[t.id].push_back(t.token);
+        got.logprobs[t.id].push_back(t.logprob);
+      }
+    };
+    std::mt19937 rng(9);
+    DecodeBatch batch(policy, 6);
+    keep(batch.Add({Seq(0, RandomPrompt(rng, 4), 14, 0, 0), Seq(1, RandomPrompt(rng, 7), 9, 1.0f, 5),
+                    Seq(2, RandomPrompt(rng, 3), 12, 1.0f, 6)}));
+    for (int i = 0; i < 3; ++i) keep(batch.Step());
+    keep(batch.Add({Seq(3, RandomPrompt(rng, 11), 8, 0, 0), Seq(4, RandomPrompt(rng, 2), 10, 1.0f, 7)}));
+    keep(batch.Step());
+    EXPECT_TRUE(batch.Remove(2));
+    keep(batch.Step());
+    if (swap) {
+      EXPECT_TRUE(policy->LoadSafetensors(path).ok());
+      EXPECT_TRUE(batch.Refresh().ok());
+    }
+    while (batch.size() > 0) keep(batch.Step());
+    return got;
+  };
+  for (bool swap : {false, true}) {  // (the second round: new DecodeBatches on the same policies)
+    const Got g = scenario(a->get(), swap), e = scenario(b->get(), swap);
+    ASSERT_EQ(g.tokens.size(), 5u);
+    EXPECT_EQ(g.tokens, e.tokens) << "swap " << swap;
+    for (const auto& [id, lp] : g.logprobs) {
+      EXPECT_LT(MaxAbsDiff(lp, e.logprobs.at(id)), 1e-4f) << "sequence " << id << ", swap " << swap;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rlfleet::model
