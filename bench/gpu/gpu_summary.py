@@ -53,9 +53,9 @@ def main():
         if not m:
             continue
         for line in open(os.path.join(d, name)):
-            if line.startswith("train_ratio_vs_torch_eager="):
-                train[m.group(1)] = float(line.split("=", 1)[1])
-            elif line.startswith("| a |") or line.startswith("| b |"):
+            row = re.match(r"\| (\w+) \| (\d+) \| (\d+) \| ([0-9.]+) \|", line)
+            if row:
+                train["%s_%s" % (row.group(1), m.group(1))] = float(row.group(4))
                 lines.append("train %s: %s" % (m.group(1), line.strip()))
     lines.append("")
     lines.append("# the named ratios: the lowest over configs (a, b) and dtypes (fp32, bf16) measured")
@@ -66,8 +66,8 @@ def main():
             lines.append("decode_ratio_vs_hf_b%d: not measured" % batch)
     if train:
         lines.append("train_ratio_vs_torch_eager=%.3f" % min(train.values()))
-        for p, v in sorted(train.items()):
-            lines.append("train_ratio_vs_torch_eager_%s=%.3f" % (p, v))
+        for k, v in sorted(train.items()):
+            lines.append("train_ratio_vs_torch_eager_%s=%.3f" % (k, v))
     else:
         lines.append("train_ratio_vs_torch_eager: not measured")
     lines.append("gpu_install_ratio_vs_d2d: not measured (no CUDA IPC weight path yet)")

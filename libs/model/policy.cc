@@ -385,6 +385,7 @@ std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> WithGrads(Poli
 // Gradients zeroed as the optimizer's zero_grad does (kept, filled with zeros), in a few
 // multi-tensor kernels instead of one per parameter.
 void ZeroGrads(Policy::Impl& impl) {
+  torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads = WithGrads(impl).second;
   if (!grads.empty()) at::_foreach_zero_(grads);
 }
@@ -393,6 +394,7 @@ void ZeroGrads(Policy::Impl& impl) {
 // max_norm / (norm + 1e-6) when that is below 1), with multi-tensor kernels. Returns the
 // norm before clipping.
 double ClipGradNorm(Policy::Impl& impl, double max_norm) {
+  torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads = WithGrads(impl).second;
   if (grads.empty()) return 0;
   const double norm = torch::stack(at::_foreach_norm(grads)).norm().item<double>();
@@ -407,6 +409,7 @@ double ClipGradNorm(Policy::Impl& impl, double max_norm) {
 // eight kernels per parameter, which on the H200 held a small model's train step to
 // 0.70x PyTorch eager, whose AdamW is multi-tensor on CUDA.
 void AdamWStep(Policy::Impl& impl, double lr, double weight_decay, double beta1, double beta2, double eps) {
+  torch::NoGradGuard no_grad;  // (in-place writes to leaves that require grad)
   auto& state = impl.optimizer->state();
   struct Group {
     std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq;
