@@ -5,8 +5,8 @@
 // prompt 16, 96 new; batch 1, 8, 32. Best of --repeats each. Writes a table to --out;
 // last line: rollout_ratio_vs_torch_eager=<ours / eager for (a) at batch 32>.
 //   bazel run //bench:rollout_tokens -- --out=$PWD/bench/results/rollout_tokens.md
-// On a GPU (bench/gpu/run_rollout_gpu.sh builds this file with CMake against the
-// CUDA libtorch there): --device=cuda --torch_script= (ours only).
+// On a GPU (bench/gpu/run_gpu_bench.sh, against Hugging Face generate there):
+// --device=cuda --torch_script= (ours only) --batches=32,256 --dtype=bf16 --jsonl=FILE.
 #include <sched.h>
 #include <unistd.h>
 
