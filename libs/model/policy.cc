@@ -19,6 +19,7 @@
 
 #ifdef RLFLEET_TORCH_CUDA  // (a CUDA libtorch: deploy/gpu/CMakeLists.txt)
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include "absl/strings/cord.h"
@@ -55,6 +56,22 @@ std::string ModelBackend() {
   const int gpus = VisibleGpus();
   return absl::StrCat(path, " (libtorch ", TORCH_VERSION,
                       ", cuda: ", gpus == 0 ? "none" : absl::StrCat(gpus, gpus == 1 ? " device" : " devices"), ")");
+}
+
+absl::StatusOr<std::string> DevicePciBusId(const std::string& device) {
+  RETURN_IF_ERROR(CheckDevice(device));
+  const torch::Device where = *ParseDevice(device);
+  if (!where.is_cuda()) return std::string();
+#ifdef RLFLEET_TORCH_CUDA
+  char bus[32] = {};
+  if (cudaError_t e = cudaDeviceGetPCIBusId(bus, sizeof(bus), where.has_index() ? where.index() : 0);
+      e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat(device, ": cudaDeviceGetPCIBusId: ", cudaGetErrorString(e)));
+  }
+  return std::string(bus);
+#else
+  return absl::FailedPreconditionError(absl::StrCat("the model backend (", ModelBackend(), ") was built without CUDA"));
+#endif
 }
 
 absl::StatusOr<int64_t> DevicePeakBytes(const std::string& device, bool reset) {

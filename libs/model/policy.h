@@ -86,6 +86,11 @@ absl::Status CheckDevice(const std::string& device);
 // or in a backend built without CUDA.
 absl::StatusOr<int64_t> DevicePeakBytes(const std::string& device, bool reset);
 
+// The PCI bus id of CUDA device `device` (cuda:N) as CUDA names it ("0000:3B:00.0"),
+// for NUMA binding (common::ApplyNuma); "" for the CPU. FAILED_PRECONDITION in a backend
+// built without CUDA.
+absl::StatusOr<std::string> DevicePciBusId(const std::string& device);
+
 // Sets libtorch's intra-op threads for the process (pin OPENBLAS_NUM_THREADS=1 too:
 // both pools on the same cores run several times slower; DESIGN.md).
 void SetComputeThreads(int threads);

@@ -145,7 +145,8 @@ std::string RegistryAddressFromFlags() { return absl::GetFlag(FLAGS_registry_add
 
 absl::StatusOr<std::unique_ptr<Registrar>> RegisterFromFlags(v1::ReplicaRole role, const std::string& grpc_address,
                                                              int metrics_port, Registrar::Fill fill,
-                                                             const std::string& name, Registrar::Rejoined rejoined) {
+                                                             const std::string& name, Registrar::Rejoined rejoined,
+                                                             const std::map<std::string, std::string>& labels) {
   const std::string address = RegistryAddressFromFlags();
   if (address.empty()) return std::unique_ptr<Registrar>();
   auto client = rpc::ClientOptionsFromFlags(address);
@@ -155,6 +156,7 @@ absl::StatusOr<std::unique_ptr<Registrar>> RegisterFromFlags(v1::ReplicaRole rol
   o.replica.set_role(role);
   o.replica.set_grpc_address(grpc_address);
   if (metrics_port > 0) (*o.replica.mutable_labels())["metrics_port"] = std::to_string(metrics_port);
+  for (const auto& [key, value] : labels) (*o.replica.mutable_labels())[key] = value;
   auto started = Registrar::Start(
       o, std::move(fill), [name](const std::string& line) { std::cerr << name << ": " << line << std::endl; },
       std::move(rejoined));

@@ -86,7 +86,8 @@ std::string RegistryAddressFromFlags();
 absl::StatusOr<std::unique_ptr<Registrar>> RegisterFromFlags(v1::ReplicaRole role, const std::string& grpc_address,
                                                              int metrics_port, Registrar::Fill fill,
                                                              const std::string& name,
-                                                             Registrar::Rejoined rejoined = nullptr);
+                                                             Registrar::Rejoined rejoined = nullptr,
+                                                             const std::map<std::string, std::string>& labels = {});
 
 }  // namespace rlfleet::registry
 

@@ -29,7 +29,7 @@ int ServeUntilTerminated(rpc::ServerRunner& runner, const ServeSpec& spec) {
   absl::StatusOr<std::unique_ptr<registry::Registrar>> registrar = nullptr;
   if (spec.role != v1::REPLICA_ROLE_UNSPECIFIED) {
     registrar = registry::RegisterFromFlags(spec.role, runner.address(), runner.metrics_port(), spec.fill, spec.binary,
-                                            spec.rejoined);
+                                            spec.rejoined, spec.labels);
     if (!registrar.ok()) {
       std::cerr << spec.binary << ": " << registrar.status() << "\n";
       return 1;

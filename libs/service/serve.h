@@ -5,6 +5,7 @@
 #define RLFLEET_LIBS_SERVICE_SERVE_H_
 
 #include <functional>
+#include <map>
 #include <string>
 
 #include "libs/registry/registrar.h"
@@ -27,6 +28,9 @@ struct ServeSpec {
   registry::Registrar::Rejoined rejoined;  // a lost lease registered again
   // After the termination signal, before the server's members go (threads that use them).
   std::function<void()> stopping;
+  // More labels to register with (e.g. NumaLabels): the registry shows them, and
+  // `rlfleet doctor --fleet` checks some.
+  std::map<std::string, std::string> labels;
 };
 
 // Starts `runner` (its services added; with /metrics, the GPUs' metrics added to the

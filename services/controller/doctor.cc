@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -135,6 +136,39 @@ std::vector<CheckResult> CheckGpuNuma(const std::string& sysfs_pci) {
     }
   }
   if (out.empty()) out.push_back({"gpu_numa", CheckStatus::kPass, "no NVIDIA GPU on this host", ""});
+  return out;
+}
+
+std::vector<CheckResult> CheckNumaBinding(const std::vector<ReplicaLabels>& replicas) {
+  std::vector<CheckResult> out;
+  for (const ReplicaLabels& r : replicas) {
+    auto label = [&](const std::string& key) -> std::optional<int> {
+      auto it = r.labels.find(key);
+      int v = 0;
+      if (it == r.labels.end() || !absl::SimpleAtoi(it->second, &v)) return std::nullopt;
+      return v;
+    };
+    const std::optional<int> node = label("numa.node"), gpu = label("numa.gpu_node");
+    if (!node || !gpu) continue;
+    CheckResult c;
+    c.check = absl::StrCat("numa ", r.id);
+    if (*gpu < 0) {
+      c.detail = *node >= 0 ? absl::StrCat("bound to node ", *node, "; its GPU reports no node (or it has none)")
+                            : "no GPU NUMA node reported: nothing to bind";
+    } else if (*node == *gpu) {
+      c.detail = absl::StrCat("bound to node ", *node, ", its GPU's");
+    } else if (*node < 0) {
+      c.status = CheckStatus::kWarn;
+      c.detail = absl::StrCat("not bound; its GPU is on node ", *gpu);
+      c.fix = "start it with --numa=auto (the default)";
+    } else {
+      c.status = CheckStatus::kFail;
+      c.detail = absl::StrCat("bound to node ", *node, " but its GPU is on node ", *gpu,
+                              ": its host copies cross the socket link");
+      c.fix = absl::StrCat("start it with --numa=auto or --numa=", *gpu);
+    }
+    out.push_back(std::move(c));
+  }
   return out;
 }
 

@@ -62,6 +62,13 @@ struct ReplicaLabels {
 // "(unset)"). A single PASS "nccl_consistency" when no replica sets any.
 std::vector<CheckResult> CheckNcclConsistency(const std::vector<ReplicaLabels>& replicas);
 
+// Per replica that registered NUMA labels (rollout and trainer: numa.node, its
+// binding; numa.gpu_node, its GPU's node; numa.mode, --numa): PASS bound to its GPU's
+// node, or no GPU / no node reported; WARN not bound although its GPU has a node
+// (--numa=off); FAIL bound to another node than its GPU's (host copies cross the
+// socket link). Nothing when no replica has the labels.
+std::vector<CheckResult> CheckNumaBinding(const std::vector<ReplicaLabels>& replicas);
+
 // One replica's clock as `rlfleet doctor --fleet` read it (its /metrics'
 // rlfleet_time_seconds), with when the request left and the answer came back here.
 struct ClockSample {

@@ -313,6 +313,7 @@ absl::Status FleetChecks(ControllerClient& client, std::vector<rlfleet::controll
     clocks.push_back(std::move(sample));
   }
   for (auto& r : rlfleet::controller::CheckNcclConsistency(replicas)) results->push_back(std::move(r));
+  for (auto& r : rlfleet::controller::CheckNumaBinding(replicas)) results->push_back(std::move(r));
   for (auto& r : rlfleet::controller::CheckClockSkew(clocks)) results->push_back(std::move(r));
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include "libs/model/safetensors.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/service/numa_flag.h"
 #include "libs/service/serve.h"
 #include "libs/transport/data_plane.h"
 #include "libs/transport/descriptor_fetcher.h"
@@ -53,6 +54,15 @@ int main(int argc, char** argv) {
   auto options = rlfleet::service::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-rollout: " << options.status() << "\n";
+    return 2;
+  }
+  // (before any thread of the model's or the server's starts: they inherit the binding)
+  absl::StatusOr<std::string> gpu = rlfleet::model::DevicePciBusId(absl::GetFlag(FLAGS_device));
+  absl::StatusOr<rlfleet::common::NumaBinding> numa = gpu.ok()
+                                                          ? rlfleet::service::BindNumaFromFlags("rlfleet-rollout", *gpu)
+                                                          : absl::StatusOr<rlfleet::common::NumaBinding>(gpu.status());
+  if (!numa.ok()) {
+    std::cerr << "rlfleet-rollout: " << numa.status() << "\n";
     return 2;
   }
   rlfleet::model::SetComputeThreads(absl::GetFlag(FLAGS_threads));
@@ -111,6 +121,7 @@ int main(int argc, char** argv) {
   rlfleet::service::ServeSpec spec;
   spec.binary = "rlfleet-rollout";
   spec.role = rlfleet::v1::REPLICA_ROLE_ROLLOUT;
+  spec.labels = rlfleet::service::NumaLabels(*numa);
   // Health is SERVING only with verified weights.
   spec.started = [c](rlfleet::rpc::ServerRunner& r) { r.SetServing(c->serving()); };
   spec.note = [c] { return absl::StrCat(" (policy version ", c->installed_version(), ")"); };

@@ -9,6 +9,7 @@
 #include "libs/model/policy.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/service/numa_flag.h"
 #include "libs/service/serve.h"
 #include "libs/transport/data_plane.h"
 #include "services/trainer/buffer_client.h"
@@ -66,6 +67,15 @@ int main(int argc, char** argv) {
   auto options = rlfleet::service::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-trainer: " << options.status() << "\n";
+    return 2;
+  }
+  // (before any thread of the model's or the server's starts: they inherit the binding)
+  absl::StatusOr<std::string> gpu = rlfleet::model::DevicePciBusId(absl::GetFlag(FLAGS_device));
+  absl::StatusOr<rlfleet::common::NumaBinding> numa = gpu.ok()
+                                                          ? rlfleet::service::BindNumaFromFlags("rlfleet-trainer", *gpu)
+                                                          : absl::StatusOr<rlfleet::common::NumaBinding>(gpu.status());
+  if (!numa.ok()) {
+    std::cerr << "rlfleet-trainer: " << numa.status() << "\n";
     return 2;
   }
   rlfleet::model::SetComputeThreads(absl::GetFlag(FLAGS_threads));
@@ -173,6 +183,7 @@ int main(int argc, char** argv) {
   rlfleet::service::ServeSpec spec;
   spec.binary = "rlfleet-trainer";
   spec.role = rlfleet::v1::REPLICA_ROLE_TRAINER;
+  spec.labels = rlfleet::service::NumaLabels(*numa);
   spec.started = [c](rlfleet::rpc::ServerRunner& r) { c->SetConsumerName("trainer@" + r.address()); };
   return rlfleet::service::ServeUntilTerminated(runner, spec);
 }

@@ -100,6 +100,22 @@ TEST(Doctor, NcclSettingsThatDifferAcrossReplicasFail) {
   EXPECT_EQ(none[0].status, CheckStatus::kPass);
 }
 
+TEST(Doctor, NumaBindingAgainstEachReplicasGpu) {
+  auto results = CheckNumaBinding({{"rollout-ok", {{"numa.node", "1"}, {"numa.gpu_node", "1"}}},
+                                   {"rollout-off", {{"numa.node", "-1"}, {"numa.gpu_node", "0"}}},
+                                   {"trainer-far", {{"numa.node", "0"}, {"numa.gpu_node", "1"}}},
+                                   {"rollout-cpu", {{"numa.node", "-1"}, {"numa.gpu_node", "-1"}}},
+                                   {"reward-a", {{"env.NCCL_ALGO", "Ring"}}}});
+  ASSERT_EQ(results.size(), 4u);  // (the reward service registers no NUMA labels)
+  EXPECT_EQ(results[0].status, CheckStatus::kPass) << results[0].detail;
+  EXPECT_EQ(results[1].status, CheckStatus::kWarn) << results[1].detail;
+  EXPECT_TRUE(absl::StrContains(results[1].detail, "node 0")) << results[1].detail;
+  EXPECT_EQ(results[2].status, CheckStatus::kFail) << results[2].detail;
+  EXPECT_EQ(results[2].check, "numa trainer-far");
+  EXPECT_TRUE(absl::StrContains(results[2].fix, "--numa=1")) << results[2].fix;
+  EXPECT_EQ(results[3].status, CheckStatus::kPass) << results[3].detail;
+}
+
 TEST(Doctor, ClockSkewAcrossReplicasWarnsAndFails) {
   const absl::Time sent = absl::FromUnixSeconds(1000), received = sent + absl::Milliseconds(20);
   const double mid = 1000.010;
