@@ -692,6 +692,8 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       if (!consumed_unanswered) {
         progress.entropy = trained.metrics().entropy();
         progress.loss = trained.metrics().loss();
+        progress.approx_kl = trained.metrics().approx_kl_old();
+        progress.grad_norm = trained.metrics().grad_norm();
         progress.mean_staleness = trained.metrics().mean_staleness();
         progress.trained_sequences += trained.metrics().sequences();
       }

@@ -150,6 +150,8 @@ struct LoopProgress {
   double tokens_per_s = 0;      // response tokens of this step's rollouts / generate_seconds
   float mean_staleness = 0;     // version lag of the trained batch (the trainer's figure)
   float loss = 0;               // of the last step that trained
+  float approx_kl = 0;          // KL(behaviour || new) estimate, of the last step that trained
+  float grad_norm = 0;          // before clipping, of the last step that trained
   std::string last_checkpoint;  // path of the last checkpoint written; empty = none
   // Experiences the buffer took from this run (accepted, and on a retried or resumed
   // put the duplicates of what an earlier attempt stored).

@@ -1,6 +1,9 @@
 #include "services/controller/run_metrics.h"
 
+#include <iostream>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,19 +20,38 @@ absl::Status RunMetrics::Open(const std::filesystem::path& dir, bool append) {
   ec.clear();
   csv_.open(dir / "metrics.csv", had_rows ? std::ios::app : std::ios::trunc);
   if (ec || !csv_) return absl::InternalError(absl::StrCat("cannot write ", (dir / "metrics.csv").string()));
+  if (absl::Status s = events_.Open(dir.string()); !s.ok()) return s;
   if (had_rows) return absl::OkStatus();
   csv_ << "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact,generate_s,train_s,sync_s,"
-          "tokens_per_s,mean_staleness\n"
+          "tokens_per_s,mean_staleness,loss,kl,grad_norm\n"
        << std::flush;
   return absl::OkStatus();
 }
 
 void RunMetrics::Add(const LoopProgress& p) {
-  csv_ << absl::StrFormat("%d,%.2f,%d,%.4f,%.4f,%d,%s,%.3f,%.3f,%.3f,%.0f,%.3f\n", p.step, p.seconds, p.policy_version,
+  csv_ << absl::StrFormat("%d,%.2f,%d,%.4f,%.4f,%d,%s,%.3f,%.3f,%.3f,%.0f,%.3f", p.step, p.seconds, p.policy_version,
                           p.train_reward, p.entropy, p.idle_steps,
                           p.held_out_exact ? absl::StrFormat("%.4f", *p.held_out_exact) : "nan", p.generate_seconds,
                           p.train_seconds, p.sync_seconds, p.tokens_per_s, p.mean_staleness)
-       << std::flush;
+       << absl::StrFormat(",%.5f,%.6f,%.4f\n", p.loss, p.approx_kl, p.grad_norm) << std::flush;
+  if (events_.path().empty()) return;
+  std::vector<std::pair<std::string, double>> scalars = {{"train/reward", p.train_reward},
+                                                         {"train/loss", p.loss},
+                                                         {"train/kl", p.approx_kl},
+                                                         {"train/entropy", p.entropy},
+                                                         {"train/grad_norm", p.grad_norm},
+                                                         {"train/mean_staleness", p.mean_staleness},
+                                                         {"train/idle_steps", p.idle_steps},
+                                                         {"perf/tokens_per_s", p.tokens_per_s},
+                                                         {"perf/generate_s", p.generate_seconds},
+                                                         {"perf/train_s", p.train_seconds},
+                                                         {"perf/sync_s", p.sync_seconds},
+                                                         {"run/policy_version", static_cast<double>(p.policy_version)}};
+  if (p.held_out_exact) scalars.push_back({"heldout/exact_match", *p.held_out_exact});
+  if (absl::Status s = events_.AddScalars(p.step, scalars); !s.ok() && !events_failed_) {
+    events_failed_ = true;  // (said once; the CSV goes on)
+    std::cerr << "metrics: " << s.message() << "\n";
+  }
 }
 
 namespace {

@@ -1,4 +1,5 @@
-// A run's files: metrics.csv (a row per step) and, at the end, reward_curve.png
+// A run's files: metrics.csv (a row per step), a TensorBoard event file of the same
+// scalars, and, at the end, reward_curve.png
 // (training reward and held-out exact match over steps and over wall time) and
 // reward_curve.txt (the same over steps as text), drawn by gnuplot. Used by
 // `rlfleet loop` and by the controller's runs. Not thread-safe.
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "libs/metrics/event_file.h"
 #include "services/controller/run_loop.h"
 
 namespace rlfleet::controller {
@@ -17,8 +19,11 @@ namespace rlfleet::controller {
 class RunMetrics {
  public:
   // Creates `dir` and metrics.csv in it; with `append` (a resumed run), a metrics.csv
-  // already there keeps its rows and gets the new ones after them. INTERNAL naming
-  // the path when it cannot.
+  // already there keeps its rows and gets the new ones after them. Also a TensorBoard
+  // event file (events.out.tfevents.*) there with every step's scalars (train/*,
+  // perf/*, heldout/exact_match): `tensorboard --logdir` on the runs folder shows every
+  // run; a resumed run starts a new file (TensorBoard joins them by step). INTERNAL
+  // naming the path when it cannot.
   absl::Status Open(const std::filesystem::path& dir, bool append = false);
   void Add(const LoopProgress& progress);
   // Closes the CSV and draws the curves. Returns a line for the user: where the files
@@ -29,6 +34,8 @@ class RunMetrics {
  private:
   std::filesystem::path dir_;
   std::ofstream csv_;
+  metrics::EventFileWriter events_;
+  bool events_failed_ = false;
 };
 
 }  // namespace rlfleet::controller

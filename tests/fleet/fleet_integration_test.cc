@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -180,12 +181,20 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   ASSERT_EQ(rows.size(), 5u);
   EXPECT_EQ(rows[0],
             "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact,generate_s,train_s,sync_s,"
-            "tokens_per_s,mean_staleness");
+            "tokens_per_s,mean_staleness,loss,kl,grad_norm");
   const std::vector<std::string> row1 = absl::StrSplit(rows[1], ','), row4 = absl::StrSplit(rows[4], ',');
-  ASSERT_EQ(row1.size(), 12u) << rows[1];
-  ASSERT_EQ(row4.size(), 12u) << rows[4];
+  ASSERT_EQ(row1.size(), 15u) << rows[1];
+  ASSERT_EQ(row4.size(), 15u) << rows[4];
   EXPECT_EQ(row1[6], "nan") << rows[1];
   EXPECT_NE(row4[6], "nan") << rows[4];
+  double grad_norm = 0;  // (a step that trained has a gradient)
+  EXPECT_TRUE(absl::SimpleAtod(row4[14], &grad_norm) && grad_norm > 0) << rows[4];
+  // Beside it, the TensorBoard event file of the same run.
+  int event_files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(run_dir)) {
+    event_files += e.path().filename().string().rfind("events.out.tfevents.", 0) == 0 && e.file_size() > 0;
+  }
+  EXPECT_EQ(event_files, 1);
   // The weight sync's phases are in the services' metrics: the trainer's publish, the
   // replica's load and verify.
   auto metric = [](const Subprocess& p, const std::string& name) -> double {
