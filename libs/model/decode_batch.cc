@@ -502,7 +502,9 @@ absl::Status DecodeBatch::Refresh() {
     if (n == 0) return absl::OkStatus();
     torch::NoGradGuard no_grad;
     auto view = st.View(0, n);
-    st.impl->Forward(st.tokens.narrow(0, 0, n).narrow(1, 0, st.position), 0, view);
+    // Real tokens are what the cache says (a generated PAD id is real), not the ids.
+    torch::Tensor real = st.cache.key_ok.narrow(0, 0, n).narrow(1, 0, st.position).clone();
+    st.impl->Forward(st.tokens.narrow(0, 0, n).narrow(1, 0, st.position), 0, view, real);
     return absl::OkStatus();
   });
 }

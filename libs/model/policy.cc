@@ -269,13 +269,17 @@ absl::StatusOr<std::vector<float>> Policy::Values(const std::vector<std::vector<
     }
     // Left-padded, so every sequence ends at the last position (positions count real
     // tokens only, so padding changes nothing).
+    // (every token of a sequence is real, the PAD id included: a response may hold it)
     std::vector<std::vector<int32_t>> padded(sequences.size());
+    torch::Tensor real =
+        torch::zeros({static_cast<int64_t>(sequences.size()), static_cast<int64_t>(longest)}, torch::kBool);
     for (size_t b = 0; b < sequences.size(); ++b) {
       padded[b].assign(longest - sequences[b].size(), 0);
       padded[b].insert(padded[b].end(), sequences[b].begin(), sequences[b].end());
+      real[b].narrow(0, longest - sequences[b].size(), sequences[b].size()).fill_(true);
     }
     torch::NoGradGuard no_grad;
-    torch::Tensor hidden = impl_->Trunk(ToTensor(padded, impl_->device), 0, nullptr);
+    torch::Tensor hidden = impl_->Trunk(ToTensor(padded, impl_->device), 0, nullptr, real.to(impl_->device));
     return ToVector(impl_->value(hidden.select(1, -1)).squeeze(-1));
   });
 }
@@ -570,51 +574,111 @@ absl::Status Policy::CheckBatch(const std::vector<TrainSequence>& batch, const T
   return absl::OkStatus();
 }
 
+namespace {
+
+// A training batch as tensors on the host: prompts left-padded to P (as in generation),
+// responses right-padded to R; `real` marks the tokens that are not padding (a response
+// may hold the PAD id as a token the policy generated: it is real).
+struct PackedBatch {
+  int64_t B = 0, P = 0, R = 0;
+  std::vector<std::vector<int32_t>> rows;  // [B][P + R]
+  torch::Tensor real;                      // [B, P + R] bool
+  torch::Tensor targets, mask, old_lp, adv, rewards;
+  std::vector<double> response_tokens;  // real tokens per sequence (known here: no device reads)
+};
+
+absl::StatusOr<PackedBatch> Pack(const std::vector<TrainSequence>& batch, int vocab_size) {
+  PackedBatch pb;
+  size_t prompt_len = 0, response_len = 0;
+  for (const TrainSequence& s : batch) {
+    prompt_len = std::max(prompt_len, s.prompt.size());
+    response_len = std::max(response_len, s.response.size());
+  }
+  const int64_t B = batch.size(), P = prompt_len, R = response_len;
+  pb.B = B;
+  pb.P = P;
+  pb.R = R;
+  pb.rows.resize(B);
+  pb.real = torch::zeros({B, P + R}, torch::kBool);
+  pb.targets = torch::zeros({B, R}, torch::kLong);
+  pb.mask = torch::zeros({B, R});
+  pb.old_lp = torch::zeros({B, R});
+  pb.adv = torch::zeros({B});
+  pb.rewards = torch::zeros({B, R});  // the sequence reward on its last token
+  // (filled through accessors on the host: an indexing op per token costs ~5 us)
+  auto real_a = pb.real.accessor<bool, 2>();
+  auto targets_a = pb.targets.accessor<int64_t, 2>();
+  auto mask_a = pb.mask.accessor<float, 2>(), old_lp_a = pb.old_lp.accessor<float, 2>();
+  auto rewards_a = pb.rewards.accessor<float, 2>();
+  auto adv_a = pb.adv.accessor<float, 1>();
+  pb.response_tokens.resize(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const TrainSequence& s = batch[b];
+    for (int32_t t : s.prompt) {
+      if (t < 0 || t >= vocab_size) return absl::InvalidArgumentError("token outside the vocabulary");
+    }
+    const int64_t pad = P - static_cast<int64_t>(s.prompt.size());
+    pb.rows[b].assign(pad, 0);
+    pb.rows[b].insert(pb.rows[b].end(), s.prompt.begin(), s.prompt.end());
+    for (int64_t i = pad; i < P; ++i) real_a[b][i] = true;
+    for (int64_t j = 0; j < R; ++j) {
+      const bool real = j < static_cast<int64_t>(s.response.size());
+      const int32_t tok = real ? s.response[j] : 0;
+      if (tok < 0 || tok >= vocab_size) return absl::InvalidArgumentError("token outside the vocabulary");
+      pb.rows[b].push_back(tok);
+      if (real) {
+        real_a[b][P + j] = true;
+        targets_a[b][j] = tok;
+        mask_a[b][j] = 1.0f;
+        if (j < static_cast<int64_t>(s.behaviour_logprobs.size())) old_lp_a[b][j] = s.behaviour_logprobs[j];
+      }
+    }
+    adv_a[b] = s.advantage;
+    if (!s.response.empty()) rewards_a[b][static_cast<int64_t>(s.response.size()) - 1] = s.reward;
+    pb.response_tokens[b] = static_cast<double>(s.response.size());
+  }
+  return pb;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<float>>> Policy::ResponseLogProbs(const std::vector<TrainSequence>& batch) {
+  return Guarded("ResponseLogProbs", [&]() -> absl::StatusOr<std::vector<std::vector<float>>> {
+    if (batch.empty()) return absl::InvalidArgumentError("empty batch");
+    for (size_t b = 0; b < batch.size(); ++b) {
+      if (batch[b].response.empty())
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", b, ": empty response"));
+      if (batch[b].prompt.size() + batch[b].response.size() > static_cast<size_t>(impl_->config.max_seq_len)) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " is longer than max_seq_len"));
+      }
+    }
+    ASSIGN_OR_RETURN(PackedBatch pb, Pack(batch, impl_->config.vocab_size));
+    torch::NoGradGuard no_grad;
+    const torch::Device dev = impl_->device;
+    torch::Tensor logits = impl_->Forward(ToTensor(pb.rows, dev), 0, nullptr, pb.real.to(dev));
+    torch::Tensor lp = torch::log_softmax(logits.narrow(1, pb.P - 1, pb.R).to(torch::kFloat32), -1)
+                           .gather(-1, pb.targets.to(dev).unsqueeze(-1))
+                           .squeeze(-1)
+                           .to(torch::kCPU)
+                           .contiguous();
+    std::vector<std::vector<float>> out(pb.B);
+    for (int64_t b = 0; b < pb.B; ++b) {
+      const float* row = lp.data_ptr<float>() + b * pb.R;
+      out[b].assign(row, row + batch[b].response.size());
+    }
+    return out;
+  });
+}
+
 absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& batch, const TrainOptions& options) {
   return Guarded("TrainStep", [&]() -> absl::StatusOr<TrainStats> {
     RETURN_IF_ERROR(CheckBatch(batch, options));
-    size_t prompt_len = 0, response_len = 0;
-    for (const TrainSequence& s : batch) {
-      prompt_len = std::max(prompt_len, s.prompt.size());
-      response_len = std::max(response_len, s.response.size());
-    }
-    const int64_t B = batch.size(), P = prompt_len, R = response_len;
-    // Prompts left-padded to P (as in generation), responses right-padded to R.
-    std::vector<std::vector<int32_t>> rows(B);
-    torch::Tensor targets = torch::zeros({B, R}, torch::kLong);
-    torch::Tensor mask = torch::zeros({B, R});
-    torch::Tensor old_lp = torch::zeros({B, R});
-    torch::Tensor adv = torch::zeros({B});
-    torch::Tensor rewards = torch::zeros({B, R});  // the sequence reward on its last token
-    // (filled through accessors on the host: an indexing op per token costs ~5 us)
-    auto targets_a = targets.accessor<int64_t, 2>();
-    auto mask_a = mask.accessor<float, 2>(), old_lp_a = old_lp.accessor<float, 2>();
-    auto rewards_a = rewards.accessor<float, 2>();
-    auto adv_a = adv.accessor<float, 1>();
-    std::vector<double> response_tokens(B);  // real tokens per sequence (known here: no device reads)
-    for (int64_t b = 0; b < B; ++b) {
-      const TrainSequence& s = batch[b];
-      for (int32_t t : s.prompt) {
-        if (t < 0 || t >= impl_->config.vocab_size) return absl::InvalidArgumentError("token outside the vocabulary");
-      }
-      rows[b].assign(P - s.prompt.size(), 0);
-      rows[b].insert(rows[b].end(), s.prompt.begin(), s.prompt.end());
-      for (int64_t j = 0; j < R; ++j) {
-        const bool real = j < static_cast<int64_t>(s.response.size());
-        const int32_t tok = real ? s.response[j] : 0;
-        if (tok < 0 || tok >= impl_->config.vocab_size)
-          return absl::InvalidArgumentError("token outside the vocabulary");
-        rows[b].push_back(tok);
-        if (real) {
-          targets_a[b][j] = tok;
-          mask_a[b][j] = 1.0f;
-          old_lp_a[b][j] = s.behaviour_logprobs[j];
-        }
-      }
-      adv_a[b] = s.advantage;
-      rewards_a[b][static_cast<int64_t>(s.response.size()) - 1] = s.reward;
-      response_tokens[b] = static_cast<double>(s.response.size());
-    }
+    ASSIGN_OR_RETURN(PackedBatch pb, Pack(batch, impl_->config.vocab_size));
+    const int64_t B = pb.B, P = pb.P, R = pb.R;
+    const std::vector<double>& response_tokens = pb.response_tokens;
+    torch::Tensor targets = pb.targets, mask = pb.mask, old_lp = pb.old_lp, adv = pb.adv, rewards = pb.rewards;
+    std::vector<std::vector<int32_t>>& rows = pb.rows;
+    torch::Tensor real = pb.real.to(impl_->device);
     auto tokens_in = [&](int64_t begin, int64_t n) {
       double sum = 0;
       for (int64_t b = begin; b < begin + n; ++b) sum += response_tokens[b];
@@ -635,7 +699,8 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> values;
       for (int64_t begin = 0; begin < B; begin += micro) {
-        torch::Tensor hidden = impl_->Trunk(input.narrow(0, begin, std::min(micro, B - begin)), 0, nullptr);
+        const int64_t n = std::min(micro, B - begin);
+        torch::Tensor hidden = impl_->Trunk(input.narrow(0, begin, n), 0, nullptr, real.narrow(0, begin, n));
         values.push_back(impl_->value(hidden.narrow(1, P - 1, R)).squeeze(-1));
       }
       old_values = torch::cat(values) * mask;
@@ -673,7 +738,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
           {
             // (--precision=bf16: the forward pass under autocast; the loss in fp32)
             AutocastGuard autocast(impl_->device, impl_->config.bf16_autocast);
-            hidden = impl_->Trunk(input.narrow(0, begin, n), 0, nullptr);
+            hidden = impl_->Trunk(input.narrow(0, begin, n), 0, nullptr, real.narrow(0, begin, n));
             logits = impl_->head(hidden).to(torch::kFloat32);
           }
           // Logits at P-1+j predict response token j.

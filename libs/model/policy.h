@@ -209,6 +209,12 @@ class Policy {
   absl::StatusOr<std::vector<Generation>> Generate(const std::vector<std::vector<int32_t>>& prompts,
                                                    const SamplingOptions& options);
 
+  // Each response token's log-prob under this policy, computed as TrainStep computes it
+  // (what a rollout should have sampled it with; also a reference policy's log-probs for
+  // a KL penalty). INVALID_ARGUMENT for an empty batch or response, a token outside the
+  // vocabulary or a sequence longer than max_seq_len.
+  absl::StatusOr<std::vector<std::vector<float>>> ResponseLogProbs(const std::vector<TrainSequence>& batch);
+
   // One PPO/GRPO step on `batch`: options.epochs x options.mini_batches AdamW updates
   // (gradient clipping; the optimiser state is kept across calls). INVALID_ARGUMENT
   // naming the sequence for an empty response, mismatched log-probs or a too long

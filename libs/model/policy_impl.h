@@ -75,19 +75,25 @@ class Policy::Impl : public torch::nn::Module {
 
   // Runs tokens [B, t] at positions [p0, p0 + t) through the model, writing their
   // keys and values into `cache`; returns logits [B, t, V].
-  torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache& cache) { return Forward(tokens, p0, &cache); }
+  torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache& cache, const torch::Tensor& real = {}) {
+    return Forward(tokens, p0, &cache, real);
+  }
 
   // Without a cache (training): p0 must be 0 and keys are this call's tokens, so
   // autograd sees no in-place writes.
-  torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache* cache) {
-    return head(Trunk(tokens, p0, cache));
+  torch::Tensor Forward(const torch::Tensor& tokens, int64_t p0, Cache* cache, const torch::Tensor& real = {}) {
+    return head(Trunk(tokens, p0, cache, real));
   }
 
-  // The final hidden states [B, t, d_model] (after ln_f), before the LM head.
-  torch::Tensor Trunk(const torch::Tensor& tokens, int64_t p0, Cache* cache) {
+  // The final hidden states [B, t, d_model] (after ln_f), before the LM head. `real`
+  // [B, t] (bool) says which tokens are real: keys attended to and counted by position
+  // ids; without it, every token but PAD (id 0) is. A sequence the policy generated can
+  // hold the PAD id as a real token (sampling does not exclude it), so code that knows
+  // where the padding is (TrainStep, Values, DecodeBatch::Refresh) passes `real`.
+  torch::Tensor Trunk(const torch::Tensor& tokens, int64_t p0, Cache* cache, const torch::Tensor& real = {}) {
     const int64_t B = tokens.size(0), t = tokens.size(1);
     const int64_t H = config.n_heads, dh = config.d_model / H;
-    torch::Tensor key_ok = tokens.ne(kPadForMask);
+    torch::Tensor key_ok = real.defined() ? real.to(torch::kBool) : tokens.ne(kPadForMask);
     if (cache != nullptr) {
       cache->key_ok.narrow(1, p0, t).copy_(key_ok);
       key_ok = cache->key_ok.narrow(1, 0, p0 + t);

@@ -199,5 +199,84 @@ TEST(DecodeBatch, CudaGraphStepsDecodeWhatEagerStepsDecode) {
   }
 }
 
+// What RL needs of the rollout: every token's log-prob as sampled is the one the
+// trainer computes for it (Policy::ResponseLogProbs: TrainStep's forward pass over the
+// whole sequence). Many sequences join at different positions and leave at different
+// times (the cache moves), several heads, buckets that change, a weight swap midway
+// (Refresh), and sampled PAD ids (vocabulary 32: some responses hold token 0, which
+// the trainer must count as a real token).
+TEST(DecodeBatch, SampledLogProbsAreTheTrainersLogProbs) {
+  PolicyConfig config = TinyConfig(/*max_seq_len=*/40);
+  config.d_model = 64;
+  config.n_heads = 8;
+  auto policy = Policy::Create(config, TestDevice(), 31);
+  auto original = Policy::Create(config, TestDevice(), 31);  // (scores the tokens before the swap)
+  auto other = Policy::Create(config, TestDevice(), 32);
+  ASSERT_TRUE(policy.ok() && original.ok() && other.ok());
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/lp_other.safetensors");
+  ASSERT_TRUE((*other)->SaveSafetensors(path).ok());
+  std::mt19937 rng(4);
+  DecodeBatch batch(policy->get(), 24);
+  std::map<uint64_t, TrainSequence> before, after;  // by id: what each version decoded
+  std::map<uint64_t, std::vector<int32_t>> prompt;
+  bool swapped = false;
+  auto keep = [&](const absl::StatusOr<std::vector<DecodeBatch::Token>>& tokens) {
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    for (const auto& t : *tokens) {
+      TrainSequence& s = (swapped ? after : before)[t.id];
+      s.response.push_back(t.token);
+      s.behaviour_logprobs.push_back(t.logprob);
+    }
+  };
+  uint64_t next = 0;
+  for (int step = 0; step < 60 || batch.size() > 0; ++step) {
+    if (step < 60 && step % 3 == 0) {
+      std::vector<DecodeBatch::Sequence> joining;
+      const int k = 1 + static_cast<int>(rng() % 5);
+      for (int j = 0; j < k; ++j) {
+        const uint64_t id = next++;
+        const int length = 2 + static_cast<int>(rng() % 12), max_new = 4 + static_cast<int>(rng() % 14);
+        prompt[id] = RandomPrompt(rng, length);
+        joining.push_back(Seq(id, prompt[id], max_new, 1.0f, id));
+      }
+      if (batch.CanAdd(joining)) keep(batch.Add(joining));
+    }
+    if (step == 30) {  // the weights swap: later tokens come from `other`
+      ASSERT_TRUE((*policy)->LoadSafetensors(path).ok());
+      ASSERT_TRUE(batch.Refresh().ok());
+      swapped = true;
+    }
+    if (batch.size() > 0) keep(batch.Step());
+  }
+  ASSERT_GT(before.size(), 20u);
+  ASSERT_GT(after.size(), 10u);
+  int pad_tokens = 0;
+  float worst = 0;
+  for (bool late : {false, true}) {
+    // A sequence's tokens after the swap are scored by `other` on the whole sequence
+    // (its tokens before the swap become part of its prompt).
+    std::vector<TrainSequence> scored;
+    for (const auto& [id, s] : late ? after : before) {
+      TrainSequence t = s;
+      t.prompt = prompt[id];
+      if (late && before.count(id)) {
+        t.prompt.insert(t.prompt.end(), before[id].response.begin(), before[id].response.end());
+      }
+      for (int32_t token : t.response) pad_tokens += token == 0;
+      scored.push_back(std::move(t));
+    }
+    auto lp = (late ? *other : *original)->ResponseLogProbs(scored);
+    ASSERT_TRUE(lp.ok()) << lp.status();
+    for (size_t i = 0; i < scored.size(); ++i) {
+      const float d = MaxAbsDiff((*lp)[i], scored[i].behaviour_logprobs);
+      worst = std::max(worst, d);
+    }
+  }
+  EXPECT_GT(pad_tokens, 0) << "no PAD id was sampled: the case this test also covers did not happen";
+  EXPECT_LT(worst, 1e-3f) << "sampled log-probs differ from the trainer's (" << (*policy)->DecodeMode() << ")";
+  std::cout << "max |sampled - trainer's| log-prob: " << worst << " over sequences with " << pad_tokens
+            << " sampled PAD ids\n";
+}
+
 }  // namespace
 }  // namespace rlfleet::model
