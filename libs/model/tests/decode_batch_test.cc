@@ -150,6 +150,7 @@ TEST(DecodeBatch, FullBatchRefusesAndRemoveFreesARow) {
 // reads the weights in place) and a second DecodeBatch that reuses the first's graphs.
 TEST(DecodeBatch, CudaGraphStepsDecodeWhatEagerStepsDecode) {
   PolicyConfig graphed = Small(), eager = Small();
+  graphed.cuda_graphs = true;
   eager.cuda_graphs = false;
   auto a = Policy::Create(graphed, TestDevice(), 21);
   auto b = Policy::Create(eager, TestDevice(), 21);
@@ -209,6 +210,7 @@ TEST(DecodeBatch, SampledLogProbsAreTheTrainersLogProbs) {
   PolicyConfig config = TinyConfig(/*max_seq_len=*/40);
   config.d_model = 64;
   config.n_heads = 8;
+  config.cuda_graphs = true;  // (on CUDA: what the graphs sample is checked too)
   auto policy = Policy::Create(config, TestDevice(), 31);
   auto original = Policy::Create(config, TestDevice(), 31);  // (scores the tokens before the swap)
   auto other = Policy::Create(config, TestDevice(), 32);
