@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "bench/json_command.h"
 #include "libs/model/policy.h"
 
 ABSL_FLAG(std::string, out, "rollout_tokens.md", "Where the results table is written.");
@@ -132,17 +133,9 @@ int main(int argc, char** argv) {
             absl::StrCat("OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ", absl::GetFlag(FLAGS_torch_script), " ", weights,
                          " ", c.model.d_model, " ", c.model.n_layers, " ", c.model.n_heads, " ", c.model.vocab_size,
                          " ", batch, " ", c.prompt, " ", c.new_tokens, " ", threads, " ", absl::GetFlag(FLAGS_repeats));
-        FILE* pipe = popen(cmd.c_str(), "r");
-        std::string json;
-        char buf[4096];
-        while (pipe != nullptr && fgets(buf, sizeof(buf), pipe) != nullptr) json += buf;
-        if (pipe != nullptr) pclose(pipe);
-        double eager_round = 0;
-        const size_t k = json.find("\"tokens_per_s\": ");
-        if (k != std::string::npos) {
-          (void)absl::SimpleAtod(json.substr(k + 16, json.find(',', k) - k - 16), &eager_round);
-        }
-        eager = std::max(eager, eager_round);
+        int exit_code = 0;
+        const std::string json = rlfleet::bench::CommandOutput(cmd, &exit_code);
+        eager = std::max(eager, rlfleet::bench::JsonNumber(json, "tokens_per_s").value_or(0));
         if (const size_t b = json.find("\"blas\": \""); b != std::string::npos) {
           eager_blas = json.substr(b + 9, json.find('"', b + 9) - b - 9);
         }

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "bench/cpu_model.h"
+#include "bench/json_command.h"
 #include "libs/model/policy.h"
 
 ABSL_FLAG(std::string, out, "train_step.md", "Where the results table is written.");
@@ -51,19 +53,14 @@ double Eager(const Config& c, const std::string& weights) {
                    c.model.d_model, " ", c.model.n_layers, " ", c.model.n_heads, " ", c.model.vocab_size, " ",
                    absl::GetFlag(FLAGS_batch), " ", kPrompt, " ", kResponse, " ", absl::GetFlag(FLAGS_steps), " ",
                    absl::GetFlag(FLAGS_device), " ", absl::GetFlag(FLAGS_precision));
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string json;
-  char buf[4096];
-  while (pipe != nullptr && fgets(buf, sizeof(buf), pipe) != nullptr) json += buf;
-  const int rc = pipe != nullptr ? pclose(pipe) : -1;
-  double tokens_per_s = 0;
-  const size_t k = json.find("\"tokens_per_s\": ");
-  if (rc != 0 || k == std::string::npos ||
-      !absl::SimpleAtod(json.substr(k + 16, json.find_first_of(",}", k) - k - 16), &tokens_per_s)) {
+  int rc = 0;
+  const std::string json = rlfleet::bench::CommandOutput(cmd, &rc);
+  const std::optional<double> tokens_per_s = rlfleet::bench::JsonNumber(json, "tokens_per_s");
+  if (rc != 0 || !tokens_per_s) {
     std::cerr << "train_step: the eager side failed (exit " << rc << "): " << cmd << "\n" << json << "\n";
     return -1;
   }
-  return tokens_per_s;
+  return *tokens_per_s;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "libs/common/status_macros.h"
@@ -54,6 +55,20 @@ bool DecodeGraphsEnabled(const Policy::Impl& impl) {
 
 namespace {
 
+// A zeroed KV cache of `rows` rows x `width` positions in the policy's dtype and device,
+// and the tokens at its positions.
+std::pair<Policy::Impl::Cache, torch::Tensor> NewDecodeCache(const Policy::Impl& impl, int64_t rows, int64_t width) {
+  Policy::Impl::Cache cache;
+  const int64_t dh = impl.config.d_model / impl.config.n_heads;
+  auto opts = torch::TensorOptions().dtype(impl.dtype).device(impl.device);
+  for (int l = 0; l < impl.config.n_layers; ++l) {
+    cache.k.push_back(torch::zeros({rows, impl.config.n_heads, width, dh}, opts));
+    cache.v.push_back(torch::zeros({rows, impl.config.n_heads, width, dh}, opts));
+  }
+  cache.key_ok = torch::zeros({rows, width}, opts.dtype(torch::kBool));
+  return {std::move(cache), torch::zeros({rows, width}, opts.dtype(torch::kLong))};
+}
+
 constexpr size_t kMaxFreeSlots = 2;  // kept for later DecodeBatches besides those in use
 
 // A free slot of at least `rows` rows (the smallest), or a new one.
@@ -76,14 +91,7 @@ std::shared_ptr<DecodeSlot> AcquireSlot(Policy::Impl* impl, int64_t rows, int64_
     }
     best = std::make_shared<DecodeSlot>();
     best->rows = rows;
-    const int64_t dh = impl->config.d_model / impl->config.n_heads;
-    auto opts = torch::TensorOptions().dtype(impl->dtype).device(impl->device);
-    for (int l = 0; l < impl->config.n_layers; ++l) {
-      best->cache.k.push_back(torch::zeros({rows, impl->config.n_heads, width, dh}, opts));
-      best->cache.v.push_back(torch::zeros({rows, impl->config.n_heads, width, dh}, opts));
-    }
-    best->cache.key_ok = torch::zeros({rows, width}, opts.dtype(torch::kBool));
-    best->tokens = torch::zeros({rows, width}, opts.dtype(torch::kLong));
+    std::tie(best->cache, best->tokens) = NewDecodeCache(*impl, rows, width);
     impl->decode_slots.push_back(best);
   }
   best->in_use = true;
@@ -118,9 +126,11 @@ class DecodeBatch::State {
     int64_t prompt_length = 0;
   };
 
+  // A row's pending token's position id: the real tokens before it.
+  static int64_t PositionId(const Row& r) { return r.prompt_length + r.generated - 1; }
   // The cache position of a row's first prompt token: its real tokens sit right
   // before the batch position (the pending token is not in the cache yet).
-  int64_t Start(const Row& r) const { return position - (r.prompt_length + r.generated - 1); }
+  int64_t Start(const Row& r) const { return position - PositionId(r); }
 
   State(Policy::Impl* impl, int capacity)
       : impl(impl),
@@ -152,15 +162,7 @@ class DecodeBatch::State {
       return;
     }
     const int64_t n = std::min<int64_t>(capacity, std::max<int64_t>({rows_needed, 2 * allocated, 8}));
-    Policy::Impl::Cache grown;
-    const int64_t dh = impl->config.d_model / impl->config.n_heads;
-    auto opts = torch::TensorOptions().dtype(impl->dtype).device(impl->device);
-    for (int l = 0; l < impl->config.n_layers; ++l) {
-      grown.k.push_back(torch::zeros({n, impl->config.n_heads, width, dh}, opts));
-      grown.v.push_back(torch::zeros({n, impl->config.n_heads, width, dh}, opts));
-    }
-    grown.key_ok = torch::zeros({n, width}, opts.dtype(torch::kBool));
-    torch::Tensor grown_tokens = torch::zeros({n, width}, opts.dtype(torch::kLong));
+    auto [grown, grown_tokens] = NewDecodeCache(*impl, n, width);
     const int64_t live = rows.size();
     if (live > 0) {
       for (size_t l = 0; l < grown.k.size(); ++l) {
@@ -330,7 +332,7 @@ class DecodeBatch::State {
     int64_t* h = g->host.data_ptr<int64_t>();  // (free: the last replay's copy ended with its Sample)
     for (int64_t i = 0; i < b; ++i) {
       h[i] = i < n ? rows[i].pending : 0;
-      h[b + i] = i < n ? rows[i].prompt_length + rows[i].generated - 1 : 0;
+      h[b + i] = i < n ? PositionId(rows[i]) : 0;
       h[2 * b + i] = position;
     }
     g->in.copy_(g->host, /*non_blocking=*/true);
@@ -359,17 +361,13 @@ class DecodeBatch::State {
   // What the graph runs: the step's writes at the position held in `in` and the
   // step over the cache's whole width, masked to the real keys up to that position.
   torch::Tensor GraphBody(DecodeSlot::Captured& g, int64_t b) {
-    const int64_t H = impl->config.n_heads;
     torch::Tensor input = g.in[0].view({b, 1}), pos_ids = g.in[1].view({b, 1}), at = g.in[2].narrow(0, 0, 1);
     torch::Tensor key_ok = cache.key_ok.narrow(0, 0, b);
     key_ok.index_fill_(1, at, true);
     tokens.narrow(0, 0, b).index_copy_(1, at, input);
     torch::Tensor allowed = key_ok & torch::arange(width, at.options()).le(at).unsqueeze(0);  // [b, width]
-    torch::Tensor bias = torch::zeros({b, width}, torch::TensorOptions().dtype(impl->dtype).device(impl->device))
-                             .masked_fill_(allowed.logical_not(), impl->MaskedScore());
-    bias = bias.unsqueeze(1).expand({b, H, width}).reshape({b * H, 1, width});
     auto view = View(0, b);
-    return impl->DecodeStep(input, pos_ids, bias, 0, view, at);
+    return impl->DecodeStep(input, pos_ids, impl->KeyBias(allowed), 0, view, at);
   }
 #endif
 
@@ -466,17 +464,14 @@ absl::StatusOr<std::vector<DecodeBatch::Token>> DecodeBatch::Step() {
     for (int64_t i = 0; i < n; ++i) {
       const State::Row& r = st.rows[i];
       h[i] = r.pending;
-      h[n + i] = r.prompt_length + r.generated - 1;
+      h[n + i] = State::PositionId(r);
     }
     host = host.to(st.impl->device);
     torch::Tensor input = host[0].view({n, 1}), pos_ids = host[1].view({n, 1});
-    const int64_t p = st.position, H = st.impl->config.n_heads;
+    const int64_t p = st.position;
     st.tokens.narrow(0, 0, n).narrow(1, p, 1).copy_(input);
     st.cache.key_ok.narrow(0, 0, n).narrow(1, p, 1).fill_(true);
-    torch::Tensor bias =
-        torch::zeros({n, p + 1}, torch::TensorOptions().dtype(st.impl->dtype).device(st.impl->device))
-            .masked_fill_(st.cache.key_ok.narrow(0, 0, n).narrow(1, 0, p + 1).logical_not(), st.impl->MaskedScore());
-    bias = bias.unsqueeze(1).expand({n, H, p + 1}).reshape({n * H, 1, p + 1});
+    torch::Tensor bias = st.impl->KeyBias(st.cache.key_ok.narrow(0, 0, n).narrow(1, 0, p + 1));
     auto view = st.View(0, n);
     torch::Tensor logits = st.impl->DecodeStep(input, pos_ids, bias, p, view);
     ++st.position;

@@ -58,14 +58,25 @@ std::string ModelBackend() {
                       ", cuda: ", gpus == 0 ? "none" : absl::StrCat(gpus, gpus == 1 ? " device" : " devices"), ")");
 }
 
-absl::StatusOr<std::string> DevicePciBusId(const std::string& device) {
+namespace {
+
+// The CUDA device index `device` names, nullopt for the CPU; CheckDevice's errors (a
+// backend built without CUDA refuses every CUDA device there).
+absl::StatusOr<std::optional<c10::DeviceIndex>> CudaIndexOf(const std::string& device) {
   RETURN_IF_ERROR(CheckDevice(device));
   const torch::Device where = *ParseDevice(device);
-  if (!where.is_cuda()) return std::string();
+  if (!where.is_cuda()) return std::optional<c10::DeviceIndex>();
+  return std::optional<c10::DeviceIndex>(where.has_index() ? where.index() : 0);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DevicePciBusId(const std::string& device) {
+  ASSIGN_OR_RETURN(const std::optional<c10::DeviceIndex> index, CudaIndexOf(device));
+  if (!index) return std::string();
 #ifdef RLFLEET_TORCH_CUDA
   char bus[32] = {};
-  if (cudaError_t e = cudaDeviceGetPCIBusId(bus, sizeof(bus), where.has_index() ? where.index() : 0);
-      e != cudaSuccess) {
+  if (cudaError_t e = cudaDeviceGetPCIBusId(bus, sizeof(bus), *index); e != cudaSuccess) {
     return absl::InternalError(absl::StrCat(device, ": cudaDeviceGetPCIBusId: ", cudaGetErrorString(e)));
   }
   return std::string(bus);
@@ -75,14 +86,12 @@ absl::StatusOr<std::string> DevicePciBusId(const std::string& device) {
 }
 
 absl::StatusOr<int64_t> DevicePeakBytes(const std::string& device, bool reset) {
-  RETURN_IF_ERROR(CheckDevice(device));
-  const torch::Device where = *ParseDevice(device);
-  if (!where.is_cuda()) return absl::FailedPreconditionError(absl::StrCat(device, ": peak memory is CUDA's"));
+  ASSIGN_OR_RETURN(const std::optional<c10::DeviceIndex> index, CudaIndexOf(device));
+  if (!index) return absl::FailedPreconditionError(absl::StrCat(device, ": peak memory is CUDA's"));
 #ifdef RLFLEET_TORCH_CUDA
-  const c10::DeviceIndex index = where.has_index() ? where.index() : 0;
   namespace alloc = c10::cuda::CUDACachingAllocator;
-  const int64_t peak = alloc::getDeviceStats(index).allocated_bytes[0].peak;  // [0]: all pools (StatType::AGGREGATE)
-  if (reset) alloc::resetPeakStats(index);
+  const int64_t peak = alloc::getDeviceStats(*index).allocated_bytes[0].peak;  // [0]: all pools (StatType::AGGREGATE)
+  if (reset) alloc::resetPeakStats(*index);
   return peak;
 #else
   (void)reset;

@@ -222,6 +222,15 @@ class Policy::Impl : public torch::nn::Module {
     return torch::mm(ln_f(x), w.head);
   }
 
+  // DecodeStep's key mask: `allowed` [n, T] (bool) as the additive bias [n*H, 1, T], 0
+  // for an allowed key and MaskedScore() otherwise.
+  torch::Tensor KeyBias(const torch::Tensor& allowed) const {
+    const int64_t n = allowed.size(0), T = allowed.size(1), H = config.n_heads;
+    torch::Tensor bias = torch::zeros({n, T}, torch::TensorOptions().dtype(dtype).device(device))
+                             .masked_fill_(allowed.logical_not(), MaskedScore());
+    return bias.unsqueeze(1).expand({n, H, T}).reshape({n * H, 1, T});
+  }
+
   // The attention score of a masked key: low enough that softmax gives it nothing, and
   // finite in the policy's dtype (-1e9 overflows fp16, whose lowest is -65504).
   double MaskedScore() const { return dtype == torch::kFloat16 ? -6.0e4 : -1e9; }

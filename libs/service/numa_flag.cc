@@ -11,10 +11,12 @@ ABSL_FLAG(std::string, numa, "auto",
 
 namespace rlfleet::service {
 
-absl::StatusOr<common::NumaBinding> BindNumaFromFlags(const std::string& binary, const std::string& gpu_bus_id) {
+absl::StatusOr<common::NumaBinding> BindNumaFromFlags(const std::string& binary,
+                                                      const absl::StatusOr<std::string>& gpu_bus_id) {
+  if (!gpu_bus_id.ok()) return gpu_bus_id.status();
   absl::StatusOr<common::NumaRequest> request = common::ParseNumaFlag(absl::GetFlag(FLAGS_numa));
   if (!request.ok()) return request.status();
-  absl::StatusOr<common::NumaBinding> binding = common::ApplyNuma(*request, gpu_bus_id);
+  absl::StatusOr<common::NumaBinding> binding = common::ApplyNuma(*request, *gpu_bus_id);
   if (!binding.ok()) return binding.status();
   std::cerr << binary << ": NUMA: " << binding->why << std::endl;
   return binding;

@@ -12,10 +12,12 @@
 
 namespace rlfleet::service {
 
-// Applies --numa for a process whose GPU is `gpu_bus_id` ("" for none) and prints
+// Applies --numa for a process whose GPU is `gpu_bus_id` ("" for none; as the model
+// backend gave it, model::DevicePciBusId, whose error is returned) and prints
 // "<binary>: NUMA: <what was done>". Call before the server and the model start their
 // threads. INVALID_ARGUMENT for a bad --numa value or a node not on this host.
-absl::StatusOr<common::NumaBinding> BindNumaFromFlags(const std::string& binary, const std::string& gpu_bus_id);
+absl::StatusOr<common::NumaBinding> BindNumaFromFlags(const std::string& binary,
+                                                      const absl::StatusOr<std::string>& gpu_bus_id);
 
 // numa.node, numa.gpu_node and numa.mode ("auto", "off" or "node") for the registry.
 std::map<std::string, std::string> NumaLabels(const common::NumaBinding& binding);

@@ -57,10 +57,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   // (before any thread of the model's or the server's starts: they inherit the binding)
-  absl::StatusOr<std::string> gpu = rlfleet::model::DevicePciBusId(absl::GetFlag(FLAGS_device));
-  absl::StatusOr<rlfleet::common::NumaBinding> numa = gpu.ok()
-                                                          ? rlfleet::service::BindNumaFromFlags("rlfleet-rollout", *gpu)
-                                                          : absl::StatusOr<rlfleet::common::NumaBinding>(gpu.status());
+  absl::StatusOr<rlfleet::common::NumaBinding> numa = rlfleet::service::BindNumaFromFlags(
+      "rlfleet-rollout", rlfleet::model::DevicePciBusId(absl::GetFlag(FLAGS_device)));
   if (!numa.ok()) {
     std::cerr << "rlfleet-rollout: " << numa.status() << "\n";
     return 2;

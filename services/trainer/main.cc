@@ -70,10 +70,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   // (before any thread of the model's or the server's starts: they inherit the binding)
-  absl::StatusOr<std::string> gpu = rlfleet::model::DevicePciBusId(absl::GetFlag(FLAGS_device));
-  absl::StatusOr<rlfleet::common::NumaBinding> numa = gpu.ok()
-                                                          ? rlfleet::service::BindNumaFromFlags("rlfleet-trainer", *gpu)
-                                                          : absl::StatusOr<rlfleet::common::NumaBinding>(gpu.status());
+  absl::StatusOr<rlfleet::common::NumaBinding> numa = rlfleet::service::BindNumaFromFlags(
+      "rlfleet-trainer", rlfleet::model::DevicePciBusId(absl::GetFlag(FLAGS_device)));
   if (!numa.ok()) {
     std::cerr << "rlfleet-trainer: " << numa.status() << "\n";
     return 2;
