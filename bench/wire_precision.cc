@@ -49,7 +49,12 @@ std::unique_ptr<rlfleet::model::Policy> Rounded(rlfleet::model::Policy& policy, 
 int main(int argc, char** argv) {
   rlfleet::model::ConfigureBlas(argv);
   absl::ParseCommandLine(argc, argv);
-  rlfleet::model::PolicyConfig config{32, 128, 4, 4, 64, false};
+  rlfleet::model::PolicyConfig config;
+  config.vocab_size = 32;
+  config.d_model = 128;
+  config.n_layers = 4;
+  config.n_heads = 4;
+  config.max_seq_len = 64;
   auto policy = rlfleet::model::Policy::Create(config, "cpu", 3);
   if (!policy.ok()) return 1;
   std::mt19937 gen(5);

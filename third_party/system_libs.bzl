@@ -104,6 +104,9 @@ def _system_libs_impl(ctx):
     linkopts = ["-ltorch", "-ltorch_cpu", "-lc10"],
 )""")
 
+    # nlohmann/json (Debian's nlohmann-json3-dev): header-only, under /usr/include.
+    lines.append('cc_library(name = "nlohmann_json")')
+
     # Gloo (installed under /usr/lib by Debian).
     lines.append('cc_library(name = "gloo", defines = ["USE_C10D_GLOO"], linkopts = ["-L/usr/lib", "-lgloo"])')
 

@@ -58,15 +58,8 @@ namespace {
 // A zeroed KV cache of `rows` rows x `width` positions in the policy's dtype and device,
 // and the tokens at its positions.
 std::pair<Policy::Impl::Cache, torch::Tensor> NewDecodeCache(const Policy::Impl& impl, int64_t rows, int64_t width) {
-  Policy::Impl::Cache cache;
-  const int64_t dh = impl.config.d_model / impl.config.n_heads;
-  auto opts = torch::TensorOptions().dtype(impl.dtype).device(impl.device);
-  for (int l = 0; l < impl.config.n_layers; ++l) {
-    cache.k.push_back(torch::zeros({rows, impl.config.n_heads, width, dh}, opts));
-    cache.v.push_back(torch::zeros({rows, impl.config.n_heads, width, dh}, opts));
-  }
-  cache.key_ok = torch::zeros({rows, width}, opts.dtype(torch::kBool));
-  return {std::move(cache), torch::zeros({rows, width}, opts.dtype(torch::kLong))};
+  return {impl.NewCache(rows, width, /*keys_allowed=*/false),
+          torch::zeros({rows, width}, torch::TensorOptions().dtype(torch::kLong).device(impl.device))};
 }
 
 constexpr size_t kMaxFreeSlots = 2;  // kept for later DecodeBatches besides those in use

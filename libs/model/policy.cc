@@ -211,17 +211,47 @@ absl::StatusOr<torch::ScalarType> DtypeOf(const std::string& dtype, const torch:
   return absl::InvalidArgumentError(absl::StrCat("dtype \"", dtype, "\": want fp32, bf16 or fp16"));
 }
 
+absl::Status CheckConfig(const PolicyConfig& c) {
+  const bool gpt = c.arch == "gpt";
+  if (!gpt && c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3") {
+    return absl::InvalidArgumentError(absl::StrCat("model arch \"", c.arch, "\": want gpt, llama, qwen2 or qwen3"));
+  }
+  if (c.vocab_size < 4 || c.d_model < 8 || c.n_layers < 1 || c.n_heads < 1 || c.max_seq_len < 2 ||
+      (c.head_dim <= 0 && c.d_model % c.n_heads != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad model config: vocab_size ", c.vocab_size, ", d_model ",
+                                                   c.d_model, ", n_layers ", c.n_layers, ", n_heads ", c.n_heads,
+                                                   " (d_model must divide by n_heads), max_seq_len ", c.max_seq_len));
+  }
+  if (gpt) {
+    if (c.n_kv_heads != 0 || c.head_dim != 0 || c.ffn_dim != 0 || c.tie_embeddings || c.qkv_bias || c.o_bias ||
+        c.mlp_bias || c.qk_norm || c.rope_factor != 0) {
+      return absl::InvalidArgumentError(
+          "bad model config: arch gpt takes none of the Llama family's settings (n_kv_heads, head_dim, ffn_dim, "
+          "tie_embeddings, biases, qk_norm, rope scaling)");
+    }
+    return absl::OkStatus();
+  }
+  const int kv = c.n_kv_heads > 0 ? c.n_kv_heads : c.n_heads;
+  const int dh = c.head_dim > 0 ? c.head_dim : c.d_model / c.n_heads;
+  if (c.n_kv_heads < 0 || c.n_heads % kv != 0 || dh < 2 || dh % 2 != 0 || c.ffn_dim < 1 || !(c.norm_eps > 0) ||
+      !(c.rope_theta > 0) || c.rope_factor < 0 ||
+      (c.rope_factor > 0 && (c.rope_original_max_positions < 1 || !(c.rope_low_freq_factor > 0) ||
+                             !(c.rope_high_freq_factor > c.rope_low_freq_factor)))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad ", c.arch, " config: n_heads ", c.n_heads, " must divide by n_kv_heads ", kv, ", head_dim ",
+                     dh, " must be even, ffn_dim ", c.ffn_dim, " >= 1, norm_eps ", c.norm_eps, " and rope_theta ",
+                     c.rope_theta, " > 0, rope scaling factor ", c.rope_factor, " >= 0 (with low_freq_factor ",
+                     c.rope_low_freq_factor, " < high_freq_factor ", c.rope_high_freq_factor,
+                     ", original_max_positions ", c.rope_original_max_positions, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& config, const std::string& device,
                                                        uint64_t init_seed) {
-  if (config.vocab_size < 4 || config.d_model < 8 || config.n_layers < 1 || config.n_heads < 1 ||
-      config.d_model % config.n_heads != 0 || config.max_seq_len < 2) {
-    return absl::InvalidArgumentError(absl::StrCat("bad model config: vocab_size ", config.vocab_size, ", d_model ",
-                                                   config.d_model, ", n_layers ", config.n_layers, ", n_heads ",
-                                                   config.n_heads, " (d_model must divide by n_heads), max_seq_len ",
-                                                   config.max_seq_len));
-  }
+  RETURN_IF_ERROR(CheckConfig(config));
   RETURN_IF_ERROR(CheckDevice(device));
   const torch::Device where = *ParseDevice(device);  // (CheckDevice accepted it)
   ASSIGN_OR_RETURN(const torch::ScalarType dtype, DtypeOf(config.dtype, where));
@@ -245,6 +275,12 @@ Policy::~Policy() = default;
 const PolicyConfig& Policy::config() const { return impl_->config; }
 
 std::string Policy::DecodeMode() const { return DecodeGraphsEnabled(*impl_) ? "cuda graphs" : "eager"; }
+
+std::vector<std::string> Policy::ParameterNames() const {
+  std::vector<std::string> names;
+  for (const auto& item : impl_->named_parameters()) names.push_back(item.key());
+  return names;
+}
 
 int64_t Policy::num_parameters() const {
   int64_t n = 0;
@@ -748,7 +784,7 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
             // (--precision=bf16: the forward pass under autocast; the loss in fp32)
             AutocastGuard autocast(impl_->device, impl_->config.bf16_autocast);
             hidden = impl_->Trunk(input.narrow(0, begin, n), 0, nullptr, real.narrow(0, begin, n));
-            logits = impl_->head(hidden).to(torch::kFloat32);
+            logits = impl_->Head(hidden).to(torch::kFloat32);
           }
           // Logits at P-1+j predict response token j.
           torch::Tensor all_lp = torch::log_softmax(logits.narrow(1, P - 1, R), -1);
@@ -950,16 +986,19 @@ absl::Status Policy::LoadTensors(const std::map<std::string, TensorView>& tensor
         return absl::InvalidArgumentError(absl::StrCat(path, ": tensor `", item.key(), "` is missing"));
       }
       const TensorView& blob = it->second;
-      if (blob.dtype != "F32" || blob.shape != item.value().sizes().vec()) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor `", item.key(), "` is ", blob.dtype,
-                                                       " of the wrong shape; want F32 [",
+      if ((blob.dtype != "F32" && blob.dtype != "BF16" && blob.dtype != "F16") ||
+          blob.shape != item.value().sizes().vec()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor `", item.key(), "` is ", blob.dtype, " [",
+                                                       absl::StrJoin(blob.shape, ","), "]; want F32, BF16 or F16 [",
                                                        absl::StrJoin(item.value().sizes().vec(), ","), "]"));
       }
       copies.emplace_back(item.value(), &blob);
     }
     for (auto& [param, blob] : copies) {
-      torch::Tensor src = torch::from_blob(const_cast<char*>(blob->bytes.data()), blob->shape, torch::kFloat32);
-      param.copy_(src);
+      const torch::ScalarType type = blob->dtype == "F32"    ? torch::kFloat32
+                                     : blob->dtype == "BF16" ? torch::kBFloat16
+                                                             : torch::kFloat16;
+      param.copy_(torch::from_blob(const_cast<char*>(blob->bytes.data()), blob->shape, type));
     }
     ++impl_->weights_generation;
     return absl::OkStatus();

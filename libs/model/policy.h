@@ -32,8 +32,33 @@ struct PolicyConfig {
   int d_model = 128;
   int n_layers = 4;
   int n_heads = 4;
-  int max_seq_len = 128;  // prompt + response tokens
+  // The KV cache's width: prompt + response tokens. (A Hugging Face model's
+  // max_position_embeddings is its limit, not this: a cache that wide would be large.)
+  int max_seq_len = 128;
   bool value_head = false;
+  // The architecture: "gpt", the built-in character-level model (pre-LayerNorm, fused
+  // QKV, learned positions, GELU MLP: the demo's and CI's preset), or the decoder family
+  // of Hugging Face checkpoints, by their config.json `model_type`: "llama", "qwen2",
+  // "qwen3" (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP; parameters
+  // named as transformers names them). hf_model.h fills this from a model directory.
+  std::string arch = "gpt";
+
+  // The Llama family's settings (config.json's names in brackets); "gpt" uses none.
+  int n_kv_heads = 0;           // key/value heads, dividing n_heads [num_key_value_heads]; 0 = n_heads
+  int head_dim = 0;             // [head_dim]; 0 = d_model / n_heads
+  int ffn_dim = 0;              // the MLP's width [intermediate_size]
+  bool tie_embeddings = false;  // the LM head is the token embedding [tie_word_embeddings]
+  bool qkv_bias = false;        // q/k/v projections with biases (qwen2; llama's attention_bias)
+  bool o_bias = false;          // the output projection too (llama's and qwen3's attention_bias)
+  bool mlp_bias = false;        // [mlp_bias]
+  bool qk_norm = false;         // RMSNorm over each head's queries and keys (qwen3)
+  double norm_eps = 1e-6;       // [rms_norm_eps]
+  double rope_theta = 10000.0;  // [rope_theta]
+  // Llama 3's rotary scaling (rope_type "llama3"); rope_factor 0 = none.
+  double rope_factor = 0;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int rope_original_max_positions = 8192;
   // Weights, activations and the KV cache: "fp32", "bf16" or "fp16" (fp16 needs a CUDA
   // device). Only fp32 trains (TrainStep); bf16 / fp16 serve generation (a rollout
   // replica): F32 images load by conversion, and the images it writes are F32.
@@ -191,6 +216,8 @@ class Policy {
 
   const PolicyConfig& config() const;
   int64_t num_parameters() const;
+  // The parameters' names (what SaveSafetensors writes and LoadTensors reads), in order.
+  std::vector<std::string> ParameterNames() const;
   // How DecodeBatch steps run on this policy: "cuda graphs" or "eager".
   std::string DecodeMode() const;
 

@@ -31,6 +31,25 @@ inline PolicyConfig TinyConfig(int max_seq_len = 32, bool value_head = false) {
   return c;
 }
 
+// `c` as the Llama family's `arch` (llama / qwen2 / qwen3) with every feature it has
+// on at once: grouped-query attention (2 key/value heads), a head_dim that is not
+// d_model / n_heads, q/k norms, biases, tied embeddings and Llama 3's rope scaling.
+// "gpt" returns `c` as it is.
+inline PolicyConfig WithArch(PolicyConfig c, const std::string& arch) {
+  if (arch == "gpt") return c;
+  c.arch = arch;
+  c.n_kv_heads = 2;
+  c.head_dim = 12;
+  c.ffn_dim = 2 * c.d_model;
+  c.tie_embeddings = true;
+  c.qkv_bias = c.o_bias = true;
+  c.qk_norm = true;
+  c.rope_theta = 500;
+  c.rope_factor = 4;
+  c.rope_original_max_positions = 16;
+  return c;
+}
+
 inline float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   float m = a.size() == b.size() ? 0.0f : INFINITY;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]));

@@ -12,7 +12,11 @@
 namespace rlfleet::model {
 namespace {
 
-PolicyConfig Small() { return TinyConfig(/*max_seq_len=*/40); }
+PolicyConfig Small(const std::string& arch) { return WithArch(TinyConfig(/*max_seq_len=*/40), arch); }
+
+// Every test runs on the built-in model and on the Llama family.
+class DecodeBatchArch : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Arch, DecodeBatchArch, ::testing::Values("gpt", "llama"));
 
 std::vector<int32_t> RandomPrompt(std::mt19937& rng, int length) {
   std::vector<int32_t> p(length);
@@ -46,8 +50,8 @@ std::vector<int32_t> Alone(Policy* policy, const DecodeBatch::Sequence& s) {
   return out;
 }
 
-TEST(DecodeBatch, SequencesJoiningAndLeavingAtRandomGenerateWhatTheyGenerateAlone) {
-  auto policy = Policy::Create(Small(), TestDevice(), 11);
+TEST_P(DecodeBatchArch, SequencesJoiningAndLeavingAtRandomGenerateWhatTheyGenerateAlone) {
+  auto policy = Policy::Create(Small(GetParam()), TestDevice(), 11);
   ASSERT_TRUE(policy.ok());
   for (float temperature : {0.0f, 1.0f}) {
     std::mt19937 rng(temperature == 0 ? 1 : 2);
@@ -90,9 +94,9 @@ TEST(DecodeBatch, SequencesJoiningAndLeavingAtRandomGenerateWhatTheyGenerateAlon
   }
 }
 
-TEST(DecodeBatch, AfterAWeightSwapAndRefreshTokensComeFromTheNewWeightsAlone) {
-  auto policy = Policy::Create(Small(), TestDevice(), 1);
-  auto other = Policy::Create(Small(), TestDevice(), 2);
+TEST_P(DecodeBatchArch, AfterAWeightSwapAndRefreshTokensComeFromTheNewWeightsAlone) {
+  auto policy = Policy::Create(Small(GetParam()), TestDevice(), 1);
+  auto other = Policy::Create(Small(GetParam()), TestDevice(), 2);
   ASSERT_TRUE(policy.ok() && other.ok());
   const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/other.safetensors");
   ASSERT_TRUE((*other)->SaveSafetensors(path).ok());
@@ -125,8 +129,8 @@ TEST(DecodeBatch, AfterAWeightSwapAndRefreshTokensComeFromTheNewWeightsAlone) {
   }
 }
 
-TEST(DecodeBatch, FullBatchRefusesAndRemoveFreesARow) {
-  auto policy = Policy::Create(Small(), TestDevice(), 3);
+TEST_P(DecodeBatchArch, FullBatchRefusesAndRemoveFreesARow) {
+  auto policy = Policy::Create(Small(GetParam()), TestDevice(), 3);
   ASSERT_TRUE(policy.ok());
   DecodeBatch batch(policy->get(), 2);
   ASSERT_TRUE(batch.Add({Seq(7, {4, 5, 6}, 10, 0, 0), Seq(8, {4, 5}, 10, 0, 0)}).ok());
@@ -148,13 +152,13 @@ TEST(DecodeBatch, FullBatchRefusesAndRemoveFreesARow) {
 // what the eager step decodes: the same tokens (greedy and sampled), log-probs within
 // float noise, through joins that move the cache, a removal, a weight swap (the graph
 // reads the weights in place) and a second DecodeBatch that reuses the first's graphs.
-TEST(DecodeBatch, CudaGraphStepsDecodeWhatEagerStepsDecode) {
-  PolicyConfig graphed = Small(), eager = Small();
+TEST_P(DecodeBatchArch, CudaGraphStepsDecodeWhatEagerStepsDecode) {
+  PolicyConfig graphed = Small(GetParam()), eager = Small(GetParam());
   graphed.cuda_graphs = true;
   eager.cuda_graphs = false;
   auto a = Policy::Create(graphed, TestDevice(), 21);
   auto b = Policy::Create(eager, TestDevice(), 21);
-  auto other = Policy::Create(Small(), TestDevice(), 22);
+  auto other = Policy::Create(Small(GetParam()), TestDevice(), 22);
   ASSERT_TRUE(a.ok() && b.ok() && other.ok());
   const bool cuda = TestDevice().rfind("cuda", 0) == 0;
   EXPECT_EQ((*a)->DecodeMode(), cuda ? "cuda graphs" : "eager");
@@ -206,8 +210,8 @@ TEST(DecodeBatch, CudaGraphStepsDecodeWhatEagerStepsDecode) {
 // times (the cache moves), several heads, buckets that change, a weight swap midway
 // (Refresh), and sampled PAD ids (vocabulary 32: some responses hold token 0, which
 // the trainer must count as a real token).
-TEST(DecodeBatch, SampledLogProbsAreTheTrainersLogProbs) {
-  PolicyConfig config = TinyConfig(/*max_seq_len=*/40);
+TEST_P(DecodeBatchArch, SampledLogProbsAreTheTrainersLogProbs) {
+  PolicyConfig config = WithArch(TinyConfig(/*max_seq_len=*/40), GetParam());
   config.d_model = 64;
   config.n_heads = 8;
   config.cuda_graphs = true;  // (on CUDA: what the graphs sample is checked too)

@@ -319,7 +319,9 @@ TEST(PolicyTraining, OptimizerStateRoundTripContinuesTrainingExactly) {
   EXPECT_LT(MaxAbsDiff(la, lb), 1e-6f);
   EXPECT_GT(MaxAbsDiff(la, lc), 1e-4f) << "without the optimizer state the step should differ";
   // A file for another model changes nothing and names the tensor.
-  auto other = Policy::Create(PolicyConfig{32, 64, 2, 4, 32, false}, TestDevice());
+  PolicyConfig wider = TinyConfig();
+  wider.d_model = 64;
+  auto other = Policy::Create(wider, TestDevice());
   ASSERT_TRUE((*other)->TrainStep(batch, options).ok());
   ASSERT_TRUE((*other)->SaveOptimizerState(dir + "/other.safetensors", &saved).ok());
   absl::Status s = (*b)->LoadOptimizerState(dir + "/other.safetensors");

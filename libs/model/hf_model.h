@@ -1,0 +1,64 @@
+// A Hugging Face model directory (what `save_pretrained` writes) as a Policy, and back:
+// config.json to a PolicyConfig (Llama, Qwen2 / Qwen2.5, Qwen3; transformers 4's
+// spelling and 5's), the weights from model.safetensors or the shards a
+// model.safetensors.index.json lists (F32, BF16 or F16), and a directory that
+// `transformers.AutoModelForCausalLM.from_pretrained` loads.
+//
+// No libtorch here: this builds on policy.h's interface (the model backend).
+#ifndef RLFLEET_LIBS_MODEL_HF_MODEL_H_
+#define RLFLEET_LIBS_MODEL_HF_MODEL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "libs/model/policy.h"
+
+namespace rlfleet::model {
+
+// The KV cache width a model directory's policy gets unless told: its
+// max_position_embeddings, capped here (a cache that wide would be large).
+inline constexpr int kDefaultHfMaxSeqLen = 2048;
+
+// The PolicyConfig config.json's text describes (`name` names it in errors), with
+// max_seq_len = min(max_position_embeddings, kDefaultHfMaxSeqLen) and dtype fp32.
+// INVALID_ARGUMENT naming the problem: text that does not parse (line and column), a
+// model_type other than llama / qwen2 / qwen3, a key missing or of the wrong type (its
+// name), or a feature this model does not implement (sliding-window attention, a
+// rope_type other than default / llama3, an activation other than silu).
+absl::StatusOr<PolicyConfig> ParseHfConfig(absl::string_view json, const std::string& name);
+// The same from DIR/config.json (NOT_FOUND when it is absent).
+absl::StatusOr<PolicyConfig> ReadHfConfig(const std::string& dir);
+
+// Loads a model directory's weights into `policy` (made from its config): every
+// parameter must be there with its shape; nothing changes on error. NOT_FOUND when the
+// directory has neither model.safetensors nor model.safetensors.index.json, or a shard
+// the index lists is absent (naming it); INVALID_ARGUMENT naming a tensor that is
+// missing, of the wrong shape or dtype, or not a parameter of this model.
+absl::Status LoadHfWeights(const std::string& dir, Policy* policy);
+
+struct HfLoadOptions {
+  std::string device = "cpu";
+  std::string dtype = "fp32";  // PolicyConfig::dtype
+  int max_seq_len = 0;         // the KV cache width; 0 = min(max_position_embeddings, kDefaultHfMaxSeqLen)
+};
+
+// ReadHfConfig + Policy::Create + LoadHfWeights.
+absl::StatusOr<std::unique_ptr<Policy>> LoadHfModel(const std::string& dir, const HfLoadOptions& options);
+
+// config.json for a Llama-family config, in transformers 5's spelling (dtype float32:
+// what WriteHfModelDir writes).
+std::string HfConfigJson(const PolicyConfig& config);
+
+// Writes `policy` as a model directory: DIR/config.json and DIR/model.safetensors
+// (F32, named as transformers names them), each written atomically, and the tokenizer
+// files (tokenizer.json, tokenizer_config.json, chat_template.jinja, ...) copied from
+// `tokenizer_from` when it is not empty. INVALID_ARGUMENT for arch gpt (no such
+// transformers model).
+absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const std::string& tokenizer_from = "");
+
+}  // namespace rlfleet::model
+
+#endif  // RLFLEET_LIBS_MODEL_HF_MODEL_H_

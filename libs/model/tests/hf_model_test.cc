@@ -1,0 +1,293 @@
+// Hugging Face model directories: tiny random Llama / Qwen2 / Qwen3 models that
+// transformers 5.17 saved, with the logits and greedy tokens it computed for them
+// (libs/model/reference/make_hf_fixtures.py), loaded and run by our policy; both
+// config.json spellings; checkpoints written back; bad directories refused by name.
+#include "libs/model/hf_model.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "libs/model/safetensors.h"
+#include "libs/model/test_util.h"
+#include "tests/util/subprocess.h"
+
+namespace rlfleet::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string FixtureDir(const std::string& arch) {
+  return rlfleet::testing::RunfilePath("libs/model/testdata/hf/" + arch);
+}
+
+std::string TempDir(const std::string& name) {
+  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+// A copy of a fixture directory (to break), without the files named in `leave_out`.
+std::string CopyOf(const std::string& arch, const std::string& name, const std::vector<std::string>& leave_out = {}) {
+  const std::string dir = TempDir(name);
+  for (const auto& entry : fs::directory_iterator(FixtureDir(arch))) {
+    const std::string file = entry.path().filename().string();
+    if (std::find(leave_out.begin(), leave_out.end(), file) != leave_out.end()) continue;
+    fs::copy_file(entry.path(), fs::path(dir) / file);
+  }
+  return dir;
+}
+
+void Write(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+struct Expected {
+  std::vector<std::vector<int32_t>> input_ids;  // [2][12]
+  std::vector<float> logits;                    // [2][12][vocab]
+  std::vector<std::vector<int32_t>> greedy;     // [2][12 + 16]
+};
+
+std::vector<std::vector<int32_t>> Rows(const TensorBlob& t) {
+  std::vector<std::vector<int32_t>> rows(t.shape[0]);
+  const int64_t* v = reinterpret_cast<const int64_t*>(t.bytes.data());
+  for (int64_t b = 0; b < t.shape[0]; ++b) rows[b].assign(v + b * t.shape[1], v + (b + 1) * t.shape[1]);
+  return rows;
+}
+
+Expected ReadExpected(const std::string& arch) {
+  auto tensors = ReadSafetensors(FixtureDir(arch) + "/expected.safetensors");
+  EXPECT_TRUE(tensors.ok()) << tensors.status();
+  Expected e;
+  e.input_ids = Rows(tensors->at("input_ids"));
+  e.greedy = Rows(tensors->at("greedy"));
+  const TensorBlob& logits = tensors->at("logits");
+  const float* f = reinterpret_cast<const float*>(logits.bytes.data());
+  e.logits.assign(f, f + logits.bytes.size() / sizeof(float));
+  return e;
+}
+
+class HfModel : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Arch, HfModel, ::testing::Values("llama", "qwen2", "qwen3"));
+
+TEST_P(HfModel, LogitsAndGreedyTokensAreTransformers) {
+  const std::string arch = GetParam();
+  HfLoadOptions options;
+  options.device = TestDevice();
+  auto policy = LoadHfModel(FixtureDir(arch), options);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  const PolicyConfig& c = (*policy)->config();
+  EXPECT_EQ(c.arch, arch);
+  EXPECT_EQ(c.n_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, arch == "qwen3" ? 24 : 16);
+  EXPECT_EQ(c.tie_embeddings, arch == "qwen2");
+  EXPECT_EQ(c.qkv_bias, arch == "qwen2");
+  EXPECT_EQ(c.qk_norm, arch == "qwen3");
+  EXPECT_EQ(c.rope_factor, arch == "llama" ? 8.0 : 0.0);
+  EXPECT_EQ(c.max_seq_len, 256);
+
+  const Expected e = ReadExpected(arch);
+  auto logits = (*policy)->Logits(e.input_ids);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_LT(MaxAbsDiff(*logits, e.logits), 1e-4f);
+  auto incremental = (*policy)->IncrementalLogits(e.input_ids);  // (through the KV cache)
+  ASSERT_TRUE(incremental.ok()) << incremental.status();
+  EXPECT_LT(MaxAbsDiff(*incremental, e.logits), 1e-4f);
+
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 16;
+  greedy.eos_id = -1;
+  auto generated = (*policy)->Generate(e.input_ids, greedy);
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  for (size_t b = 0; b < e.input_ids.size(); ++b) {
+    std::vector<int32_t> want(e.greedy[b].begin() + e.input_ids[b].size(), e.greedy[b].end());
+    EXPECT_EQ((*generated)[b].tokens, want) << arch << " row " << b;
+  }
+  // Continuous batching, the second prompt shorter (left-padded beside the first).
+  DecodeBatch batch(policy->get(), 2);
+  std::vector<DecodeBatch::Sequence> seqs(2);
+  for (int b = 0; b < 2; ++b) {
+    seqs[b].id = b;
+    seqs[b].prompt = e.input_ids[b];
+    seqs[b].options = greedy;
+  }
+  seqs[1].prompt.resize(7);
+  std::vector<std::vector<int32_t>> got(2);
+  auto first = batch.Add(seqs);
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (const auto& t : *first) got[t.id].push_back(t.token);
+  while (batch.size() > 0) {
+    auto step = batch.Step();
+    ASSERT_TRUE(step.ok()) << step.status();
+    for (const auto& t : *step) got[t.id].push_back(t.token);
+  }
+  EXPECT_EQ(got[0], std::vector<int32_t>(e.greedy[0].begin() + 12, e.greedy[0].end()));
+  auto alone = (*policy)->Generate({seqs[1].prompt}, greedy);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(got[1], (*alone)[0].tokens);
+}
+
+TEST_P(HfModel, BothConfigSpellingsReadAlike) {
+  auto v5 = ReadHfConfig(FixtureDir(GetParam()));
+  ASSERT_TRUE(v5.ok()) << v5.status();
+  auto v4 = ParseHfConfig(Read(FixtureDir(GetParam()) + "/config.v4.json"), "config.v4.json");
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(HfConfigJson(*v4), HfConfigJson(*v5));
+  EXPECT_EQ(v4->rope_theta, GetParam() == "llama" ? 50000.0 : 1e6);
+}
+
+TEST_P(HfModel, AWrittenCheckpointReadsBackIdenticalAndKeepsTheLayout) {
+  HfLoadOptions options;
+  options.device = TestDevice();
+  auto policy = LoadHfModel(FixtureDir(GetParam()), options);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  // Trained a little first, so that what is written is not what was read.
+  std::vector<TrainSequence> batch(4);
+  for (int i = 0; i < 4; ++i) {
+    batch[i].prompt = {5, 6, 7, 8 + i};
+    batch[i].response = {9, 10 + i, 11};
+    batch[i].behaviour_logprobs = {-4.5f, -4.5f, -4.5f};
+    batch[i].advantage = i % 2 ? 1.0f : -1.0f;
+  }
+  TrainOptions train;
+  train.learning_rate = 1e-3f;
+  auto stats = (*policy)->TrainStep(batch, train);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(std::isfinite(stats->loss));
+
+  const std::string dir = TempDir("written_" + GetParam());
+  ASSERT_TRUE(WriteHfModelDir(**policy, dir).ok());
+  auto back = LoadHfModel(dir, options);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(HfConfigJson((*back)->config()), HfConfigJson((*policy)->config()));
+  EXPECT_EQ((*back)->SafetensorsBytes(), (*policy)->SafetensorsBytes());
+  const std::vector<std::vector<int32_t>> tokens = {{3, 4, 5, 6, 7}};
+  auto a = (*policy)->Logits(tokens), b = (*back)->Logits(tokens);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  // The tensor names are transformers' (a tied model writes no lm_head).
+  auto header = ParseSafetensorsHeader(Read(dir + "/model.safetensors"), "written");
+  ASSERT_TRUE(header.ok());
+  EXPECT_TRUE(header->count("model.layers.1.mlp.down_proj.weight"));
+  EXPECT_EQ(header->count("lm_head.weight"), GetParam() == "qwen2" ? 0u : 1u);
+}
+
+TEST(HfModelErrors, ConfigProblemsAreNamed) {
+  const std::string good = Read(FixtureDir("qwen2") + "/config.json");
+  auto expect_error = [&](const std::string& text, const std::string& needle) {
+    auto c = ParseHfConfig(text, "config.json");
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_TRUE(absl::StrContains(c.status().message(), needle)) << c.status();
+  };
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  expect_error(replaced("\"model_type\": \"qwen2\"", "\"model_type\": \"mistral\""), "mistral");
+  expect_error(replaced("\"hidden_size\": 64,", ""), "`hidden_size` is missing");
+  expect_error(replaced("\"hidden_size\": 64", "\"hidden_size\": \"64\""), "`hidden_size` must be an integer");
+  expect_error(replaced("\"rope_type\": \"default\"", "\"rope_type\": \"yarn\""), "yarn");
+  expect_error(replaced("\"use_sliding_window\": false", "\"use_sliding_window\": true"), "sliding-window");
+  expect_error(replaced("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), "`hidden_act`");
+  expect_error(replaced("\"vocab_size\": 96", "\"vocab_size\": 96,,"), "line");
+  EXPECT_EQ(ReadHfConfig(TempDir("empty")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(HfModelErrors, WeightProblemsAreNamedAndChangeNothing) {
+  auto check = [](const std::string& dir, absl::StatusCode code, const std::string& needle) {
+    auto config = ReadHfConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto policy = Policy::Create(*config);
+    ASSERT_TRUE(policy.ok());
+    const std::string before = (*policy)->SafetensorsBytes();
+    const absl::Status s = LoadHfWeights(dir, policy->get());
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), needle)) << s;
+    EXPECT_EQ((*policy)->SafetensorsBytes(), before);
+  };
+  // A shard the index lists is absent.
+  check(CopyOf("llama", "no_shard", {"model-00003-of-00006.safetensors"}), absl::StatusCode::kNotFound,
+        "model-00003-of-00006.safetensors");
+  // Neither a model.safetensors nor an index.
+  check(CopyOf("qwen3", "no_weights", {"model.safetensors"}), absl::StatusCode::kNotFound, "model.safetensors");
+  // A config whose MLP is wider than the weights: the tensor is named.
+  {
+    const std::string dir = CopyOf("qwen3", "wide");
+    std::string config = Read(dir + "/config.json");
+    config.replace(config.find("\"intermediate_size\": 112"), 24, "\"intermediate_size\": 128");
+    Write(dir + "/config.json", config);
+    check(dir, absl::StatusCode::kInvalidArgument, "mlp.gate_proj.weight");
+  }
+  // A tensor that is not a parameter of the model (a Qwen3 config over Qwen2 weights:
+  // Qwen2's q/k/v biases).
+  {
+    const std::string dir = CopyOf("qwen2", "foreign");
+    Write(dir + "/config.json", Read(FixtureDir("qwen3") + "/config.json"));
+    std::string config = Read(dir + "/config.json");
+    config.replace(config.find("\"head_dim\": 24"), 14, "\"head_dim\": 16");
+    config.replace(config.find("\"tie_word_embeddings\": false"), 28, "\"tie_word_embeddings\": true");
+    Write(dir + "/config.json", config);
+    check(dir, absl::StatusCode::kInvalidArgument, "_proj.bias` in");
+  }
+  // A shard name leading out of the directory is refused.
+  {
+    const std::string dir = CopyOf("llama", "escape");
+    std::string index = Read(dir + "/model.safetensors.index.json");
+    const std::string from = "\"model-00006-of-00006.safetensors\"";
+    for (size_t at; (at = index.find(from)) != std::string::npos;)
+      index.replace(at, from.size(), "\"../x.safetensors\"");
+    Write(dir + "/model.safetensors.index.json", index);
+    check(dir, absl::StatusCode::kInvalidArgument, "outside");
+  }
+}
+
+// BF16 weights (what most checkpoints hold) load by conversion.
+TEST(HfModelErrors, Bf16WeightsLoad) {
+  HfLoadOptions options;
+  auto policy = LoadHfModel(FixtureDir("qwen3"), options);
+  ASSERT_TRUE(policy.ok());
+  auto tensors = ReadSafetensors(FixtureDir("qwen3") + "/model.safetensors");
+  ASSERT_TRUE(tensors.ok());
+  std::map<std::string, TensorBlob> bf16;
+  for (auto& [name, t] : *tensors) {
+    TensorBlob b;
+    b.dtype = "BF16";
+    b.shape = t.shape;
+    const float* f = reinterpret_cast<const float*>(t.bytes.data());
+    for (size_t i = 0; i < t.bytes.size() / 4; ++i) {
+      uint32_t u;
+      std::memcpy(&u, f + i, 4);
+      const uint16_t top = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);  // round to nearest even
+      b.bytes.append(reinterpret_cast<const char*>(&top), 2);
+    }
+    bf16[name] = std::move(b);
+  }
+  const std::string dir = CopyOf("qwen3", "bf16", {"model.safetensors"});
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", bf16).ok());
+  auto converted = LoadHfModel(dir, options);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  const Expected e = ReadExpected("qwen3");
+  auto a = (*policy)->Logits(e.input_ids), b = (*converted)->Logits(e.input_ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const float d = MaxAbsDiff(*a, *b);
+  EXPECT_GT(d, 0.0f);   // (bf16 rounding moved something)
+  EXPECT_LT(d, 0.25f);  // (and little)
+}
+
+}  // namespace
+}  // namespace rlfleet::model
