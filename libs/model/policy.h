@@ -70,9 +70,7 @@ struct PolicyConfig {
   // On a CUDA device, DecodeBatch's step replays a CUDA graph captured per batch-size
   // bucket (powers of two) instead of launching its kernels one by one; ignored on the
   // CPU and by a backend built without CUDA. Policy::DecodeMode() says which runs.
-  // Off by default until the GPU demo converges with it as it does without (it did in
-  // one of three runs: docs/status.md); its unit tests pass on the H200.
-  bool cuda_graphs = false;
+  bool cuda_graphs = true;
 };
 
 struct SamplingOptions {

@@ -25,9 +25,9 @@ ABSL_FLAG(std::string, dtype, "fp32",
           "Weights, activations and KV cache: fp32, bf16 or fp16 (fp16: CUDA only). Versions arrive as F32 and "
           "are converted when installed.");
 ABSL_FLAG(std::string, device, "cpu", "Device: cpu or cuda:N.");
-ABSL_FLAG(bool, cuda_graphs, false,
+ABSL_FLAG(bool, cuda_graphs, true,
           "On a CUDA device, replay each decode step as a CUDA graph captured per batch-size bucket (false: "
-          "launch its kernels one by one). Experimental: the GPU demo converged with it in one of three runs.");
+          "launch its kernels one by one).");
 ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(std::string, weights, "",
           "Safetensors file to serve at --weights_version; empty: wait for weights "
