@@ -40,6 +40,7 @@ _PKG_CONFIG_LIBS = {
     "gmock": ["gmock", "gtest"],
     "benchmark": ["benchmark"],
     "crypto": ["libcrypto"],
+    "icu": ["icu-uc", "icu-i18n"],
 }
 
 def _pkg_config(ctx, args):

@@ -10,7 +10,7 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server redis-tools python3 python3-grpcio openssl ca-certificates
-  python3-torch gnuplot-nox prometheus libssl-dev nlohmann-json3-dev
+  python3-torch gnuplot-nox prometheus libssl-dev nlohmann-json3-dev libicu-dev
   clang-14 libclang-rt-14-dev clang-format-14 clang-tidy-14 cmake curl
 )
 

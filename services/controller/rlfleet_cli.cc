@@ -21,6 +21,9 @@
 //   rlfleet nccl-log FILE [--json]              summary of an NCCL_DEBUG=INFO log: version,
 //                                               ranks, network, channels, rings / trees,
 //                                               transports, warnings and errors
+//   rlfleet tokenize --model_dir=DIR --text=T   a checkpoint's token ids for T as a JSON
+//                    (or --ids=1,2,3)           array (the text of ids), as the tokenizers
+//                                               library gives them
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
 #include <fstream>
@@ -36,10 +39,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "libs/common/config.h"
 #include "libs/common/ids.h"
 #include "libs/metrics/http_server.h"
+#include "libs/model/hf_tokenizer.h"
 #include "libs/model/tokenizer.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/nccl_tuning/nccl_log.h"
@@ -66,6 +71,10 @@ ABSL_FLAG(bool, fleet, false,
 ABSL_FLAG(int, samples, 4, "try: responses to sample.");
 ABSL_FLAG(std::string, trainer, "", "train: trainer address.");
 ABSL_FLAG(int, groups, 8, "train: groups per step.");
+ABSL_FLAG(std::string, model_dir, "",
+          "tokenize: a Hugging Face model directory (its tokenizer.json), or the tokenizer.json itself.");
+ABSL_FLAG(std::string, text, "", "tokenize: the text to encode (prints its token ids as a JSON array).");
+ABSL_FLAG(std::string, ids, "", "tokenize: comma-separated token ids to decode instead (prints the text).");
 
 namespace {
 
@@ -367,6 +376,33 @@ int Doctor(ControllerClient& client) {
 
 // What a command needs before it runs: nothing (local), the client options from the
 // flags (it calls the services it is given), or a client of --controller too.
+// rlfleet tokenize --model_dir=DIR (--text=T | --ids=1,2,3): a checkpoint's tokenizer
+// from the command line, as the `tokenizers` library encodes and decodes.
+int Tokenize() {
+  constexpr char kUsage[] = "rlfleet tokenize --model_dir=DIR (--text=TEXT | --ids=ID,ID,...)";
+  const std::string dir = absl::GetFlag(FLAGS_model_dir), ids_flag = absl::GetFlag(FLAGS_ids);
+  if (dir.empty()) return Usage("tokenize", "--model_dir is required", kUsage);
+  auto tokenizer = rlfleet::model::HfTokenizer::FromFile(dir);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  if (!ids_flag.empty()) {
+    std::vector<int32_t> ids;
+    for (absl::string_view part : absl::StrSplit(ids_flag, ',')) {
+      int32_t id;
+      if (!absl::SimpleAtoi(part, &id))
+        return Usage("tokenize", absl::StrCat("--ids: `", part, "` is not an id"), kUsage);
+      ids.push_back(id);
+    }
+    auto text = (*tokenizer)->Decode(ids);
+    if (!text.ok()) return Fail(text.status());
+    std::cout << *text << "\n";
+    return 0;
+  }
+  auto ids = (*tokenizer)->Encode(absl::GetFlag(FLAGS_text));
+  if (!ids.ok()) return Fail(ids.status());
+  std::cout << "[" << absl::StrJoin(*ids, ", ") << "]\n";
+  return 0;
+}
+
 enum class Needs { kNothing, kOptions, kController };
 
 // What a command is given: its argument (scale's ROLE=N, nccl-log's FILE), the client
@@ -402,6 +438,7 @@ constexpr Command kCommands[] = {
        return 0;
      }},
     {"nccl-log", "FILE", Needs::kNothing, [](Invocation& c) { return NcclLog(c.argument); }},
+    {"tokenize", "", Needs::kNothing, [](Invocation&) { return Tokenize(); }},
 };
 
 std::string UsageLine() {
