@@ -117,4 +117,9 @@ std::vector<std::string> ParseFlagsWithConfig(int argc, char** argv, absl::strin
   return std::vector<std::string>(rest.begin(), rest.end());
 }
 
+bool FlagWasGiven(absl::string_view name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  return flag != nullptr && flag->CurrentValue() != flag->DefaultValue();
+}
+
 }  // namespace rlfleet::common

@@ -54,6 +54,11 @@ absl::Status ApplyConfigToFlags(const std::vector<ConfigEntry>& entries, absl::s
 // positional arguments, argv[0] first.
 std::vector<std::string> ParseFlagsWithConfig(int argc, char** argv, absl::string_view usage);
 
+// Whether flag `name` holds a value other than its default (given on the command line
+// or in the config file; Debian's absl does not say whether a flag set to its default
+// value was given), for flags that other flags make meaningless.
+bool FlagWasGiven(absl::string_view name);
+
 }  // namespace rlfleet::common
 
 #endif  // RLFLEET_LIBS_COMMON_CONFIG_H_

@@ -116,7 +116,8 @@ absl::Status ReadRope(const Json& json, const ConfigReader& r, PolicyConfig* c) 
 }
 
 // Every file of the directory's weights and the tensors in it, as views into `files`.
-absl::StatusOr<std::map<std::string, TensorView>> ReadWeights(const std::string& dir, std::vector<std::string>* files) {
+absl::StatusOr<std::map<std::string, TensorView>> ReadWeights(const std::string& dir,
+                                                              std::vector<std::unique_ptr<std::string>>* files) {
   const fs::path root(dir);
   std::vector<std::string> names;
   const fs::path index_path = root / "model.safetensors.index.json";
@@ -167,12 +168,11 @@ absl::StatusOr<std::map<std::string, TensorView>> ReadWeights(const std::string&
                      "directory saved with safetensors)"));
   }
   files->clear();
-  files->reserve(names.size());  // (the views point into these strings: no reallocation)
   std::map<std::string, TensorView> tensors;
   for (const std::string& name : names) {
     ASSIGN_OR_RETURN(std::string bytes, common::ReadRegularFile(name, name, kMaxSafetensorsFileBytes));
-    files->push_back(std::move(bytes));
-    ASSIGN_OR_RETURN(auto views, ParseSafetensorsViews(files->back(), name));
+    files->push_back(std::make_unique<std::string>(std::move(bytes)));  // (the views point into it)
+    ASSIGN_OR_RETURN(auto views, ParseSafetensorsViews(*files->back(), name));
     for (auto& [tensor, view] : views) {
       auto it = listed.find(tensor);
       if (!listed.empty() && (it == listed.end() || (root / it->second).filename() != fs::path(name).filename())) {
@@ -253,12 +253,12 @@ absl::StatusOr<PolicyConfig> ReadHfConfig(const std::string& dir) {
   return ParseHfConfig(text, path.string());
 }
 
-absl::Status LoadHfWeights(const std::string& dir, Policy* policy) {
-  std::vector<std::string> files;
-  ASSIGN_OR_RETURN(auto tensors, ReadWeights(dir, &files));
-  const std::vector<std::string> params = policy->ParameterNames();
-  const std::set<std::string> wanted(params.begin(), params.end());
-  for (auto it = tensors.begin(); it != tensors.end();) {
+absl::StatusOr<HfWeights> ReadHfWeights(const std::string& dir, const std::vector<std::string>& parameters,
+                                        const PolicyConfig& config) {
+  HfWeights weights;
+  ASSIGN_OR_RETURN(weights.tensors, ReadWeights(dir, &weights.files));
+  const std::set<std::string> wanted(parameters.begin(), parameters.end());
+  for (auto it = weights.tensors.begin(); it != weights.tensors.end();) {
     const std::string& tensor = it->first;
     if (wanted.count(tensor) != 0) {
       ++it;
@@ -267,15 +267,19 @@ absl::Status LoadHfWeights(const std::string& dir, Policy* policy) {
     // What older checkpoints carry beside the parameters: the rotary tables (computed
     // here from the config), and the LM head of a model with tied embeddings (the
     // embedding's copy).
-    if (absl::EndsWith(tensor, ".rotary_emb.inv_freq") ||
-        (tensor == "lm_head.weight" && policy->config().tie_embeddings)) {
-      it = tensors.erase(it);
+    if (absl::EndsWith(tensor, ".rotary_emb.inv_freq") || (tensor == "lm_head.weight" && config.tie_embeddings)) {
+      it = weights.tensors.erase(it);
       continue;
     }
     return absl::InvalidArgumentError(absl::StrCat("tensor `", tensor, "` in ", dir, " is not a parameter of a ",
-                                                   policy->config().arch, " model of this config.json"));
+                                                   config.arch, " model of this config.json"));
   }
-  return policy->LoadTensors(tensors, dir);
+  return weights;
+}
+
+absl::Status LoadHfWeights(const std::string& dir, Policy* policy) {
+  ASSIGN_OR_RETURN(HfWeights weights, ReadHfWeights(dir, policy->ParameterNames(), policy->config()));
+  return policy->LoadTensors(weights.tensors, dir);
 }
 
 absl::StatusOr<std::unique_ptr<Policy>> LoadHfModel(const std::string& dir, const HfLoadOptions& options) {

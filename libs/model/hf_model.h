@@ -8,13 +8,16 @@
 #ifndef RLFLEET_LIBS_MODEL_HF_MODEL_H_
 #define RLFLEET_LIBS_MODEL_HF_MODEL_H_
 
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "libs/model/policy.h"
+#include "libs/model/safetensors.h"
 
 namespace rlfleet::model {
 
@@ -31,6 +34,19 @@ inline constexpr int kDefaultHfMaxSeqLen = 2048;
 absl::StatusOr<PolicyConfig> ParseHfConfig(absl::string_view json, const std::string& name);
 // The same from DIR/config.json (NOT_FOUND when it is absent).
 absl::StatusOr<PolicyConfig> ReadHfConfig(const std::string& dir);
+
+// A model directory's weights: views into the files read (kept in `files`), checked
+// against the parameter names of a policy of its config (`parameters`, `config`): a
+// tensor that is not one of them is refused by name, except what older checkpoints carry
+// beside the parameters (rotary tables; a tied model's lm_head copy), which is dropped.
+// What LoadHfWeights loads, for a caller that installs them itself (a rollout
+// replica's scheduler). Errors as LoadHfWeights's.
+struct HfWeights {
+  std::vector<std::unique_ptr<std::string>> files;
+  std::map<std::string, TensorView> tensors;
+};
+absl::StatusOr<HfWeights> ReadHfWeights(const std::string& dir, const std::vector<std::string>& parameters,
+                                        const PolicyConfig& config);
 
 // Loads a model directory's weights into `policy` (made from its config): every
 // parameter must be there with its shape; nothing changes on error. NOT_FOUND when the

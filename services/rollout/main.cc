@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/config.h"
+#include "libs/model/hf_model.h"
 #include "libs/model/policy.h"
 #include "libs/model/safetensors.h"
 #include "libs/nccl_tuning/nccl_env.h"
@@ -17,6 +18,11 @@
 #include "services/rollout/rollout_core.h"
 #include "services/rollout/rollout_service.h"
 
+ABSL_FLAG(std::string, model_dir, "",
+          "A Hugging Face model directory (config.json, model.safetensors or its shards; Llama, Qwen2, Qwen3): "
+          "the model's shape comes from it (--d_model, --n_layers, --n_heads are refused) and its weights are "
+          "served as --weights_version. --max_seq_len, when given, sets the KV cache width (default: "
+          "max_position_embeddings, at most 2048).");
 ABSL_FLAG(int, d_model, 128, "Model width.");
 ABSL_FLAG(int, n_layers, 4, "Transformer blocks.");
 ABSL_FLAG(int, n_heads, 4, "Attention heads.");
@@ -65,10 +71,32 @@ int main(int argc, char** argv) {
   }
   rlfleet::model::SetComputeThreads(absl::GetFlag(FLAGS_threads));
   rlfleet::model::PolicyConfig config;
-  config.d_model = absl::GetFlag(FLAGS_d_model);
-  config.n_layers = absl::GetFlag(FLAGS_n_layers);
-  config.n_heads = absl::GetFlag(FLAGS_n_heads);
-  config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
+  if (!model_dir.empty()) {
+    for (const char* shape : {"d_model", "n_layers", "n_heads"}) {
+      if (rlfleet::common::FlagWasGiven(shape)) {
+        std::cerr << "rlfleet-rollout: --" << shape << " with --model_dir: the shape is the directory's config.json\n";
+        return 2;
+      }
+    }
+    if (!absl::GetFlag(FLAGS_weights).empty() || absl::GetFlag(FLAGS_serve_initial_weights)) {
+      std::cerr << "rlfleet-rollout: --model_dir serves the directory's weights: drop --weights / "
+                   "--serve_initial_weights\n";
+      return 2;
+    }
+    auto hf = rlfleet::model::ReadHfConfig(model_dir);
+    if (!hf.ok()) {
+      std::cerr << "rlfleet-rollout: --model_dir: " << hf.status() << "\n";
+      return 2;
+    }
+    config = *hf;
+    if (rlfleet::common::FlagWasGiven("max_seq_len")) config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  } else {
+    config.d_model = absl::GetFlag(FLAGS_d_model);
+    config.n_layers = absl::GetFlag(FLAGS_n_layers);
+    config.n_heads = absl::GetFlag(FLAGS_n_heads);
+    config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  }
   config.dtype = absl::GetFlag(FLAGS_dtype);
   config.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   rlfleet::rollout::RolloutLimits limits;
@@ -82,13 +110,20 @@ int main(int argc, char** argv) {
             << (*core)->decode_mode() << "), backend " << rlfleet::model::ModelBackend() << "\n";
 
   absl::Status installed = absl::OkStatus();
-  if (!absl::GetFlag(FLAGS_weights).empty()) {
+  if (!model_dir.empty()) {
+    installed = (*core)->InstallFromModelDir(model_dir, absl::GetFlag(FLAGS_weights_version)).status();
+    if (installed.ok()) {
+      std::cerr << "rlfleet-rollout: " << config.arch << " from " << model_dir << " (" << config.n_layers
+                << " layers, d_model " << config.d_model << ", vocabulary " << config.vocab_size << ", KV cache "
+                << config.max_seq_len << " tokens) as version " << absl::GetFlag(FLAGS_weights_version) << "\n";
+    }
+  } else if (!absl::GetFlag(FLAGS_weights).empty()) {
     installed = (*core)->InstallFromFile(absl::GetFlag(FLAGS_weights), absl::GetFlag(FLAGS_weights_version)).status();
   } else if (absl::GetFlag(FLAGS_serve_initial_weights)) {
     installed = (*core)->InstallInitial(absl::GetFlag(FLAGS_weights_version));
   }
   if (!installed.ok()) {
-    std::cerr << "rlfleet-rollout: --weights: " << installed << "\n";
+    std::cerr << "rlfleet-rollout: " << (model_dir.empty() ? "--weights: " : "--model_dir: ") << installed << "\n";
     return 2;
   }
   rlfleet::rpc::ServerRunner runner(*options);

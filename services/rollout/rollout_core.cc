@@ -13,6 +13,7 @@
 #include "libs/common/files.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
+#include "libs/model/hf_model.h"
 
 namespace rlfleet::rollout {
 
@@ -151,6 +152,7 @@ RolloutCore::RolloutCore(std::unique_ptr<model::Policy> policy, std::string devi
       limits_(limits),
       config_(policy->config()),
       num_parameters_(policy->num_parameters()),
+      parameter_names_(policy->ParameterNames()),
       policy_(std::move(policy)),
       tokens_metric_(metrics::Global().AddCounter("rlfleet_rollout_tokens_total",
                                                   "Response tokens decoded (and prefilled first tokens).", {})),
@@ -190,6 +192,12 @@ absl::StatusOr<InstallReport> RolloutCore::InstallFromFile(const std::string& pa
       std::string bytes,
       common::ReadRegularFile("weights file", path, model::F32ImageBytesBound(static_cast<uint64_t>(num_parameters_))));
   return InstallFromBytes(common::HostBuffer(std::move(bytes)), path, version, deadline);
+}
+
+absl::StatusOr<InstallReport> RolloutCore::InstallFromModelDir(const std::string& dir, uint64_t version,
+                                                               absl::Time deadline) {
+  ASSIGN_OR_RETURN(model::HfWeights weights, model::ReadHfWeights(dir, parameter_names_, config_));
+  return InstallFromTensors(std::move(weights.tensors), dir, version, deadline);  // (the files outlive it)
 }
 
 absl::StatusOr<InstallReport> RolloutCore::InstallFromBytes(common::HostBuffer bytes, const std::string& name,

@@ -109,6 +109,10 @@ class RolloutCore {
   absl::StatusOr<InstallReport> InstallFromTensors(std::map<std::string, model::TensorView> tensors,
                                                    const std::string& name, uint64_t version,
                                                    absl::Time deadline = absl::InfiniteFuture());
+  // The same from a Hugging Face model directory's weights (model.safetensors or its
+  // shards; hf_model.h), read on the calling thread: a replica started on a checkpoint.
+  absl::StatusOr<InstallReport> InstallFromModelDir(const std::string& dir, uint64_t version,
+                                                    absl::Time deadline = absl::InfiniteFuture());
   // Installs the model's current (e.g. freshly initialised) weights as `version`.
   absl::Status InstallInitial(uint64_t version);
 
@@ -160,6 +164,7 @@ class RolloutCore {
   const RolloutLimits limits_;
   const model::PolicyConfig config_;
   const int64_t num_parameters_;
+  const std::vector<std::string> parameter_names_;
   // Owned by the scheduler thread (and by the constructor before it starts).
   std::unique_ptr<model::Policy> policy_;
   std::unique_ptr<model::DecodeBatch> batch_;

@@ -20,7 +20,14 @@ std::string CheckpointDigest(absl::string_view bytes) {
 namespace {
 
 bool IsCheckpointFile(const std::string& name) {
-  return name == kStateFile || name == kWeightsFile || name == kOptimizerFile;
+  if (name == kStateFile || name == kWeightsFile || name == kOptimizerFile || name == kHfWeightsFile ||
+      name == kHfConfigFile) {
+    return true;
+  }
+  for (const char* file : kHfTokenizerFiles) {
+    if (name == file) return true;
+  }
+  return false;
 }
 
 // Reads `name` inside `dir`: a plain file name (fixed alphabet), resolved inside `dir`
@@ -79,13 +86,16 @@ absl::StatusOr<CheckpointContents> ReadCheckpoint(const fs::path& dir, uint64_t 
     }
     files[file] = std::move(bytes);
   }
-  for (const char* name : {kWeightsFile, kOptimizerFile}) {
+  auto present = [&](const char* name) {
+    return files.count(name) != 0 || (fs::symlink_status(dir / name, ec).type() != fs::file_type::not_found && !ec);
+  };
+  const char* weights = present(kHfWeightsFile) ? kHfWeightsFile : kWeightsFile;
+  for (const char* name : {weights, kOptimizerFile}) {
     if (files.count(name)) continue;
-    const bool present = fs::symlink_status(dir / name, ec).type() != fs::file_type::not_found && !ec;
-    if (!present && name == std::string(kOptimizerFile)) continue;  // saved before the first step
+    if (!present(name) && name == std::string(kOptimizerFile)) continue;  // saved before the first step
     ASSIGN_OR_RETURN(files[name], ReadInside(dir, name, max_file_bytes));
   }
-  out.weights = std::move(files[kWeightsFile]);
+  out.weights = std::move(files[weights]);
   if (auto it = files.find(kOptimizerFile); it != files.end()) out.optimizer = std::move(it->second);
   return out;
 }
@@ -112,9 +122,11 @@ absl::Status CheckIsCheckpoint(const fs::path& dir) {
 absl::Status RemoveCheckpoint(const fs::path& dir) {
   RETURN_IF_ERROR(CheckIsCheckpoint(dir));
   std::error_code ec;
-  for (const char* name : {kWeightsFile, kOptimizerFile, kStateFile}) {
-    fs::remove(dir / name, ec);  // (false when absent)
-    if (ec) return absl::InternalError(absl::StrCat("cannot remove ", (dir / name).string(), ": ", ec.message()));
+  std::vector<fs::path> files;  // (checkpoint files only: checked above)
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) files.push_back(entry.path());
+  for (const fs::path& file : files) {
+    fs::remove(file, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot remove ", file.string(), ": ", ec.message()));
   }
   fs::remove(dir, ec);  // an empty directory only
   if (ec) return absl::InternalError(absl::StrCat("cannot remove ", dir.string(), ": ", ec.message()));

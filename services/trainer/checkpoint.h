@@ -24,6 +24,13 @@ inline constexpr char kStateFile[] = "state.txt";
 inline constexpr char kWeightsFile[] = "weights.safetensors";
 inline constexpr char kOptimizerFile[] = "optimizer.safetensors";
 inline constexpr char kFormatLine[] = "format rlfleet-trainer-checkpoint-1";
+// A Llama-family model's checkpoint is also a Hugging Face model directory
+// (`from_pretrained` loads it): its weights under this name, config.json beside them
+// and the tokenizer files of the directory it started from.
+inline constexpr char kHfWeightsFile[] = "model.safetensors";
+inline constexpr char kHfConfigFile[] = "config.json";
+inline constexpr const char* kHfTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                                                    "special_tokens_map.json", "generation_config.json"};
 inline constexpr uint64_t kMaxStateBytes = 64 << 10;
 
 // FNV-1a 64 of `bytes` as 16 hex digits (the digest state.txt records per file).
@@ -34,7 +41,7 @@ struct CheckpointContents {
   uint64_t step = 0;
   uint64_t version = 0;
   std::string config;                    // the model config line ("" in old checkpoints)
-  std::string weights;                   // weights.safetensors
+  std::string weights;                   // weights.safetensors (or model.safetensors)
   std::optional<std::string> optimizer;  // optimizer.safetensors, when saved
 };
 
@@ -45,7 +52,8 @@ struct CheckpointContents {
 absl::StatusOr<CheckpointContents> ReadCheckpoint(const std::filesystem::path& dir, uint64_t max_file_bytes);
 
 // OK if `dir` is a checkpoint directory as this trainer writes them: a real directory
-// (not a link) whose entries are only checkpoint files (regular files), state.txt among
+// (not a link) whose entries are only checkpoint files (regular files: state, weights,
+// optimizer state, a Hugging Face model's config and tokenizer files), state.txt among
 // them. FAILED_PRECONDITION otherwise (overwrite never removes anything else).
 absl::Status CheckIsCheckpoint(const std::filesystem::path& dir);
 

@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
 #include "libs/common/config.h"
+#include "libs/model/hf_model.h"
 #include "libs/model/policy.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/rpc/server_runner.h"
@@ -17,6 +18,12 @@
 #include "services/trainer/trainer_core.h"
 #include "services/trainer/trainer_service.h"
 
+ABSL_FLAG(std::string, model_dir, "",
+          "A Hugging Face model directory (config.json, model.safetensors or its shards; Llama, Qwen2, Qwen3) to "
+          "train from: the model's shape comes from it (--d_model, --n_layers, --n_heads are refused), its weights "
+          "are the start, and checkpoints are Hugging Face directories too (config.json, model.safetensors, its "
+          "tokenizer files). --max_seq_len, when given, bounds prompt + response (default: "
+          "max_position_embeddings, at most 2048).");
 ABSL_FLAG(int, d_model, 128, "Model width (must match the rollout replicas).");
 ABSL_FLAG(int, n_layers, 4, "Transformer blocks.");
 ABSL_FLAG(int, n_heads, 4, "Attention heads.");
@@ -89,10 +96,32 @@ int main(int argc, char** argv) {
     buffer = std::make_unique<rlfleet::trainer::GrpcBufferSource>(*channel, *client_options);
   }
   rlfleet::model::PolicyConfig config;
-  config.d_model = absl::GetFlag(FLAGS_d_model);
-  config.n_layers = absl::GetFlag(FLAGS_n_layers);
-  config.n_heads = absl::GetFlag(FLAGS_n_heads);
-  config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
+  if (!model_dir.empty()) {
+    for (const char* shape : {"d_model", "n_layers", "n_heads"}) {
+      if (rlfleet::common::FlagWasGiven(shape)) {
+        std::cerr << "rlfleet-trainer: --" << shape << " with --model_dir: the shape is the directory's config.json\n";
+        return 2;
+      }
+    }
+    if (absl::GetFlag(FLAGS_value_head)) {
+      std::cerr << "rlfleet-trainer: --value_head with --model_dir is not supported yet (the directory has no "
+                   "value head to start from); use GRPO / RLOO advantages\n";
+      return 2;
+    }
+    auto hf = rlfleet::model::ReadHfConfig(model_dir);
+    if (!hf.ok()) {
+      std::cerr << "rlfleet-trainer: --model_dir: " << hf.status() << "\n";
+      return 2;
+    }
+    config = *hf;
+    if (rlfleet::common::FlagWasGiven("max_seq_len")) config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  } else {
+    config.d_model = absl::GetFlag(FLAGS_d_model);
+    config.n_layers = absl::GetFlag(FLAGS_n_layers);
+    config.n_heads = absl::GetFlag(FLAGS_n_heads);
+    config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  }
   config.value_head = absl::GetFlag(FLAGS_value_head);
   if (const std::string precision = absl::GetFlag(FLAGS_precision); precision == "bf16") {
     config.bf16_autocast = true;
@@ -139,6 +168,14 @@ int main(int argc, char** argv) {
   }
   std::cerr << "rlfleet-trainer: model on " << absl::GetFlag(FLAGS_device) << " (" << absl::GetFlag(FLAGS_precision)
             << "), backend " << rlfleet::model::ModelBackend() << "\n";
+  if (!model_dir.empty()) {
+    if (absl::Status s = (*core)->LoadModelDir(model_dir); !s.ok()) {
+      std::cerr << "rlfleet-trainer: --model_dir: " << s << "\n";
+      return 2;
+    }
+    std::cerr << "rlfleet-trainer: " << config.arch << " from " << model_dir << " (" << config.n_layers
+              << " layers, d_model " << config.d_model << ", vocabulary " << config.vocab_size << ")\n";
+  }
 
   if (const std::string resume = absl::GetFlag(FLAGS_resume); resume == "latest" && (world <= 1 || rank == 0)) {
     // (rank 0 loads and the other ranks follow it, as for LoadCheckpoint)

@@ -14,6 +14,7 @@
 #include "libs/common/files.h"
 #include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
+#include "libs/model/hf_model.h"
 #include "libs/model/safetensors.h"
 #include "services/trainer/train_options.h"
 
@@ -515,14 +516,23 @@ absl::Status TrainerCore::GetState(v1::GetStateResponse* response) {
 namespace {
 
 std::string ConfigLine(const model::PolicyConfig& c) {
-  return absl::StrCat(c.vocab_size, ",", c.d_model, ",", c.n_layers, ",", c.n_heads, ",", c.max_seq_len, ",",
-                      c.value_head ? 1 : 0);
+  std::string line = absl::StrCat(c.vocab_size, ",", c.d_model, ",", c.n_layers, ",", c.n_heads, ",", c.max_seq_len,
+                                  ",", c.value_head ? 1 : 0);
+  if (c.arch != "gpt") {  // (the built-in model's line is as before: older checkpoints load)
+    absl::StrAppend(&line, ",", c.arch, ",", c.n_kv_heads, ",", c.head_dim, ",", c.ffn_dim, ",", c.tie_embeddings,
+                    c.qkv_bias, c.o_bias, c.mlp_bias, c.qk_norm, ",", c.norm_eps, ",", c.rope_theta, ",", c.rope_factor,
+                    ",", c.rope_low_freq_factor, ",", c.rope_high_freq_factor, ",", c.rope_original_max_positions);
+  }
+  return line;
 }
 
 // Best effort: removes a half-written checkpoint directory of ours (known names only).
 void RemovePartial(const fs::path& dir) {
   std::error_code ec;
-  for (const char* name : {kWeightsFile, kOptimizerFile, kStateFile}) fs::remove(dir / name, ec);
+  for (const char* name : {kWeightsFile, kOptimizerFile, kStateFile, kHfWeightsFile, kHfConfigFile}) {
+    fs::remove(dir / name, ec);
+  }
+  for (const char* name : kHfTokenizerFiles) fs::remove(dir / name, ec);
   fs::remove(dir, ec);
 }
 
@@ -574,10 +584,23 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   }
   auto written = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<uint64_t> {
     const std::string weights = policy_->SafetensorsBytes();
-    RETURN_IF_ERROR(model::WriteFileAtomically((tmp / kWeightsFile).string(), weights));
+    // A Llama-family model's checkpoint is a Hugging Face model directory too.
+    const bool hf = policy_->config().arch != "gpt";
+    const char* weights_file = hf ? kHfWeightsFile : kWeightsFile;
+    RETURN_IF_ERROR(model::WriteFileAtomically((tmp / weights_file).string(), weights));
+    if (hf) {
+      RETURN_IF_ERROR(
+          model::WriteFileAtomically((tmp / kHfConfigFile).string(), model::HfConfigJson(policy_->config())));
+      for (const char* name : kHfTokenizerFiles) {
+        if (tokenizer_dir_.empty() || !fs::exists(tokenizer_dir_ / name)) continue;
+        ASSIGN_OR_RETURN(std::string bytes,
+                         common::ReadRegularFile(name, tokenizer_dir_ / name, max_checkpoint_file_bytes_));
+        RETURN_IF_ERROR(model::WriteFileAtomically((tmp / name).string(), bytes));
+      }
+    }
     std::string state =
         absl::StrCat(kFormatLine, "\nstep ", step_, "\nversion ", version_, "\nconfig ", ConfigLine(policy_->config()),
-                     "\ndigest ", kWeightsFile, " ", CheckpointDigest(weights), "\n");
+                     "\ndigest ", weights_file, " ", CheckpointDigest(weights), "\n");
     uint64_t size = weights.size();
     bool optimizer_saved = false;
     RETURN_IF_ERROR(policy_->SaveOptimizerState((tmp / kOptimizerFile).string(), &optimizer_saved));
@@ -616,6 +639,14 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   response->mutable_policy_version()->set_version(version_);
   response->set_size_bytes(*written);
   response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status TrainerCore::LoadModelDir(const std::string& dir) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(model::LoadHfWeights(dir, policy_.get()));
+  policy_->ResetOptimizer();
+  tokenizer_dir_ = dir;
   return absl::OkStatus();
 }
 

@@ -99,6 +99,11 @@ class TrainerCore {
   // one whose state.txt names a file outside it, not regular or too large. The files
   // are read and checked before the trainer's lock is taken.
   absl::Status LoadCheckpoint(const v1::LoadCheckpointRequest& request, v1::LoadCheckpointResponse* response);
+  // Loads a Hugging Face model directory's weights (a policy made from its config.json;
+  // hf_model.h) as the starting point, and keeps the directory: checkpoints copy its
+  // tokenizer files. Errors as model::LoadHfWeights (nothing changes). Every rank of a
+  // group loads the directory itself.
+  absl::Status LoadModelDir(const std::string& dir);
   // Loads the checkpoint written last under the checkpoint root (FindLatestCheckpoint),
   // as LoadCheckpoint would (`response`: its step and version), and returns its path.
   // NOT_FOUND when there is none (or no root); LoadCheckpoint's errors otherwise.
@@ -182,8 +187,9 @@ class TrainerCore {
   const std::shared_ptr<common::BufferPool> publish_pool_ = std::make_shared<common::BufferPool>(1);
   BufferSource* const buffer_;
   const std::string device_;
-  const std::filesystem::path checkpoint_root_;  // absolute; empty: no checkpoints
-  const uint64_t max_checkpoint_file_bytes_;     // (from the model's size)
+  const std::filesystem::path checkpoint_root_;               // absolute; empty: no checkpoints
+  const uint64_t max_checkpoint_file_bytes_;                  // (from the model's size)
+  std::filesystem::path tokenizer_dir_ ABSL_GUARDED_BY(mu_);  // --model_dir: its tokenizer files go into checkpoints
   std::deque<UnackedLease> unacked_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::PublishWeightsResponse> last_publish_ ABSL_GUARDED_BY(mu_);  // of the latest publication
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;

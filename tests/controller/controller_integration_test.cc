@@ -239,7 +239,8 @@ TEST(Cli, MissingOrBadFlagsAreUsageErrorsNotAborts) {
       // a usage error listing every command with its argument.
       {{"frobnicate"}, "unknown command `frobnicate` (status, replicas, health"},
       {{"scale"}, "|scale ROLE=N|"},
-      {{"nccl-log"}, "|nccl-log FILE "},
+      {{"nccl-log"}, "|nccl-log FILE|"},
+      {{"tokenize"}, "--model_dir is required"},
       {{"status", "extra"}, "usage: rlfleet status|replicas|"},
   };
   for (const Case& k : cases) {
