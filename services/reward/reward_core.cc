@@ -2,11 +2,13 @@
 
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/common/checks.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
+#include "libs/tasks/math_answer.h"
 #include "libs/tasks/tasks.h"
 
 namespace rlfleet::reward {
@@ -60,9 +62,83 @@ RewardFn PartialCredit(const tasks::Task* task) {
   };
 }
 
+// The reference answer of a math item: what its reference_answer states (a GSM8K
+// solution's "#### n", a box), else the whole of it. INVALID_ARGUMENT when absent.
+absl::StatusOr<std::string> MathReference(const v1::ScoreItem& item) {
+  if (item.reference_answer().empty()) {
+    return absl::InvalidArgumentError("reference_answer is required for task `math` (the dataset's answer)");
+  }
+  const std::string& reference = item.reference_answer();
+  auto stated = tasks::ExtractMathAnswer(reference);
+  if (stated.has_value() && stated->how != "last_number") return stated->text;
+  return reference;
+}
+
+// metadata["tolerance"]: the relative tolerance of a numeric match (default 1e-6).
+absl::StatusOr<double> MathTolerance(const v1::ScoreItem& item) {
+  auto it = item.metadata().find("tolerance");
+  if (it == item.metadata().end()) return 1e-6;
+  double tolerance;
+  if (!absl::SimpleAtod(it->second, &tolerance) || !(tolerance >= 0) || tolerance > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata[\"tolerance\"] `", it->second, "` is not a number in [0, 1]"));
+  }
+  return tolerance;
+}
+
+// 1 if the answer the response states (a box, GSM8K's ####, else its last number)
+// matches the reference (normal form, or numerically within the tolerance).
+absl::Status MathExact(const v1::ScoreItem& item, v1::ScoreResult* result) {
+  ASSIGN_OR_RETURN(const std::string reference, MathReference(item));
+  ASSIGN_OR_RETURN(const double tolerance, MathTolerance(item));
+  auto stated = tasks::ExtractMathAnswer(item.response_text());
+  const bool exact = stated.has_value() && tasks::MathAnswersMatch(stated->text, reference, tolerance);
+  const bool formatted = stated.has_value() && stated->how != "last_number";
+  auto& c = *result->mutable_components();
+  c["exact"] = exact ? 1.0f : 0.0f;
+  c["format"] = formatted ? 1.0f : 0.0f;
+  result->set_parsed(stated.has_value());
+  result->set_reward(exact ? 1.0f : 0.0f);
+  return absl::OkStatus();
+}
+
+// 1 if the response states its answer in a recognised form (a box or GSM8K's ####).
+absl::Status MathFormat(const v1::ScoreItem& item, v1::ScoreResult* result) {
+  auto stated = tasks::ExtractMathAnswer(item.response_text());
+  const bool formatted = stated.has_value() && stated->how != "last_number";
+  (*result->mutable_components())["format"] = formatted ? 1.0f : 0.0f;
+  result->set_parsed(stated.has_value());
+  result->set_reward(formatted ? 1.0f : 0.0f);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 RewardCore::RewardCore() {
+  {
+    v1::RewardFunctionInfo exact;
+    exact.set_name("math_exact");
+    exact.set_kind(v1::REWARD_KIND_VERIFIABLE);
+    exact.set_description(
+        "1 if the answer the response states (its last \\boxed{}, else GSM8K's ####, else its last number) "
+        "matches reference_answer (normal form, or numerically within metadata tolerance, default 1e-6 "
+        "relative), else 0");
+    exact.add_tasks("math");
+    exact.add_component_names("exact");
+    exact.add_component_names("format");
+    exact.set_min_reward(0);
+    exact.set_max_reward(1);
+    (void)Register(exact, MathExact, /*default_for_tasks=*/true);
+    v1::RewardFunctionInfo format;
+    format.set_name("math_format");
+    format.set_kind(v1::REWARD_KIND_VERIFIABLE);
+    format.set_description("1 if the response states its answer in \\boxed{} or after GSM8K's ####, else 0");
+    format.add_tasks("math");
+    format.add_component_names("format");
+    format.set_min_reward(0);
+    format.set_max_reward(1);
+    (void)Register(format, MathFormat);
+  }
   for (const std::string& name : tasks::TaskNames()) {
     const tasks::Task* task = tasks::FindTask(name);
     v1::RewardFunctionInfo exact;

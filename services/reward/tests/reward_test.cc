@@ -56,6 +56,46 @@ TEST(RewardCore, PartialCreditIsTheDefaultAndScoresByHand) {
   EXPECT_FLOAT_EQ(ScoreOne(core, Item("sort", "sort:312", "132", "sort_exact")).reward(), 0.0f);
 }
 
+// Task `math`: the answer the response states against the dataset's reference.
+TEST(RewardCore, MathScoresTheStatedAnswerAgainstTheReference) {
+  RewardCore core;
+  auto math = [&](const std::string& response, const std::string& reference, const std::string& fn = "") {
+    v1::ScoreItem item = Item("math", "Natalia sold clips...", response, fn);
+    item.set_reference_answer(reference);
+    return ScoreOne(core, item);
+  };
+  v1::ScoreResult boxed = math("48/2 = 24, and 48 + 24 = \\boxed{72}", "She sold 72 clips.\n#### 72");
+  EXPECT_EQ(boxed.reward_function(), "math_exact");  // (the default for math)
+  EXPECT_FLOAT_EQ(boxed.reward(), 1.0f);
+  EXPECT_FLOAT_EQ(boxed.components().at("format"), 1.0f);
+  EXPECT_FLOAT_EQ(math("so it is 1,000 in all", "1000").reward(), 1.0f);  // (the last number)
+  EXPECT_FLOAT_EQ(math("so it is 1,000 in all", "1000").components().at("format"), 0.0f);
+  EXPECT_FLOAT_EQ(math("#### 0.5", "\\frac{1}{2}").reward(), 1.0f);
+  EXPECT_FLOAT_EQ(math("\\boxed{73}", "72").reward(), 0.0f);
+  v1::ScoreResult none = math("I do not know", "72");
+  EXPECT_FLOAT_EQ(none.reward(), 0.0f);
+  EXPECT_FALSE(none.parsed());
+  EXPECT_FLOAT_EQ(math("\\boxed{7}", "72", "math_format").reward(), 1.0f);
+  EXPECT_FLOAT_EQ(math("7", "72", "math_format").reward(), 0.0f);
+  // Tolerance from metadata; a bad one and a missing reference are errors naming them.
+  v1::ScoreItem loose = Item("math", "pi?", "\\boxed{3.14}");
+  loose.set_reference_answer("3.14159");
+  EXPECT_FLOAT_EQ(ScoreOne(core, loose).reward(), 0.0f);
+  (*loose.mutable_metadata())["tolerance"] = "0.001";
+  EXPECT_FLOAT_EQ(ScoreOne(core, loose).reward(), 1.0f);
+  (*loose.mutable_metadata())["tolerance"] = "lots";
+  v1::ScoreRequest request;
+  *request.add_items() = loose;
+  v1::ScoreResponse response;
+  absl::Status s = core.Score(request, &response);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "tolerance")) << s;
+  request.mutable_items(0)->clear_reference_answer();
+  request.mutable_items(0)->clear_metadata();
+  s = core.Score(request, &response);
+  EXPECT_TRUE(absl::StrContains(s.message(), "reference_answer is required")) << s;
+}
+
 TEST(RewardCore, ReferenceAnswerOverridesTheSolver) {
   RewardCore core;
   v1::ScoreItem item = Item("reverse", "reverse:1234", "9999");

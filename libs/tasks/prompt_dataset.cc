@@ -1,0 +1,111 @@
+#include "libs/tasks/prompt_dataset.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace rlfleet::tasks {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr uint64_t kMaxJsonlBytes = uint64_t{4} << 30;
+
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PromptRecord>> ParsePromptJsonl(absl::string_view text, const std::string& name,
+                                                           const PromptFields& fields) {
+  std::vector<PromptRecord> records;
+  int64_t line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    auto bad = [&](const std::string& what) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ":", line_no, ": ", what));
+    };
+    Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return bad("not a JSON value");
+    if (!j.is_object()) return bad("not a JSON object");
+    PromptRecord r;
+    r.line = line_no;
+    if (j.contains(fields.prompt)) {
+      if (!j[fields.prompt].is_string()) return bad(absl::StrCat("`", fields.prompt, "` is not a string"));
+      r.prompt = j[fields.prompt].get<std::string>();
+    } else if (j.contains(fields.messages)) {
+      const Json& m = j[fields.messages];
+      if (!m.is_array() || m.empty()) return bad(absl::StrCat("`", fields.messages, "` is not a non-empty array"));
+      for (const Json& message : m) {
+        if (!message.is_object() || !message.contains("role") || !message["role"].is_string() ||
+            !message.contains("content") || !message["content"].is_string()) {
+          return bad(absl::StrCat("`", fields.messages, "` holds ", message.dump().substr(0, 80),
+                                  ", not a {\"role\": string, \"content\": string}"));
+        }
+        r.messages.push_back({message["role"].get<std::string>(), message["content"].get<std::string>()});
+      }
+    } else {
+      return bad(absl::StrCat("has neither `", fields.prompt, "` nor `", fields.messages, "`"));
+    }
+    if (!fields.answer.empty()) {
+      if (!j.contains(fields.answer)) return bad(absl::StrCat("has no `", fields.answer, "`"));
+      const Json& a = j[fields.answer];
+      if (a.is_string()) {
+        r.answer = a.get<std::string>();
+      } else if (a.is_number_integer()) {
+        r.answer = std::to_string(a.get<int64_t>());
+      } else if (a.is_number()) {
+        r.answer = a.dump();
+      } else {
+        return bad(absl::StrCat("`", fields.answer, "` is not a string or a number"));
+      }
+    }
+    records.push_back(std::move(r));
+  }
+  if (records.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": no records"));
+  return records;
+}
+
+absl::StatusOr<std::vector<PromptRecord>> ReadPromptJsonl(const std::string& path, const PromptFields& fields) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return absl::NotFoundError(absl::StrCat("prompt file ", path, " is absent"));
+  // (a FIFO or a device is refused before it is opened: reading it could block)
+  if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) > kMaxJsonlBytes || ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt file ", path, " is not a regular file of at most ", kMaxJsonlBytes, " bytes"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) return absl::DataLossError(absl::StrCat("cannot read prompt file ", path));
+  return ParsePromptJsonl(text, path, fields);
+}
+
+PromptSplit SplitPrompts(std::vector<PromptRecord> records, uint64_t seed, size_t heldout) {
+  uint64_t state = seed;
+  for (size_t i = records.size(); i > 1; --i) {
+    const size_t j = SplitMix64(&state) % i;  // (modulo bias is negligible at these sizes)
+    std::swap(records[i - 1], records[j]);
+  }
+  heldout = std::min(heldout, records.empty() ? 0 : records.size() - 1);
+  PromptSplit split;
+  split.heldout.assign(std::make_move_iterator(records.begin()),
+                       std::make_move_iterator(records.begin() + static_cast<std::ptrdiff_t>(heldout)));
+  split.train.assign(std::make_move_iterator(records.begin() + static_cast<std::ptrdiff_t>(heldout)),
+                     std::make_move_iterator(records.end()));
+  return split;
+}
+
+}  // namespace rlfleet::tasks
