@@ -277,6 +277,32 @@ absl::StatusOr<HfWeights> ReadHfWeights(const std::string& dir, const std::vecto
   return weights;
 }
 
+absl::StatusOr<std::vector<int32_t>> ReadHfEosIds(const std::string& dir) {
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    const fs::path path = fs::path(dir) / name;
+    if (!fs::exists(path)) continue;
+    ASSIGN_OR_RETURN(std::string text, common::ReadRegularFile(name, path, kMaxConfigBytes));
+    Json json;
+    try {
+      json = Json::parse(text);
+    } catch (const Json::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not JSON: ", e.what()));
+    }
+    if (!json.is_object() || !json.contains("eos_token_id") || json["eos_token_id"].is_null()) continue;
+    const Json& eos = json["eos_token_id"];
+    std::vector<int32_t> ids;
+    for (const Json& id : eos.is_array() ? eos : Json::array({eos})) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 30)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path.string(), ": `eos_token_id` is not an id or a list of ids: ", eos.dump()));
+      }
+      ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+    return ids;
+  }
+  return std::vector<int32_t>{};
+}
+
 absl::Status LoadHfWeights(const std::string& dir, Policy* policy) {
   ASSIGN_OR_RETURN(HfWeights weights, ReadHfWeights(dir, policy->ParameterNames(), policy->config()));
   return policy->LoadTensors(weights.tensors, dir);

@@ -48,6 +48,11 @@ struct HfWeights {
 absl::StatusOr<HfWeights> ReadHfWeights(const std::string& dir, const std::vector<std::string>& parameters,
                                         const PolicyConfig& config);
 
+// The model's end-of-sequence token ids: generation_config.json's `eos_token_id` (an id
+// or a list), else config.json's; empty when neither names one. INVALID_ARGUMENT for a
+// value that is not an id or a list of ids.
+absl::StatusOr<std::vector<int32_t>> ReadHfEosIds(const std::string& dir);
+
 // Loads a model directory's weights into `policy` (made from its config): every
 // parameter must be there with its shape; nothing changes on error. NOT_FOUND when the
 // directory has neither model.safetensors nor model.safetensors.index.json, or a shard

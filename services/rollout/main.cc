@@ -5,6 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "libs/common/config.h"
 #include "libs/model/hf_model.h"
 #include "libs/model/policy.h"
@@ -101,6 +102,21 @@ int main(int argc, char** argv) {
   config.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   rlfleet::rollout::RolloutLimits limits;
   limits.max_batch = absl::GetFlag(FLAGS_max_batch);
+  if (!model_dir.empty()) {
+    auto eos = rlfleet::model::ReadHfEosIds(model_dir);
+    if (!eos.ok()) {
+      std::cerr << "rlfleet-rollout: --model_dir: " << eos.status() << "\n";
+      return 2;
+    }
+    for (int32_t id : *eos) {
+      if (id >= config.vocab_size) {
+        std::cerr << "rlfleet-rollout: --model_dir: eos_token_id " << id << " is outside the vocabulary of "
+                  << config.vocab_size << "\n";
+        return 2;
+      }
+    }
+    limits.eos_ids = *eos;
+  }
   auto core = rlfleet::rollout::RolloutCore::Create(config, absl::GetFlag(FLAGS_device), limits);
   if (!core.ok()) {
     std::cerr << "rlfleet-rollout: " << core.status() << "\n";
@@ -115,7 +131,9 @@ int main(int argc, char** argv) {
     if (installed.ok()) {
       std::cerr << "rlfleet-rollout: " << config.arch << " from " << model_dir << " (" << config.n_layers
                 << " layers, d_model " << config.d_model << ", vocabulary " << config.vocab_size << ", KV cache "
-                << config.max_seq_len << " tokens) as version " << absl::GetFlag(FLAGS_weights_version) << "\n";
+                << config.max_seq_len << " tokens, end of sequence "
+                << (limits.eos_ids.empty() ? "none named" : absl::StrJoin(limits.eos_ids, ", ")) << ") as version "
+                << absl::GetFlag(FLAGS_weights_version) << "\n";
     }
   } else if (!absl::GetFlag(FLAGS_weights).empty()) {
     installed = (*core)->InstallFromFile(absl::GetFlag(FLAGS_weights), absl::GetFlag(FLAGS_weights_version)).status();

@@ -85,7 +85,16 @@ absl::StatusOr<model::SamplingOptions> ToOptions(const v1::SamplingParams& sp, c
   o.top_k = static_cast<int>(std::min<uint32_t>(sp.top_k(), static_cast<uint32_t>(config.vocab_size)));
   o.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
   o.stop_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-  if (sp.ignore_eos()) o.eos_id = -1;
+  o.eos_id = -1;
+  if (!sp.ignore_eos()) {
+    for (size_t i = 0; i < limits.eos_ids.size(); ++i) {
+      if (i == 0) {
+        o.eos_id = limits.eos_ids[0];
+      } else {
+        o.stop_ids.push_back(limits.eos_ids[i]);
+      }
+    }
+  }
   *seed = sp.has_seed() ? sp.seed() : absl::Uniform<uint64_t>(absl::BitGen());
   return o;
 }

@@ -45,6 +45,10 @@ struct RolloutLimits {
   int max_batch = 256;    // sequences decoded together
   int max_queued = 4096;  // sequences waiting to join the batch (RESOURCE_EXHAUSTED beyond)
   int max_samples = 64;   // Generate num_samples
+  // The model's end-of-sequence tokens (a sequence ends on any; sampling.ignore_eos
+  // turns them off): the built-in tokenizer's EOS, or what a model directory names
+  // (hf_model.h ReadHfEosIds; none: sequences end at max_new_tokens or a stop id).
+  std::vector<int32_t> eos_ids = {2};
 };
 
 // What a job's sink is told after each scheduler step that touched it. Called on the

@@ -35,14 +35,15 @@ std::unique_ptr<grpc::ClientContext> Context(int seconds = 60) {
 std::string Fixture(const std::string& arch) { return testing::RunfilePath("libs/model/testdata/hf/" + arch); }
 
 // The greedy response the replica at `address` streams for `prompt`.
-std::vector<int32_t> Greedy(const std::string& address, const std::vector<int32_t>& prompt, int max_new) {
+std::vector<int32_t> Greedy(const std::string& address, const std::vector<int32_t>& prompt, int max_new,
+                            bool ignore_eos = true) {
   auto stub = v1::RolloutService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   v1::GenerateRequest request;
   request.set_request_id("greedy");
   for (int32_t t : prompt) request.add_prompt_token_ids(t);
   request.mutable_sampling()->set_temperature(0);
   request.mutable_sampling()->set_max_new_tokens(max_new);
-  request.mutable_sampling()->set_ignore_eos(true);
+  request.mutable_sampling()->set_ignore_eos(ignore_eos);
   auto context = Context();
   auto reader = stub->Generate(context.get(), request);
   std::vector<int32_t> tokens;
@@ -151,6 +152,30 @@ TEST(ModelDir, RolloutAndTrainerRunAHuggingFaceCheckpoint) {
     ASSERT_TRUE(p->Signal(SIGTERM).ok());
     EXPECT_TRUE(p->Wait(absl::Seconds(30)).ok());
   }
+}
+
+// A sequence ends on any end-of-sequence id the directory names (generation_config.json
+// here), not on the built-in tokenizer's EOS.
+TEST(ModelDir, SequencesEndOnTheModelsEosIds) {
+  const std::string model = Fixture("qwen2");
+  auto expected = model::ReadSafetensors(model + "/expected.safetensors");
+  ASSERT_TRUE(expected.ok());
+  const int64_t* g = reinterpret_cast<const int64_t*>(expected->at("greedy").bytes.data());
+  const std::vector<int32_t> prompt(g, g + 12);
+  const int32_t first = static_cast<int32_t>(g[12]);  // transformers' first greedy token
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/eos_model";
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator(model))
+    fs::copy_file(entry.path(), fs::path(dir) / entry.path().filename());
+  std::ofstream(dir + "/generation_config.json") << "{\"eos_token_id\": [95, " << first << "]}";
+  Subprocess rollout;
+  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout", {"--threads=1", "--model_dir=" + dir});
+  ASSERT_TRUE(r.ok()) << rollout.output();
+  EXPECT_TRUE(absl::StrContains(rollout.output(), absl::StrCat("end of sequence 95, ", first))) << rollout.output();
+  EXPECT_EQ(Greedy(*r, prompt, 16, /*ignore_eos=*/false), std::vector<int32_t>({first}));
+  EXPECT_EQ(Greedy(*r, prompt, 16, /*ignore_eos=*/true).size(), 16u);
+  ASSERT_TRUE(rollout.Signal(SIGTERM).ok());
+  EXPECT_TRUE(rollout.Wait(absl::Seconds(30)).ok());
 }
 
 TEST(ModelDir, ConflictingFlagsAndBadDirectoriesAreRefused) {

@@ -256,6 +256,19 @@ TEST(HfModelErrors, WeightProblemsAreNamedAndChangeNothing) {
   }
 }
 
+// End-of-sequence ids: generation_config.json first, then config.json, id or list.
+TEST(HfModelErrors, EosIdsComeFromTheGenerationConfigThenTheConfig) {
+  const std::string dir = CopyOf("llama", "eos");
+  auto ids = ReadHfEosIds(dir);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, std::vector<int32_t>({2}));  // (config.json's "eos_token_id": 2)
+  Write(dir + "/generation_config.json", "{\"eos_token_id\": [151643, 151645]}");
+  EXPECT_EQ(*ReadHfEosIds(dir), std::vector<int32_t>({151643, 151645}));
+  Write(dir + "/generation_config.json", "{\"eos_token_id\": \"</s>\"}");
+  EXPECT_EQ(ReadHfEosIds(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ReadHfEosIds(FixtureDir("qwen2"))->empty());  // (null in its config)
+}
+
 // BF16 weights (what most checkpoints hold) load by conversion.
 TEST(HfModelErrors, Bf16WeightsLoad) {
   HfLoadOptions options;
