@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -22,6 +23,13 @@ ABSL_FLAG(std::string, loop_reward, "", "loop: reward address.");
 ABSL_FLAG(std::string, loop_buffer, "", "loop: buffer address.");
 ABSL_FLAG(std::string, loop_trainer, "", "loop: trainer address.");
 ABSL_FLAG(std::string, task, "reverse", "loop: built-in task.");
+ABSL_FLAG(std::string, dataset, "",
+          "loop / run: a JSONL prompt dataset instead of --task (one object per line: a prompt string and an "
+          "answer; for `run` a path under the controller's --data_root), tokenized by --model_dir's tokenizer.");
+ABSL_FLAG(std::string, prompt_field, "prompt", "loop / run: the dataset's prompt field.");
+ABSL_FLAG(std::string, answer_field, "answer", "loop / run: the dataset's answer field.");
+ABSL_FLAG(std::string, dataset_task, "math", "loop / run: the reward task the dataset's records are scored as.");
+ABSL_DECLARE_FLAG(std::string, model_dir);
 ABSL_FLAG(int, min_len, 3, "loop: shortest task input.");
 ABSL_FLAG(int, max_len, 5, "loop: longest task input.");
 ABSL_FLAG(int, steps, 200, "loop: training steps.");
@@ -61,7 +69,15 @@ int Fail(const absl::Status& s, absl::string_view what) {
 // The loop flags as a v1::RunConfig (what `rlfleet run` sends).
 v1::RunConfig RunConfigFromFlags() {
   v1::RunConfig c;
-  c.set_task(absl::GetFlag(FLAGS_task));
+  if (absl::GetFlag(FLAGS_dataset).empty()) {
+    c.set_task(absl::GetFlag(FLAGS_task));
+  } else {
+    c.set_dataset(absl::GetFlag(FLAGS_dataset));
+    c.set_tokenizer_dir(absl::GetFlag(FLAGS_model_dir));
+    c.set_prompt_field(absl::GetFlag(FLAGS_prompt_field));
+    c.set_answer_field(absl::GetFlag(FLAGS_answer_field));
+    c.set_dataset_task(absl::GetFlag(FLAGS_dataset_task));
+  }
   (*c.mutable_task_params())["min_len"] = absl::StrCat(absl::GetFlag(FLAGS_min_len));
   (*c.mutable_task_params())["max_len"] = absl::StrCat(absl::GetFlag(FLAGS_max_len));
   c.set_algorithm(v1::ALGORITHM_GRPO);
@@ -166,6 +182,11 @@ int StopRun(ControllerClient& client) {
 int RunLoop(const rpc::ClientOptions& base) {
   LoopConfig config;
   config.task = absl::GetFlag(FLAGS_task);
+  config.dataset = absl::GetFlag(FLAGS_dataset);
+  config.tokenizer_dir = absl::GetFlag(FLAGS_model_dir);
+  config.prompt_field = absl::GetFlag(FLAGS_prompt_field);
+  config.answer_field = absl::GetFlag(FLAGS_answer_field);
+  config.dataset_task = absl::GetFlag(FLAGS_dataset_task);
   config.min_len = absl::GetFlag(FLAGS_min_len);
   config.max_len = absl::GetFlag(FLAGS_max_len);
   config.steps = absl::GetFlag(FLAGS_steps);
@@ -210,8 +231,10 @@ int RunLoop(const rpc::ClientOptions& base) {
     std::cerr << "rlfleet loop: " << s.message() << "\n";
     return 2;
   }
-  std::cout << "loop: " << config.task << " n=" << config.min_len << ".." << config.max_len << ", " << config.prompts
-            << " prompts x " << config.samples << " samples per step\n";
+  std::cout << "loop: "
+            << (config.dataset.empty() ? absl::StrCat(config.task, " n=", config.min_len, "..", config.max_len)
+                                       : config.dataset)
+            << ", " << config.prompts << " prompts x " << config.samples << " samples per step\n";
   LoopProgress last;
   auto on_progress = [&](const LoopProgress& p) {
     metrics.Add(p);

@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, trainer, "", "Trainer address runs use; empty: the regist
 ABSL_FLAG(std::string, weights, "",
           "Weights service (rlfleet-weights) runs publish versions through; empty: the registered one, and "
           "without one the trainer's file goes to the replicas directly.");
+ABSL_FLAG(std::string, data_root, "",
+          "Directory that a run's dataset and tokenizer directory (RunConfig.dataset / tokenizer_dir) must lie "
+          "under; empty: runs over datasets are refused.");
 ABSL_FLAG(std::string, runs_dir, "rlfleet-runs",
           "Each run writes metrics.csv and reward_curve.png into <runs_dir>/<run id>; empty: none.");
 ABSL_FLAG(std::string, scaler, "",
@@ -90,7 +93,7 @@ int main(int argc, char** argv) {
   }
   rlfleet::controller::RunManager runs([&peers] { return peers.Make(); },
                                        [](const std::string& line) { std::cout << line << std::endl; },
-                                       absl::GetFlag(FLAGS_runs_dir), run_store->get());
+                                       absl::GetFlag(FLAGS_runs_dir), run_store->get(), absl::GetFlag(FLAGS_data_root));
   rlfleet::controller::ControllerServiceImpl controller_service(&core, &runs, auth);
   auto discovery = rlfleet::controller::RolloutDiscovery::Start(
       &core, &runs, [&peers](const std::string& address) { return peers.Replica(address); },

@@ -72,7 +72,8 @@ ABSL_FLAG(int, samples, 4, "try: responses to sample.");
 ABSL_FLAG(std::string, trainer, "", "train: trainer address.");
 ABSL_FLAG(int, groups, 8, "train: groups per step.");
 ABSL_FLAG(std::string, model_dir, "",
-          "tokenize: a Hugging Face model directory (its tokenizer.json), or the tokenizer.json itself.");
+          "tokenize, and loop / run with --dataset: a Hugging Face model directory (its tokenizer.json), or the "
+          "tokenizer.json itself.");
 ABSL_FLAG(std::string, text, "", "tokenize: the text to encode (prints its token ids as a JSON array).");
 ABSL_FLAG(std::string, ids, "", "tokenize: comma-separated token ids to decode instead (prints the text).");
 

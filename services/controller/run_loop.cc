@@ -16,13 +16,11 @@
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 #include "libs/metrics/metrics.h"
-#include "libs/model/tokenizer.h"
 #include "libs/tasks/tasks.h"
+#include "services/controller/prompt_source.h"
 
 namespace rlfleet::controller {
 namespace {
-
-using model::Tokenizer;
 
 // Reward standard deviation at or below which a group has no learning signal (what the
 // loop configures the buffer with).
@@ -58,22 +56,23 @@ absl::Status RetryUnavailable(const LoopConfig& config, const std::atomic<bool>&
 
 // Generates for `examples` and scores the completions with the reward service.
 absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& stop, RolloutPool& rollout,
-                             RewardPeer& reward, const std::vector<tasks::Example>& examples, int samples,
-                             float temperature, uint64_t seed, const std::string& request_id,
+                             RewardPeer& reward, const PromptSource& source, const std::vector<RunPrompt>& examples,
+                             int samples, float temperature, uint64_t seed, const std::string& request_id,
                              v1::GenerateBatchResponse* out, v1::ScoreResponse* scored) {
   v1::GenerateBatchRequest gen;
   gen.set_request_id(request_id);
   gen.set_num_samples(samples);
   gen.mutable_sampling()->set_temperature(temperature);
-  gen.mutable_sampling()->set_max_new_tokens(config.max_new_tokens > 0 ? config.max_new_tokens : config.max_len + 3);
+  gen.mutable_sampling()->set_max_new_tokens(config.max_new_tokens > 0 ? config.max_new_tokens
+                                                                       : source.default_max_new_tokens());
   gen.mutable_sampling()->set_seed(seed);
   for (size_t i = 0; i < examples.size(); ++i) {
     v1::BatchPrompt* p = gen.add_prompts();
-    p->set_prompt_id(examples[i].prompt);
+    // (a prompt id is bounded: a dataset's prompt text may be long)
+    p->set_prompt_id(examples[i].text.size() <= 120 ? examples[i].text : absl::StrCat(request_id, "-p", i));
     p->set_group_id(absl::StrCat(request_id, "-g", i));
-    p->set_task(config.task);
-    ASSIGN_OR_RETURN(std::vector<int32_t> ids, Tokenizer::EncodePrompt(examples[i].prompt));
-    for (int32_t t : ids) p->add_prompt_token_ids(t);
+    p->set_task(source.task());
+    for (int32_t t : examples[i].ids) p->add_prompt_token_ids(t);
   }
   // (no replica left: one may be admitted meanwhile, e.g. the launcher's replacement)
   RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
@@ -87,9 +86,11 @@ absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& 
     const v1::Experience& e = out->completions(i);
     v1::ScoreItem* item = score.add_items();
     item->set_task(e.task());
-    item->set_prompt_text(examples[i / samples].prompt);
+    item->set_prompt_text(examples[i / samples].text);
     item->set_reference_answer(examples[i / samples].answer);
-    item->set_response_text(Tokenizer::DecodeResponse({e.response_token_ids().begin(), e.response_token_ids().end()}));
+    ASSIGN_OR_RETURN(std::string response,
+                     source.Decode({e.response_token_ids().begin(), e.response_token_ids().end()}));
+    item->set_response_text(std::move(response));
   }
   RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
                                                     [&] {
@@ -417,7 +418,13 @@ uint64_t RolloutPool::NewestInstalledVersion() {
 }
 
 absl::Status ValidateLoopConfig(const LoopConfig& c) {
-  if (tasks::FindTask(c.task) == nullptr) {
+  if (!c.dataset.empty()) {
+    if (c.tokenizer_dir.empty()) {
+      return absl::InvalidArgumentError("tokenizer_dir: a dataset needs the model directory whose tokenizer to use");
+    }
+    if (c.dataset_task.empty()) return absl::InvalidArgumentError("dataset_task: empty (e.g. math)");
+    if (c.prompt_field.empty()) return absl::InvalidArgumentError("prompt_field: empty");
+  } else if (tasks::FindTask(c.task) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("task: unknown task '", c.task, "'"));
   }
   if (c.min_len < 1 || c.max_len < c.min_len || c.max_len > kMaxTaskLen) {
@@ -473,8 +480,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
                      TrainerPeer& trainer, const std::atomic<bool>& stop,
                      const std::function<void(const LoopProgress&)>& on_progress) {
   RETURN_IF_ERROR(ValidateLoopConfig(config));
-  const tasks::Task* task = tasks::FindTask(config.task);
-  const tasks::TaskOptions lengths{config.min_len, config.max_len};
+  ASSIGN_OR_RETURN(std::unique_ptr<PromptSource> source, NewPromptSource(config));
   // New to this call: in every request id, so in every group and experience id. The
   // buffer remembers the ids it has seen (durably, with Redis) and refuses them again:
   // without this a second run on the same buffer sent the first run's ids, every
@@ -542,9 +548,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     absl::StatusOr<uint64_t> current = trainer.PolicyVersion();
     RETURN_IF_ERROR(publish(current.ok() && *current >= newest ? 0 : newest + 1));
   }
-  absl::BitGen gen(std::seed_seq{config.seed});
-  std::vector<tasks::Example> held_out;
-  for (int i = 0; i < config.held_out; ++i) held_out.push_back(task->Make(gen, lengths));
+  const std::vector<RunPrompt>& held_out = source->held_out();
   LoopProgress progress;
   if (config.resume) {
     progress = *config.resume;
@@ -564,22 +568,18 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     absl::Status status;
     double seconds = 0;
   };
-  auto produce = [&](int step, std::vector<tasks::Example> examples) {
+  auto produce = [&](int step, std::vector<RunPrompt> examples) {
     auto p = std::make_shared<Produced>();
     const absl::Time begin = absl::Now();
     // The sampling seed: the run's, mixed with the step's number.
     const uint64_t seed = config.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step);
-    p->status =
-        RolloutAndScore(config, stop, rollout, reward, examples, config.samples, static_cast<float>(config.temperature),
-                        seed, absl::StrCat(tag, "-s", step), &p->generated, &p->scored);
+    p->status = RolloutAndScore(config, stop, rollout, reward, *source, examples, config.samples,
+                                static_cast<float>(config.temperature), seed, absl::StrCat(tag, "-s", step),
+                                &p->generated, &p->scored);
     p->seconds = absl::ToDoubleSeconds(absl::Now() - begin);
     return p;
   };
-  auto make_examples = [&]() {
-    std::vector<tasks::Example> examples;
-    for (int i = 0; i < config.prompts; ++i) examples.push_back(task->Make(gen, lengths));
-    return examples;
-  };
+  auto make_examples = [&]() { return source->Next(config.prompts); };
   std::shared_ptr<Produced> next;
   std::thread ahead;
   auto join_ahead = [&] {
@@ -719,7 +719,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     if (config.eval_every > 0 && step % config.eval_every == 0) {
       v1::GenerateBatchResponse eval;
       v1::ScoreResponse eval_scored;
-      RETURN_IF_ERROR(at_step(RolloutAndScore(config, stop, rollout, reward, held_out, 1, 0.0f, 0,
+      RETURN_IF_ERROR(at_step(RolloutAndScore(config, stop, rollout, reward, *source, held_out, 1, 0.0f, 0,
                                               absl::StrCat("eval", step), &eval, &eval_scored)));
       int exact = 0;
       for (const auto& r : eval_scored.results()) exact += r.reward() >= 1.0f;

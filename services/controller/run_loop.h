@@ -165,9 +165,18 @@ struct LoopProgress {
 struct LoopConfig {
   // The run's id, given to the buffer (Configure / PutExperiences run_id); empty = none.
   std::string run_id;
-  std::string task = "reverse";
+  std::string task = "reverse";  // a built-in task (unless `dataset` is set)
   int min_len = 3;
   int max_len = 5;
+  // A prompt dataset instead of a built-in task (prompt_source.h): a JSONL file on the
+  // controller's machine, its prompts tokenized by the tokenizer.json of `tokenizer_dir`
+  // (the model directory the rollout and trainer run), each scored as `dataset_task`
+  // against its record's answer; `held_out` records held out.
+  std::string dataset;
+  std::string tokenizer_dir;
+  std::string prompt_field = "prompt";
+  std::string answer_field = "answer";
+  std::string dataset_task = "math";
   int steps = 200;
   int prompts = 32;      // groups per step
   int samples = 8;       // group size

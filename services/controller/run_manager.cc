@@ -46,9 +46,27 @@ absl::Status ValidateCheckpointDir(const std::string& dir) {
 
 }  // namespace
 
-absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c) {
+absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c, const std::string& data_root) {
   LoopConfig loop;
   if (!c.task().empty()) loop.task = c.task();
+  if (!c.dataset().empty()) {
+    if (!c.task().empty()) {
+      return Field("task", "set with dataset: leave it empty (dataset_task names the reward task)");
+    }
+    // Paths a caller sends are files on this machine: only under --data_root.
+    ASSIGN_OR_RETURN(std::filesystem::path dataset, common::ResolveUnderRoot("config.dataset", data_root, c.dataset()));
+    if (c.tokenizer_dir().empty()) return Field("tokenizer_dir", "empty; a dataset needs the model directory");
+    ASSIGN_OR_RETURN(std::filesystem::path tokenizer,
+                     common::ResolveUnderRoot("config.tokenizer_dir", data_root, c.tokenizer_dir()));
+    loop.dataset = dataset.string();
+    loop.tokenizer_dir = tokenizer.string();
+    if (!c.prompt_field().empty()) loop.prompt_field = c.prompt_field();
+    if (!c.answer_field().empty()) loop.answer_field = c.answer_field();
+    if (!c.dataset_task().empty()) loop.dataset_task = c.dataset_task();
+  } else if (!c.tokenizer_dir().empty() || !c.prompt_field().empty() || !c.answer_field().empty() ||
+             !c.dataset_task().empty()) {
+    return Field("tokenizer_dir / prompt_field / answer_field / dataset_task", "set without a dataset");
+  }
   for (const auto& [key, value] : c.task_params()) {
     int n = 0;
     if (!absl::SimpleAtoi(value, &n)) return Field(absl::StrCat("task_params[", key, "]"), "not an integer");
@@ -112,8 +130,12 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c) {
 }
 
 RunManager::RunManager(PeerFactory peers, std::function<void(const std::string&)> log, std::string runs_dir,
-                       RunStore* store)
-    : peers_(std::move(peers)), log_(std::move(log)), runs_dir_(std::move(runs_dir)), store_(store) {}
+                       RunStore* store, std::string data_root)
+    : peers_(std::move(peers)),
+      log_(std::move(log)),
+      runs_dir_(std::move(runs_dir)),
+      data_root_(std::move(data_root)),
+      store_(store) {}
 
 void RunManager::Persist() {
   if (store_ == nullptr) return;
@@ -150,7 +172,7 @@ absl::Status RunManager::Recover(absl::Duration peers_within) {
   if (!loaded->has_value()) return absl::OkStatus();
   RunRecord& r = **loaded;
   const bool resume = !Terminal(r.state) && !r.stop_requested;
-  absl::StatusOr<LoopConfig> loop = LoopConfigFromRun(r.config);
+  absl::StatusOr<LoopConfig> loop = LoopConfigFromRun(r.config, data_root_);
   {
     absl::MutexLock lock(&mu_);
     run_id_ = r.run_id;
@@ -231,7 +253,7 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
   // The id names a folder (runs_dir/<id>) and goes to the buffer: one path component
   // of a fixed alphabet, checked before anything else.
   if (!run_id.empty()) RETURN_IF_ERROR(common::ValidatePathId("run_id", run_id));
-  absl::StatusOr<LoopConfig> loop = LoopConfigFromRun(config);
+  absl::StatusOr<LoopConfig> loop = LoopConfigFromRun(config, data_root_);
   if (!loop.ok()) return loop.status();
   {
     absl::MutexLock lock(&mu_);

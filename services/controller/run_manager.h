@@ -32,8 +32,9 @@ struct RunPeers {
 using PeerFactory = std::function<absl::StatusOr<RunPeers>()>;
 
 // The loop's settings from a v1::RunConfig. INVALID_ARGUMENT naming the field
-// ("config.group_size: ...").
-absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& config);
+// ("config.group_size: ..."). A dataset and its tokenizer directory must lie under
+// `data_root` (the controller's --data_root; empty: datasets are refused).
+absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& config, const std::string& data_root = "");
 
 class RunManager {
  public:
@@ -42,7 +43,7 @@ class RunManager {
   // runs_dir/<run id>. With `store` (not owned), the run is saved there when it starts,
   // after every step and when it ends, and Recover resumes it.
   RunManager(PeerFactory peers, std::function<void(const std::string&)> log, std::string runs_dir = "",
-             RunStore* store = nullptr);
+             RunStore* store = nullptr, std::string data_root = "");
   ~RunManager();  // stops an active run and waits for it (its record stays active)
 
   // Once, at start: reads the store's record. A run that had ended is reported by Fill
@@ -94,6 +95,7 @@ class RunManager {
   const PeerFactory peers_;
   const std::function<void(const std::string&)> log_;
   const std::string runs_dir_;
+  const std::string data_root_;  // datasets and tokenizer directories a run names lie under it
   RunStore* const store_;
   // Saves one at a time, each of the state as it is then (a Stop's record is never
   // overwritten by an older step's).

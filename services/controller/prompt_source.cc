@@ -1,0 +1,166 @@
+#include "services/controller/prompt_source.h"
+
+#include <random>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "libs/common/status_macros.h"
+#include "libs/model/hf_tokenizer.h"
+#include "libs/model/tokenizer.h"
+#include "libs/tasks/prompt_dataset.h"
+#include "libs/tasks/tasks.h"
+#include "services/controller/run_loop.h"
+
+namespace rlfleet::controller {
+namespace {
+
+class TaskSource : public PromptSource {
+ public:
+  TaskSource(const tasks::Task* task, const LoopConfig& config)
+      : task_(task),
+        name_(task->name()),
+        lengths_{config.min_len, config.max_len},
+        gen_(std::seed_seq{config.seed}),
+        max_new_tokens_(config.max_len + 3) {
+    // (drawn first from the run's generator, then the training prompts: as ever)
+    for (int i = 0; i < config.held_out; ++i) held_out_.push_back(Make());
+  }
+  const std::string& task() const override { return name_; }
+  const std::vector<RunPrompt>& held_out() const override { return held_out_; }
+  std::vector<RunPrompt> Next(int n) override {
+    std::vector<RunPrompt> prompts;
+    for (int i = 0; i < n; ++i) prompts.push_back(Make());
+    return prompts;
+  }
+  absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
+    return model::Tokenizer::DecodeResponse(ids);
+  }
+  int default_max_new_tokens() const override { return max_new_tokens_; }
+  std::string Describe() const override { return absl::StrCat(name_, " n=", lengths_.min_len, "..", lengths_.max_len); }
+
+ private:
+  RunPrompt Make() {
+    tasks::Example e = task_->Make(gen_, lengths_);
+    absl::StatusOr<std::vector<int32_t>> ids = model::Tokenizer::EncodePrompt(e.prompt);
+    return {e.prompt, ids.ok() ? *ids : std::vector<int32_t>{}, e.answer};  // (a task's prompts always encode)
+  }
+
+  const tasks::Task* task_;
+  const std::string name_;
+  const tasks::TaskOptions lengths_;
+  absl::BitGen gen_;
+  const int max_new_tokens_;
+  std::vector<RunPrompt> held_out_;
+};
+
+// splitmix64: the dataset's passes are shuffled the same on every machine.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+class DatasetSource : public PromptSource {
+ public:
+  DatasetSource(std::string task, std::string describe, std::unique_ptr<model::HfTokenizer> tokenizer,
+                std::vector<RunPrompt> train, std::vector<RunPrompt> held_out, uint64_t seed)
+      : task_(std::move(task)),
+        describe_(std::move(describe)),
+        tokenizer_(std::move(tokenizer)),
+        train_(std::move(train)),
+        held_out_(std::move(held_out)),
+        seed_(seed) {
+    Shuffle();
+  }
+  const std::string& task() const override { return task_; }
+  const std::vector<RunPrompt>& held_out() const override { return held_out_; }
+  std::vector<RunPrompt> Next(int n) override {
+    std::vector<RunPrompt> prompts;
+    for (int i = 0; i < n; ++i) {
+      if (next_ == order_.size()) {
+        ++pass_;
+        Shuffle();
+      }
+      prompts.push_back(train_[order_[next_++]]);
+    }
+    return prompts;
+  }
+  absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
+    return tokenizer_->Decode(ids, /*skip_special_tokens=*/true);
+  }
+  int default_max_new_tokens() const override { return 128; }
+  std::string Describe() const override { return describe_; }
+
+ private:
+  void Shuffle() {
+    order_.resize(train_.size());
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
+    uint64_t state = Mix(seed_ ^ Mix(pass_));
+    for (size_t i = order_.size(); i > 1; --i) {
+      state = Mix(state);
+      std::swap(order_[i - 1], order_[state % i]);
+    }
+    next_ = 0;
+  }
+
+  const std::string task_;
+  const std::string describe_;
+  std::unique_ptr<model::HfTokenizer> tokenizer_;
+  const std::vector<RunPrompt> train_;
+  const std::vector<RunPrompt> held_out_;
+  const uint64_t seed_;
+  uint64_t pass_ = 0;
+  std::vector<size_t> order_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PromptSource>> NewPromptSource(const LoopConfig& config) {
+  if (config.dataset.empty()) {
+    const tasks::Task* task = tasks::FindTask(config.task);
+    if (task == nullptr) return absl::InvalidArgumentError(absl::StrCat("task: unknown task '", config.task, "'"));
+    return std::unique_ptr<PromptSource>(new TaskSource(task, config));
+  }
+  if (config.tokenizer_dir.empty()) {
+    return absl::InvalidArgumentError("dataset: needs tokenizer_dir (the model directory whose tokenizer.json to use)");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<model::HfTokenizer> tokenizer, model::HfTokenizer::FromFile(config.tokenizer_dir));
+  tasks::PromptFields fields;
+  fields.prompt = config.prompt_field;
+  fields.answer = config.answer_field;
+  ASSIGN_OR_RETURN(std::vector<tasks::PromptRecord> records, tasks::ReadPromptJsonl(config.dataset, fields));
+  if (records.size() < static_cast<size_t>(config.held_out) + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset ", config.dataset, ": ", records.size(),
+                                                   " records; held_out ", config.held_out, " needs more"));
+  }
+  tasks::PromptSplit split = tasks::SplitPrompts(std::move(records), config.seed, config.held_out);
+  size_t longest = 0;
+  auto encode = [&](const std::vector<tasks::PromptRecord>& from) -> absl::StatusOr<std::vector<RunPrompt>> {
+    std::vector<RunPrompt> out;
+    for (const tasks::PromptRecord& r : from) {
+      if (!r.messages.empty()) {
+        return absl::UnimplementedError(absl::StrCat(config.dataset, ":", r.line,
+                                                     ": the prompt is chat messages; "
+                                                     "chat templates are not supported yet: give `",
+                                                     config.prompt_field, "` as a string"));
+      }
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(r.prompt);
+      if (!ids.ok()) return common::Annotate(ids.status(), absl::StrCat(config.dataset, ":", r.line));
+      if (ids->empty()) return absl::InvalidArgumentError(absl::StrCat(config.dataset, ":", r.line, ": empty prompt"));
+      longest = std::max(longest, ids->size());
+      out.push_back({r.prompt, std::move(*ids), r.answer});
+    }
+    return out;
+  };
+  ASSIGN_OR_RETURN(std::vector<RunPrompt> train, encode(split.train));
+  ASSIGN_OR_RETURN(std::vector<RunPrompt> held_out, encode(split.heldout));
+  const std::string describe =
+      absl::StrCat(config.dataset, " (", train.size(), " train, ", held_out.size(), " held out, prompts up to ",
+                   longest, " tokens) as task ", config.dataset_task);
+  return std::unique_ptr<PromptSource>(new DatasetSource(config.dataset_task, describe, std::move(tokenizer),
+                                                         std::move(train), std::move(held_out), config.seed));
+}
+
+}  // namespace rlfleet::controller
