@@ -20,8 +20,9 @@
 # "interrupt trap: unexpected EOF while looking for matching `)'", and the fleet then
 # ignored Ctrl-C. Helpers write to files under DIR and `read` them instead.)
 # RLFLEET_PEER_TIMEOUT (default 120s) is the deadline of each call a run makes (a hung
-# replica is dropped after it); RLFLEET_BUFFER_FLAGS and RLFLEET_ROLLOUT_FLAGS, extra flags
-# for rlfleet-buffer and for each rollout replica (e.g. --dtype=bf16)
+# replica is dropped after it); RLFLEET_CONTROLLER_FLAGS, RLFLEET_BUFFER_FLAGS and
+# RLFLEET_ROLLOUT_FLAGS, extra flags for rlfleet-controller (e.g. --data_root=DIR), for
+# rlfleet-buffer and for each rollout replica (e.g. --dtype=bf16)
 # (e.g. --dedupe_ids=N).
 # Binaries come from $RLFLEET_BIN (default bazel-bin/services; build them first with
 # `bazel build //services/...`). MODEL FLAGS go to the rollout replicas and the
@@ -163,8 +164,10 @@ if [[ -z "$REDIS_URL" ]]; then
 fi
 # The controller first: the other services register with it (--registry_address) and
 # runs find them through its registry (Redis-backed here).
+# shellcheck disable=SC2086  # (RLFLEET_CONTROLLER_FLAGS: extra flags, split on spaces)
 start controller "$BIN/controller/rlfleet-controller" --registry="$REDIS_URL/registry:" --scaler=launcher \
-  --runs_dir="$DIR/runs" --peer_timeout="${RLFLEET_PEER_TIMEOUT:-120s}" || fail "controller"
+  --runs_dir="$DIR/runs" --peer_timeout="${RLFLEET_PEER_TIMEOUT:-120s}" ${RLFLEET_CONTROLLER_FLAGS:-} ||
+  fail "controller"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(controller); CONTROLLER=$ADDR
 # registered NAME: waits until NAME's log says it registered with the controller.
 registered() {

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# GRPO on arithmetic word problems, on this machine's CPU, through the whole fleet:
+#  1. examples/math/make_problems.py writes a JSONL of word problems (answers in GSM8K's
+#     "#### N" form);
+#  2. make_tiny_model writes a tiny random Qwen2-architecture model directory for a
+#     byte-level BPE tokenizer (default: the Qwen2-style test tokenizer of
+#     libs/model/testdata; pass your own with RLFLEET_TOKENIZER=DIR);
+#  3. deploy/local/launch.sh starts the fleet with rollout and trainer on that directory
+#     (--model_dir) and the controller allowed to read DIR (--data_root);
+#  4. `rlfleet run --dataset=... --model_dir=...` runs GRPO, the reward service scoring
+#     each response's stated answer (math_exact) against the record's.
+# A random tiny model answers few problems right: this shows the pipeline working end
+# to end, not a model learning arithmetic (on a GPU, start from a real checkpoint).
+#   bash examples/math/run_cpu.sh            (STEPS=20, DIR=/tmp/rlfleet-math by default)
+# With RLFLEET_BIN set (binaries built already, e.g. a test's runfiles) nothing is
+# built; RLFLEET_MAKE_MODEL names the make_tiny_model binary then.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+STEPS="${STEPS:-20}"
+DIR="${DIR:-/tmp/rlfleet-math}"
+TOKENIZER="${RLFLEET_TOKENIZER:-libs/model/testdata/hf/tokenizer_qwen2}"
+if [[ -z "${RLFLEET_BIN:-}" ]]; then
+  bash tools/setup.sh
+  bazel build //services/... //examples/math:make_tiny_model 2>&1 | grep -E "^(ERROR|FAILED)" || true
+  export RLFLEET_BIN="$PWD/bazel-bin/services"
+  RLFLEET_MAKE_MODEL="$PWD/bazel-bin/examples/math/make_tiny_model"
+fi
+rm -rf "$DIR" && mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+python3 examples/math/make_problems.py "$DIR/problems.jsonl" --count 300 --max_value 4
+echo "== $(wc -l <"$DIR/problems.jsonl") problems in $DIR/problems.jsonl, e.g. $(head -1 "$DIR/problems.jsonl")"
+"$RLFLEET_MAKE_MODEL" --tokenizer="$TOKENIZER" --out="$DIR/model"
+
+LAUNCHER=""
+stop_fleet() {
+  [[ -n "$LAUNCHER" ]] || return 0
+  kill -TERM "$LAUNCHER" 2>/dev/null || true
+  wait "$LAUNCHER" 2>/dev/null || true
+  LAUNCHER=""
+}
+trap stop_fleet EXIT
+RLFLEET_CONTROLLER_FLAGS="--data_root=$DIR" bash deploy/local/launch.sh --rollouts=1 --dir="$DIR/fleet" -- \
+  --model_dir="$DIR/model" --max_seq_len=256 --threads=1 >"$DIR/launch.log" 2>&1 &
+LAUNCHER=$!
+controller=""
+for ((i = 0; i < 900; i++)); do
+  controller=$(grep -o -m1 'fleet up: controller [0-9.:]*' "$DIR/launch.log" | awk '{print $4}' || true)
+  [[ -n "$controller" ]] && break
+  kill -0 "$LAUNCHER" 2>/dev/null || break
+  sleep 0.2
+done
+[[ -n "$controller" ]] || { echo "the fleet did not come up:"; tail -30 "$DIR/launch.log"; exit 1; }
+grep -h "qwen2 from" "$DIR"/fleet/rollout0.log "$DIR"/fleet/trainer.log || true
+echo "== rlfleet run: GRPO on $DIR/problems.jsonl ($STEPS steps)"
+"$RLFLEET_BIN/controller/rlfleet" run --controller="$controller" --timeout=120s --dataset="$DIR/problems.jsonl" \
+  --model_dir="$DIR/model" --prompt_field=question --answer_field=answer --steps="$STEPS" --loop_prompts=16 \
+  --loop_samples=8 --eval_every=5 --temperature=1.0 --lr=1e-3 --stop_at=1.0 --max_staleness=0
+echo "== metrics: $(find "$DIR/fleet/runs" -name metrics.csv | head -1)"
