@@ -70,8 +70,9 @@ fi
 #   thread-safety   clang's -Wthread-safety over every .cc (tools/thread_safety.sh)
 #   fuzz-sources    fuzz/harnesses.txt against the Bazel targets
 #   fuzz/<harness>  each libFuzzer harness over its corpus plus 2000 runs
-#   asan            the unit tests of the libraries and of the buffer and weights
-#                   services under ASan + UBSan, counted per test case
+#   asan            the unit tests of the libraries (the model's tokenizer among them;
+#                   not its libtorch tests) and of the buffer and weights services
+#                   under ASan + UBSan, counted per test case
 #   soak            bench/soak.sh --ci: the local fleet busy for 3 minutes, every
 #                   service's RSS and open fds flat after a minute's warm-up
 #   cmake-sources   the CMake lists built outside Bazel (deploy/gpu) against the Bazel
@@ -120,7 +121,8 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   fi
   echo "== unit tests under ASan + UBSan"
   ASAN_TARGETS=(//libs/common/... //libs/transport/... //libs/reshard/... //libs/redis/... //libs/registry/...
-                //libs/rpc/... //libs/metrics/... //services/buffer/... //services/weights/...)
+                //libs/rpc/... //libs/metrics/... //libs/tasks/... //libs/model/tests:hf_tokenizer_test
+                //services/buffer/... //services/weights/...)
   bazel test --config=asan "${ASAN_TARGETS[@]}" --test_tag_filters=-gpu --disk_cache="$DISK_CACHE" --keep_going \
     >/tmp/rlfleet_asan.$$ 2>&1
   ASAN_RC=$?

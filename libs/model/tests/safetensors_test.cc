@@ -109,11 +109,12 @@ TEST(Safetensors, DeeplyNestedMetadataIsDataLossNotAStackOverflow) {
   // unknown keys.
   std::string nested =
       std::string(kMaxSafetensorsJsonDepth - 1, '[') + "1" + std::string(kMaxSafetensorsJsonDepth - 1, ']');
-  auto ok = ParseSafetensorsViews(Image("{\"__metadata__\":{\"a\":" + nested +
-                                            ",\"b\":{}},\"x\":{\"dtype\":\"U8\",\"shape\":[2],"
-                                            "\"data_offsets\":[0,2],\"note\":{\"k\":[\"v\",{}]}}}",
-                                        "ab"),
-                                  "image");
+  // (the views point into the image: it outlives them)
+  const std::string image = Image("{\"__metadata__\":{\"a\":" + nested +
+                                      ",\"b\":{}},\"x\":{\"dtype\":\"U8\",\"shape\":[2],"
+                                      "\"data_offsets\":[0,2],\"note\":{\"k\":[\"v\",{}]}}}",
+                                  "ab");
+  auto ok = ParseSafetensorsViews(image, "image");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)["x"].bytes, "ab");
   std::string too_deep =
