@@ -12,6 +12,7 @@
 #include "libs/model/safetensors.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/service/model_flags.h"
 #include "libs/service/numa_flag.h"
 #include "libs/service/serve.h"
 #include "libs/transport/data_plane.h"
@@ -71,33 +72,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   rlfleet::model::SetComputeThreads(absl::GetFlag(FLAGS_threads));
-  rlfleet::model::PolicyConfig config;
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
-  if (!model_dir.empty()) {
-    for (const char* shape : {"d_model", "n_layers", "n_heads"}) {
-      if (rlfleet::common::FlagWasGiven(shape)) {
-        std::cerr << "rlfleet-rollout: --" << shape << " with --model_dir: the shape is the directory's config.json\n";
-        return 2;
-      }
-    }
-    if (!absl::GetFlag(FLAGS_weights).empty() || absl::GetFlag(FLAGS_serve_initial_weights)) {
-      std::cerr << "rlfleet-rollout: --model_dir serves the directory's weights: drop --weights / "
-                   "--serve_initial_weights\n";
-      return 2;
-    }
-    auto hf = rlfleet::model::ReadHfConfig(model_dir);
-    if (!hf.ok()) {
-      std::cerr << "rlfleet-rollout: --model_dir: " << hf.status() << "\n";
-      return 2;
-    }
-    config = *hf;
-    if (rlfleet::common::FlagWasGiven("max_seq_len")) config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
-  } else {
-    config.d_model = absl::GetFlag(FLAGS_d_model);
-    config.n_layers = absl::GetFlag(FLAGS_n_layers);
-    config.n_heads = absl::GetFlag(FLAGS_n_heads);
-    config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  if (!model_dir.empty() && (!absl::GetFlag(FLAGS_weights).empty() || absl::GetFlag(FLAGS_serve_initial_weights))) {
+    std::cerr << "rlfleet-rollout: --model_dir serves the directory's weights: drop --weights / "
+                 "--serve_initial_weights\n";
+    return 2;
   }
+  absl::StatusOr<rlfleet::model::PolicyConfig> model = rlfleet::service::PolicyConfigFromFlags(
+      model_dir, {absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_n_layers), absl::GetFlag(FLAGS_n_heads),
+                  absl::GetFlag(FLAGS_max_seq_len)});
+  if (!model.ok()) {
+    std::cerr << "rlfleet-rollout: " << model.status() << "\n";
+    return 2;
+  }
+  rlfleet::model::PolicyConfig config = *model;
   config.dtype = absl::GetFlag(FLAGS_dtype);
   config.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   rlfleet::rollout::RolloutLimits limits;

@@ -6,10 +6,10 @@
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
 #include "libs/common/config.h"
-#include "libs/model/hf_model.h"
 #include "libs/model/policy.h"
 #include "libs/nccl_tuning/nccl_env.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/service/model_flags.h"
 #include "libs/service/numa_flag.h"
 #include "libs/service/serve.h"
 #include "libs/transport/data_plane.h"
@@ -95,33 +95,20 @@ int main(int argc, char** argv) {
     }
     buffer = std::make_unique<rlfleet::trainer::GrpcBufferSource>(*channel, *client_options);
   }
-  rlfleet::model::PolicyConfig config;
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
-  if (!model_dir.empty()) {
-    for (const char* shape : {"d_model", "n_layers", "n_heads"}) {
-      if (rlfleet::common::FlagWasGiven(shape)) {
-        std::cerr << "rlfleet-trainer: --" << shape << " with --model_dir: the shape is the directory's config.json\n";
-        return 2;
-      }
-    }
-    if (absl::GetFlag(FLAGS_value_head)) {
-      std::cerr << "rlfleet-trainer: --value_head with --model_dir is not supported yet (the directory has no "
-                   "value head to start from); use GRPO / RLOO advantages\n";
-      return 2;
-    }
-    auto hf = rlfleet::model::ReadHfConfig(model_dir);
-    if (!hf.ok()) {
-      std::cerr << "rlfleet-trainer: --model_dir: " << hf.status() << "\n";
-      return 2;
-    }
-    config = *hf;
-    if (rlfleet::common::FlagWasGiven("max_seq_len")) config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
-  } else {
-    config.d_model = absl::GetFlag(FLAGS_d_model);
-    config.n_layers = absl::GetFlag(FLAGS_n_layers);
-    config.n_heads = absl::GetFlag(FLAGS_n_heads);
-    config.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  if (!model_dir.empty() && absl::GetFlag(FLAGS_value_head)) {
+    std::cerr << "rlfleet-trainer: --value_head with --model_dir is not supported yet (the directory has no "
+                 "value head to start from); use GRPO / RLOO advantages\n";
+    return 2;
   }
+  absl::StatusOr<rlfleet::model::PolicyConfig> model = rlfleet::service::PolicyConfigFromFlags(
+      model_dir, {absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_n_layers), absl::GetFlag(FLAGS_n_heads),
+                  absl::GetFlag(FLAGS_max_seq_len)});
+  if (!model.ok()) {
+    std::cerr << "rlfleet-trainer: " << model.status() << "\n";
+    return 2;
+  }
+  rlfleet::model::PolicyConfig config = *model;
   config.value_head = absl::GetFlag(FLAGS_value_head);
   if (const std::string precision = absl::GetFlag(FLAGS_precision); precision == "bf16") {
     config.bf16_autocast = true;
