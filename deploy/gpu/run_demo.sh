@@ -16,6 +16,7 @@ cd "$(dirname "$0")/../.."
 device="${1:-cuda:0}"
 out="${OUT:-/tmp}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+bash deploy/gpu/unpack_carry.sh
 [[ -x .carry/bin/services/rollout/rlfleet-rollout ]] ||
   { echo "run_demo: no .carry/bin: run deploy/gpu/pack_fleet.sh on the build machine and carry .carry" >&2; exit 1; }
 backends="$(deploy/gpu/build_backends.sh)"

@@ -13,7 +13,10 @@
 # to end, not a model learning arithmetic (on a GPU, start from a real checkpoint).
 #   bash examples/math/run_cpu.sh            (STEPS=20, DIR=/tmp/rlfleet-math by default)
 # With RLFLEET_BIN set (binaries built already, e.g. a test's runfiles) nothing is
-# built; RLFLEET_MAKE_MODEL names the make_tiny_model binary then.
+# built; RLFLEET_MAKE_MODEL names the make_tiny_model binary then. RLFLEET_MODEL_DIR
+# runs a model directory of yours instead of the tiny one (examples/math/run_gpu.sh), and
+# RLFLEET_MODEL_FLAGS go to the rollout and trainer (e.g. --device=cuda:0).
+# RLFLEET_LOOP_FLAGS go to `rlfleet run` after the example's own.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 STEPS="${STEPS:-20}"
@@ -25,11 +28,20 @@ if [[ -z "${RLFLEET_BIN:-}" ]]; then
   export RLFLEET_BIN="$PWD/bazel-bin/services"
   RLFLEET_MAKE_MODEL="$PWD/bazel-bin/examples/math/make_tiny_model"
 fi
-rm -rf "$DIR" && mkdir -p "$DIR"
+mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
+rm -rf "$DIR/fleet" "$DIR/problems.jsonl" "$DIR/launch.log"
+if [[ -n "${RLFLEET_MODEL_DIR:-}" ]]; then
+  RLFLEET_MODEL_DIR="$(cd "$RLFLEET_MODEL_DIR" && pwd)"
+  [[ "$RLFLEET_MODEL_DIR" == "$DIR"/* ]] ||
+    { echo "run_cpu.sh: RLFLEET_MODEL_DIR must lie under DIR=$DIR (the controller's --data_root)" >&2; exit 2; }
+else
+  rm -rf "$DIR/model"
+fi
 python3 examples/math/make_problems.py "$DIR/problems.jsonl" --count 300 --max_value 4
 echo "== $(wc -l <"$DIR/problems.jsonl") problems in $DIR/problems.jsonl, e.g. $(head -1 "$DIR/problems.jsonl")"
-"$RLFLEET_MAKE_MODEL" --tokenizer="$TOKENIZER" --out="$DIR/model"
+MODEL="${RLFLEET_MODEL_DIR:-$DIR/model}"
+[[ -n "${RLFLEET_MODEL_DIR:-}" ]] || "$RLFLEET_MAKE_MODEL" --tokenizer="$TOKENIZER" --out="$MODEL"
 
 LAUNCHER=""
 stop_fleet() {
@@ -39,8 +51,10 @@ stop_fleet() {
   LAUNCHER=""
 }
 trap stop_fleet EXIT
+# (the controller reads the problems and the tokenizer under --data_root=DIR only)
+# shellcheck disable=SC2086  # (RLFLEET_MODEL_FLAGS: extra flags, split on spaces)
 RLFLEET_CONTROLLER_FLAGS="--data_root=$DIR" bash deploy/local/launch.sh --rollouts=1 --dir="$DIR/fleet" -- \
-  --model_dir="$DIR/model" --max_seq_len=256 --threads=1 >"$DIR/launch.log" 2>&1 &
+  --model_dir="$MODEL" --max_seq_len=256 --threads=1 ${RLFLEET_MODEL_FLAGS:-} >"$DIR/launch.log" 2>&1 &
 LAUNCHER=$!
 controller=""
 for ((i = 0; i < 900; i++)); do
@@ -50,9 +64,10 @@ for ((i = 0; i < 900; i++)); do
   sleep 0.2
 done
 [[ -n "$controller" ]] || { echo "the fleet did not come up:"; tail -30 "$DIR/launch.log"; exit 1; }
-grep -h "qwen2 from" "$DIR"/fleet/rollout0.log "$DIR"/fleet/trainer.log || true
+grep -h "from $MODEL" "$DIR"/fleet/rollout0.log "$DIR"/fleet/trainer.log || true
 echo "== rlfleet run: GRPO on $DIR/problems.jsonl ($STEPS steps)"
+# shellcheck disable=SC2086  # (RLFLEET_LOOP_FLAGS: extra flags, split on spaces)
 "$RLFLEET_BIN/controller/rlfleet" run --controller="$controller" --timeout=120s --dataset="$DIR/problems.jsonl" \
-  --model_dir="$DIR/model" --prompt_field=question --answer_field=answer --steps="$STEPS" --loop_prompts=16 \
-  --loop_samples=8 --eval_every=5 --temperature=1.0 --lr=1e-3 --stop_at=1.0 --max_staleness=0
+  --model_dir="$MODEL" --prompt_field=question --answer_field=answer --steps="$STEPS" --loop_prompts=16 \
+  --loop_samples=8 --eval_every=5 --temperature=1.0 --lr=1e-3 --stop_at=1.0 --max_staleness=0 ${RLFLEET_LOOP_FLAGS:-}
 echo "== metrics: $(find "$DIR/fleet/runs" -name metrics.csv | head -1)"
