@@ -93,11 +93,24 @@ absl::StatusOr<std::vector<PromptRecord>> ReadPromptJsonl(const std::string& pat
   return ParsePromptJsonl(text, path, fields);
 }
 
-PromptSplit SplitPrompts(std::vector<PromptRecord> records, uint64_t seed, size_t heldout) {
+std::vector<size_t> ShuffledOrder(size_t n, uint64_t seed) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
   uint64_t state = seed;
-  for (size_t i = records.size(); i > 1; --i) {
+  for (size_t i = n; i > 1; --i) {
     const size_t j = SplitMix64(&state) % i;  // (modulo bias is negligible at these sizes)
-    std::swap(records[i - 1], records[j]);
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
+}
+
+PromptSplit SplitPrompts(std::vector<PromptRecord> records, uint64_t seed, size_t heldout) {
+  {
+    const std::vector<size_t> order = ShuffledOrder(records.size(), seed);
+    std::vector<PromptRecord> shuffled;
+    shuffled.reserve(records.size());
+    for (size_t i : order) shuffled.push_back(std::move(records[i]));
+    records = std::move(shuffled);
   }
   heldout = std::min(heldout, records.empty() ? 0 : records.size() - 1);
   PromptSplit split;

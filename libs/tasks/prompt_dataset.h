@@ -49,6 +49,10 @@ struct PromptSplit {
   std::vector<PromptRecord> train, heldout;
 };
 
+// The indices 0..n-1 in the order `seed` gives them: a Fisher-Yates shuffle over
+// splitmix64, the same on every machine (no std:: distribution).
+std::vector<size_t> ShuffledOrder(size_t n, uint64_t seed);
+
 // `records` shuffled by `seed` (the same seed, the same order on every machine: a
 // Fisher-Yates shuffle over splitmix64), the first `heldout` of them held out (at most
 // all but one).

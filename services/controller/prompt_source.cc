@@ -53,14 +53,6 @@ class TaskSource : public PromptSource {
   std::vector<RunPrompt> held_out_;
 };
 
-// splitmix64: the dataset's passes are shuffled the same on every machine.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 class DatasetSource : public PromptSource {
  public:
   DatasetSource(std::string task, std::string describe, std::unique_ptr<model::HfTokenizer> tokenizer,
@@ -93,14 +85,9 @@ class DatasetSource : public PromptSource {
   std::string Describe() const override { return describe_; }
 
  private:
+  // Each pass in its own order (the same on every machine).
   void Shuffle() {
-    order_.resize(train_.size());
-    for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
-    uint64_t state = Mix(seed_ ^ Mix(pass_));
-    for (size_t i = order_.size(); i > 1; --i) {
-      state = Mix(state);
-      std::swap(order_[i - 1], order_[state % i]);
-    }
+    order_ = tasks::ShuffledOrder(train_.size(), seed_ ^ ((pass_ + 1) * 0x9e3779b97f4a7c15ull));
     next_ = 0;
   }
 
