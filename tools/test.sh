@@ -121,7 +121,7 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   fi
   echo "== unit tests under ASan + UBSan"
   ASAN_TARGETS=(//libs/common/... //libs/transport/... //libs/reshard/... //libs/redis/... //libs/registry/...
-                //libs/rpc/... //libs/metrics/... //libs/tasks/... //libs/model/tests:hf_tokenizer_test
+                //libs/rpc/... //libs/metrics/... //libs/tasks/... //libs/model/tests:hf_tokenizer_test //libs/model/tests:chat_template_test
                 //services/buffer/... //services/weights/...)
   bazel test --config=asan "${ASAN_TARGETS[@]}" --test_tag_filters=-gpu --disk_cache="$DISK_CACHE" --keep_going \
     >/tmp/rlfleet_asan.$$ 2>&1

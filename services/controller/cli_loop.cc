@@ -29,6 +29,11 @@ ABSL_FLAG(std::string, dataset, "",
 ABSL_FLAG(std::string, prompt_field, "prompt", "loop / run: the dataset's prompt field.");
 ABSL_FLAG(std::string, answer_field, "answer", "loop / run: the dataset's answer field.");
 ABSL_FLAG(std::string, dataset_task, "math", "loop / run: the reward task the dataset's records are scored as.");
+ABSL_FLAG(bool, apply_chat_template, false,
+          "loop / run: render the dataset's prompt strings through --model_dir's chat template as one user message "
+          "(records given as chat messages always go through it).");
+ABSL_FLAG(std::string, chat_template_kwargs, "",
+          "loop / run: further chat-template variables, a JSON object (e.g. '{\"enable_thinking\": false}').");
 ABSL_DECLARE_FLAG(std::string, model_dir);
 ABSL_FLAG(int, min_len, 3, "loop: shortest task input.");
 ABSL_FLAG(int, max_len, 5, "loop: longest task input.");
@@ -77,6 +82,8 @@ v1::RunConfig RunConfigFromFlags() {
     c.set_prompt_field(absl::GetFlag(FLAGS_prompt_field));
     c.set_answer_field(absl::GetFlag(FLAGS_answer_field));
     c.set_dataset_task(absl::GetFlag(FLAGS_dataset_task));
+    c.set_apply_chat_template(absl::GetFlag(FLAGS_apply_chat_template));
+    c.set_chat_template_kwargs(absl::GetFlag(FLAGS_chat_template_kwargs));
   }
   (*c.mutable_task_params())["min_len"] = absl::StrCat(absl::GetFlag(FLAGS_min_len));
   (*c.mutable_task_params())["max_len"] = absl::StrCat(absl::GetFlag(FLAGS_max_len));
@@ -187,6 +194,8 @@ int RunLoop(const rpc::ClientOptions& base) {
   config.prompt_field = absl::GetFlag(FLAGS_prompt_field);
   config.answer_field = absl::GetFlag(FLAGS_answer_field);
   config.dataset_task = absl::GetFlag(FLAGS_dataset_task);
+  config.apply_chat_template = absl::GetFlag(FLAGS_apply_chat_template);
+  config.chat_template_kwargs = absl::GetFlag(FLAGS_chat_template_kwargs);
   config.min_len = absl::GetFlag(FLAGS_min_len);
   config.max_len = absl::GetFlag(FLAGS_max_len);
   config.steps = absl::GetFlag(FLAGS_steps);

@@ -1,10 +1,13 @@
 #include "services/controller/prompt_source.h"
 
+#include <algorithm>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/status_macros.h"
+#include "libs/model/chat_template.h"
 #include "libs/model/hf_tokenizer.h"
 #include "libs/model/tokenizer.h"
 #include "libs/tasks/prompt_dataset.h"
@@ -122,30 +125,59 @@ absl::StatusOr<std::unique_ptr<PromptSource>> NewPromptSource(const LoopConfig& 
     return absl::InvalidArgumentError(absl::StrCat("dataset ", config.dataset, ": ", records.size(),
                                                    " records; held_out ", config.held_out, " needs more"));
   }
+  // The chat template, when a record or the config asks for it.
+  std::unique_ptr<model::ChatTemplate> chat;
+  nlohmann::ordered_json chat_kwargs = nlohmann::ordered_json::object();
+  const bool any_messages =
+      std::any_of(records.begin(), records.end(), [](const tasks::PromptRecord& r) { return !r.messages.empty(); });
+  if (any_messages || config.apply_chat_template) {
+    auto loaded = model::ChatTemplate::FromModelDir(config.tokenizer_dir);
+    if (!loaded.ok()) {
+      return common::Annotate(loaded.status(),
+                              any_messages ? absl::StrCat("dataset ", config.dataset, ": records are chat messages")
+                                           : "apply_chat_template");
+    }
+    chat = *std::move(loaded);
+  }
+  if (!config.chat_template_kwargs.empty()) {
+    chat_kwargs = nlohmann::ordered_json::parse(config.chat_template_kwargs, nullptr, /*allow_exceptions=*/false);
+    if (chat_kwargs.is_discarded() || !chat_kwargs.is_object()) {
+      return absl::InvalidArgumentError("chat_template_kwargs: not a JSON object");
+    }
+    if (chat == nullptr) {
+      return absl::InvalidArgumentError(
+          "chat_template_kwargs: set, but no prompt goes through the chat template (see apply_chat_template)");
+    }
+  }
+  // A record's prompt text: the string as it is, or through the chat template.
+  auto prompt_text = [&](const tasks::PromptRecord& r) -> absl::StatusOr<std::string> {
+    if (chat == nullptr || (r.messages.empty() && !config.apply_chat_template)) return r.prompt;
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (r.messages.empty()) messages.push_back({{"role", "user"}, {"content", r.prompt}});
+    for (const tasks::ChatMessage& m : r.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+    auto text = chat->Apply(messages, /*add_generation_prompt=*/true, nullptr, chat_kwargs);
+    if (!text.ok()) return common::Annotate(text.status(), absl::StrCat(config.dataset, ":", r.line));
+    return text;
+  };
   tasks::PromptSplit split = tasks::SplitPrompts(std::move(records), config.seed, config.held_out);
   size_t longest = 0;
   auto encode = [&](const std::vector<tasks::PromptRecord>& from) -> absl::StatusOr<std::vector<RunPrompt>> {
     std::vector<RunPrompt> out;
     for (const tasks::PromptRecord& r : from) {
-      if (!r.messages.empty()) {
-        return absl::UnimplementedError(absl::StrCat(config.dataset, ":", r.line,
-                                                     ": the prompt is chat messages; "
-                                                     "chat templates are not supported yet: give `",
-                                                     config.prompt_field, "` as a string"));
-      }
-      absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(r.prompt);
+      ASSIGN_OR_RETURN(std::string text, prompt_text(r));
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text);
       if (!ids.ok()) return common::Annotate(ids.status(), absl::StrCat(config.dataset, ":", r.line));
       if (ids->empty()) return absl::InvalidArgumentError(absl::StrCat(config.dataset, ":", r.line, ": empty prompt"));
       longest = std::max(longest, ids->size());
-      out.push_back({r.prompt, std::move(*ids), r.answer});
+      out.push_back({std::move(text), std::move(*ids), r.answer});
     }
     return out;
   };
   ASSIGN_OR_RETURN(std::vector<RunPrompt> train, encode(split.train));
   ASSIGN_OR_RETURN(std::vector<RunPrompt> held_out, encode(split.heldout));
-  const std::string describe =
-      absl::StrCat(config.dataset, " (", train.size(), " train, ", held_out.size(), " held out, prompts up to ",
-                   longest, " tokens) as task ", config.dataset_task);
+  const std::string describe = absl::StrCat(
+      config.dataset, " (", train.size(), " train, ", held_out.size(), " held out, prompts up to ", longest, " tokens",
+      chat != nullptr ? ", through the chat template" : "", ") as task ", config.dataset_task);
   return std::unique_ptr<PromptSource>(new DatasetSource(config.dataset_task, describe, std::move(tokenizer),
                                                          std::move(train), std::move(held_out), config.seed));
 }

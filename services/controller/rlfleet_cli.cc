@@ -24,6 +24,11 @@
 //   rlfleet tokenize --model_dir=DIR --text=T   a checkpoint's token ids for T as a JSON
 //                    (or --ids=1,2,3)           array (the text of ids), as the tokenizers
 //                                               library gives them
+//   rlfleet tokenize --model_dir=DIR --chat=F   the ids of a conversation (F: a JSON array
+//                    [--add_generation_prompt]  of messages, or {"messages", "tools", other
+//                    [--chat_text]              template variables}) through the model's
+//                                               chat template, as transformers'
+//                                               apply_chat_template (--chat_text: the text)
 //
 // Auth flags (--auth_token_file, --tls_ca, --tls_cert, --tls_key) as for every binary.
 #include <fstream>
@@ -44,6 +49,7 @@
 #include "libs/common/config.h"
 #include "libs/common/ids.h"
 #include "libs/metrics/http_server.h"
+#include "libs/model/chat_template.h"
 #include "libs/model/hf_tokenizer.h"
 #include "libs/model/tokenizer.h"
 #include "libs/nccl_tuning/nccl_env.h"
@@ -76,6 +82,13 @@ ABSL_FLAG(std::string, model_dir, "",
           "tokenizer.json itself.");
 ABSL_FLAG(std::string, text, "", "tokenize: the text to encode (prints its token ids as a JSON array).");
 ABSL_FLAG(std::string, ids, "", "tokenize: comma-separated token ids to decode instead (prints the text).");
+ABSL_FLAG(std::string, chat, "",
+          "tokenize: a JSON file with a conversation to render through --model_dir's chat template: an array of "
+          "messages ({\"role\", \"content\", ...}), or an object with \"messages\", optional \"tools\" and any "
+          "other template variables (e.g. \"enable_thinking\": false).");
+ABSL_FLAG(bool, add_generation_prompt, false,
+          "tokenize --chat: end with the template's prompt for the assistant's reply.");
+ABSL_FLAG(bool, chat_text, false, "tokenize --chat: print the rendered text instead of its token ids.");
 
 namespace {
 
@@ -379,10 +392,54 @@ int Doctor(ControllerClient& client) {
 // flags (it calls the services it is given), or a client of --controller too.
 // rlfleet tokenize --model_dir=DIR (--text=T | --ids=1,2,3): a checkpoint's tokenizer
 // from the command line, as the `tokenizers` library encodes and decodes.
+// The --chat conversation of `rlfleet tokenize` rendered through the model directory's
+// chat template.
+absl::StatusOr<std::string> RenderChat(const std::string& dir, const std::string& file) {
+  auto chat = rlfleet::model::ChatTemplate::FromModelDir(dir);
+  if (!chat.ok()) return chat.status();
+  std::ifstream in(file);
+  if (!in) return absl::NotFoundError(absl::StrCat("--chat: cannot read ", file));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto json = nlohmann::ordered_json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("--chat: ", file, " is not JSON"));
+  nlohmann::ordered_json messages = json, tools = nullptr, extra = nlohmann::ordered_json::object();
+  if (json.is_object()) {
+    if (!json.contains("messages")) {
+      return absl::InvalidArgumentError(absl::StrCat("--chat: ", file, " is an object without \"messages\""));
+    }
+    messages = json["messages"];
+    for (const auto& [key, value] : json.items()) {
+      if (key == "tools") {
+        tools = value;
+      } else if (key != "messages") {
+        extra[key] = value;
+      }
+    }
+  }
+  return (*chat)->Apply(messages, absl::GetFlag(FLAGS_add_generation_prompt), tools, extra);
+}
+
 int Tokenize() {
-  constexpr char kUsage[] = "rlfleet tokenize --model_dir=DIR (--text=TEXT | --ids=ID,ID,...)";
-  const std::string dir = absl::GetFlag(FLAGS_model_dir), ids_flag = absl::GetFlag(FLAGS_ids);
+  constexpr char kUsage[] =
+      "rlfleet tokenize --model_dir=DIR (--text=TEXT | --ids=ID,ID,... | --chat=FILE.json "
+      "[--add_generation_prompt] [--chat_text])";
+  const std::string dir = absl::GetFlag(FLAGS_model_dir), ids_flag = absl::GetFlag(FLAGS_ids),
+                    chat = absl::GetFlag(FLAGS_chat);
   if (dir.empty()) return Usage("tokenize", "--model_dir is required", kUsage);
+  if (!chat.empty() && (!ids_flag.empty() || !absl::GetFlag(FLAGS_text).empty())) {
+    return Usage("tokenize", "--chat goes alone, without --text or --ids", kUsage);
+  }
+  std::string text = absl::GetFlag(FLAGS_text);
+  if (!chat.empty()) {
+    auto rendered = RenderChat(dir, chat);
+    if (!rendered.ok()) return Fail(rendered.status());
+    if (absl::GetFlag(FLAGS_chat_text)) {
+      std::cout << *rendered;
+      return 0;
+    }
+    text = *std::move(rendered);
+  }
   auto tokenizer = rlfleet::model::HfTokenizer::FromFile(dir);
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   if (!ids_flag.empty()) {
@@ -393,12 +450,12 @@ int Tokenize() {
         return Usage("tokenize", absl::StrCat("--ids: `", part, "` is not an id"), kUsage);
       ids.push_back(id);
     }
-    auto text = (*tokenizer)->Decode(ids);
-    if (!text.ok()) return Fail(text.status());
-    std::cout << *text << "\n";
+    auto decoded = (*tokenizer)->Decode(ids);
+    if (!decoded.ok()) return Fail(decoded.status());
+    std::cout << *decoded << "\n";
     return 0;
   }
-  auto ids = (*tokenizer)->Encode(absl::GetFlag(FLAGS_text));
+  auto ids = (*tokenizer)->Encode(text);
   if (!ids.ok()) return Fail(ids.status());
   std::cout << "[" << absl::StrJoin(*ids, ", ") << "]\n";
   return 0;

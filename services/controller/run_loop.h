@@ -177,6 +177,11 @@ struct LoopConfig {
   std::string prompt_field = "prompt";
   std::string answer_field = "answer";
   std::string dataset_task = "math";
+  // The chat template of `tokenizer_dir` renders records given as chat messages and,
+  // with `apply_chat_template`, prompt strings (as one user message); its extra
+  // variables are `chat_template_kwargs` (a JSON object's text; empty = none).
+  bool apply_chat_template = false;
+  std::string chat_template_kwargs;
   int steps = 200;
   int prompts = 32;      // groups per step
   int samples = 8;       // group size

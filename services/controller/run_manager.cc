@@ -63,9 +63,14 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c, const std::
     if (!c.prompt_field().empty()) loop.prompt_field = c.prompt_field();
     if (!c.answer_field().empty()) loop.answer_field = c.answer_field();
     if (!c.dataset_task().empty()) loop.dataset_task = c.dataset_task();
+    loop.apply_chat_template = c.apply_chat_template();
+    loop.chat_template_kwargs = c.chat_template_kwargs();
   } else if (!c.tokenizer_dir().empty() || !c.prompt_field().empty() || !c.answer_field().empty() ||
-             !c.dataset_task().empty()) {
-    return Field("tokenizer_dir / prompt_field / answer_field / dataset_task", "set without a dataset");
+             !c.dataset_task().empty() || c.apply_chat_template() || !c.chat_template_kwargs().empty()) {
+    return Field(
+        "tokenizer_dir / prompt_field / answer_field / dataset_task / apply_chat_template / "
+        "chat_template_kwargs",
+        "set without a dataset");
   }
   for (const auto& [key, value] : c.task_params()) {
     int n = 0;

@@ -105,10 +105,79 @@ TEST(PromptSource, DatasetProblemsAreNamed) {
   expect_error(
       "{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"b\"}], \"answer\": "
       "\"2\"}\n{\"prompt\": \"c\", \"answer\": \"3\"}\n",
-      "chat templates are not supported yet");
+      "records are chat messages: ");
   expect_error("{\"prompt\": \"a\", \"answer\": \"1\"}\n", "1 records; held_out 1 needs more");
   config.tokenizer_dir = "/nonexistent";
   expect_error("{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\", \"answer\": \"2\"}\n", "tokenizer.json");
+}
+
+// A model directory with the test tokenizer and Qwen2.5's chat template.
+std::string ChatModelDir() {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/chat_model");
+  fs::create_directories(dir);
+  fs::copy_file(TokenizerDir() + "/tokenizer.json", dir + "/tokenizer.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
+                             "/libs/model/testdata/chat/tokenizer_config.json"),
+                dir + "/tokenizer_config.json", fs::copy_options::overwrite_existing);
+  return dir;
+}
+
+TEST(PromptSource, ChatRecordsAndStringsGoThroughTheChatTemplate) {
+  const std::string qwen_system =
+      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+      "assistant.<|im_end|>\n";
+  LoopConfig config;
+  config.tokenizer_dir = ChatModelDir();
+  config.held_out = 1;
+  config.dataset = WriteDataset(
+      "chat.jsonl",
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"Be exact.\"}, {\"role\": \"user\", \"content\": "
+      "\"1+1?\"}], \"answer\": \"2\"}\n"
+      "{\"prompt\": \"2+2?\", \"answer\": \"4\"}\n");
+  auto source = NewPromptSource(config);
+  ASSERT_TRUE(source.ok()) << source.status();
+  auto tokenizer = model::HfTokenizer::FromFile(config.tokenizer_dir);
+  ASSERT_TRUE(tokenizer.ok());
+  std::vector<RunPrompt> all = (*source)->held_out();
+  for (const RunPrompt& p : (*source)->Next(1)) all.push_back(p);
+  ASSERT_EQ(all.size(), 2u);
+  int seen = 0;
+  for (const RunPrompt& p : all) {
+    // Messages: the template's text for them, ending with the assistant's turn. A string
+    // without apply_chat_template: as it is.
+    if (p.answer == "2") {
+      EXPECT_EQ(p.text,
+                "<|im_start|>system\nBe exact.<|im_end|>\n<|im_start|>user\n1+1?<|im_end|>\n"
+                "<|im_start|>assistant\n");
+    } else {
+      EXPECT_EQ(p.text, "2+2?");
+    }
+    EXPECT_EQ(p.ids, *(*tokenizer)->Encode(p.text));
+    ++seen;
+  }
+  EXPECT_EQ(seen, 2);
+  EXPECT_TRUE(absl::StrContains((*source)->Describe(), "through the chat template")) << (*source)->Describe();
+
+  // With apply_chat_template the string is one user message (Qwen's default system).
+  config.apply_chat_template = true;
+  config.chat_template_kwargs = "{\"unused_variable\": 1}";
+  source = NewPromptSource(config);
+  ASSERT_TRUE(source.ok()) << source.status();
+  all = (*source)->held_out();
+  for (const RunPrompt& p : (*source)->Next(1)) all.push_back(p);
+  for (const RunPrompt& p : all) {
+    if (p.answer == "4") {
+      EXPECT_EQ(p.text, qwen_system + "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
+    }
+  }
+
+  config.chat_template_kwargs = "[1]";
+  EXPECT_TRUE(absl::StrContains(NewPromptSource(config).status().message(), "chat_template_kwargs"));
+  // A directory without a template, for chat records: named.
+  config.chat_template_kwargs = "";
+  config.tokenizer_dir = TokenizerDir();
+  EXPECT_TRUE(absl::StrContains(NewPromptSource(config).status().message(), "has no chat template"))
+      << NewPromptSource(config).status();
 }
 
 TEST(PromptSource, ARunsDatasetMustLieUnderTheDataRoot) {
@@ -132,6 +201,16 @@ TEST(PromptSource, ARunsDatasetMustLieUnderTheDataRoot) {
   v1::RunConfig stray;
   stray.set_tokenizer_dir("x");
   EXPECT_EQ(LoopConfigFromRun(stray, root).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::RunConfig stray_chat;
+  stray_chat.set_apply_chat_template(true);
+  EXPECT_EQ(LoopConfigFromRun(stray_chat, root).status().code(), absl::StatusCode::kInvalidArgument);
+  run.set_task("");
+  run.set_apply_chat_template(true);
+  run.set_chat_template_kwargs("{\"enable_thinking\": false}");
+  loop = LoopConfigFromRun(run, root);
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  EXPECT_TRUE(loop->apply_chat_template);
+  EXPECT_EQ(loop->chat_template_kwargs, "{\"enable_thinking\": false}");
 }
 
 }  // namespace
