@@ -193,6 +193,29 @@ absl::StatusOr<std::map<std::string, TensorView>> ReadWeights(const std::string&
   return tensors;
 }
 
+// Checks `tensors` against the parameter names of a policy of `config`: a tensor that is
+// not one of them is refused by name, except what older checkpoints carry beside the
+// parameters (the rotary tables, computed here from the config; a tied model's LM head,
+// the embedding's copy), which is dropped.
+absl::Status KeepParameters(const std::string& dir, const std::vector<std::string>& parameters,
+                            const PolicyConfig& config, std::map<std::string, TensorView>* tensors) {
+  const std::set<std::string> wanted(parameters.begin(), parameters.end());
+  for (auto it = tensors->begin(); it != tensors->end();) {
+    const std::string& tensor = it->first;
+    if (wanted.count(tensor) != 0) {
+      ++it;
+    } else if (absl::EndsWith(tensor, ".rotary_emb.inv_freq") ||
+               (tensor == "lm_head.weight" && config.tie_embeddings)) {
+      it = tensors->erase(it);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("tensor `", tensor, "` in ", dir, " is not a parameter of a ",
+                                                     config.arch, " model of this config.json",
+                                                     config.value_head ? " (a reward model)" : ""));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<PolicyConfig> ParseHfConfig(absl::string_view text, const std::string& name) {
@@ -257,23 +280,7 @@ absl::StatusOr<HfWeights> ReadHfWeights(const std::string& dir, const std::vecto
                                         const PolicyConfig& config) {
   HfWeights weights;
   ASSIGN_OR_RETURN(weights.tensors, ReadWeights(dir, &weights.files));
-  const std::set<std::string> wanted(parameters.begin(), parameters.end());
-  for (auto it = weights.tensors.begin(); it != weights.tensors.end();) {
-    const std::string& tensor = it->first;
-    if (wanted.count(tensor) != 0) {
-      ++it;
-      continue;
-    }
-    // What older checkpoints carry beside the parameters: the rotary tables (computed
-    // here from the config), and the LM head of a model with tied embeddings (the
-    // embedding's copy).
-    if (absl::EndsWith(tensor, ".rotary_emb.inv_freq") || (tensor == "lm_head.weight" && config.tie_embeddings)) {
-      it = weights.tensors.erase(it);
-      continue;
-    }
-    return absl::InvalidArgumentError(absl::StrCat("tensor `", tensor, "` in ", dir, " is not a parameter of a ",
-                                                   config.arch, " model of this config.json"));
-  }
+  RETURN_IF_ERROR(KeepParameters(dir, parameters, config, &weights.tensors));
   return weights;
 }
 
@@ -314,6 +321,58 @@ absl::StatusOr<std::unique_ptr<Policy>> LoadHfModel(const std::string& dir, cons
   if (options.max_seq_len > 0) config.max_seq_len = options.max_seq_len;
   ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy, Policy::Create(config, options.device));
   RETURN_IF_ERROR(LoadHfWeights(dir, policy.get()));
+  return policy;
+}
+
+absl::StatusOr<std::unique_ptr<Policy>> LoadHfRewardModel(const std::string& dir, const HfLoadOptions& options) {
+  const fs::path path = fs::path(dir) / "config.json";
+  ASSIGN_OR_RETURN(std::string text, common::ReadRegularFile("config.json", path, kMaxConfigBytes));
+  ASSIGN_OR_RETURN(PolicyConfig config, ParseHfConfig(text, path.string()));
+  const Json json = Json::parse(text);  // (ParseHfConfig read it)
+  bool classifier = false;
+  if (json.contains("architectures") && json["architectures"].is_array()) {
+    for (const Json& a : json["architectures"]) {
+      classifier |= a.is_string() && absl::EndsWith(a.get<std::string>(), "ForSequenceClassification");
+    }
+  }
+  if (!classifier) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(),
+                     ": `architectures` names no *ForSequenceClassification model; a reward model directory is a "
+                     "sequence classifier with one label (AutoModelForSequenceClassification, num_labels=1)"));
+  }
+  int64_t labels = 2;  // transformers' default
+  if (json.contains("num_labels") && json["num_labels"].is_number_integer()) labels = json["num_labels"].get<int64_t>();
+  if (json.contains("id2label") && json["id2label"].is_object()) labels = static_cast<int64_t>(json["id2label"].size());
+  if (labels != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": a classifier of ", labels, " labels; a reward model has one (num_labels=1)"));
+  }
+  config.value_head = true;
+  config.dtype = options.dtype;
+  if (options.max_seq_len > 0) config.max_seq_len = options.max_seq_len;
+  ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy, Policy::Create(config, options.device));
+
+  std::vector<std::unique_ptr<std::string>> files;
+  ASSIGN_OR_RETURN(auto tensors, ReadWeights(dir, &files));
+  auto score = tensors.find("score.weight");
+  if (score == tensors.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor `score.weight` (the reward head) is missing in ", dir));
+  }
+  tensors["value_head.weight"] = score->second;
+  tensors.erase(score);
+  // The head has no bias: a zero one (zero bits are zero in F32, BF16 and F16).
+  const std::string zero(8, '\0');
+  tensors["value_head.bias"] =
+      TensorView{tensors["value_head.weight"].dtype,
+                 {1},
+                 absl::string_view(zero).substr(0, tensors["value_head.weight"].dtype == "F32" ? 4 : 2)};
+  if (!config.tie_embeddings && tensors.count("lm_head.weight") == 0 &&
+      tensors.count("model.embed_tokens.weight") != 0) {
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"];
+  }
+  RETURN_IF_ERROR(KeepParameters(dir, policy->ParameterNames(), config, &tensors));
+  RETURN_IF_ERROR(policy->LoadTensors(tensors, dir));
   return policy;
 }
 

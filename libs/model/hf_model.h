@@ -69,6 +69,15 @@ struct HfLoadOptions {
 // ReadHfConfig + Policy::Create + LoadHfWeights.
 absl::StatusOr<std::unique_ptr<Policy>> LoadHfModel(const std::string& dir, const HfLoadOptions& options);
 
+// A reward model directory: transformers' <Arch>ForSequenceClassification with one label
+// (what TRL / OpenRLHF reward models are, e.g. Skywork-Reward), as a policy with a value
+// head: its trunk, and its `score` head (no bias) as the value head, whose output at
+// the last token is the reward, as the classifier's logit at the last token is. The
+// policy's LM head, which a reward model lacks, is the embedding's copy and unused.
+// INVALID_ARGUMENT when config.json's `architectures` is not a sequence classifier or
+// `num_labels` / `id2label` is not one label; otherwise errors as LoadHfModel's.
+absl::StatusOr<std::unique_ptr<Policy>> LoadHfRewardModel(const std::string& dir, const HfLoadOptions& options);
+
 // config.json for a Llama-family config, in transformers 5's spelling (dtype float32:
 // what WriteHfModelDir writes).
 std::string HfConfigJson(const PolicyConfig& config);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -79,8 +80,63 @@ Expected ReadExpected(const std::string& arch) {
   return e;
 }
 
+// A reward model made from a fixture as transformers' <Arch>ForSequenceClassification
+// saves one: no LM head, a `score` head of one row, one label. The row is the LM head's
+// row for token `k`, so the reward of a sequence is transformers' logit of `k` at its
+// last token.
+std::string RewardModelDir(const std::string& arch, int k) {
+  HfLoadOptions options;
+  auto policy = LoadHfModel(FixtureDir(arch), options);
+  EXPECT_TRUE(policy.ok()) << policy.status();
+  const std::string dir = TempDir("rm_" + arch);
+  EXPECT_TRUE((*policy)->SaveSafetensors(dir + "/all.safetensors").ok());
+  auto tensors = ReadSafetensors(dir + "/all.safetensors");
+  EXPECT_TRUE(tensors.ok()) << tensors.status();
+  fs::remove(dir + "/all.safetensors");
+  const std::string head = tensors->count("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight";
+  const TensorBlob& rows = tensors->at(head);
+  const int64_t d = rows.shape[1];
+  TensorBlob score{"F32", {1, d}, rows.bytes.substr(k * d * sizeof(float), d * sizeof(float))};
+  tensors->erase("lm_head.weight");
+  (*tensors)["score.weight"] = score;
+  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", *tensors).ok());
+  nlohmann::json config = nlohmann::json::parse(Read(FixtureDir(arch) + "/config.json"));
+  std::string name = config["architectures"][0];
+  config["architectures"][0] = name.replace(name.find("ForCausalLM"), 11, "ForSequenceClassification");
+  config["id2label"] = {{"0", "LABEL_0"}};
+  Write(dir + "/config.json", config.dump(2));
+  return dir;
+}
+
 class HfModel : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Arch, HfModel, ::testing::Values("llama", "qwen2", "qwen3"));
+
+TEST_P(HfModel, ASequenceClassifierLoadsAsARewardModel) {
+  const std::string arch = GetParam();
+  const int k = 7;
+  HfLoadOptions options;
+  options.device = TestDevice();
+  auto rm = LoadHfRewardModel(RewardModelDir(arch, k), options);
+  ASSERT_TRUE(rm.ok()) << rm.status();
+  EXPECT_TRUE((*rm)->config().value_head);
+  const Expected e = ReadExpected(arch);
+  auto values = (*rm)->Values(e.input_ids);
+  ASSERT_TRUE(values.ok()) << values.status();
+  ASSERT_EQ(values->size(), 2u);
+  const int64_t vocab = (*rm)->config().vocab_size, n = static_cast<int64_t>(e.input_ids[0].size());
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_NEAR((*values)[b], e.logits[(b * n + n - 1) * vocab + k], 1e-4) << "sequence " << b;
+  }
+  // A causal LM is not a reward model; a classifier of two labels neither.
+  auto causal = LoadHfRewardModel(FixtureDir(arch), options);
+  EXPECT_TRUE(absl::StrContains(causal.status().message(), "ForSequenceClassification")) << causal.status();
+  const std::string two = RewardModelDir(arch, k);
+  nlohmann::json config = nlohmann::json::parse(Read(two + "/config.json"));
+  config["id2label"] = {{"0", "A"}, {"1", "B"}};
+  Write(two + "/config.json", config.dump());
+  auto labels = LoadHfRewardModel(two, options);
+  EXPECT_TRUE(absl::StrContains(labels.status().message(), "2 labels")) << labels.status();
+}
 
 TEST_P(HfModel, LogitsAndGreedyTokensAreTransformers) {
   const std::string arch = GetParam();
