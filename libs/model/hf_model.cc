@@ -194,9 +194,10 @@ absl::StatusOr<std::map<std::string, TensorView>> ReadWeights(const std::string&
 }
 
 // Checks `tensors` against the parameter names of a policy of `config`: a tensor that is
-// not one of them is refused by name, except what older checkpoints carry beside the
+// not one of them is refused by name, except what checkpoints carry beside the
 // parameters (the rotary tables, computed here from the config; a tied model's LM head,
-// the embedding's copy), which is dropped.
+// the embedding's copy; a critic's value head, for a policy without one), which is
+// dropped.
 absl::Status KeepParameters(const std::string& dir, const std::vector<std::string>& parameters,
                             const PolicyConfig& config, std::map<std::string, TensorView>* tensors) {
   const std::set<std::string> wanted(parameters.begin(), parameters.end());
@@ -205,7 +206,8 @@ absl::Status KeepParameters(const std::string& dir, const std::vector<std::strin
     if (wanted.count(tensor) != 0) {
       ++it;
     } else if (absl::EndsWith(tensor, ".rotary_emb.inv_freq") ||
-               (tensor == "lm_head.weight" && config.tie_embeddings)) {
+               (tensor == "lm_head.weight" && config.tie_embeddings) ||
+               (absl::StartsWith(tensor, "value_head.") && !config.value_head)) {
       it = tensors->erase(it);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("tensor `", tensor, "` in ", dir, " is not a parameter of a ",
@@ -312,6 +314,14 @@ absl::StatusOr<std::vector<int32_t>> ReadHfEosIds(const std::string& dir) {
 
 absl::Status LoadHfWeights(const std::string& dir, Policy* policy) {
   ASSIGN_OR_RETURN(HfWeights weights, ReadHfWeights(dir, policy->ParameterNames(), policy->config()));
+  // A critic on a directory without a value head (a pretrained model): the head starts
+  // at zero, every state's value 0 until it trains.
+  const std::string zeros(static_cast<size_t>(policy->config().d_model) * sizeof(float), '\0');
+  if (policy->config().value_head && weights.tensors.count("value_head.weight") == 0 &&
+      weights.tensors.count("value_head.bias") == 0) {
+    weights.tensors["value_head.weight"] = TensorView{"F32", {1, policy->config().d_model}, zeros};
+    weights.tensors["value_head.bias"] = TensorView{"F32", {1}, absl::string_view(zeros).substr(0, sizeof(float))};
+  }
   return policy->LoadTensors(weights.tensors, dir);
 }
 

@@ -54,7 +54,9 @@ absl::StatusOr<HfWeights> ReadHfWeights(const std::string& dir, const std::vecto
 absl::StatusOr<std::vector<int32_t>> ReadHfEosIds(const std::string& dir);
 
 // Loads a model directory's weights into `policy` (made from its config): every
-// parameter must be there with its shape; nothing changes on error. NOT_FOUND when the
+// parameter must be there with its shape, except a value head (PPO's critic), which
+// starts at zero when the directory has none; a value head in the directory is
+// dropped for a policy without one. Nothing changes on error. NOT_FOUND when the
 // directory has neither model.safetensors nor model.safetensors.index.json, or a shard
 // the index lists is absent (naming it); INVALID_ARGUMENT naming a tensor that is
 // missing, of the wrong shape or dtype, or not a parameter of this model.

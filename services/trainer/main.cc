@@ -34,7 +34,9 @@ ABSL_FLAG(std::string, precision, "fp32",
           "optimizer state).");
 ABSL_FLAG(int, threads, 2, "Compute threads.");
 ABSL_FLAG(uint64_t, seed, 1, "Initial weights' seed.");
-ABSL_FLAG(bool, value_head, false, "Give the model a value head (the critic PPO's GAE needs).");
+ABSL_FLAG(bool, value_head, false,
+          "Give the model a value head (the critic PPO's GAE needs). With --model_dir it is the directory's own "
+          "(a checkpoint this trainer wrote), else it starts at zero.");
 ABSL_FLAG(std::string, buffer, "", "Buffer address (host:port) for TrainStep's BufferSource.");
 ABSL_FLAG(std::string, weights, "",
           "Weights service address (host:port): PublishWeights hands every version to it (PublishVersion) before "
@@ -96,11 +98,6 @@ int main(int argc, char** argv) {
     buffer = std::make_unique<rlfleet::trainer::GrpcBufferSource>(*channel, *client_options);
   }
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
-  if (!model_dir.empty() && absl::GetFlag(FLAGS_value_head)) {
-    std::cerr << "rlfleet-trainer: --value_head with --model_dir is not supported yet (the directory has no "
-                 "value head to start from); use GRPO / RLOO advantages\n";
-    return 2;
-  }
   absl::StatusOr<rlfleet::model::PolicyConfig> model = rlfleet::service::PolicyConfigFromFlags(
       model_dir, {absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_n_layers), absl::GetFlag(FLAGS_n_heads),
                   absl::GetFlag(FLAGS_max_seq_len)});

@@ -178,6 +178,54 @@ TEST(ModelDir, SequencesEndOnTheModelsEosIds) {
   EXPECT_TRUE(rollout.Wait(absl::Seconds(30)).ok());
 }
 
+// PPO on a pretrained directory: a trainer with --value_head (its critic head starts at
+// zero) takes GAE steps; the versions it publishes carry the head, and a replica of the
+// plain model installs them.
+TEST(ModelDir, ATrainerWithAValueHeadRunsPpoOnACheckpoint) {
+  const std::string model = Fixture("qwen2");
+  const std::string publish = std::string(std::getenv("TEST_TMPDIR")) + "/published-ppo";
+  fs::create_directories(publish);
+  Subprocess rollout, trainer;
+  auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout",
+                                 {"--threads=1", "--model_dir=" + model, "--publish_dir=" + publish});
+  auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer",
+                                 {"--threads=1", "--model_dir=" + model, "--value_head", "--publish_dir=" + publish});
+  ASSERT_TRUE(r.ok() && t.ok()) << rollout.output() << trainer.output();
+  auto trainer_stub = v1::TrainerService::NewStub(grpc::CreateChannel(*t, grpc::InsecureChannelCredentials()));
+  v1::TrainStepRequest step;
+  for (int i = 0; i < 4; ++i) {
+    v1::Experience* e = step.mutable_inline_batch()->add_experiences();
+    e->mutable_experience_id()->set_value(absl::StrCat("p", i));
+    e->set_group_id("g");
+    for (int32_t token : {1, 2, 3, 4}) e->add_prompt_token_ids(token);
+    for (int j = 0; j < 2 + i; ++j) {
+      e->add_response_token_ids(5 + j);
+      e->add_response_logprobs(-1.0f);
+    }
+    e->set_reward(static_cast<float>(i % 2));
+  }
+  step.mutable_params()->set_algorithm(v1::ALGORITHM_PPO);
+  for (int k = 0; k < 2; ++k) {
+    v1::TrainStepResponse stepped;
+    grpc::Status s = trainer_stub->TrainStep(Context().get(), step, &stepped);
+    ASSERT_TRUE(s.ok()) << s.error_message() << trainer.output();
+    EXPECT_GT(stepped.metrics().value_loss(), 0.0f) << "step " << k;
+  }
+  v1::PublishWeightsResponse published;
+  ASSERT_TRUE(trainer_stub->PublishWeights(Context().get(), {}, &published).ok());
+  auto rollout_stub = v1::RolloutService::NewStub(grpc::CreateChannel(*r, grpc::InsecureChannelCredentials()));
+  v1::PrepareWeightsRequest update;
+  *update.mutable_manifest() = published.manifest();
+  *update.add_chunks()->mutable_source() = published.location();
+  v1::CommitWeightsResponse committed;
+  grpc::Status s = rollout_stub->UpdateWeights(Context().get(), update, &committed);
+  ASSERT_TRUE(s.ok()) << s.error_message() << rollout.output();
+  ASSERT_TRUE(trainer.Signal(SIGTERM).ok());
+  ASSERT_TRUE(rollout.Signal(SIGTERM).ok());
+  EXPECT_TRUE(trainer.Wait(absl::Seconds(30)).ok());
+  EXPECT_TRUE(rollout.Wait(absl::Seconds(30)).ok());
+}
+
 TEST(ModelDir, ConflictingFlagsAndBadDirectoriesAreRefused) {
   struct Case {
     const char* binary;
@@ -190,7 +238,6 @@ TEST(ModelDir, ConflictingFlagsAndBadDirectoriesAreRefused) {
       {"services/rollout/rlfleet-rollout", {"--model_dir=/nonexistent"}, "config.json"},
       {"services/rollout/rlfleet-rollout", {"--model_dir=" + model, "--serve_initial_weights"}, "drop --weights"},
       {"services/trainer/rlfleet-trainer", {"--model_dir=" + model, "--n_layers=2"}, "--n_layers with --model_dir"},
-      {"services/trainer/rlfleet-trainer", {"--model_dir=" + model, "--value_head"}, "--value_head"},
       {"services/trainer/rlfleet-trainer", {"--model_dir=" + Fixture("tokenizer_qwen2")}, "config.json"},
   };
   for (const Case& c : cases) {

@@ -138,6 +138,50 @@ TEST_P(HfModel, ASequenceClassifierLoadsAsARewardModel) {
   EXPECT_TRUE(absl::StrContains(labels.status().message(), "2 labels")) << labels.status();
 }
 
+// PPO's critic on a pretrained directory: the value head starts at zero, the rest is the
+// directory's; a checkpoint with the head written and read back keeps it; a policy
+// without a head reads that checkpoint too (the head dropped).
+TEST_P(HfModel, AValueHeadStartsAtZeroAndRoundTrips) {
+  const std::string arch = GetParam();
+  auto config = ReadHfConfig(FixtureDir(arch));
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->value_head = true;
+  auto critic = Policy::Create(*config, TestDevice());
+  ASSERT_TRUE(critic.ok()) << critic.status();
+  ASSERT_TRUE(LoadHfWeights(FixtureDir(arch), critic->get()).ok());
+  const Expected e = ReadExpected(arch);
+  auto values = (*critic)->Values(e.input_ids);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, std::vector<float>({0.0f, 0.0f}));
+  auto logits = (*critic)->Logits(e.input_ids);
+  ASSERT_TRUE(logits.ok());
+  EXPECT_LT(MaxAbsDiff(*logits, e.logits), 1e-4f);
+
+  // A head that is not zero (the LM head's row 3), written as a checkpoint and read back.
+  auto image = ParseSafetensors((*critic)->SafetensorsBytes(), "critic");
+  ASSERT_TRUE(image.ok()) << image.status();
+  const std::string head = image->count("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight";
+  const int64_t d = config->d_model;
+  image->at("value_head.weight").bytes = image->at(head).bytes.substr(3 * d * sizeof(float), d * sizeof(float));
+  std::map<std::string, TensorView> views;
+  for (const auto& [name, blob] : *image) views[name] = TensorView{blob.dtype, blob.shape, blob.bytes};
+  ASSERT_TRUE((*critic)->LoadTensors(views, "critic").ok());
+  auto trained = (*critic)->Values(e.input_ids);
+  ASSERT_TRUE(trained.ok());
+  EXPECT_NE((*trained)[0], 0.0f);
+  const std::string dir = TempDir("critic_" + arch);
+  ASSERT_TRUE(WriteHfModelDir(**critic, dir).ok());
+  auto again = Policy::Create(*config, TestDevice());
+  ASSERT_TRUE(LoadHfWeights(dir, again->get()).ok());
+  EXPECT_EQ(*(*again)->Values(e.input_ids), *trained);
+  HfLoadOptions options;
+  options.device = TestDevice();
+  auto actor = LoadHfModel(dir, options);
+  ASSERT_TRUE(actor.ok()) << actor.status();
+  EXPECT_FALSE((*actor)->config().value_head);
+  EXPECT_LT(MaxAbsDiff(*(*actor)->Logits(e.input_ids), e.logits), 1e-4f);
+}
+
 TEST_P(HfModel, LogitsAndGreedyTokensAreTransformers) {
   const std::string arch = GetParam();
   HfLoadOptions options;
