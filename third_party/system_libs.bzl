@@ -108,6 +108,9 @@ def _system_libs_impl(ctx):
     # nlohmann/json (Debian's nlohmann-json3-dev): header-only, under /usr/include.
     lines.append('cc_library(name = "nlohmann_json")')
 
+    # yaml-cpp (Debian's libyaml-cpp-dev): run files.
+    lines.append('cc_library(name = "yaml_cpp", linkopts = ["-lyaml-cpp"])')
+
     # Gloo (installed under /usr/lib by Debian).
     lines.append('cc_library(name = "gloo", defines = ["USE_C10D_GLOO"], linkopts = ["-L/usr/lib", "-lgloo"])')
 

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # The local fleet launcher: every rlfleet service as its own process on loopback.
 #
-#   deploy/local/launch.sh [--rollouts=N] [--redis=redis://host:port] [--dir=DIR] [-- MODEL FLAGS...]
+#   deploy/local/launch.sh [--run_file=run.yaml] [--rollouts=N] [--redis=redis://host:port] [--dir=DIR]
+#                          [-- MODEL FLAGS...]
+#
+# --run_file: a run file (libs/common/run_file.h) every service is started with
+# (--config=run.yaml: each reads its section and the shared model / transport / nccl
+# ones); its fleet.rollouts is the replica count unless --rollouts says otherwise.
+# Ports and hosts are the launcher's (each service's --port and --host win).
 #
 # Starts redis-server (the embedded default, on a free loopback port, when no --redis
 # is given), the controller (registry in Redis, --scaler=launcher), reward, the buffer
@@ -29,13 +35,15 @@
 # trainer (e.g. -- --d_model=64 --n_layers=2).
 set -uo pipefail
 BIN="${RLFLEET_BIN:-bazel-bin/services}"
-ROLLOUTS=1
+ROLLOUTS=""
 REDIS_URL=""
 DIR=""
+RUN_FILE=""
 MODEL=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rollouts=*) ROLLOUTS="${1#*=}" ;;
+    --run_file=*) RUN_FILE="${1#*=}" ;;
     --redis=*) REDIS_URL="${1#*=}" ;;
     --dir=*) DIR="${1#*=}" ;;
     --) shift; MODEL=("$@"); break ;;
@@ -49,6 +57,16 @@ for bin in controller/rlfleet-controller controller/rlfleet reward/rlfleet-rewar
            rollout/rlfleet-rollout trainer/rlfleet-trainer weights/rlfleet-weights; do
   [[ -x "$BIN/$bin" ]] || { echo "launch.sh: $BIN/$bin missing: bazel build //services/..." >&2; exit 2; }
 done
+CONFIG=()  # --config=RUN_FILE for every service, when given
+if [[ -n "$RUN_FILE" ]]; then
+  [[ -f "$RUN_FILE" ]] || { echo "launch.sh: --run_file=$RUN_FILE: no such file" >&2; exit 2; }
+  RUN_FILE=$(cd "$(dirname "$RUN_FILE")" && pwd)/$(basename "$RUN_FILE")
+  CONFIG=(--config="$RUN_FILE")
+  FLEET_ROLLOUTS=$("$BIN/controller/rlfleet" run-file fleet.rollouts "${CONFIG[@]}") || exit 2
+  [[ -z "$ROLLOUTS" && -n "$FLEET_ROLLOUTS" ]] && ROLLOUTS=$FLEET_ROLLOUTS
+fi
+ROLLOUTS=${ROLLOUTS:-1}
+[[ "$ROLLOUTS" =~ ^[0-9]+$ ]] || { echo "launch.sh: the rollout count \"$ROLLOUTS\" is not a number" >&2; exit 2; }
 
 CORE_PIDS=()       # redis, controller, reward, buffer, trainer, weights
 CORE_NAMES=()      # their names, in the same order
@@ -165,7 +183,7 @@ fi
 # The controller first: the other services register with it (--registry_address) and
 # runs find them through its registry (Redis-backed here).
 # shellcheck disable=SC2086  # (RLFLEET_CONTROLLER_FLAGS: extra flags, split on spaces)
-start controller "$BIN/controller/rlfleet-controller" --registry="$REDIS_URL/registry:" --scaler=launcher \
+start controller "$BIN/controller/rlfleet-controller" "${CONFIG[@]}" --registry="$REDIS_URL/registry:" --scaler=launcher \
   --runs_dir="$DIR/runs" --peer_timeout="${RLFLEET_PEER_TIMEOUT:-120s}" ${RLFLEET_CONTROLLER_FLAGS:-} ||
   fail "controller"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(controller); CONTROLLER=$ADDR
@@ -175,23 +193,23 @@ registered() {
   echo "launch.sh: $1 did not register: $(tail -3 "$DIR/$1.log")"
   return 1
 }
-start reward "$BIN/reward/rlfleet-reward" --registry_address="$CONTROLLER" || fail "reward"
+start reward "$BIN/reward/rlfleet-reward" "${CONFIG[@]}" --registry_address="$CONTROLLER" || fail "reward"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(reward)
 registered reward || fail "reward"
 # shellcheck disable=SC2086  # (RLFLEET_BUFFER_FLAGS: extra flags, split on spaces)
-start buffer "$BIN/buffer/rlfleet-buffer" --store="$REDIS_URL/buffer:" --registry_address="$CONTROLLER" \
+start buffer "$BIN/buffer/rlfleet-buffer" "${CONFIG[@]}" --store="$REDIS_URL/buffer:" --registry_address="$CONTROLLER" \
   ${RLFLEET_BUFFER_FLAGS:-} ||
   fail "buffer"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(buffer); BUFFER=$ADDR
 registered buffer || fail "buffer"
-start trainer "$BIN/trainer/rlfleet-trainer" --buffer="$BUFFER" "${MODEL[@]}" \
+start trainer "$BIN/trainer/rlfleet-trainer" "${CONFIG[@]}" --buffer="$BUFFER" "${MODEL[@]}" \
   --registry_address="$CONTROLLER" --checkpoint_root="$DIR/checkpoints" --resume=latest || fail "trainer"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(trainer)
 registered trainer || fail "trainer"
 # Versions are pushed to the replicas in two relay chains (each replica passing every
 # chunk on to the next as it arrives), so rlfleet-weights sends each at most twice
 # however many replicas there are.
-start weights "$BIN/weights/rlfleet-weights" --registry_address="$CONTROLLER" \
+start weights "$BIN/weights/rlfleet-weights" "${CONFIG[@]}" --registry_address="$CONTROLLER" \
   --relay_fanout="${RLFLEET_RELAY_FANOUT:-2}" || fail "weights"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(weights)
 registered weights || fail "weights"
@@ -201,7 +219,7 @@ add_rollout() {  # returns 1 if it did not start
   local name="rollout$NEXT_ROLLOUT"
   NEXT_ROLLOUT=$((NEXT_ROLLOUT + 1))
   # shellcheck disable=SC2086  # (RLFLEET_ROLLOUT_FLAGS: extra flags, split on spaces)
-  start "$name" "$BIN/rollout/rlfleet-rollout" --registry_address="$CONTROLLER" "${MODEL[@]}" \
+  start "$name" "$BIN/rollout/rlfleet-rollout" "${CONFIG[@]}" --registry_address="$CONTROLLER" "${MODEL[@]}" \
     ${RLFLEET_ROLLOUT_FLAGS:-} || return 1
   ROLLOUT_PIDS+=("$PID")
   ROLLOUT_NAMES+=("$name")

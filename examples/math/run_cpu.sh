@@ -5,10 +5,12 @@
 #  2. make_tiny_model writes a tiny random Qwen2-architecture model directory for a
 #     byte-level BPE tokenizer (default: the Qwen2-style test tokenizer of
 #     libs/model/testdata; pass your own with RLFLEET_TOKENIZER=DIR);
-#  3. deploy/local/launch.sh starts the fleet with rollout and trainer on that directory
-#     (--model_dir) and the controller allowed to read DIR (--data_root);
-#  4. `rlfleet run --dataset=... --model_dir=...` runs GRPO, the reward service scoring
-#     each response's stated answer (math_exact) against the record's.
+#  3. it writes the run file DIR/run.yaml (libs/common/run_file.h): the model written
+#     once, the data, the algorithm's settings, each service's own flags, the fleet;
+#  4. deploy/local/launch.sh --run_file=DIR/run.yaml starts the fleet from it (rollout
+#     and trainer on the model directory, the controller allowed to read DIR);
+#  5. `rlfleet run --config=DIR/run.yaml` runs GRPO, the reward service scoring each
+#     response's stated answer (math_exact) against the record's.
 # A random tiny model answers few problems right: this shows the pipeline working end
 # to end, not a model learning arithmetic (on a GPU, start from a real checkpoint).
 #   bash examples/math/run_cpu.sh            (STEPS=20, DIR=/tmp/rlfleet-math by default)
@@ -51,10 +53,41 @@ stop_fleet() {
   LAUNCHER=""
 }
 trap stop_fleet EXIT
-# (the controller reads the problems and the tokenizer under --data_root=DIR only)
+# The whole run in one file. (The controller reads the problems and the tokenizer under
+# its data_root only.)
+cat >"$DIR/run.yaml" <<YAML
+# GRPO on arithmetic word problems (examples/math/run_cpu.sh wrote this).
+model:
+  dir: $MODEL
+  max_seq_len: 256
+data:
+  dataset: $DIR/problems.jsonl
+  prompt_field: question
+  answer_field: answer
+algorithm:
+  steps: $STEPS
+  loop_prompts: 16
+  loop_samples: 8
+  temperature: 1.0
+  lr: 1e-3
+  max_staleness: 0
+run:
+  eval_every: 5
+  stop_at: 1.0
+  timeout: 120s
+controller:
+  data_root: $DIR
+rollout:
+  threads: 1
+trainer:
+  threads: 1
+fleet:
+  rollouts: 1
+YAML
+echo "== run file $DIR/run.yaml"
 # shellcheck disable=SC2086  # (RLFLEET_MODEL_FLAGS: extra flags, split on spaces)
-RLFLEET_CONTROLLER_FLAGS="--data_root=$DIR" bash deploy/local/launch.sh --rollouts=1 --dir="$DIR/fleet" -- \
-  --model_dir="$MODEL" --max_seq_len=256 --threads=1 ${RLFLEET_MODEL_FLAGS:-} >"$DIR/launch.log" 2>&1 &
+bash deploy/local/launch.sh --run_file="$DIR/run.yaml" --dir="$DIR/fleet" -- ${RLFLEET_MODEL_FLAGS:-} \
+  >"$DIR/launch.log" 2>&1 &
 LAUNCHER=$!
 controller=""
 for ((i = 0; i < 900; i++)); do
@@ -67,7 +100,5 @@ done
 grep -h "from $MODEL" "$DIR"/fleet/rollout0.log "$DIR"/fleet/trainer.log || true
 echo "== rlfleet run: GRPO on $DIR/problems.jsonl ($STEPS steps)"
 # shellcheck disable=SC2086  # (RLFLEET_LOOP_FLAGS: extra flags, split on spaces)
-"$RLFLEET_BIN/controller/rlfleet" run --controller="$controller" --timeout=120s --dataset="$DIR/problems.jsonl" \
-  --model_dir="$MODEL" --prompt_field=question --answer_field=answer --steps="$STEPS" --loop_prompts=16 \
-  --loop_samples=8 --eval_every=5 --temperature=1.0 --lr=1e-3 --stop_at=1.0 --max_staleness=0 ${RLFLEET_LOOP_FLAGS:-}
+"$RLFLEET_BIN/controller/rlfleet" run --controller="$controller" --config="$DIR/run.yaml" ${RLFLEET_LOOP_FLAGS:-}
 echo "== metrics: $(find "$DIR/fleet/runs" -name metrics.csv | head -1)"

@@ -1,5 +1,6 @@
 #include "libs/common/config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -14,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "libs/common/run_file.h"
+#include "libs/common/status_macros.h"
 
 ABSL_FLAG(std::string, config, "", "Path of a config file of `flag = value` lines; command-line flags override it.");
 
@@ -65,6 +68,11 @@ absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text,
 }
 
 absl::StatusOr<std::vector<ConfigEntry>> ReadConfigFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadConfigFileText(path));
+  return ParseConfigText(text, path);
+}
+
+absl::StatusOr<std::string> ReadConfigFileText(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
   std::string text;
@@ -75,19 +83,22 @@ absl::StatusOr<std::vector<ConfigEntry>> ReadConfigFile(const std::string& path)
     return absl::InvalidArgumentError(
         absl::StrCat("config file ", path, " is larger than ", kMaxConfigFileBytes, " bytes"));
   }
-  return ParseConfigText(text, path);
+  return text;
 }
 
 absl::Status ApplyConfigToFlags(const std::vector<ConfigEntry>& entries, absl::string_view origin) {
   for (const ConfigEntry& entry : entries) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(entry.key);
+    const std::string name = entry.source.empty() ? entry.key : entry.source;
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(origin, ":", entry.line, ": unknown flag `", entry.key, "`"));
+      if (entry.optional) continue;  // a shared section's key this binary has no flag for
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ":", entry.line, ": unknown ", entry.source.empty() ? "flag" : "key", " `", name, "`"));
     }
     std::string error;
     if (!flag->ParseFrom(entry.value, &error)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(origin, ":", entry.line, ": bad value `", entry.value, "` for `", entry.key, "`: ", error));
+          absl::StrCat(origin, ":", entry.line, ": bad value `", entry.value, "` for `", name, "`: ", error));
     }
   }
   return absl::OkStatus();
@@ -106,7 +117,10 @@ std::vector<std::string> ParseFlagsWithConfig(int argc, char** argv, absl::strin
     }
   }
   if (!config_path.empty()) {
-    absl::StatusOr<std::vector<ConfigEntry>> entries = ReadConfigFile(config_path);
+    // A run file (YAML): the sections this binary reads, by its file name.
+    const std::string binary = std::filesystem::path(argc > 0 ? argv[0] : "").filename().string();
+    absl::StatusOr<std::vector<ConfigEntry>> entries =
+        IsRunFile(config_path) ? ReadRunFile(config_path, binary) : ReadConfigFile(config_path);
     absl::Status status = entries.ok() ? ApplyConfigToFlags(*entries, config_path) : entries.status();
     if (!status.ok()) {
       std::cerr << argv[0] << ": " << status.message() << "\n";

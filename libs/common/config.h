@@ -31,9 +31,11 @@ namespace rlfleet::common {
 inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
 
 struct ConfigEntry {
-  std::string key;
+  std::string key;  // the flag
   std::string value;
-  int line = 0;  // 1-based line number in the file, for error messages.
+  int line = 0;           // 1-based line number in the file, for error messages.
+  std::string source;     // the key as the file spells it, when not the flag's name ("model.dir")
+  bool optional = false;  // skipped by a binary without this flag (a run file's shared sections)
 };
 
 // Parses config text. `origin` names the source in errors ("file.conf:3: ...").
@@ -43,13 +45,18 @@ absl::StatusOr<std::vector<ConfigEntry>> ParseConfigText(absl::string_view text,
 // Reads and parses a config file. NOT_FOUND if it cannot be opened, INVALID_ARGUMENT if
 // it is larger than kMaxConfigFileBytes or malformed.
 absl::StatusOr<std::vector<ConfigEntry>> ReadConfigFile(const std::string& path);
+// A config file's text (NOT_FOUND, or INVALID_ARGUMENT when over kMaxConfigFileBytes).
+absl::StatusOr<std::string> ReadConfigFileText(const std::string& path);
 
 // Sets each entry's absl flag. INVALID_ARGUMENT naming origin:line for an unknown flag
-// or a value the flag cannot parse. Entries before a failing one stay applied.
+// (an optional entry's is skipped) or a value the flag cannot parse, naming the key as
+// the file spells it. Entries before a failing one stay applied.
 absl::Status ApplyConfigToFlags(const std::vector<ConfigEntry>& entries, absl::string_view origin);
 
 // Parses the command line the way every rlfleet binary does: finds --config=PATH (or
-// `--config PATH`), applies that file, then parses argv so command-line flags win.
+// `--config PATH`), applies that file (a run file, run_file.h, when it ends in .yaml or
+// .yml: the sections argv[0]'s file name reads), then parses argv so command-line flags
+// win.
 // Prints the error and exits with status 2 on a bad flag or config file. Returns the
 // positional arguments, argv[0] first.
 std::vector<std::string> ParseFlagsWithConfig(int argc, char** argv, absl::string_view usage);

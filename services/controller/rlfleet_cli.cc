@@ -48,6 +48,7 @@
 #include "absl/time/clock.h"
 #include "libs/common/config.h"
 #include "libs/common/ids.h"
+#include "libs/common/run_file.h"
 #include "libs/metrics/http_server.h"
 #include "libs/model/chat_template.h"
 #include "libs/model/hf_tokenizer.h"
@@ -461,6 +462,25 @@ int Tokenize() {
   return 0;
 }
 
+// rlfleet run-file SECTION.KEY --config=run.yaml: one value of a run file (empty when
+// the file does not set it), for scripts (deploy/local/launch.sh reads fleet.rollouts).
+int RunFileGet(const std::string& key) {
+  const std::string path = absl::GetFlag(FLAGS_config);
+  if (path.empty() || !rlfleet::common::IsRunFile(path)) {
+    return Usage("run-file", "--config=FILE.yaml is required", "rlfleet run-file SECTION.KEY --config=run.yaml");
+  }
+  auto text = rlfleet::common::ReadConfigFileText(path);
+  if (!text.ok()) return Fail(text.status());
+  auto value = rlfleet::common::RunFileValue(*text, path, key);
+  if (absl::IsNotFound(value.status())) {
+    std::cout << "\n";
+    return 0;
+  }
+  if (!value.ok()) return Fail(value.status());
+  std::cout << *value << "\n";
+  return 0;
+}
+
 enum class Needs { kNothing, kOptions, kController };
 
 // What a command is given: its argument (scale's ROLE=N, nccl-log's FILE), the client
@@ -497,6 +517,7 @@ constexpr Command kCommands[] = {
      }},
     {"nccl-log", "FILE", Needs::kNothing, [](Invocation& c) { return NcclLog(c.argument); }},
     {"tokenize", "", Needs::kNothing, [](Invocation&) { return Tokenize(); }},
+    {"run-file", "SECTION.KEY", Needs::kNothing, [](Invocation& c) { return RunFileGet(c.argument); }},
 };
 
 std::string UsageLine() {

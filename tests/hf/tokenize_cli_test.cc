@@ -2,8 +2,6 @@
 // a tokenizer_config.json carrying Qwen2.5's chat template; the conversation in a JSON
 // file renders to what jinja2 renders with transformers' settings (the fixture), and
 // its ids are that text's ids. Bad files are refused with a message naming the problem.
-#include <sys/wait.h>
-
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,22 +18,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
+using testing::Exited;
 using testing::RunfilePath;
-using testing::Subprocess;
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
-
-Result Tokenize(const std::vector<std::string>& flags) {
-  std::vector<std::string> argv = {RunfilePath("services/controller/rlfleet"), "tokenize"};
+Exited Tokenize(const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {"services/controller/rlfleet", "tokenize"};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  Subprocess p;
-  EXPECT_TRUE(p.Start(argv).ok());
-  auto done = p.Wait(absl::Seconds(60));
-  EXPECT_TRUE(done.ok());
-  return {done.ok() ? WEXITSTATUS(*done) : -1, p.output()};
+  return testing::RunToExit(argv);
 }
 
 class TokenizeChat : public ::testing::Test {
@@ -78,12 +67,12 @@ TEST_F(TokenizeChat, PrintsTheTemplatesTextAndItsIds) {
     std::vector<std::string> flags = {"--model_dir=" + dir_, "--chat=" + chat};
     if (c["add_generation_prompt"].get<bool>()) flags.push_back("--add_generation_prompt");
     flags.push_back("--chat_text");
-    const Result text = Tokenize(flags);
+    const Exited text = Tokenize(flags);
     ASSERT_EQ(text.code, 0) << text.output;
     EXPECT_EQ(text.output, c["output"].get<std::string>());
 
     flags.pop_back();
-    const Result ids = Tokenize(flags);
+    const Exited ids = Tokenize(flags);
     ASSERT_EQ(ids.code, 0) << ids.output;
     auto want = (*tokenizer)->Encode(c["output"].get<std::string>());
     ASSERT_TRUE(want.ok()) << want.status();
@@ -94,32 +83,32 @@ TEST_F(TokenizeChat, PrintsTheTemplatesTextAndItsIds) {
 }
 
 TEST_F(TokenizeChat, RefusesBadInputNamingIt) {
-  const Result not_json = Tokenize({"--model_dir=" + dir_, "--chat=" + Write("bad.json", "[{\"role\": ")});
+  const Exited not_json = Tokenize({"--model_dir=" + dir_, "--chat=" + Write("bad.json", "[{\"role\": ")});
   EXPECT_NE(not_json.code, 0);
   EXPECT_TRUE(absl::StrContains(not_json.output, "is not JSON")) << not_json.output;
 
-  const Result no_role = Tokenize({"--model_dir=" + dir_, "--chat=" + Write("norole.json", "[{\"content\": \"x\"}]")});
+  const Exited no_role = Tokenize({"--model_dir=" + dir_, "--chat=" + Write("norole.json", "[{\"content\": \"x\"}]")});
   EXPECT_NE(no_role.code, 0);
   EXPECT_TRUE(absl::StrContains(no_role.output, "message 0")) << no_role.output;
 
-  const Result no_messages = Tokenize({"--model_dir=" + dir_, "--chat=" + Write("obj.json", "{\"tools\": []}")});
+  const Exited no_messages = Tokenize({"--model_dir=" + dir_, "--chat=" + Write("obj.json", "{\"tools\": []}")});
   EXPECT_NE(no_messages.code, 0);
   EXPECT_TRUE(absl::StrContains(no_messages.output, "without \"messages\"")) << no_messages.output;
 
-  const Result both = Tokenize({"--model_dir=" + dir_, "--chat=" + Write("x.json", "[]"), "--text=hi"});
+  const Exited both = Tokenize({"--model_dir=" + dir_, "--chat=" + Write("x.json", "[]"), "--text=hi"});
   EXPECT_NE(both.code, 0);
 
   // A directory without a chat template.
   const std::string bare = dir_ + "/../bare";
   fs::create_directories(bare);
   fs::copy_file(dir_ + "/tokenizer.json", bare + "/tokenizer.json", fs::copy_options::overwrite_existing);
-  const Result none = Tokenize({"--model_dir=" + bare, "--chat=" + Write("ok.json", "[]")});
+  const Exited none = Tokenize({"--model_dir=" + bare, "--chat=" + Write("ok.json", "[]")});
   EXPECT_NE(none.code, 0);
   EXPECT_TRUE(absl::StrContains(none.output, "has no chat template")) << none.output;
 
   // A template using a feature the renderer does not support names it and its line.
   std::ofstream(bare + "/chat_template.jinja") << "{% for m in messages %}\n{% include 'x' %}{% endfor %}";
-  const Result unsupported = Tokenize({"--model_dir=" + bare, "--chat=" + Write("ok.json", "[]")});
+  const Exited unsupported = Tokenize({"--model_dir=" + bare, "--chat=" + Write("ok.json", "[]")});
   EXPECT_NE(unsupported.code, 0);
   EXPECT_TRUE(absl::StrContains(unsupported.output, "line 2: the Jinja statement `include` is not supported"))
       << unsupported.output;

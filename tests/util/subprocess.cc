@@ -144,6 +144,14 @@ std::string RunfilePath(const std::string& workspace_relative) {
   return absl::StrCat(srcdir, "/", workspace ? workspace : "rlfleet", "/", workspace_relative);
 }
 
+Exited RunToExit(std::vector<std::string> argv, absl::Duration timeout) {
+  if (!argv.empty()) argv[0] = RunfilePath(argv[0]);
+  Subprocess process;
+  if (!process.Start(argv).ok()) return {};
+  absl::StatusOr<int> status = process.Wait(timeout);
+  return {status.ok() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, process.output()};
+}
+
 absl::StatusOr<std::string> StartService(Subprocess& process, const std::string& binary,
                                          const std::vector<std::string>& flags, absl::Duration timeout) {
   constexpr char kListening[] = " listening on ";

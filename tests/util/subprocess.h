@@ -67,6 +67,15 @@ absl::StatusOr<std::string> StartService(Subprocess& process, const std::string&
                                          const std::vector<std::string>& flags,
                                          absl::Duration timeout = absl::Seconds(60));
 
+// A command run to its end: its exit status (-1 when it did not end within the
+// timeout, or did not start) and everything it printed (stdout and stderr).
+struct Exited {
+  int code = -1;
+  std::string output;
+};
+// Runs `argv` (argv[0] a runfiles path, "services/x/y") and waits up to `timeout`.
+Exited RunToExit(std::vector<std::string> argv, absl::Duration timeout = absl::Seconds(60));
+
 // A TCP port on 127.0.0.1 free at the time of the call (the kernel's pick), for a
 // server a test starts itself (redis-server, a fleet binary with a fixed port).
 int FreeLoopbackPort();
