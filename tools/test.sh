@@ -75,6 +75,9 @@ fi
 #                   under ASan + UBSan, counted per test case
 #   soak            bench/soak.sh --ci: the local fleet busy for 3 minutes, every
 #                   service's RSS and open fds flat after a minute's warm-up
+#   k8s             deploy/k8s's kustomize builds resolve, every object validates against
+#                   the Kubernetes OpenAPI schemas, their run files parse for every
+#                   binary (tools/check_k8s.sh)
 #   cmake-sources   the CMake lists built outside Bazel (deploy/gpu) against the Bazel
 #                   targets they mirror (tools/check_cmake_sources.sh)
 #   cmake-backends  deploy/gpu's CMake build of the model backends, here against Debian's
@@ -97,6 +100,8 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   # (first: the binaries bazel test built are where bazel-bin points until another config runs)
   echo "== soak, CI form (bench/soak.sh --ci)"
   extra soak env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash bench/soak.sh --ci --out="$(mktemp -d)"
+  echo "== deploy/k8s: kustomize builds against the Kubernetes schemas (tools/check_k8s.sh)"
+  extra k8s env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash tools/check_k8s.sh
   echo "== the model backends built by CMake, as on a GPU host (tools/check_cmake_backends.sh)"
   extra cmake-backends bash tools/check_cmake_backends.sh
   echo "== thread safety (clang -Wthread-safety)"
