@@ -608,7 +608,7 @@ absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Generate(const v1
       done->set_sample_index(f.sample);
       done->set_finish_reason(f.reason);
       done->set_response_tokens(f.tokens);
-      done->mutable_experience_id()->set_value(absl::StrCat(chunker->request_id, "/", f.sample));
+      done->mutable_experience_id()->set_value(absl::StrCat(chunker->request_id, ":", f.sample));
       done->set_time_to_first_token_ms(f.time_to_first_token_ms);
       done->set_decode_ms(f.decode_ms);
     }

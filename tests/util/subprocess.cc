@@ -145,7 +145,7 @@ std::string RunfilePath(const std::string& workspace_relative) {
 }
 
 Exited RunToExit(std::vector<std::string> argv, absl::Duration timeout) {
-  if (!argv.empty()) argv[0] = RunfilePath(argv[0]);
+  if (!argv.empty() && argv[0].rfind('/', 0) != 0) argv[0] = RunfilePath(argv[0]);
   Subprocess process;
   if (!process.Start(argv).ok()) return {};
   absl::StatusOr<int> status = process.Wait(timeout);

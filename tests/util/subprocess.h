@@ -73,7 +73,8 @@ struct Exited {
   int code = -1;
   std::string output;
 };
-// Runs `argv` (argv[0] a runfiles path, "services/x/y") and waits up to `timeout`.
+// Runs `argv` (argv[0] a runfiles path, "services/x/y", or an absolute path) and waits
+// up to `timeout`.
 Exited RunToExit(std::vector<std::string> argv, absl::Duration timeout = absl::Seconds(60));
 
 // A TCP port on 127.0.0.1 free at the time of the call (the kernel's pick), for a

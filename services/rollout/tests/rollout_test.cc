@@ -289,7 +289,7 @@ TEST(RolloutCore, ARequestJoinsTheRunningBatchBetweenDecodeSteps) {
     ++finished;
     EXPECT_EQ(m.finished().response_tokens(), 40u);
     EXPECT_EQ(m.finished().finish_reason(), v1::FINISH_REASON_LENGTH);
-    EXPECT_EQ(m.finished().experience_id().value(), absl::StrCat("a/", m.finished().sample_index()));
+    EXPECT_EQ(m.finished().experience_id().value(), absl::StrCat("a:", m.finished().sample_index()));
   }
   EXPECT_EQ(finished, 2);
 }
@@ -419,7 +419,7 @@ TEST(RolloutService, GenerateStreamsChunksAndEndsEachSample) {
     EXPECT_EQ(tokens[i], 10);
     EXPECT_EQ(chunks[i], 3);  // 4 + 4 + 2
     EXPECT_EQ(ends[i].response_tokens(), 10u);
-    EXPECT_EQ(ends[i].experience_id().value(), absl::StrCat("s/", i));
+    EXPECT_EQ(ends[i].experience_id().value(), absl::StrCat("s:", i));
   }
   // Bad input ends the stream with INVALID_ARGUMENT naming the field.
   auto bad = Stream("bad", 1, 10);
