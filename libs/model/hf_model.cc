@@ -371,12 +371,9 @@ absl::StatusOr<std::unique_ptr<Policy>> LoadHfRewardModel(const std::string& dir
   }
   tensors["value_head.weight"] = score->second;
   tensors.erase(score);
-  // The head has no bias: a zero one (zero bits are zero in F32, BF16 and F16).
-  const std::string zero(8, '\0');
-  tensors["value_head.bias"] =
-      TensorView{tensors["value_head.weight"].dtype,
-                 {1},
-                 absl::string_view(zero).substr(0, tensors["value_head.weight"].dtype == "F32" ? 4 : 2)};
+  // The head has no bias: a zero one (LoadTensors takes each tensor in its own dtype).
+  const float zero_bias = 0;
+  tensors["value_head.bias"] = TensorView{"F32", {1}, absl::string_view(reinterpret_cast<const char*>(&zero_bias), 4)};
   if (!config.tie_embeddings && tensors.count("lm_head.weight") == 0 &&
       tensors.count("model.embed_tokens.weight") != 0) {
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"];

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "libs/model/utf8.h"  // Utf8Lossy
 
 namespace rlfleet::model {
 
@@ -58,10 +59,6 @@ class HfTokenizer {
   explicit HfTokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// `bytes` as UTF-8, each maximal subpart of an ill-formed sequence replaced by U+FFFD
-// (Unicode's recommended practice; Rust's String::from_utf8_lossy).
-std::string Utf8Lossy(absl::string_view bytes);
 
 }  // namespace rlfleet::model
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "libs/common/status_macros.h"
 #include "libs/model/jinja_internal.h"
+#include "libs/model/utf8.h"
 
 namespace rlfleet::model::jinja {
 
@@ -33,23 +34,7 @@ std::u32string DecodeUtf8(absl::string_view s) {
 
 std::string EncodeUtf8(const std::u32string& s) {
   std::string out;
-  for (char32_t c : s) {
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else if (c < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
-  }
+  for (char32_t c : s) AppendUtf8(&out, c);
   return out;
 }
 

@@ -47,6 +47,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "libs/common/config.h"
+#include "libs/common/files.h"
 #include "libs/common/ids.h"
 #include "libs/common/run_file.h"
 #include "libs/metrics/http_server.h"
@@ -398,11 +399,9 @@ int Doctor(ControllerClient& client) {
 absl::StatusOr<std::string> RenderChat(const std::string& dir, const std::string& file) {
   auto chat = rlfleet::model::ChatTemplate::FromModelDir(dir);
   if (!chat.ok()) return chat.status();
-  std::ifstream in(file);
-  if (!in) return absl::NotFoundError(absl::StrCat("--chat: cannot read ", file));
-  std::stringstream text;
-  text << in.rdbuf();
-  auto json = nlohmann::ordered_json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  auto text = rlfleet::common::ReadRegularFile("--chat", file, /*max_bytes=*/64 << 20);
+  if (!text.ok()) return text.status();
+  auto json = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("--chat: ", file, " is not JSON"));
   nlohmann::ordered_json messages = json, tools = nullptr, extra = nlohmann::ordered_json::object();
   if (json.is_object()) {
