@@ -1,7 +1,9 @@
 #include "libs/common/checksum.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <string>
 
 namespace rlfleet::common {
 namespace {
@@ -70,6 +72,18 @@ uint32_t Crc32c(absl::string_view data) {
   uint32_t crc = ~0u;
   for (char ch : data) crc = table[(crc ^ static_cast<uint8_t>(ch)) & 0xffu] ^ (crc >> 8);
   return ~crc;
+}
+
+uint64_t BlockSumDigest(absl::string_view data) {
+  const size_t words = data.size() / 4;
+  std::string sums;
+  sums.reserve((words + kBlockSumWords - 1) / kBlockSumWords * 4);
+  for (size_t first = 0; first < words; first += kBlockSumWords) {
+    uint32_t sum = 0;  // (modulo 2^32: a signed sum's low 32 bits)
+    for (size_t i = first; i < std::min(words, first + kBlockSumWords); ++i) sum += Read32(data.data() + 4 * i);
+    for (int b = 0; b < 4; ++b) sums.push_back(static_cast<char>((sum >> (8 * b)) & 0xffu));
+  }
+  return Xxh64(sums);
 }
 
 }  // namespace rlfleet::common

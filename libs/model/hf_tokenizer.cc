@@ -415,10 +415,15 @@ absl::StatusOr<std::string> HfTokenizer::Decode(const std::vector<int32_t>& ids,
       const AddedToken& t = impl_->added[it->second];
       if (skip_special_tokens && t.special) continue;
       token = &t.content;
-    } else if (id >= 0 && id < impl_->size && impl_->token_of_id[id] != nullptr) {
+    } else if (id < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is negative"));
+    } else if (id < impl_->size && impl_->token_of_id[id] != nullptr) {
       token = impl_->token_of_id[id];
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is not in the vocabulary of ", impl_->size));
+      // An id with no token: skipped, as tokenizers' decode does. A model's embedding
+      // is often larger than its tokenizer's vocabulary (Qwen2.5: 151936 rows, 151665
+      // tokens), and a policy can sample those rows.
+      continue;
     }
     // ByteLevel's decoder: a token whose every character is in the byte alphabet gives
     // those bytes; any other token (an added one with a space, say) its own UTF-8.

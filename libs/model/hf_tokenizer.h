@@ -8,7 +8,8 @@
 // merged by the BPE merges in rank order (or taken whole when `ignore_merges` and the
 // piece is in the vocabulary, as Llama 3's). Decode maps tokens back to bytes and reads
 // them as UTF-8 with each maximal invalid subsequence replaced by U+FFFD, as
-// tokenizers does. Regexes and NFC run on ICU.
+// tokenizers does; an id with no token (past the vocabulary: a model's embedding
+// often has more rows) decodes to nothing, as there. Regexes and NFC run on ICU.
 //
 // A tokenizer.json using anything else (another model type, byte fallback, another
 // normalizer or pre-tokenizer, an added token with lstrip / rstrip / single_word) is

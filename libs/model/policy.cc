@@ -262,6 +262,7 @@ absl::StatusOr<std::unique_ptr<Policy>> Policy::Create(const PolicyConfig& confi
   try {
     torch::manual_seed(init_seed);
     std::unique_ptr<Impl> impl(new Impl(config, where, dtype));
+    FlattenParameters(*impl);
     impl->eval();
     return std::unique_ptr<Policy>(new Policy(std::move(impl)));
   } catch (const std::exception& e) {

@@ -204,6 +204,50 @@ class DecodeBatch;
 // from its own stream, so its tokens do not depend on its batch).
 uint64_t SequenceSeed(uint64_t seed, uint64_t index);
 
+// A weight version in this process's CUDA memory that other processes on the same host
+// install from directly (CUDA IPC: no host copy, no network). The image is the policy's
+// parameters as F32, in ParameterNames() order, back to back (the policy's own flat
+// storage order: Policy keeps its parameters as views of one buffer). Move-only; the
+// memory is freed when it is dropped, so an exporter keeps an image for as long as it is
+// published. A process that installs from it must be done before then (see
+// InstallDeviceImage).
+class DeviceImage {
+ public:
+  DeviceImage();
+  ~DeviceImage();
+  DeviceImage(DeviceImage&&) noexcept;
+  DeviceImage& operator=(DeviceImage&&) noexcept;
+  DeviceImage(const DeviceImage&) = delete;
+  DeviceImage& operator=(const DeviceImage&) = delete;
+
+  // What another process needs to install it: cudaIpcMemHandle_t's bytes, the GPU's PCI
+  // bus id, the length, the digest (BlockSumDigest of the bytes, computed on the GPU)
+  // and the layout (LayoutFingerprint of the exporting policy).
+  struct Ref {
+    std::string ipc_handle;
+    std::string pci_bus_id;
+    uint64_t length_bytes = 0;
+    uint64_t digest = 0;
+    uint64_t layout = 0;
+  };
+  const Ref& ref() const;
+  bool empty() const;
+
+  struct Rep;
+
+ private:
+  friend class Policy;
+  std::unique_ptr<Rep> rep_;
+};
+
+// An install from a DeviceImage: where the time went, in microseconds.
+struct DeviceInstallReport {
+  int64_t open_us = 0;    // mapping the exporter's memory (cudaIpcOpenMemHandle)
+  int64_t verify_us = 0;  // the digest of what was installed (0 without verify)
+  int64_t copy_us = 0;    // the copy into this policy's weights (with a cast for bf16 / fp16)
+  uint64_t bytes = 0;     // bytes read from the exporter
+};
+
 class Policy {
  public:
   // A randomly initialised policy (deterministic in `init_seed`). INVALID_ARGUMENT for
@@ -269,6 +313,25 @@ class Policy {
   // The same from tensors where they are (e.g. a pushed shard): every one checked first,
   // so a bad set changes nothing.
   absl::Status LoadTensors(const std::map<std::string, TensorView>& tensors, const std::string& name);
+
+  // The layout of the weights: XXH64 over every parameter's name and shape, in order.
+  // Two policies with the same fingerprint have the same flat F32 image layout.
+  uint64_t LayoutFingerprint() const;
+  // These weights as a DeviceImage (F32, however this policy is stored), written into
+  // `reuse` when it is an image of the right size no one installs from any more (its
+  // memory, its IPC handle and all), else into fresh device memory. FAILED_PRECONDITION
+  // on the CPU or with a backend built without CUDA.
+  absl::StatusOr<DeviceImage> ExportDeviceImage(DeviceImage reuse = DeviceImage());
+  // Installs the image `ref` describes, exported by another process on this host (on
+  // this GPU or another one it can reach): one copy from the exporter's memory into
+  // these weights (cast to this policy's dtype), then, with `verify`, the digest of what
+  // was installed (F32 policies; a 16-bit policy checks the source before copying). The
+  // mapping is closed before it returns. INVALID_ARGUMENT for another layout or length;
+  // DATA_LOSS for a digest that does not match (the weights are then not usable: the
+  // caller must install another version before serving); FAILED_PRECONDITION on the CPU
+  // or without CUDA; UNAVAILABLE when the exporter's memory is gone (it exited or freed
+  // the image).
+  absl::Status InstallDeviceImage(const DeviceImage::Ref& ref, bool verify, DeviceInstallReport* report = nullptr);
 
   // The AdamW state (per parameter: first and second moments and the step count) as
   // a safetensors file: `<param>.exp_avg`, `<param>.exp_avg_sq`, `<param>.step` (I64).

@@ -492,12 +492,20 @@ class Policy::Impl : public torch::nn::Module {
   torch::nn::Linear head{nullptr}, value{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer;
   uint64_t weights_generation = 0;  // bumped by every write to the weights
+  // Every parameter is a view of this one buffer, in named_parameters() order
+  // (FlattenParameters): a DeviceImage installs with one copy.
+  torch::Tensor flat;
   DecodeWeights decode_cache;
   // KV caches kept between DecodeBatches on CUDA with the decode graphs captured
   // against them (decode_batch.cc; a graph replays fixed addresses).
   absl::Mutex decode_slots_mu;
   std::vector<std::shared_ptr<DecodeSlot>> decode_slots ABSL_GUARDED_BY(decode_slots_mu);
 };
+
+// Moves every parameter of `impl` into one buffer (`impl.flat`, the parameters' dtype and
+// device), each parameter a view of its range in named_parameters() order; values are
+// unchanged (device_image.cc).
+void FlattenParameters(Policy::Impl& impl);
 
 // Whether DecodeBatch steps on `impl` replay CUDA graphs: a CUDA device, a backend built
 // with them (RLFLEET_TORCH_CUDA) and PolicyConfig::cuda_graphs (decode_batch.cc).

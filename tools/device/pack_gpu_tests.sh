@@ -13,6 +13,6 @@ DEVICE_TESTS=(
   //services/trainer/tests:trainer_core_test //services/trainer/tests:trainer_service_test
   //services/reward/tests:model_reward_test //libs/dist/tests:gloo_group_test
 )
-bash tools/device/pack.sh "${gpu[@]}" "${DEVICE_TESTS[@]}"
+bash tools/device/pack.sh "${gpu[@]}" "${DEVICE_TESTS[@]}" "$@"
 bash tools/device/pack_absl.sh
 du -sh .carry >&2

@@ -1,6 +1,8 @@
 // XXH64 and CRC-32C against reference values (xxhsum 0.8.1 -H1; the CRC-32C check value).
 #include "libs/common/checksum.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -21,6 +23,31 @@ TEST(Checksum, Xxh64MatchesTheReference) {
 TEST(Checksum, Crc32cMatchesTheCheckValue) {
   EXPECT_EQ(Crc32c("123456789"), 0xe3069283u);
   EXPECT_EQ(Crc32c(""), 0u);
+}
+
+TEST(Checksum, BlockSumDigestIsXxh64OfEachBlocksWordSum) {
+  // 1025 words: a full block of 1024 and a block of one.
+  std::string bytes(4 * 1025, '\0');
+  uint64_t sums[2] = {0, 0};
+  for (int i = 0; i < 1025; ++i) {
+    const uint32_t word = 2654435761u * static_cast<uint32_t>(i + 1);
+    std::memcpy(&bytes[4 * i], &word, 4);
+    sums[i / 1024] += word;
+  }
+  std::string expected;
+  for (uint64_t sum : sums) {
+    const uint32_t low = static_cast<uint32_t>(sum & 0xffffffffu);
+    expected.append(reinterpret_cast<const char*>(&low), 4);
+  }
+  EXPECT_EQ(BlockSumDigest(bytes), Xxh64(expected));
+  EXPECT_EQ(BlockSumDigest(""), Xxh64(""));
+  // One changed word changes it; so does moving a word to another block.
+  std::string changed = bytes;
+  changed[4 * 700] ^= 1;
+  EXPECT_NE(BlockSumDigest(changed), BlockSumDigest(bytes));
+  std::string moved = bytes;
+  std::swap_ranges(moved.begin(), moved.begin() + 4, moved.begin() + 4 * 1024);
+  EXPECT_NE(BlockSumDigest(moved), BlockSumDigest(bytes));
 }
 
 }  // namespace

@@ -209,6 +209,29 @@ TEST(Policy, ADeviceTheBackendLacksIsAClearErrorNamingTheBackend) {
   EXPECT_TRUE(Policy::Create(Small(), "cpu").ok());
 }
 
+// The layout fingerprint names the flat image's layout: the same for the same shape
+// whatever the weights or dtype, another for another shape. A policy on the CPU has no
+// device images (the install between processes runs on the GPU: device_image_test).
+TEST(Policy, LayoutFingerprintsAndDeviceImagesOnTheCpu) {
+  auto a = Policy::Create(Small(), "cpu", 1);
+  auto b = Policy::Create(Small(), "cpu", 2);
+  PolicyConfig wider = Small();
+  wider.d_model *= 2;
+  auto c = Policy::Create(wider, "cpu", 1);
+  PolicyConfig half = Small();
+  half.dtype = "bf16";
+  auto d = Policy::Create(half, "cpu", 1);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
+  EXPECT_EQ((*a)->LayoutFingerprint(), (*b)->LayoutFingerprint());
+  EXPECT_EQ((*a)->LayoutFingerprint(), (*d)->LayoutFingerprint());
+  EXPECT_NE((*a)->LayoutFingerprint(), (*c)->LayoutFingerprint());
+  if (TestDevice() == "cpu") {
+    EXPECT_EQ((*a)->ExportDeviceImage().status().code(), absl::StatusCode::kFailedPrecondition);
+    DeviceImage::Ref ref;
+    EXPECT_EQ((*a)->InstallDeviceImage(ref, true).code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
 // A 16-bit policy (a rollout replica's --dtype) takes the F32 image of an fp32 one and
 // computes the same logits to 16-bit precision, decodes through its KV cache as it
 // computes from scratch, generates, and writes F32 images back; it does not train.

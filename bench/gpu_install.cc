@@ -1,0 +1,213 @@
+// gpu_install: a weight version installed GPU to GPU between two processes on one host
+// (policy.h's DeviceImage: CUDA IPC), against cudaMemcpy device-to-device of the same
+// bytes in the installing process, measured in the same run.
+//
+// This process (the trainer's side) makes a Qwen2.5-0.5B-shaped policy in fp32 on
+// --device (24 layers, d 896, 14 / 2 heads, vocabulary 151936, tied: 494M parameters,
+// 1.98 GB) and exports it; then runs itself (`install ...`) once per destination dtype
+// (fp32, bf16): that child maps the image and installs it --repeats times, each install
+// a whole one (map, copy, digest check when asked, unmap), and times cudaMemcpy of the
+// same bytes between two buffers of its own (CUDA events, median). Medians of each go to
+// the table (--out); last lines, the ratios (reference time over install time):
+//   gpu_install_ratio_vs_d2d=<fp32, verified install>   (the service's default)
+//   gpu_install_copy_ratio_vs_d2d=<fp32, the copy alone>
+//   bazel build //bench:gpu_install; on the GPU host (CUDA backend on LD_LIBRARY_PATH):
+//   gpu_install --out=bench/results/gpu_install.md
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "bench/cpu_model.h"
+#include "libs/model/policy.h"
+#include "tests/util/subprocess.h"
+
+ABSL_FLAG(std::string, out, "gpu_install.md", "Where the results table is written.");
+ABSL_FLAG(std::string, device, "cuda:0", "The GPU both processes use.");
+ABSL_FLAG(int, repeats, 20, "Installs (and reference copies) per destination dtype; medians are kept.");
+ABSL_FLAG(int, layers, 24, "Layers of the model (24: Qwen2.5-0.5B's shape).");
+
+namespace {
+
+using rlfleet::model::DeviceImage;
+using rlfleet::model::Policy;
+using rlfleet::model::PolicyConfig;
+
+PolicyConfig Qwen05B(const std::string& dtype) {
+  PolicyConfig c;
+  c.arch = "qwen2";
+  c.vocab_size = 151936;
+  c.d_model = 896;
+  c.n_layers = absl::GetFlag(FLAGS_layers);
+  c.n_heads = 14;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 4864;
+  c.tie_embeddings = true;
+  c.qkv_bias = true;
+  c.max_seq_len = 64;
+  c.rope_theta = 1e6;
+  c.dtype = dtype;
+  return c;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+#define CUDA_OR_DIE(call)                                             \
+  do {                                                                \
+    if (cudaError_t e = (call); e != cudaSuccess) {                   \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e)); \
+      std::exit(1);                                                   \
+    }                                                                 \
+  } while (0)
+
+// cudaMemcpy device-to-device of `bytes` between two buffers of this process: microseconds, median.
+double ReferenceCopyMicros(uint64_t bytes, int device, int repeats) {
+  CUDA_OR_DIE(cudaSetDevice(device));
+  void *a = nullptr, *b = nullptr;
+  CUDA_OR_DIE(cudaMalloc(&a, bytes));
+  CUDA_OR_DIE(cudaMalloc(&b, bytes));
+  CUDA_OR_DIE(cudaMemset(a, 0x5a, bytes));  // (not zeros: METHOD.md)
+  cudaEvent_t start, stop;
+  CUDA_OR_DIE(cudaEventCreate(&start));
+  CUDA_OR_DIE(cudaEventCreate(&stop));
+  std::vector<double> us;
+  for (int i = 0; i < repeats + 2; ++i) {
+    CUDA_OR_DIE(cudaEventRecord(start));
+    CUDA_OR_DIE(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CUDA_OR_DIE(cudaEventRecord(stop));
+    CUDA_OR_DIE(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_OR_DIE(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 2) us.push_back(ms * 1000.0);  // (two warm-ups)
+  }
+  CUDA_OR_DIE(cudaFree(a));
+  CUDA_OR_DIE(cudaFree(b));
+  return Median(us);
+}
+
+// The child: `install DTYPE HANDLE_HEX PCI LENGTH DIGEST LAYOUT` (and the flags). Prints
+// one "result ..." line of medians.
+int InstallChild(const std::vector<char*>& argv) {
+  DeviceImage::Ref ref;
+  const std::string dtype = argv[2];
+  ref.ipc_handle = absl::HexStringToBytes(argv[3]);
+  ref.pci_bus_id = argv[4];
+  if (!absl::SimpleAtoi(argv[5], &ref.length_bytes) || !absl::SimpleAtoi(argv[6], &ref.digest) ||
+      !absl::SimpleAtoi(argv[7], &ref.layout)) {
+    return 2;
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  auto policy = Policy::Create(Qwen05B(dtype), device, 1);
+  if (!policy.ok()) {
+    std::printf("error %s\n", policy.status().ToString().c_str());
+    return 3;
+  }
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  std::vector<double> open, copy, verify, whole, unverified;
+  for (int i = 0; i < repeats + 1; ++i) {
+    for (bool check : {true, false}) {
+      rlfleet::model::DeviceInstallReport report;
+      if (absl::Status s = (*policy)->InstallDeviceImage(ref, check, &report); !s.ok()) {
+        std::printf("error %s\n", s.ToString().c_str());
+        return 3;
+      }
+      if (i == 0) continue;  // (a warm-up of each)
+      if (check) {
+        open.push_back(report.open_us);
+        copy.push_back(report.copy_us);
+        verify.push_back(report.verify_us);
+        whole.push_back(report.open_us + report.copy_us + report.verify_us);
+      } else {
+        unverified.push_back(report.open_us + report.copy_us);
+      }
+    }
+  }
+  const int index = device.find(':') == std::string::npos ? 0 : std::stoi(device.substr(device.find(':') + 1));
+  cudaDeviceProp prop{};
+  CUDA_OR_DIE(cudaGetDeviceProperties(&prop, index));
+  const double reference = ReferenceCopyMicros(ref.length_bytes, index, repeats);
+  std::printf("result %s %.1f %.1f %.1f %.1f %.1f %.1f gpu=%s\n", dtype.c_str(), Median(open), Median(copy),
+              Median(verify), Median(whole), Median(unverified), reference, prop.name);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() == 8 && std::string(args[1]) == "install") return InstallChild(args);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  std::cout << "model backend: " << rlfleet::model::ModelBackend() << std::endl;
+  auto policy = Policy::Create(Qwen05B("fp32"), device, 7);
+  if (!policy.ok()) {
+    std::cerr << policy.status() << std::endl;
+    return 1;
+  }
+  auto image = (*policy)->ExportDeviceImage();
+  if (!image.ok()) {
+    std::cerr << image.status() << std::endl;
+    return 1;
+  }
+  const DeviceImage::Ref& ref = image->ref();
+  std::cout << "exported " << (*policy)->num_parameters() << " parameters, " << ref.length_bytes << " bytes on "
+            << ref.pci_bus_id << std::endl;
+  std::string table = absl::StrCat(
+      "# gpu_install: a version installed GPU to GPU between two processes (CUDA IPC) vs cudaMemcpy D2D\n\n",
+      "CPU: ", rlfleet::bench::CpuModel(), "\n", "model: qwen2, ", absl::GetFlag(FLAGS_layers),
+      " layers, d 896, vocabulary 151936: ", (*policy)->num_parameters(), " parameters, ", ref.length_bytes,
+      " bytes (F32 image); medians of ", absl::GetFlag(FLAGS_repeats), " installs\n\n",
+      "| destination | map us | copy us | verify us | install us (verified) | install us (unverified) | "
+      "cudaMemcpy D2D us | ratio verified | ratio unverified | ratio copy alone |\n",
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  std::string gpu, ratio_lines;
+  for (const char* dtype : {"fp32", "bf16"}) {
+    const rlfleet::testing::Exited child = rlfleet::testing::RunToExit(
+        {"/proc/self/exe", "install", dtype, absl::BytesToHexString(ref.ipc_handle), ref.pci_bus_id,
+         absl::StrCat(ref.length_bytes), absl::StrCat(ref.digest), absl::StrCat(ref.layout),
+         absl::StrCat("--device=", device), absl::StrCat("--repeats=", absl::GetFlag(FLAGS_repeats)),
+         absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers))},
+        absl::Minutes(5));
+    const size_t at = child.output.find("result ");
+    if (child.code != 0 || at == std::string::npos) {
+      std::cerr << "the installing process failed (" << child.code << "):\n" << child.output << std::endl;
+      return 1;
+    }
+    std::vector<std::string> f = absl::StrSplit(child.output.substr(at, child.output.find('\n', at) - at), ' ');
+    double open = 0, copy = 0, verify = 0, whole = 0, unverified = 0, reference = 0;
+    if (f.size() < 9 || !absl::SimpleAtod(f[2], &open) || !absl::SimpleAtod(f[3], &copy) ||
+        !absl::SimpleAtod(f[4], &verify) || !absl::SimpleAtod(f[5], &whole) || !absl::SimpleAtod(f[6], &unverified) ||
+        !absl::SimpleAtod(f[7], &reference)) {
+      std::cerr << "cannot read: " << child.output << std::endl;
+      return 1;
+    }
+    gpu = child.output.substr(child.output.find("gpu=", at) + 4);
+    gpu = gpu.substr(0, gpu.find('\n'));
+    absl::StrAppendFormat(&table, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |\n", dtype,
+                          open, copy, verify, whole, unverified, reference, reference / whole, reference / unverified,
+                          reference / copy);
+    if (std::string(dtype) == "fp32") {
+      ratio_lines = absl::StrFormat("gpu_install_ratio_vs_d2d=%.3f\ngpu_install_copy_ratio_vs_d2d=%.3f\n",
+                                    reference / whole, reference / copy);
+    } else {
+      absl::StrAppendFormat(&ratio_lines, "gpu_install_bf16_ratio_vs_d2d=%.3f\n", reference / whole);
+    }
+  }
+  absl::StrAppend(&table, "\nGPU: ", gpu, "\n\n", ratio_lines);
+  std::ofstream(absl::GetFlag(FLAGS_out)) << table;
+  std::cout << table;
+  return 0;
+}

@@ -1,0 +1,303 @@
+// Same-host GPU-to-GPU weight installs (policy.h: DeviceImage, ExportDeviceImage,
+// InstallDeviceImage) and the flat parameter storage that makes an install one copy.
+//
+// An exporter (the trainer) writes its weights as F32 into memory it allocates with
+// cudaMalloc (not the caching allocator: an IPC handle then names exactly the image),
+// computes the image's BlockSumDigest on the GPU and hands out the handle. An importer
+// (a rollout replica) maps the handle, copies the image into its own flat buffer in one
+// operation (a cast when it serves bf16 / fp16) and unmaps it.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+#include <unordered_set>
+
+#ifdef RLFLEET_TORCH_CUDA  // (a CUDA libtorch: deploy/gpu/CMakeLists.txt)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "absl/strings/str_cat.h"
+#include "libs/common/checksum.h"
+#include "libs/common/status_macros.h"
+#include "libs/model/policy.h"
+#include "libs/model/policy_impl.h"
+
+namespace rlfleet::model {
+namespace {
+
+int64_t MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+// common::BlockSumDigest of the bytes of `words` (a contiguous 1-D int32 tensor),
+// computed where the tensor is: one read pass, and only the block sums (a thousandth
+// of the bytes) come to the host.
+uint64_t BlockSumDigestOf(const torch::Tensor& words) {
+  const int64_t n = words.numel(), k = common::kBlockSumWords, full = n / k, tail = n % k;
+  std::vector<torch::Tensor> parts;
+  if (full > 0) parts.push_back(words.narrow(0, 0, full * k).view({full, k}).sum(1, false, torch::kInt32));
+  if (tail > 0) parts.push_back(words.narrow(0, full * k, tail).sum(0, false, torch::kInt32).view({1}));
+  if (parts.empty()) return common::BlockSumDigest({});
+  const torch::Tensor sums = torch::cat(parts).to(torch::kCPU).contiguous();
+  return common::Xxh64(
+      absl::string_view(reinterpret_cast<const char*>(sums.data_ptr<int32_t>()), sums.numel() * sizeof(int32_t)));
+}
+
+// The flat F32 image of `impl`'s parameters, written into `dst` ([numel] F32).
+void WriteImage(Policy::Impl& impl, torch::Tensor& dst) {
+  if (impl.flat.defined()) {
+    dst.copy_(impl.flat);
+    return;
+  }
+  int64_t offset = 0;
+  for (const auto& item : impl.named_parameters()) {
+    dst.narrow(0, offset, item.value().numel()).copy_(item.value().detach().reshape({-1}));
+    offset += item.value().numel();
+  }
+}
+
+// `src` ([numel] F32, the image) into `impl`'s parameters (cast to their dtype).
+void ReadImage(Policy::Impl& impl, const torch::Tensor& src) {
+  if (impl.flat.defined()) {
+    impl.flat.copy_(src);
+    return;
+  }
+  int64_t offset = 0;
+  for (auto& item : impl.named_parameters()) {
+    item.value().copy_(src.narrow(0, offset, item.value().numel()).view(item.value().sizes()));
+    offset += item.value().numel();
+  }
+}
+
+}  // namespace
+
+void FlattenParameters(Policy::Impl& impl) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params;
+  std::unordered_set<const void*> seen;
+  int64_t total = 0;
+  for (const auto& item : impl.named_parameters()) {
+    const torch::Tensor& p = item.value();
+    // A parameter listed twice (tied under two names), or of another dtype or device:
+    // left as it is (images are then written and read parameter by parameter).
+    if (!seen.insert(p.unsafeGetTensorImpl()).second || p.scalar_type() != impl.dtype || p.device() != impl.device ||
+        !p.is_contiguous()) {
+      return;
+    }
+    params.push_back(p);
+    total += p.numel();
+  }
+  if (params.empty()) return;
+  torch::Tensor flat = torch::empty({total}, params[0].options().requires_grad(false));
+  int64_t offset = 0;
+  for (torch::Tensor& p : params) {
+    torch::Tensor view = flat.narrow(0, offset, p.numel()).view(p.sizes());
+    view.copy_(p);
+    p.set_data(view);
+    offset += p.numel();
+  }
+  impl.flat = flat;
+}
+
+struct DeviceImage::Rep {
+  Ref ref;
+  void* ptr = nullptr;  // cudaMalloc'ed, ref.length_bytes long
+  int device = -1;
+  Rep() = default;
+  Rep(const Rep&) = delete;
+  Rep& operator=(const Rep&) = delete;
+  ~Rep() {
+#ifdef RLFLEET_TORCH_CUDA
+    if (ptr != nullptr) {
+      int current = 0;
+      (void)cudaGetDevice(&current);
+      (void)cudaSetDevice(device);
+      (void)cudaFree(ptr);
+      (void)cudaSetDevice(current);
+    }
+#endif
+  }
+};
+
+DeviceImage::DeviceImage() = default;
+DeviceImage::~DeviceImage() = default;
+DeviceImage::DeviceImage(DeviceImage&&) noexcept = default;
+DeviceImage& DeviceImage::operator=(DeviceImage&&) noexcept = default;
+
+const DeviceImage::Ref& DeviceImage::ref() const {
+  static const Ref* const kEmpty = new Ref();
+  return rep_ != nullptr ? rep_->ref : *kEmpty;
+}
+
+bool DeviceImage::empty() const { return rep_ == nullptr; }
+
+uint64_t Policy::LayoutFingerprint() const {
+  std::string text;
+  for (const auto& item : impl_->named_parameters()) {
+    absl::StrAppend(&text, item.key(), "[");
+    for (int64_t d : item.value().sizes()) absl::StrAppend(&text, d, ",");
+    absl::StrAppend(&text, "];");
+  }
+  return common::Xxh64(text);
+}
+
+#ifndef RLFLEET_TORCH_CUDA
+
+absl::StatusOr<DeviceImage> Policy::ExportDeviceImage(DeviceImage) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("device images are CUDA memory; the model backend (", ModelBackend(), ") was built without CUDA"));
+}
+
+absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref&, bool, DeviceInstallReport*) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("device images are CUDA memory; the model backend (", ModelBackend(), ") was built without CUDA"));
+}
+
+#else
+
+namespace {
+
+absl::Status CudaError(const char* what, cudaError_t e) {
+  (void)cudaGetLastError();  // (clears it: a failed call must not fail the next one)
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceImage> Policy::ExportDeviceImage(DeviceImage reuse) {
+  if (!impl_->device.is_cuda()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device images are CUDA memory; this policy is on ", impl_->device.str()));
+  }
+  return Guarded("ExportDeviceImage", [&]() -> absl::StatusOr<DeviceImage> {
+    torch::NoGradGuard no_grad;
+    const c10::cuda::CUDAGuard guard(impl_->device);
+    const int64_t numel = num_parameters();
+    const uint64_t length = static_cast<uint64_t>(numel) * sizeof(float);
+    DeviceImage image = std::move(reuse);
+    if (image.empty() || image.rep_->ref.length_bytes != length || image.rep_->device != impl_->device.index()) {
+      image = DeviceImage();
+      auto rep = std::make_unique<DeviceImage::Rep>();
+      rep->device = impl_->device.index();
+      if (cudaError_t e = cudaMalloc(&rep->ptr, length); e != cudaSuccess) {
+        rep->ptr = nullptr;
+        (void)cudaGetLastError();
+        return absl::ResourceExhaustedError(
+            absl::StrCat("ExportDeviceImage: ", length, " bytes of device memory: ", cudaGetErrorString(e)));
+      }
+      cudaIpcMemHandle_t handle;
+      if (cudaError_t e = cudaIpcGetMemHandle(&handle, rep->ptr); e != cudaSuccess) {
+        return CudaError("ExportDeviceImage: cudaIpcGetMemHandle", e);
+      }
+      rep->ref.ipc_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+      char bus[32] = {};
+      if (cudaError_t e = cudaDeviceGetPCIBusId(bus, sizeof(bus), rep->device); e != cudaSuccess) {
+        return CudaError("ExportDeviceImage: cudaDeviceGetPCIBusId", e);
+      }
+      rep->ref.pci_bus_id = bus;
+      rep->ref.length_bytes = length;
+      image.rep_ = std::move(rep);
+    }
+    torch::Tensor dst =
+        torch::from_blob(image.rep_->ptr, {numel}, torch::TensorOptions().dtype(torch::kFloat32).device(impl_->device));
+    WriteImage(*impl_, dst);
+    image.rep_->ref.digest = BlockSumDigestOf(dst.view(torch::kInt32));
+    image.rep_->ref.layout = LayoutFingerprint();
+    // Written before anyone is told where it is: another process reads it on its own stream.
+    if (cudaError_t e = cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream().stream()); e != cudaSuccess) {
+      return CudaError("ExportDeviceImage: cudaStreamSynchronize", e);
+    }
+    return image;
+  });
+}
+
+absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref& ref, bool verify, DeviceInstallReport* report) {
+  DeviceInstallReport unused;
+  if (report == nullptr) report = &unused;
+  *report = DeviceInstallReport();
+  if (!impl_->device.is_cuda()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device images are CUDA memory; this policy is on ", impl_->device.str()));
+  }
+  if (ref.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ipc_handle has ", ref.ipc_handle.size(), " bytes; want ", sizeof(cudaIpcMemHandle_t)));
+  }
+  if (const uint64_t layout = LayoutFingerprint(); ref.layout != layout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the device image's layout ", absl::Hex(ref.layout, absl::kZeroPad16), " is not this policy's ",
+                     absl::Hex(layout, absl::kZeroPad16), " (another model shape or parameter set)"));
+  }
+  const int64_t numel = num_parameters();
+  if (ref.length_bytes != static_cast<uint64_t>(numel) * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat("the device image has ", ref.length_bytes, " bytes; this policy's ",
+                                                   numel, " F32 parameters are ", numel * sizeof(float)));
+  }
+  return Guarded("InstallDeviceImage", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    const c10::cuda::CUDAGuard guard(impl_->device);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, ref.ipc_handle.data(), sizeof(handle));
+    auto start = std::chrono::steady_clock::now();
+    void* ptr = nullptr;
+    if (cudaError_t e = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::UnavailableError(absl::StrCat(
+          "cannot map the device image (cudaIpcOpenMemHandle: ", cudaGetErrorName(e),
+          "): its exporter exited or freed it, or it is on a GPU this one cannot reach (", ref.pci_bus_id, ")"));
+    }
+    // Unmapped on every way out, after this stream is done with it.
+    struct Unmap {
+      void* ptr;
+      cudaStream_t stream;
+      ~Unmap() {
+        (void)cudaStreamSynchronize(stream);
+        (void)cudaIpcCloseMemHandle(ptr);
+      }
+    } unmap{ptr, stream};
+    report->open_us = MicrosSince(start);
+    const torch::Tensor src =
+        torch::from_blob(ptr, {numel}, torch::TensorOptions().dtype(torch::kFloat32).device(impl_->device));
+    // A 16-bit policy cannot check what it installed against the F32 digest: it checks
+    // the source before copying (the exporter does not rewrite a published image).
+    const bool check_source = verify && impl_->dtype != torch::kFloat32;
+    auto check = [&](const torch::Tensor& words, const char* what) -> absl::Status {
+      start = std::chrono::steady_clock::now();
+      const uint64_t digest = BlockSumDigestOf(words);
+      report->verify_us += MicrosSince(start);
+      if (digest != ref.digest) {
+        return absl::DataLossError(absl::StrCat("the device image's digest does not match (", what, " ",
+                                                absl::Hex(digest, absl::kZeroPad16), ", published ",
+                                                absl::Hex(ref.digest, absl::kZeroPad16), ")"));
+      }
+      return absl::OkStatus();
+    };
+    if (check_source) {
+      RETURN_IF_ERROR(check(src.view(torch::kInt32), "source"));
+    }
+    start = std::chrono::steady_clock::now();
+    ReadImage(*impl_, src);
+    if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+      return CudaError("InstallDeviceImage: cudaStreamSynchronize", e);
+    }
+    report->copy_us = MicrosSince(start);
+    report->bytes = ref.length_bytes;
+    ++impl_->weights_generation;
+    if (verify && !check_source) {
+      torch::Tensor installed = impl_->flat;
+      if (!installed.defined()) {  // (no flat storage: the image again, from the parameters)
+        installed = torch::empty({numel}, src.options());
+        WriteImage(*impl_, installed);
+      }
+      RETURN_IF_ERROR(check(installed.view(torch::kInt32), "installed"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+#endif  // RLFLEET_TORCH_CUDA
+
+}  // namespace rlfleet::model
