@@ -70,7 +70,9 @@ def main():
             lines.append("train_ratio_vs_torch_eager_%s=%.3f" % (k, v))
     else:
         lines.append("train_ratio_vs_torch_eager: not measured")
-    lines.append("gpu_install_ratio_vs_d2d: not measured (no CUDA IPC weight path yet)")
+    install = os.path.join(d, "gpu_install.md")
+    named = re.findall(r"^(gpu_install\w*_ratio_vs_d2d)=([0-9.]+)$", open(install).read(), re.M) if os.path.exists(install) else []
+    lines += ["%s=%s" % kv for kv in named] or ["gpu_install_ratio_vs_d2d: not measured"]
     lines.append("async_over_sync_gpu: not measured (no fully asynchronous mode yet)")
     print("\n".join(lines))
 

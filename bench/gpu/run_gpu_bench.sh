@@ -6,10 +6,13 @@
 #    Hugging Face generate (bench/gpu/hf_generate.py), batch 32 and 256, fp32 and bf16,
 #    with peak GPU memory;
 #  - train step: bench/train_step vs the same step in PyTorch eager
-#    (bench/train_step_torch.py), fp32 and bf16 autocast.
+#    (bench/train_step_torch.py), fp32 and bf16 autocast;
+#  - weight install GPU to GPU between two processes (bench/gpu_install: CUDA IPC) vs
+#    cudaMemcpy device-to-device of the same bytes.
 # The model backend is built there against PyTorch's CUDA libtorch
 # (deploy/gpu/build_backends.sh); the benches are Bazel-built here and carried.
-#   here:  tools/device/pack.sh //bench:rollout_tokens //bench:train_step && tools/device/pack_absl.sh
+#   here:  tools/device/pack.sh //bench:rollout_tokens //bench:train_step //bench:gpu_install &&
+#          tools/device/pack_absl.sh
 #   there: bash bench/gpu/run_gpu_bench.sh     (carry: [".carry"])
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,4 +40,7 @@ for precision in fp32 bf16; do
   echo "== train step, $precision: ours vs PyTorch eager" >&2
   .carry/bin/bench/train_step --device=cuda --precision="$precision" --out="$out/train_step_gpu_$precision.md" >&2
 done
+echo "== weight install GPU to GPU between processes vs cudaMemcpy D2D" >&2
+nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
+LD_LIBRARY_PATH="$LD_LIBRARY_PATH${nccl_dir:+:$nccl_dir}" .carry/bin/bench/gpu_install --out="$out/gpu_install.md" >&2
 python3 bench/gpu/gpu_summary.py "$out" | tee "$out/gpu_summary.txt"

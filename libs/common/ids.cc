@@ -1,8 +1,10 @@
 #include "libs/common/ids.h"
 
 #include <cstdint>
+#include <fstream>
 
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -38,6 +40,16 @@ absl::Status ValidateId(absl::string_view field, absl::string_view id) {
     }
   }
   return absl::OkStatus();
+}
+
+const std::string& HostId() {
+  static const std::string* const id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string line;
+    std::getline(in, line);
+    return new std::string(absl::StripAsciiWhitespace(line));
+  }();
+  return *id;
 }
 
 }  // namespace rlfleet::common

@@ -22,6 +22,12 @@ std::string NewId(absl::string_view prefix);
 // `field` and the reason.
 absl::Status ValidateId(absl::string_view field, absl::string_view id);
 
+// This host's identity for what only processes of one kernel share (CUDA IPC between
+// GPU processes): the kernel's boot id (/proc/sys/kernel/random/boot_id), the same in
+// every container on the host and new at every boot; empty where it cannot be read.
+// Read once.
+const std::string& HostId();
+
 }  // namespace rlfleet::common
 
 #endif  // RLFLEET_LIBS_COMMON_IDS_H_

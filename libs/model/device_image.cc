@@ -3,9 +3,12 @@
 //
 // An exporter (the trainer) writes its weights as F32 into memory it allocates with
 // cudaMalloc (not the caching allocator: an IPC handle then names exactly the image),
-// computes the image's BlockSumDigest on the GPU and hands out the handle. An importer
-// (a rollout replica) maps the handle, copies the image into its own flat buffer in one
-// operation (a cast when it serves bf16 / fp16) and unmaps it.
+// computes the image's BlockSumDigest on the GPU, stamps it with its version and hands
+// out the handle; it rewrites a retired image in place (same handle). An importer (a
+// rollout replica) maps the handle once and keeps the mapping, and per install checks
+// the stamp, copies the image into its own flat buffer in one operation (a cast when
+// it serves bf16 / fp16) and checks the stamp again: a rewrite that raced the copy is
+// seen. The digest is checked too when asked (one more read pass).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -26,6 +29,10 @@
 
 namespace rlfleet::model {
 namespace {
+
+// An image's memory: the F32 parameters (ref.length_bytes), then, at StampOffset, its
+// stamp: the version it holds once written, 0 while being written.
+uint64_t StampOffset(uint64_t length) { return (length + 255) / 256 * 256; }
 
 int64_t MicrosSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
@@ -103,7 +110,7 @@ void FlattenParameters(Policy::Impl& impl) {
 
 struct DeviceImage::Rep {
   Ref ref;
-  void* ptr = nullptr;  // cudaMalloc'ed, ref.length_bytes long
+  void* ptr = nullptr;  // cudaMalloc'ed: the image and its stamp
   int device = -1;
   Rep() = default;
   Rep(const Rep&) = delete;
@@ -145,7 +152,7 @@ uint64_t Policy::LayoutFingerprint() const {
 
 #ifndef RLFLEET_TORCH_CUDA
 
-absl::StatusOr<DeviceImage> Policy::ExportDeviceImage(DeviceImage) {
+absl::StatusOr<DeviceImage> Policy::ExportDeviceImage(uint64_t, DeviceImage) {
   return absl::FailedPreconditionError(
       absl::StrCat("device images are CUDA memory; the model backend (", ModelBackend(), ") was built without CUDA"));
 }
@@ -164,16 +171,63 @@ absl::Status CudaError(const char* what, cudaError_t e) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
 }
 
+// The 8-byte stamp at `where` (device memory), read now.
+absl::StatusOr<uint64_t> ReadStamp(const char* where) {
+  uint64_t stamp = 0;
+  if (cudaError_t e = cudaMemcpy(&stamp, where, sizeof(stamp), cudaMemcpyDeviceToHost); e != cudaSuccess) {
+    return CudaError("reading a device image's stamp", e);
+  }
+  return stamp;
+}
+
+// The mapping of `handle` (another process's memory) for `impl`, kept from an earlier
+// install or made now (*mapped); the two most recently used are kept.
+absl::StatusOr<char*> MapImage(Policy::Impl& impl, const std::string& handle_bytes, bool* mapped) {
+  auto& cache = impl.device_mappings;
+  for (auto it = cache.begin(); it != cache.end(); ++it) {
+    if (it->first == handle_bytes) {
+      auto entry = std::move(*it);
+      cache.erase(it);
+      cache.push_back(std::move(entry));
+      *mapped = false;
+      return static_cast<char*>(cache.back().second.get());
+    }
+  }
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, handle_bytes.data(), sizeof(handle));
+  void* ptr = nullptr;
+  if (cudaError_t e = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::UnavailableError(
+        absl::StrCat("cannot map the device image (cudaIpcOpenMemHandle: ", cudaGetErrorName(e),
+                     "): its exporter exited or freed it, or it is on a GPU this one cannot reach"));
+  }
+  const int device = impl.device.index();
+  cache.emplace_back(handle_bytes, std::shared_ptr<void>(ptr, [device](void* p) {
+                       int current = 0;
+                       (void)cudaGetDevice(&current);
+                       (void)cudaSetDevice(device);
+                       (void)cudaDeviceSynchronize();  // (no copy from it still running)
+                       (void)cudaIpcCloseMemHandle(p);
+                       (void)cudaSetDevice(current);
+                     }));
+  while (cache.size() > 2) cache.pop_front();
+  *mapped = true;
+  return static_cast<char*>(ptr);
+}
+
 }  // namespace
 
-absl::StatusOr<DeviceImage> Policy::ExportDeviceImage(DeviceImage reuse) {
+absl::StatusOr<DeviceImage> Policy::ExportDeviceImage(uint64_t version, DeviceImage reuse) {
   if (!impl_->device.is_cuda()) {
     return absl::FailedPreconditionError(
         absl::StrCat("device images are CUDA memory; this policy is on ", impl_->device.str()));
   }
+  if (version == 0) return absl::InvalidArgumentError("a device image holds a version >= 1");
   return Guarded("ExportDeviceImage", [&]() -> absl::StatusOr<DeviceImage> {
     torch::NoGradGuard no_grad;
     const c10::cuda::CUDAGuard guard(impl_->device);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     const int64_t numel = num_parameters();
     const uint64_t length = static_cast<uint64_t>(numel) * sizeof(float);
     DeviceImage image = std::move(reuse);
@@ -181,7 +235,7 @@ absl::StatusOr<DeviceImage> Policy::ExportDeviceImage(DeviceImage reuse) {
       image = DeviceImage();
       auto rep = std::make_unique<DeviceImage::Rep>();
       rep->device = impl_->device.index();
-      if (cudaError_t e = cudaMalloc(&rep->ptr, length); e != cudaSuccess) {
+      if (cudaError_t e = cudaMalloc(&rep->ptr, StampOffset(length) + sizeof(uint64_t)); e != cudaSuccess) {
         rep->ptr = nullptr;
         (void)cudaGetLastError();
         return absl::ResourceExhaustedError(
@@ -200,13 +254,25 @@ absl::StatusOr<DeviceImage> Policy::ExportDeviceImage(DeviceImage reuse) {
       rep->ref.length_bytes = length;
       image.rep_ = std::move(rep);
     }
+    // The stamp says "being written" before anything changes, and the version after.
+    char* stamp = static_cast<char*>(image.rep_->ptr) + StampOffset(length);
+    const uint64_t writing = 0;
+    if (cudaError_t e = cudaMemcpyAsync(stamp, &writing, sizeof(writing), cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      return CudaError("ExportDeviceImage: clearing the stamp", e);
+    }
     torch::Tensor dst =
         torch::from_blob(image.rep_->ptr, {numel}, torch::TensorOptions().dtype(torch::kFloat32).device(impl_->device));
     WriteImage(*impl_, dst);
     image.rep_->ref.digest = BlockSumDigestOf(dst.view(torch::kInt32));
     image.rep_->ref.layout = LayoutFingerprint();
+    image.rep_->ref.version = version;
+    if (cudaError_t e = cudaMemcpyAsync(stamp, &version, sizeof(version), cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      return CudaError("ExportDeviceImage: writing the stamp", e);
+    }
     // Written before anyone is told where it is: another process reads it on its own stream.
-    if (cudaError_t e = cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream().stream()); e != cudaSuccess) {
+    if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
       return CudaError("ExportDeviceImage: cudaStreamSynchronize", e);
     }
     return image;
@@ -239,61 +305,51 @@ absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref& ref, bool verify
     torch::NoGradGuard no_grad;
     const c10::cuda::CUDAGuard guard(impl_->device);
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-    cudaIpcMemHandle_t handle;
-    std::memcpy(&handle, ref.ipc_handle.data(), sizeof(handle));
     auto start = std::chrono::steady_clock::now();
-    void* ptr = nullptr;
-    if (cudaError_t e = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return absl::UnavailableError(absl::StrCat(
-          "cannot map the device image (cudaIpcOpenMemHandle: ", cudaGetErrorName(e),
-          "): its exporter exited or freed it, or it is on a GPU this one cannot reach (", ref.pci_bus_id, ")"));
-    }
-    // Unmapped on every way out, after this stream is done with it.
-    struct Unmap {
-      void* ptr;
-      cudaStream_t stream;
-      ~Unmap() {
-        (void)cudaStreamSynchronize(stream);
-        (void)cudaIpcCloseMemHandle(ptr);
-      }
-    } unmap{ptr, stream};
+    ASSIGN_OR_RETURN(char* ptr, MapImage(*impl_, ref.ipc_handle, &report->mapped));
     report->open_us = MicrosSince(start);
+    const char* stamp = ptr + StampOffset(ref.length_bytes);
+    auto check_stamp = [&](const char* when) -> absl::Status {
+      ASSIGN_OR_RETURN(const uint64_t holds, ReadStamp(stamp));
+      if (holds == ref.version) return absl::OkStatus();
+      const std::string what = holds == 0 ? "is being rewritten" : absl::StrCat("holds version ", holds);
+      return report->weights_changed
+                 ? absl::DataLossError(absl::StrCat("the device image of version ", ref.version, " ", what, " ", when,
+                                                    ": these weights are a mix of two versions"))
+                 : absl::UnavailableError(
+                       absl::StrCat("the device image of version ", ref.version, " ", what, " ", when));
+    };
+    RETURN_IF_ERROR(check_stamp("before the copy"));
     const torch::Tensor src =
         torch::from_blob(ptr, {numel}, torch::TensorOptions().dtype(torch::kFloat32).device(impl_->device));
-    // A 16-bit policy cannot check what it installed against the F32 digest: it checks
-    // the source before copying (the exporter does not rewrite a published image).
-    const bool check_source = verify && impl_->dtype != torch::kFloat32;
-    auto check = [&](const torch::Tensor& words, const char* what) -> absl::Status {
+    if (verify) {
       start = std::chrono::steady_clock::now();
-      const uint64_t digest = BlockSumDigestOf(words);
-      report->verify_us += MicrosSince(start);
+      const uint64_t digest = BlockSumDigestOf(src.view(torch::kInt32));
+      report->verify_us = MicrosSince(start);
       if (digest != ref.digest) {
-        return absl::DataLossError(absl::StrCat("the device image's digest does not match (", what, " ",
+        return absl::DataLossError(absl::StrCat("the device image's digest does not match (",
                                                 absl::Hex(digest, absl::kZeroPad16), ", published ",
-                                                absl::Hex(ref.digest, absl::kZeroPad16), ")"));
+                                                absl::Hex(ref.digest, absl::kZeroPad16), "); nothing was installed"));
       }
-      return absl::OkStatus();
-    };
-    if (check_source) {
-      RETURN_IF_ERROR(check(src.view(torch::kInt32), "source"));
     }
     start = std::chrono::steady_clock::now();
-    ReadImage(*impl_, src);
+    report->weights_changed = true;
+    if (impl_->flat.defined() && impl_->flat.scalar_type() == torch::kFloat32) {  // (one plain copy)
+      if (cudaError_t e =
+              cudaMemcpyAsync(impl_->flat.data_ptr(), ptr, ref.length_bytes, cudaMemcpyDeviceToDevice, stream);
+          e != cudaSuccess) {
+        return CudaError("InstallDeviceImage: cudaMemcpyAsync", e);
+      }
+    } else {
+      ReadImage(*impl_, src);
+    }
     if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
       return CudaError("InstallDeviceImage: cudaStreamSynchronize", e);
     }
     report->copy_us = MicrosSince(start);
-    report->bytes = ref.length_bytes;
     ++impl_->weights_generation;
-    if (verify && !check_source) {
-      torch::Tensor installed = impl_->flat;
-      if (!installed.defined()) {  // (no flat storage: the image again, from the parameters)
-        installed = torch::empty({numel}, src.options());
-        WriteImage(*impl_, installed);
-      }
-      RETURN_IF_ERROR(check(installed.view(torch::kInt32), "installed"));
-    }
+    RETURN_IF_ERROR(check_stamp("after the copy"));
+    report->bytes = ref.length_bytes;
     return absl::OkStatus();
   });
 }

@@ -224,6 +224,7 @@ class DeviceImage {
   // bus id, the length, the digest (BlockSumDigest of the bytes, computed on the GPU)
   // and the layout (LayoutFingerprint of the exporting policy).
   struct Ref {
+    uint64_t version = 0;  // what the image holds (its stamp; see InstallDeviceImage)
     std::string ipc_handle;
     std::string pci_bus_id;
     uint64_t length_bytes = 0;
@@ -243,9 +244,13 @@ class DeviceImage {
 // An install from a DeviceImage: where the time went, in microseconds.
 struct DeviceInstallReport {
   int64_t open_us = 0;    // mapping the exporter's memory (cudaIpcOpenMemHandle)
-  int64_t verify_us = 0;  // the digest of what was installed (0 without verify)
+  int64_t verify_us = 0;  // the image's digest, checked before the copy (0 without verify)
   int64_t copy_us = 0;    // the copy into this policy's weights (with a cast for bf16 / fp16)
   uint64_t bytes = 0;     // bytes read from the exporter
+  bool mapped = false;    // the exporter's memory was mapped by this install (not kept from an earlier one)
+  // The copy began, so on an error these weights are neither the old nor the new ones
+  // (the exporter rewrote the image during the copy): the caller must not serve them.
+  bool weights_changed = false;
 };
 
 class Policy {
@@ -317,20 +322,22 @@ class Policy {
   // The layout of the weights: XXH64 over every parameter's name and shape, in order.
   // Two policies with the same fingerprint have the same flat F32 image layout.
   uint64_t LayoutFingerprint() const;
-  // These weights as a DeviceImage (F32, however this policy is stored), written into
-  // `reuse` when it is an image of the right size no one installs from any more (its
-  // memory, its IPC handle and all), else into fresh device memory. FAILED_PRECONDITION
-  // on the CPU or with a backend built without CUDA.
-  absl::StatusOr<DeviceImage> ExportDeviceImage(DeviceImage reuse = DeviceImage());
+  // These weights as a DeviceImage (F32, however this policy is stored) holding
+  // `version` (its stamp: 0 while it is being written, `version` once written), written
+  // into `reuse` when it is an image of the right size (its memory and IPC handle kept:
+  // an installer that mapped it before keeps its mapping), else into fresh device
+  // memory. FAILED_PRECONDITION on the CPU or with a backend built without CUDA.
+  absl::StatusOr<DeviceImage> ExportDeviceImage(uint64_t version, DeviceImage reuse = DeviceImage());
   // Installs the image `ref` describes, exported by another process on this host (on
-  // this GPU or another one it can reach): one copy from the exporter's memory into
-  // these weights (cast to this policy's dtype), then, with `verify`, the digest of what
-  // was installed (F32 policies; a 16-bit policy checks the source before copying). The
-  // mapping is closed before it returns. INVALID_ARGUMENT for another layout or length;
-  // DATA_LOSS for a digest that does not match (the weights are then not usable: the
-  // caller must install another version before serving); FAILED_PRECONDITION on the CPU
-  // or without CUDA; UNAVAILABLE when the exporter's memory is gone (it exited or freed
-  // the image).
+  // this GPU or another one it can reach): the image's stamp is checked to hold
+  // ref.version before and after one copy from the exporter's memory into these
+  // weights (cast to this policy's dtype), and with `verify` its digest is checked
+  // first too. The exporter's memory stays mapped for the next install (the latest two
+  // images' mappings are kept). Errors before the copy change nothing: INVALID_ARGUMENT
+  // for another layout or length; DATA_LOSS for a digest that does not match;
+  // UNAVAILABLE when the exporter's memory is gone (it exited or freed the image) or
+  // holds another version; FAILED_PRECONDITION on the CPU or without CUDA. After the
+  // copy began (report->weights_changed): DATA_LOSS when the stamp changed meanwhile.
   absl::Status InstallDeviceImage(const DeviceImage::Ref& ref, bool verify, DeviceInstallReport* report = nullptr);
 
   // The AdamW state (per parameter: first and second moments and the step count) as

@@ -7,8 +7,10 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -495,6 +497,9 @@ class Policy::Impl : public torch::nn::Module {
   // Every parameter is a view of this one buffer, in named_parameters() order
   // (FlattenParameters): a DeviceImage installs with one copy.
   torch::Tensor flat;
+  // Other processes' DeviceImages this policy mapped (IPC handle bytes, the mapping;
+  // unmapped when dropped), the most recently used last (device_image.cc).
+  std::deque<std::pair<std::string, std::shared_ptr<void>>> device_mappings;
   DecodeWeights decode_cache;
   // KV caches kept between DecodeBatches on CUDA with the decode graphs captured
   // against them (decode_batch.cc; a graph replays fixed addresses).

@@ -181,4 +181,22 @@ absl::StatusOr<common::HostBuffer> DescriptorFetcher::FetchMemory(const v1::Tran
   return bytes;
 }
 
+absl::Status CheckCudaIpcImage(const v1::CudaIpcImage& image, const std::string& field, uint64_t version,
+                               uint64_t max_bytes) {
+  auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(field, ".", what)); };
+  if (image.ipc_handle().size() != 64)
+    return bad(absl::StrCat("ipc_handle: ", image.ipc_handle().size(), " bytes; want 64"));
+  if (image.host_id().empty() || image.host_id().size() > 128) return bad("host_id: want 1..128 bytes");
+  if (image.pci_bus_id().size() > 64) return bad("pci_bus_id: longer than 64 bytes");
+  if (image.digest().algorithm() != v1::DIGEST_ALGORITHM_BLOCKSUM32_XXH64) {
+    return bad("digest.algorithm: want DIGEST_ALGORITHM_BLOCKSUM32_XXH64");
+  }
+  if (image.version() != version)
+    return bad(absl::StrCat("version: ", image.version(), "; the manifest's is ", version));
+  if (image.length_bytes() == 0 || image.length_bytes() % 4 != 0 || image.length_bytes() > max_bytes) {
+    return bad(absl::StrCat("length_bytes: ", image.length_bytes(), "; want a multiple of 4 in 4..", max_bytes));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace rlfleet::transport

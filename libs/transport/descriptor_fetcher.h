@@ -101,6 +101,12 @@ class DescriptorFetcher {
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A CudaIpcImage from a peer, checked before anything maps it: a 64-byte handle, a host
+// id and PCI bus id of sane length, the BlockSum digest, `version`, and a length in
+// 1..max_bytes. INVALID_ARGUMENT naming `field` and the problem.
+absl::Status CheckCudaIpcImage(const v1::CudaIpcImage& image, const std::string& field, uint64_t version,
+                               uint64_t max_bytes);
+
 }  // namespace rlfleet::transport
 
 #endif  // RLFLEET_LIBS_TRANSPORT_DESCRIPTOR_FETCHER_H_

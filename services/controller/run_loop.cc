@@ -535,6 +535,8 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       v1::PrepareWeightsRequest update;
       *update.mutable_manifest() = published.manifest();
       *update.add_chunks()->mutable_source() = published.location();
+      // (replicas on CUDA devices of the trainer's host take it GPU to GPU from here)
+      if (published.has_device_image()) *update.mutable_device_image() = published.device_image();
       return common::Annotate(rollout.UpdateWeights(update), "UpdateWeights");
     })));
     installed = std::max(installed, published.manifest().version().version());

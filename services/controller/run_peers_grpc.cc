@@ -132,6 +132,7 @@ class GrpcWeightsRoute : public WeightsRoute, Peer<v1::WeightsService> {
     *request.mutable_manifest() = published.manifest();
     *request.add_sources()->add_shards()->mutable_location() = published.location();
     request.set_trainer_pause_us(static_cast<int64_t>(published.elapsed_ms() * 1000));
+    if (published.has_device_image()) *request.mutable_device_image() = published.device_image();
     v1::PublishVersionResponse response;
     return client_.Unary("PublishVersion", &Stub::PublishVersion, request, &response, Retry::kIdempotent);
   }

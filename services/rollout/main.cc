@@ -47,6 +47,10 @@ ABSL_FLAG(bool, prefault_staging, true,
           "Fault in memory for one pulled weight version at start (the model's f32 size), so that the first "
           "sync does not: a fresh buffer can cost more than the pull itself.");
 
+ABSL_FLAG(bool, verify_device_images, false,
+          "On CUDA: also check the digest of each version taken from the trainer's GPU copy on this host (one "
+          "more read pass over it); its version stamp is always checked before and after the copy.");
+
 ABSL_FLAG(std::string, publish_dir, "",
           "Directory the trainer publishes version files into (its --publish_dir): a FILE descriptor "
           "(UpdateWeights) must name a regular file under it. Empty: FILE descriptors are refused (versions "
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
   rlfleet::rollout::RolloutServiceImpl service(
       core->get(), rlfleet::rpc::CallAuthFrom(options->auth), [&runner](bool serving) { runner.SetServing(serving); },
       &fetcher, data_plane->get());
+  service.SetVerifyDeviceImages(absl::GetFlag(FLAGS_verify_device_images));
   if (absl::GetFlag(FLAGS_prefault_staging) && *data_plane != nullptr) {
     rlfleet::v1::GetInfoResponse info;
     if ((*core)->GetInfo(&info).ok()) {

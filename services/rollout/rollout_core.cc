@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <set>
 #include <system_error>
 
@@ -44,6 +45,8 @@ struct RolloutCore::Install {
   std::string path;                                  // the file, or what `bytes` are (errors)
   common::HostBuffer bytes;                          // a safetensors image in memory
   std::map<std::string, model::TensorView> tensors;  // or, if not empty, these
+  std::optional<model::DeviceImage::Ref> device;     // or, if set, another process's GPU copy
+  bool verify = false;                               // (device) its digest checked too
   uint64_t version = 0;
   absl::Notification done;
   absl::Status status;
@@ -233,6 +236,16 @@ absl::StatusOr<InstallReport> RolloutCore::InstallFromTensors(std::map<std::stri
   return Queue(std::move(install), deadline);
 }
 
+absl::StatusOr<InstallReport> RolloutCore::InstallFromDevice(const model::DeviceImage::Ref& image, uint64_t version,
+                                                             bool verify, absl::Time deadline) {
+  auto install = std::make_shared<Install>();
+  install->path = absl::StrCat("version ", version, " (GPU copy on ", image.pci_bus_id, ")");
+  install->device = image;
+  install->verify = verify;
+  install->version = version;
+  return Queue(std::move(install), deadline);
+}
+
 absl::StatusOr<InstallReport> RolloutCore::Queue(std::shared_ptr<Install> install, absl::Time deadline) {
   const uint64_t version = install->version;
   {
@@ -375,10 +388,19 @@ void RolloutCore::Run() {
       const absl::Time start = absl::Now();
       // (never a file here: InstallFromFile read it on the caller's thread)
       install->status = Guarded("loading the weights", [&] {
+        if (install->device) {
+          install->report.from_device = true;
+          return common::Annotate(
+              policy_->InstallDeviceImage(*install->device, install->verify, &install->report.device), install->path);
+        }
         return !install->tensors.empty() ? policy_->LoadTensors(install->tensors, install->path)
                                          : policy_->LoadSafetensorsBytes(install->bytes.str(), install->path);
       });
       const absl::Time loaded = absl::Now();
+      if (!install->status.ok() && install->report.device.weights_changed) {
+        absl::MutexLock lock(&mu_);
+        version_ = 0;  // (a mix of two versions: nothing is served as either)
+      }
       if (install->status.ok())
         install->status = Guarded("recomputing the KV cache", [&] { return batch_->Refresh(); });
       if (install->status.ok()) {
@@ -396,7 +418,7 @@ void RolloutCore::Run() {
         // Weight sync, phase 2: reading and verifying the version (GB/s = the rate of
         // the bytes counter over the rate of the seconds sum).
         load_metric_->Observe(install->report.install_us / 1e6);
-        uint64_t bytes = install->bytes.size();
+        uint64_t bytes = install->bytes.size() + install->report.device.bytes;
         for (const auto& [name, t] : install->tensors) bytes += t.bytes.size();
         load_bytes_metric_->Add(static_cast<double>(bytes));
       }
@@ -720,6 +742,7 @@ absl::Status RolloutCore::GetInfo(v1::GetInfoResponse* response) {
   load->set_queued_requests(waiting_.size());
   load->set_inflight_requests(jobs_.size());
   response->set_device(device_);
+  response->set_host_id(common::HostId());
   response->set_max_batch_sequences(limits_.max_batch);
   response->set_weight_swaps(swaps_);
   return absl::OkStatus();

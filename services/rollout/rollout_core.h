@@ -77,10 +77,12 @@ using JobSink = std::function<void(JobEvents)>;
 // Report of a weight install (CommitWeightsResponse's fields).
 struct InstallReport {
   uint64_t version = 0;
-  uint64_t decode_step = 0;         // the scheduler's step count when it took effect
-  uint32_t inflight_sequences = 0;  // sequences that continue on the new version
-  int64_t pause_us = 0;             // decode paused (load + KV recompute)
-  int64_t install_us = 0;           // loading the weights into the model
+  uint64_t decode_step = 0;           // the scheduler's step count when it took effect
+  uint32_t inflight_sequences = 0;    // sequences that continue on the new version
+  int64_t pause_us = 0;               // decode paused (load + KV recompute)
+  int64_t install_us = 0;             // loading the weights into the model
+  bool from_device = false;           // copied GPU to GPU from another process (InstallFromDevice)
+  model::DeviceInstallReport device;  // (then) where its time went
 };
 
 class RolloutCore {
@@ -117,6 +119,14 @@ class RolloutCore {
   // shards; hf_model.h), read on the calling thread: a replica started on a checkpoint.
   absl::StatusOr<InstallReport> InstallFromModelDir(const std::string& dir, uint64_t version,
                                                     absl::Time deadline = absl::InfiniteFuture());
+  // The same from another process's GPU memory on this host (a trainer's DeviceImage,
+  // CUDA IPC): mapped, its digest checked and copied at the step boundary (one
+  // device-to-device copy; policy.h InstallDeviceImage's errors).
+  // With `verify` the image's digest is checked too. An error after the copy began
+  // (the trainer rewrote the image meanwhile) leaves this replica with no version (0):
+  // it serves nothing until another version is installed.
+  absl::StatusOr<InstallReport> InstallFromDevice(const model::DeviceImage::Ref& image, uint64_t version, bool verify,
+                                                  absl::Time deadline = absl::InfiniteFuture());
   // Installs the model's current (e.g. freshly initialised) weights as `version`.
   absl::Status InstallInitial(uint64_t version);
 

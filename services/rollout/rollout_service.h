@@ -167,6 +167,8 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
 
   // WeightIntake::PrefaultStaging.
   void PrefaultStaging(uint64_t bytes) { intake_.PrefaultStaging(bytes); }
+  // WeightIntake::set_verify_device_images (before serving).
+  void SetVerifyDeviceImages(bool verify) { intake_.set_verify_device_images(verify); }
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* c,
                                                            const v1::GenerateRequest* req) override {

@@ -1,14 +1,18 @@
 #include "services/rollout/weight_intake.h"
 
+#include <atomic>
 #include <exception>
+#include <iostream>
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/common/checks.h"
 #include "libs/common/host_buffer.h"
 #include "libs/common/huge_string.h"
+#include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::rollout {
@@ -48,10 +52,15 @@ void ReportInstall(const InstallReport& report, v1::CommitWeightsResponse* respo
   response->set_inflight_sequences(report.inflight_sequences);
   response->set_pause_us(report.pause_us);
   response->set_install_us(report.install_us);
+  response->set_from_device_image(report.from_device);
 }
 
 WeightIntake::WeightIntake(RolloutCore* core, transport::DescriptorFetcher* fetcher, transport::Transport* data_plane)
     : core_(core),
+      device_([core] {
+        v1::GetInfoResponse info;
+        return core->GetInfo(&info).ok() ? info.device() : std::string();
+      }()),
       fetcher_(fetcher),
       data_plane_(data_plane),
       relay_(data_plane != nullptr ? std::make_unique<RelayCopy>(data_plane) : nullptr),
@@ -87,6 +96,12 @@ absl::Status WeightIntake::Check(const v1::PrepareWeightsRequest& req) const {
     return absl::UnimplementedError(
         "manifest.wire_dtype: this replica installs the image's own dtypes and does not cast (send UNSPECIFIED)");
   }
+  // At most this model's image, before anything is allocated for it.
+  ASSIGN_OR_RETURN(const uint64_t most, MostImageBytes());
+  if (req.has_device_image()) {
+    RETURN_IF_ERROR(transport::CheckCudaIpcImage(req.device_image(), "device_image", m.version().version(), most));
+    if (req.chunks_size() == 0 && !req.has_reshard()) return absl::OkStatus();  // (the only source)
+  }
   if (req.has_reshard()) {
     if (req.chunks_size() > 0) {
       return absl::InvalidArgumentError("chunks: a pushed version (reshard) comes with no chunks");
@@ -105,8 +120,6 @@ absl::Status WeightIntake::Check(const v1::PrepareWeightsRequest& req) const {
   if (chunk.already_pushed()) {
     return absl::UnimplementedError("chunks[0].already_pushed: pushed chunks come by reshard, not as chunks");
   }
-  // At most this model's image, before anything is allocated for it.
-  ASSIGN_OR_RETURN(const uint64_t most, MostImageBytes());
   if (chunk.source().length_bytes() > most) {
     return absl::InvalidArgumentError(absl::StrCat("chunks[0].source.length_bytes: ", chunk.source().length_bytes(),
                                                    "; this replica's model is at most ", most, " bytes"));
@@ -125,11 +138,56 @@ absl::Status WeightIntake::Update(const v1::PrepareWeightsRequest& req, absl::Ti
   deadline =
       std::min(deadline, absl::Now() + (req.transfer_timeout_ms() > 0 ? absl::Milliseconds(req.transfer_timeout_ms())
                                                                       : absl::Seconds(60)));
+  if (req.has_device_image()) {
+    absl::StatusOr<bool> from_device = UpdateFromDevice(req, deadline, resp);
+    if (from_device.ok() && *from_device) return absl::OkStatus();
+    const bool only_source = req.chunks_size() == 0 && !req.has_reshard();
+    if (!from_device.ok() && (only_source || from_device.status().code() == absl::StatusCode::kFailedPrecondition ||
+                              from_device.status().code() == absl::StatusCode::kDeadlineExceeded)) {
+      return from_device.status();
+    }
+    if (only_source) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device_image: this replica (", device_, ") is not on a CUDA device of host ",
+                       req.device_image().host_id(), " and the request has no other source"));
+    }
+    if (!from_device.ok()) {  // (the other source serves; said, as it costs a host copy)
+      std::cerr << "rlfleet-rollout: version " << req.manifest().version().version()
+                << " from the trainer's GPU copy failed, installing from the host copy: " << from_device.status()
+                << std::endl;
+    }
+  }
   if (req.has_reshard()) return UpdateFromRound(req, deadline, resp);
   if (req.chunks(0).source().segment().backend() == v1::TRANSFER_BACKEND_FILE) {
     return UpdateFromFile(req, deadline, resp);
   }
   return UpdateByPull(req, deadline, resp);
+}
+
+absl::StatusOr<bool> WeightIntake::UpdateFromDevice(const v1::PrepareWeightsRequest& req, absl::Time deadline,
+                                                    v1::CommitWeightsResponse* resp) {
+  const v1::CudaIpcImage& image = req.device_image();
+  if (!absl::StartsWith(device_, "cuda") || image.host_id() != common::HostId()) return false;
+  model::DeviceImage::Ref ref;
+  ref.version = image.version();
+  ref.ipc_handle = image.ipc_handle();
+  ref.pci_bus_id = image.pci_bus_id();
+  ref.length_bytes = image.length_bytes();
+  ref.digest = image.digest().value();
+  ref.layout = image.layout();
+  const uint64_t version = req.manifest().version().version();
+  ASSIGN_OR_RETURN(InstallReport report, core_->InstallFromDevice(ref, version, verify_device_images_, deadline));
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {  // (the first: how this replica takes versions from now on)
+    std::cout << "rlfleet-rollout: version " << version << " installed GPU to GPU from the trainer's copy on "
+              << image.pci_bus_id() << " (" << report.device.bytes << " bytes: map " << report.device.open_us
+              << " us, digest " << report.device.verify_us << " us, copy " << report.device.copy_us << " us)"
+              << std::endl;
+  }
+  ReportInstall(report, resp);
+  resp->set_pull_us(report.device.open_us + report.device.verify_us);
+  resp->set_pull_verify_us(report.device.verify_us);
+  return true;
 }
 
 absl::Status WeightIntake::UpdateFromFile(const v1::PrepareWeightsRequest& req, absl::Time deadline,

@@ -10,6 +10,10 @@
 //   pushed   the weights service's resharding round (ShardReceiver): every tensor
 //            whole into shard memory, relayed on chunk by chunk when the round says
 //            forward_to, the digest shares checked (a mapped round: on a private copy)
+//   device   the trainer's GPU copy on this host (CUDA IPC: request.device_image), one
+//            device-to-device copy at the step boundary, its digest checked first; a
+//            replica elsewhere or on the CPU ignores it, and a failed one falls back
+//            to the request's other source
 //
 // Every request field is honoured or refused naming it (Check) before anything is
 // fetched or allocated. Thread-safe; one pushed version at a time.
@@ -87,10 +91,18 @@ class WeightIntake {
   absl::Status Update(const v1::PrepareWeightsRequest& request, absl::Time deadline,
                       v1::CommitWeightsResponse* response);
 
+  // Whether versions from the trainer's GPU copy (request.device_image) have their
+  // digest checked too (one more read pass over them); their stamp is always checked.
+  void set_verify_device_images(bool verify) { verify_device_images_ = verify; }
+
   // The data plane other replicas pull from here over (UCX), in GetInfo's reply.
   void DescribeDataPlane(v1::GetInfoResponse* response) const;
 
  private:
+  // From request.device_image when this replica is on a CUDA device of its host: true
+  // once installed, false when this replica cannot use it; errors of the install.
+  absl::StatusOr<bool> UpdateFromDevice(const v1::PrepareWeightsRequest& request, absl::Time deadline,
+                                        v1::CommitWeightsResponse* response);
   absl::Status UpdateFromFile(const v1::PrepareWeightsRequest& request, absl::Time deadline,
                               v1::CommitWeightsResponse* response);
   absl::Status UpdateByPull(const v1::PrepareWeightsRequest& request, absl::Time deadline,
@@ -103,6 +115,8 @@ class WeightIntake {
   absl::StatusOr<uint64_t> MostImageBytes() const;
 
   RolloutCore* const core_;
+  const std::string device_;  // the core's ("cpu", "cuda:0")
+  bool verify_device_images_ = false;
   transport::DescriptorFetcher* const fetcher_;
   transport::Transport* const data_plane_;
   const std::unique_ptr<RelayCopy> relay_;

@@ -66,6 +66,11 @@ ABSL_FLAG(std::string, publish_dir, "",
           "PublishWeights writes policy-v<N>.safetensors here (one machine); empty: versions are kept in memory "
           "on this trainer's data plane (--data_plane) and pulled from there by the weights service or the replicas.");
 
+ABSL_FLAG(int, publish_device_images, 2,
+          "With --device=cuda: keep the latest this many published versions in GPU memory too (F32, the model's "
+          "size each), so that replicas on CUDA devices of this host install them GPU to GPU (CUDA IPC) instead "
+          "of from the host copy; 0: none (0..8).");
+
 int main(int argc, char** argv) {
   rlfleet::model::ConfigureBlas(argv);
   rlfleet::common::ParseFlagsWithConfig(argc, argv, "rlfleet-trainer: trainer (one rank).");
@@ -132,6 +137,11 @@ int main(int argc, char** argv) {
   const int world = dp.world, rank = dp.rank;
   // (opened before the core, which keeps versions registered with it, and closed after)
   rlfleet::trainer::TrainerCore::PublishTarget publish{absl::GetFlag(FLAGS_publish_dir)};
+  publish.device_images = absl::GetFlag(FLAGS_publish_device_images);
+  if (publish.device_images < 0 || publish.device_images > 8) {
+    std::cerr << "rlfleet-trainer: --publish_device_images=" << publish.device_images << ": want 0..8\n";
+    return 2;
+  }
   std::unique_ptr<rlfleet::transport::Transport> publish_plane;
   if (publish.dir.empty() && (world <= 1 || rank == 0)) {
     auto plane = rlfleet::transport::OpenDataPlaneFromFlags(options->host, "rlfleet-trainer",

@@ -1,11 +1,14 @@
 #include "services/trainer/trainer_core.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -13,6 +16,7 @@
 #include "libs/common/checksum.h"
 #include "libs/common/files.h"
 #include "libs/common/huge_string.h"
+#include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 #include "libs/model/hf_model.h"
 #include "libs/model/safetensors.h"
@@ -777,6 +781,9 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
     length = latest.bytes.size();
     ASSIGN_OR_RETURN(*where->mutable_segment(), target.data_plane->Describe(latest.handle));
   }
+  if (target.device_images > 0 && absl::StartsWith(device_, "cuda")) {
+    ExportDeviceVersionLocked(target.device_images, response->mutable_device_image());
+  }
   response->mutable_version()->set_version(version_);
   response->mutable_manifest()->mutable_version()->set_version(version_);
   response->mutable_manifest()->set_total_bytes(length);
@@ -796,6 +803,36 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
   publish_bytes->Add(static_cast<double>(where->length_bytes()));
   last_publish_ = *response;
   return absl::OkStatus();
+}
+
+void TrainerCore::ExportDeviceVersionLocked(int keep, v1::CudaIpcImage* described) {
+  if (device_versions_.empty() || device_versions_.back().version != version_) {
+    model::DeviceImage reuse;
+    if (static_cast<int>(device_versions_.size()) >= keep) {
+      reuse = std::move(device_versions_.front().image);
+      device_versions_.pop_front();
+    }
+    absl::StatusOr<model::DeviceImage> image = policy_->ExportDeviceImage(version_, std::move(reuse));
+    if (!image.ok()) {
+      static std::atomic<int> logged{0};
+      if (logged.fetch_add(1) < 3) {
+        std::cerr << "rlfleet-trainer: version " << version_
+                  << " has no device image (same-host replicas install it from the host copy): " << image.status()
+                  << std::endl;
+      }
+      return;
+    }
+    device_versions_.push_back({version_, std::move(*image)});
+  }
+  const model::DeviceImage::Ref& ref = device_versions_.back().image.ref();
+  described->set_ipc_handle(ref.ipc_handle);
+  described->set_host_id(common::HostId());
+  described->set_pci_bus_id(ref.pci_bus_id);
+  described->set_layout(ref.layout);
+  described->set_length_bytes(ref.length_bytes);
+  described->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_BLOCKSUM32_XXH64);
+  described->mutable_digest()->set_value(ref.digest);
+  described->set_version(version_);
 }
 
 }  // namespace rlfleet::trainer

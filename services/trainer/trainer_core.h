@@ -116,6 +116,10 @@ class TrainerCore {
   struct PublishTarget {
     std::string dir;
     transport::Transport* data_plane = nullptr;  // not owned
+    // On CUDA: the latest this many versions are also kept as DeviceImages in GPU
+    // memory (F32, the model's size each), described in the reply's device_image, so
+    // that replicas on this host install GPU to GPU (CUDA IPC). 0: none.
+    int device_images = 0;
   };
   // Faults in memory for one in-memory version now (the model's image size), so that
   // the first publish does not pay for fresh memory; later ones reuse retired versions'.
@@ -180,8 +184,19 @@ class TrainerCore {
     transport::Transport* data_plane = nullptr;
   };
 
+  // A version kept in GPU memory for same-host replicas (PublishTarget::device_images).
+  struct DeviceVersion {
+    uint64_t version = 0;
+    model::DeviceImage image;
+  };
+  // The latest versions' device images (oldest first), exporting the current one (its
+  // memory the oldest's when there are `keep` already); logs and carries on without one
+  // when the export fails (the host image serves every replica then).
+  void ExportDeviceVersionLocked(int keep, v1::CudaIpcImage* described) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Mutex mu_;
   std::unique_ptr<model::Policy> policy_ ABSL_GUARDED_BY(mu_);
+  std::deque<DeviceVersion> device_versions_ ABSL_GUARDED_BY(mu_);
   std::deque<Published> published_ ABSL_GUARDED_BY(mu_);  // the latest two, in memory
   // Memory for the next image: a dropped one's, or faulted in at start.
   const std::shared_ptr<common::BufferPool> publish_pool_ = std::make_shared<common::BufferPool>(1);

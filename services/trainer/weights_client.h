@@ -37,6 +37,7 @@ class GrpcWeightsSink : public WeightsSink, public rpc::ClientBase {
     *request.add_sources()->add_shards()->mutable_location() = published.location();
     request.set_trainer_pause_us(static_cast<int64_t>(published.elapsed_ms() * 1000));
     request.set_publisher_id(publisher_id_);
+    if (published.has_device_image()) *request.mutable_device_image() = published.device_image();
     v1::PublishVersionResponse response;
     // (the weights service pulls and checks the whole version before it answers; the
     // same version again with the same digest is already published there: idempotent)

@@ -99,9 +99,10 @@ std::vector<std::string> PushChains::Push(const Lease& lease, const std::vector<
       observer.AlreadyInstalled(m.replica_id);
       continue;
     }
-    // (a replica already past the version refuses it: the pull says so without a round)
+    // (a replica already past the version refuses it: the pull says so without a round;
+    // one that can take the trainer's GPU copy takes it through the pull's request)
     if (!info.ok() || info->data_plane().worker_address().empty() || info->layout().world_size() > 1 ||
-        info->installed_version().version() > version) {
+        info->installed_version().version() > version || TakesDeviceImage(*lease.info, *info)) {
       not_pushed.push_back(m.replica_id);
       continue;
     }

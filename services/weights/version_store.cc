@@ -6,6 +6,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -18,6 +19,11 @@
 #include "services/weights/weights_requests.h"
 
 namespace rlfleet::weights {
+
+bool TakesDeviceImage(const VersionInfo& version, const v1::GetInfoResponse& info) {
+  return !version.device_image.host_id().empty() && info.host_id() == version.device_image.host_id() &&
+         absl::StartsWith(info.device(), "cuda");
+}
 
 namespace {
 
@@ -292,6 +298,7 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
   info->number = version;
   info->manifest = request.manifest();
   info->location = where;
+  info->device_image = request.device_image();
   info->trainer_pause_us = request.trainer_pause_us();
   const v1::ShardLayout& published_layout = request.manifest().layout();
   if (published_layout.tensors_size() > 0) {

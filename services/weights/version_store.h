@@ -28,6 +28,7 @@
 #include "libs/common/host_buffer.h"
 #include "libs/reshard/plan.h"
 #include "libs/transport/transport.h"
+#include "rlfleet/v1/rollout.pb.h"
 #include "rlfleet/v1/weights.pb.h"
 
 namespace rlfleet::weights {
@@ -39,9 +40,14 @@ struct VersionInfo {
   std::vector<reshard::TensorSpec> tensors;  // from the manifest's layout or the image's header
   reshard::Layout layout;                    // the trainer's (one rank holding all: no layout)
   v1::TransferDescriptor location;           // the whole image: the trainer's file, or its length and digest
+  v1::CudaIpcImage device_image;             // the trainer's GPU copy (same-host CUDA replicas); unset: none
   int64_t trainer_pause_us = 0;
   int64_t read_us = 0;
 };
+
+// Whether the replica `info` describes installs `version` from the trainer's GPU copy
+// (a CUDA device on the host of its device image) rather than from this service.
+bool TakesDeviceImage(const VersionInfo& version, const v1::GetInfoResponse& info);
 
 // A version's bytes while it is kept or leased: deregistered from the data plane, and
 // its memory given to the store's pool, when the last holder lets go.

@@ -117,6 +117,9 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Pull(const std::string& r
     v1::PrepareWeightsRequest request;
     *request.mutable_manifest() = lease.info->manifest;
     *request.add_chunks()->mutable_source() = sender ? sender->source : lease.Source();
+    // (a replica on a CUDA device of the trainer's host installs from its GPU copy and
+    // falls back to the chunk; any other ignores it)
+    if (lease.info->device_image.ipc_handle().size() > 0) *request.mutable_device_image() = lease.info->device_image;
     request.set_serve_relay(relaying);
     request.set_transfer_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
     v1::DestinationSyncStatus s;

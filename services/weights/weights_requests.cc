@@ -10,6 +10,7 @@
 #include "libs/common/status_macros.h"
 #include "libs/reshard/plan.h"
 #include "libs/reshard/round.h"
+#include "libs/transport/descriptor_fetcher.h"
 
 namespace rlfleet::weights {
 namespace {
@@ -34,6 +35,10 @@ absl::Status CheckPublishVersion(const v1::PublishVersionRequest& request, bool 
   RETURN_IF_ERROR(CheckLength("manifest.version.run_id", m.version().run_id(), common::kMaxIdBytes));
   RETURN_IF_ERROR(CheckLength("manifest.version.digest", m.version().digest(), 256));
   RETURN_IF_ERROR(CheckLength("publisher_id", request.publisher_id(), common::kMaxIdBytes));
+  if (request.has_device_image()) {
+    RETURN_IF_ERROR(
+        transport::CheckCudaIpcImage(request.device_image(), "device_image", m.version().version(), max_version_bytes));
+  }
   RETURN_IF_ERROR(common::CheckInRange<int64_t>("trainer_pause_us", request.trainer_pause_us(), 0,
                                                 int64_t{24} * 3600 * 1000 * 1000));
   RETURN_IF_ERROR(

@@ -29,14 +29,14 @@ PolicyConfig Config(const std::string& arch, const std::string& dtype) {
 
 // The child: installs the image given on the command line into a fresh policy (another
 // seed) and prints "installed <XXH64 of its safetensors image>" or "error <status>".
-//   --install ARCH DTYPE VERIFY HANDLE_HEX PCI LENGTH DIGEST LAYOUT
+//   --install ARCH DTYPE VERIFY HANDLE_HEX PCI LENGTH DIGEST LAYOUT VERSION
 int InstallChild(int argc, char** argv) {
-  if (argc != 10) return 2;
+  if (argc != 11) return 2;
   DeviceImage::Ref ref;
   ref.ipc_handle = absl::HexStringToBytes(argv[5]);
   ref.pci_bus_id = argv[6];
   if (!absl::SimpleAtoi(argv[7], &ref.length_bytes) || !absl::SimpleAtoi(argv[8], &ref.digest) ||
-      !absl::SimpleAtoi(argv[9], &ref.layout)) {
+      !absl::SimpleAtoi(argv[9], &ref.layout) || !absl::SimpleAtoi(argv[10], &ref.version)) {
     return 2;
   }
   auto policy = Policy::Create(Config(argv[2], argv[3]), TestDevice(), /*init_seed=*/99);
@@ -79,7 +79,7 @@ TEST_P(DeviceImageTest, AnotherProcessInstallsExactlyTheExportedWeights) {
   ASSERT_NE(TestDevice().rfind("cuda", 0), std::string::npos) << "set RLFLEET_TEST_DEVICE=cuda:N";
   auto policy = Policy::Create(Config(GetParam(), "fp32"), TestDevice(), 7);
   ASSERT_TRUE(policy.ok()) << policy.status();
-  auto image = (*policy)->ExportDeviceImage();
+  auto image = (*policy)->ExportDeviceImage(3);
   ASSERT_TRUE(image.ok()) << image.status();
   const DeviceImage::Ref& ref = image->ref();
   EXPECT_EQ(ref.length_bytes, static_cast<uint64_t>((*policy)->num_parameters()) * 4);
@@ -111,16 +111,17 @@ TEST_P(DeviceImageTest, AnotherProcessInstallsExactlyTheExportedWeights) {
 TEST_P(DeviceImageTest, ReexportingIntoTheSameImageKeepsItsHandleAndUpdatesItsDigest) {
   auto policy = Policy::Create(Config(GetParam(), "fp32"), TestDevice(), 7);
   ASSERT_TRUE(policy.ok()) << policy.status();
-  auto first = (*policy)->ExportDeviceImage();
+  auto first = (*policy)->ExportDeviceImage(3);
   ASSERT_TRUE(first.ok()) << first.status();
   const DeviceImage::Ref before = first->ref();
   auto other = Policy::Create(Config(GetParam(), "fp32"), TestDevice(), 8);
   ASSERT_TRUE(other.ok());
   ASSERT_TRUE((*policy)->LoadSafetensorsBytes((*other)->SafetensorsBytes(), "other").ok());
-  auto second = (*policy)->ExportDeviceImage(std::move(*first));
+  auto second = (*policy)->ExportDeviceImage(4, std::move(*first));
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->ref().ipc_handle, before.ipc_handle);
   EXPECT_NE(second->ref().digest, before.digest);
+  EXPECT_EQ(second->ref().version, 4u);
   const testing::Exited installed = Install(second->ref(), GetParam(), "fp32");
   EXPECT_NE(installed.output.find(absl::StrCat("installed ", common::Xxh64((*other)->SafetensorsBytes()), " ")),
             std::string::npos)
@@ -130,7 +131,7 @@ TEST_P(DeviceImageTest, ReexportingIntoTheSameImageKeepsItsHandleAndUpdatesItsDi
 TEST_P(DeviceImageTest, BadImagesAreRefusedNamingTheProblem) {
   auto policy = Policy::Create(Config(GetParam(), "fp32"), TestDevice(), 7);
   ASSERT_TRUE(policy.ok()) << policy.status();
-  auto image = (*policy)->ExportDeviceImage();
+  auto image = (*policy)->ExportDeviceImage(3);
   ASSERT_TRUE(image.ok()) << image.status();
   DeviceImage::Ref ref = image->ref();
 
@@ -149,6 +150,13 @@ TEST_P(DeviceImageTest, BadImagesAreRefusedNamingTheProblem) {
   const testing::Exited other_shape = Install(ref, GetParam() == "gpt" ? "qwen2" : "gpt", "fp32");
   EXPECT_NE(other_shape.output.find("INVALID_ARGUMENT"), std::string::npos) << other_shape.output;
   EXPECT_NE(other_shape.output.find("layout"), std::string::npos) << other_shape.output;
+
+  // Another version than the image holds (its stamp): UNAVAILABLE before the copy.
+  DeviceImage::Ref other_version = ref;
+  other_version.version = ref.version + 1;
+  const testing::Exited stale = Install(other_version, GetParam(), "fp32");
+  EXPECT_NE(stale.output.find("UNAVAILABLE"), std::string::npos) << stale.output;
+  EXPECT_NE(stale.output.find(absl::StrCat("holds version ", ref.version)), std::string::npos) << stale.output;
 
   DeviceImage::Ref short_handle = ref;
   short_handle.ipc_handle.resize(10);

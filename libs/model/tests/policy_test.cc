@@ -226,7 +226,7 @@ TEST(Policy, LayoutFingerprintsAndDeviceImagesOnTheCpu) {
   EXPECT_EQ((*a)->LayoutFingerprint(), (*d)->LayoutFingerprint());
   EXPECT_NE((*a)->LayoutFingerprint(), (*c)->LayoutFingerprint());
   if (TestDevice() == "cpu") {
-    EXPECT_EQ((*a)->ExportDeviceImage().status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*a)->ExportDeviceImage(1).status().code(), absl::StatusCode::kFailedPrecondition);
     DeviceImage::Ref ref;
     EXPECT_EQ((*a)->InstallDeviceImage(ref, true).code(), absl::StatusCode::kFailedPrecondition);
   }
