@@ -141,13 +141,16 @@ const DeviceImage::Ref& DeviceImage::ref() const {
 bool DeviceImage::empty() const { return rep_ == nullptr; }
 
 uint64_t Policy::LayoutFingerprint() const {
-  std::string text;
-  for (const auto& item : impl_->named_parameters()) {
-    absl::StrAppend(&text, item.key(), "[");
-    for (int64_t d : item.value().sizes()) absl::StrAppend(&text, d, ",");
-    absl::StrAppend(&text, "];");
+  if (impl_->layout_fingerprint == 0) {  // (once: names and shapes never change)
+    std::string text;
+    for (const auto& item : impl_->named_parameters()) {
+      absl::StrAppend(&text, item.key(), "[");
+      for (int64_t d : item.value().sizes()) absl::StrAppend(&text, d, ",");
+      absl::StrAppend(&text, "];");
+    }
+    impl_->layout_fingerprint = common::Xxh64(text) | 1;  // (never 0)
   }
-  return common::Xxh64(text);
+  return impl_->layout_fingerprint;
 }
 
 #ifndef RLFLEET_TORCH_CUDA
@@ -171,13 +174,16 @@ absl::Status CudaError(const char* what, cudaError_t e) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
 }
 
-// The 8-byte stamp at `where` (device memory), read now.
-absl::StatusOr<uint64_t> ReadStamp(const char* where) {
-  uint64_t stamp = 0;
-  if (cudaError_t e = cudaMemcpy(&stamp, where, sizeof(stamp), cudaMemcpyDeviceToHost); e != cudaSuccess) {
-    return CudaError("reading a device image's stamp", e);
+// Two uint64 of pinned host memory for `impl`'s stamp reads (made at the first install).
+absl::StatusOr<uint64_t*> StampSlots(Policy::Impl& impl) {
+  if (impl.stamps == nullptr) {
+    void* slots = nullptr;
+    if (cudaError_t e = cudaHostAlloc(&slots, 2 * sizeof(uint64_t), cudaHostAllocDefault); e != cudaSuccess) {
+      return CudaError("InstallDeviceImage: cudaHostAlloc", e);
+    }
+    impl.stamps = std::shared_ptr<void>(slots, [](void* p) { (void)cudaFreeHost(p); });
   }
-  return stamp;
+  return static_cast<uint64_t*>(impl.stamps.get());
 }
 
 // The mapping of `handle` (another process's memory) for `impl`, kept from an earlier
@@ -296,7 +302,8 @@ absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref& ref, bool verify
         absl::StrCat("the device image's layout ", absl::Hex(ref.layout, absl::kZeroPad16), " is not this policy's ",
                      absl::Hex(layout, absl::kZeroPad16), " (another model shape or parameter set)"));
   }
-  const int64_t numel = num_parameters();
+  if (impl_->flat_numel == 0) impl_->flat_numel = num_parameters();  // (once)
+  const int64_t numel = impl_->flat_numel;
   if (ref.length_bytes != static_cast<uint64_t>(numel) * sizeof(float)) {
     return absl::InvalidArgumentError(absl::StrCat("the device image has ", ref.length_bytes, " bytes; this policy's ",
                                                    numel, " F32 parameters are ", numel * sizeof(float)));
@@ -309,8 +316,20 @@ absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref& ref, bool verify
     ASSIGN_OR_RETURN(char* ptr, MapImage(*impl_, ref.ipc_handle, &report->mapped));
     report->open_us = MicrosSince(start);
     const char* stamp = ptr + StampOffset(ref.length_bytes);
-    auto check_stamp = [&](const char* when) -> absl::Status {
-      ASSIGN_OR_RETURN(const uint64_t holds, ReadStamp(stamp));
+    ASSIGN_OR_RETURN(uint64_t* const slots, StampSlots(*impl_));
+    // The stamp into `slot` after what the stream holds; `sync`: and waits for it.
+    auto read_stamp = [&](int slot, bool sync) -> absl::Status {
+      if (cudaError_t e = cudaMemcpyAsync(&slots[slot], stamp, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream);
+          e != cudaSuccess) {
+        return CudaError("reading a device image's stamp", e);
+      }
+      if (cudaError_t e = sync ? cudaStreamSynchronize(stream) : cudaSuccess; e != cudaSuccess) {
+        return CudaError("InstallDeviceImage: cudaStreamSynchronize", e);
+      }
+      return absl::OkStatus();
+    };
+    auto check_stamp = [&](int slot, const char* when) -> absl::Status {
+      const uint64_t holds = slots[slot];
       if (holds == ref.version) return absl::OkStatus();
       const std::string what = holds == 0 ? "is being rewritten" : absl::StrCat("holds version ", holds);
       return report->weights_changed
@@ -319,7 +338,8 @@ absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref& ref, bool verify
                  : absl::UnavailableError(
                        absl::StrCat("the device image of version ", ref.version, " ", what, " ", when));
     };
-    RETURN_IF_ERROR(check_stamp("before the copy"));
+    RETURN_IF_ERROR(read_stamp(0, /*sync=*/true));
+    RETURN_IF_ERROR(check_stamp(0, "before the copy"));
     const torch::Tensor src =
         torch::from_blob(ptr, {numel}, torch::TensorOptions().dtype(torch::kFloat32).device(impl_->device));
     if (verify) {
@@ -343,12 +363,10 @@ absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref& ref, bool verify
     } else {
       ReadImage(*impl_, src);
     }
-    if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
-      return CudaError("InstallDeviceImage: cudaStreamSynchronize", e);
-    }
+    RETURN_IF_ERROR(read_stamp(1, /*sync=*/true));  // (after the copy, on its stream: one wait for both)
     report->copy_us = MicrosSince(start);
     ++impl_->weights_generation;
-    RETURN_IF_ERROR(check_stamp("after the copy"));
+    RETURN_IF_ERROR(check_stamp(1, "after the copy"));
     report->bytes = ref.length_bytes;
     return absl::OkStatus();
   });

@@ -1,10 +1,12 @@
 #include "services/controller/discovery.h"
 
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "libs/common/status_macros.h"
+#include "services/controller/reward_routes.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -27,6 +29,7 @@ absl::StatusOr<std::string> ResolvePeerAddress(ControllerCore& core, v1::Replica
   uint64_t best_load = 0;
   const std::vector<v1::ReplicaInfo> replicas = Registered(core, role);
   for (const v1::ReplicaInfo& r : replicas) {
+    if (ServesNamedTasksOnly(r)) continue;  // (a reward worker of some tasks only: RewardRoutes)
     const uint64_t load = uint64_t{r.load().inflight_requests()} + r.load().queued_requests();
     if (best == nullptr || load < best_load) {
       best = &r;
@@ -38,6 +41,10 @@ absl::StatusOr<std::string> ResolvePeerAddress(ControllerCore& core, v1::Replica
         "the controller knows no ", flag_name, " service: none registered (--registry_address) and no --", flag_name));
   }
   return best->grpc_address();
+}
+
+std::map<std::string, std::string> RewardRoutes(ControllerCore& core) {
+  return RewardTaskRoutes(Registered(core, v1::REPLICA_ROLE_REWARD));
 }
 
 std::vector<std::string> RolloutAddressesForRun(ControllerCore& core, const std::string& flag_addresses) {

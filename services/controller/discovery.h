@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +29,10 @@ namespace rlfleet::controller {
 // role and `flag_name` when neither.
 absl::StatusOr<std::string> ResolvePeerAddress(ControllerCore& core, v1::ReplicaRole role,
                                                const std::string& flag_value, absl::string_view flag_name);
+
+// Task -> address of the registered reward replicas that serve tasks alone
+// (reward_routes.h); ResolvePeerAddress never picks those as the reward service.
+std::map<std::string, std::string> RewardRoutes(ControllerCore& core);
 
 // A new run's rollout replicas: `flag_addresses` (comma-separated) and every registered
 // rollout replica, each once, sorted.

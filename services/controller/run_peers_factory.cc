@@ -1,9 +1,13 @@
 #include "services/controller/run_peers_factory.h"
 
+#include <map>
+#include <memory>
+#include <string>
 #include <utility>
 
 #include "libs/common/status_macros.h"
 #include "services/controller/discovery.h"
+#include "services/controller/reward_routes.h"
 
 namespace rlfleet::controller {
 
@@ -25,6 +29,17 @@ absl::StatusOr<RunPeers> RunPeersFactory::Make() {
   ASSIGN_OR_RETURN(std::string trainer,
                    ResolvePeerAddress(*core_, v1::REPLICA_ROLE_TRAINER, addresses_.trainer, "trainer"));
   ASSIGN_OR_RETURN(peers.reward, NewGrpcRewardPeer(client_, reward, timeout));
+  // Tasks a reward worker serves alone go to it (reward_routes.h).
+  std::map<std::string, std::shared_ptr<RewardPeer>> routed, by_address;
+  for (const auto& [task, address] : RewardRoutes(*core_)) {
+    std::shared_ptr<RewardPeer>& peer = by_address[address];
+    if (peer == nullptr) {
+      ASSIGN_OR_RETURN(std::unique_ptr<RewardPeer> made, NewGrpcRewardPeer(client_, address, timeout));
+      peer = std::move(made);
+    }
+    routed[task] = peer;
+  }
+  if (!routed.empty()) peers.reward = std::make_unique<TaskRoutedReward>(std::move(peers.reward), std::move(routed));
   ASSIGN_OR_RETURN(peers.buffer, NewGrpcBufferPeer(client_, buffer, timeout));
   ASSIGN_OR_RETURN(peers.trainer, NewGrpcTrainerPeer(client_, trainer, timeout));
   // Versions go through the weights service when there is one.

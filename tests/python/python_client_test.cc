@@ -2,7 +2,8 @@
 // (offline: --no-build-isolation --no-index over Debian's grpcio, protobuf and
 // setuptools through --system-site-packages; the stubs generated from proto/ at build
 // time), then python/tests/fleet_check.py drives a real local fleet through it: a run,
-// generation, a train step, the buffer, and errors that name the mistake.
+// generation, a train step, the buffer, and errors that name the mistake; then
+// python/tests/reward_check.py scores a run with a reward written in Python.
 #include <cstdlib>
 #include <filesystem>
 
@@ -44,6 +45,12 @@ TEST(PythonClient, InstallsOfflineAndDrivesARealFleet) {
   EXPECT_EQ(checked.code, 0) << checked.output << testing::FleetLogs(dir);
   EXPECT_TRUE(absl::StrContains(checked.output, "python client: all checks passed")) << checked.output;
   std::cout << checked.output;
+  // A reward written in Python scores a run of the same fleet (python/rlfleet/reward_worker.py).
+  testing::Exited rewarded = testing::RunToExit(
+      {venv + "/bin/python", src + "/python/tests/reward_check.py", *controller, tmp + "/reward"}, absl::Seconds(400));
+  EXPECT_EQ(rewarded.code, 0) << rewarded.output << testing::FleetLogs(dir);
+  EXPECT_TRUE(absl::StrContains(rewarded.output, "reward worker: all checks passed")) << rewarded.output;
+  std::cout << rewarded.output;
   ASSERT_TRUE(launcher.Signal(SIGTERM).ok());
   EXPECT_TRUE(launcher.Wait(absl::Seconds(60)).ok());
 }

@@ -59,10 +59,10 @@ int InstallChild(int argc, char** argv) {
 
 testing::Exited Install(const DeviceImage::Ref& ref, const std::string& arch, const std::string& dtype,
                         bool verify = true) {
-  return testing::RunToExit(
-      {"/proc/self/exe", "--install", arch, dtype, verify ? "1" : "0", absl::BytesToHexString(ref.ipc_handle),
-       ref.pci_bus_id, absl::StrCat(ref.length_bytes), absl::StrCat(ref.digest), absl::StrCat(ref.layout)},
-      absl::Seconds(120));
+  return testing::RunToExit({"/proc/self/exe", "--install", arch, dtype, verify ? "1" : "0",
+                             absl::BytesToHexString(ref.ipc_handle), ref.pci_bus_id, absl::StrCat(ref.length_bytes),
+                             absl::StrCat(ref.digest), absl::StrCat(ref.layout), absl::StrCat(ref.version)},
+                            absl::Seconds(120));
 }
 
 // The XXH64 of the image a policy of `dtype` holding `source`'s weights writes.

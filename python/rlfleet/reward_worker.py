@@ -1,0 +1,287 @@
+"""Rewards written in Python: a reward service (the rlfleet.v1.RewardService contract)
+that scores with a user's function and registers with the controller like any reward
+service, for the tasks it names. A run sends the items of those tasks here and every
+other item to the fleet's reward service.
+
+The function:
+
+    def reward(prompt: str, completion: str, **fields) -> float
+
+`fields` holds `task`, `answer` (the item's reference answer, "" when none), `item_id`
+and the item's metadata entries. A function that raises, or returns something that is
+not a finite number, gives that item `error_reward` (0.0 by default), the component
+{"error": 1.0} and parsed=False, and the reason is logged with the item's id: the
+worker goes on.
+
+    python3 -m rlfleet.reward_worker --function my_rewards.py:reward --tasks mytask \\
+        --controller 127.0.0.1:7000 [--port 0] [--token_file F]
+
+or from Python: RewardWorker(fn, ["mytask"]).serve(controller="127.0.0.1:7000").
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from concurrent import futures
+from typing import Callable, List, Optional, Sequence
+
+import grpc
+
+from rlfleet.v1 import common_pb2, controller_pb2, controller_pb2_grpc, reward_pb2, reward_pb2_grpc
+
+__all__ = ["RewardWorker", "load_function", "main"]
+
+TASKS_LABEL = "reward.tasks"  # (services/controller/reward_routes.h reads it)
+MAX_ITEMS = 1024  # per Score call, as the fleet's reward service
+
+
+def _log(message: str):
+    print(f"rlfleet-reward-worker: {message}", flush=True)
+
+
+def load_function(spec: str) -> Callable:
+    """`spec` is MODULE:NAME (importable) or PATH.py:NAME; ValueError naming the problem."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"--function {spec!r}: want MODULE:NAME or PATH.py:NAME")
+    try:
+        if where.endswith(".py"):
+            loader = importlib.util.spec_from_file_location(f"rlfleet_user_{uuid.uuid4().hex}", where)
+            if loader is None or not os.path.isfile(where):
+                raise ValueError(f"--function {spec!r}: no file {where}")
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except ValueError:
+        raise
+    except Exception as e:  # (the user's module failed to import: say how)
+        raise ValueError(f"--function {spec!r}: cannot load {where}: {type(e).__name__}: {e}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"--function {spec!r}: {where} has no function {name}")
+    return fn
+
+
+class _Servicer(reward_pb2_grpc.RewardServiceServicer):
+    def __init__(self, worker: "RewardWorker"):
+        self._w = worker
+
+    def _authorized(self, context) -> bool:
+        if not self._w.token:
+            return True
+        for key, value in context.invocation_metadata():
+            if key == "authorization" and value == f"Bearer {self._w.token}":
+                return True
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        return False
+
+    def Score(self, request, context):
+        self._authorized(context)
+        start = time.monotonic()
+        if not 1 <= len(request.items) <= MAX_ITEMS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"items: {len(request.items)}; want 1..{MAX_ITEMS}")
+        for i, item in enumerate(request.items):
+            if item.task not in self._w.tasks:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"items[{i}].task: {item.task!r}; this worker scores {', '.join(self._w.tasks)}")
+            if item.reward_function and item.reward_function != self._w.name:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"items[{i}].reward_function: {item.reward_function!r}; this worker's is {self._w.name}")
+        response = reward_pb2.ScoreResponse()
+        for item in request.items:
+            result = response.results.add(item_id=item.item_id, reward_function=self._w.name)
+            value, error = self._w.score_one(item)
+            if error is None:
+                result.reward = value
+                result.parsed = True
+            else:
+                result.reward = self._w.error_reward
+                result.parsed = False
+                result.components["error"] = 1.0
+        response.elapsed_ms = (time.monotonic() - start) * 1000
+        return response
+
+    def ListRewardFunctions(self, request, context):
+        self._authorized(context)
+        if request.page.page_size > 1000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page.page_size: {request.page.page_size}; at most 1000")
+        response = reward_pb2.ListRewardFunctionsResponse()
+        if not request.task or request.task in self._w.tasks:
+            response.functions.add(name=self._w.name, kind=reward_pb2.REWARD_KIND_VERIFIABLE,
+                                   description=f"Python function {self._w.name}", tasks=self._w.tasks,
+                                   component_names=["error"], min_reward=self._w.min_reward,
+                                   max_reward=self._w.max_reward, needs_reference=False)
+        return response
+
+
+class RewardWorker:
+    """Serves `fn` as the reward of `tasks`. Thread-safe: items are scored on the
+    server's threads (the function must be safe to call from several at once, or
+    pass threads=1)."""
+
+    def __init__(self, fn: Callable, tasks: Sequence[str], *, name: str = "", error_reward: float = 0.0,
+                 min_reward: float = 0.0, max_reward: float = 1.0, token: Optional[str] = None, threads: int = 4):
+        tasks = [t.strip() for t in tasks if t.strip()]
+        if not tasks:
+            raise ValueError("tasks: name at least one task this worker scores")
+        if not math.isfinite(error_reward):
+            raise ValueError(f"error_reward: {error_reward}; want a finite number")
+        self.fn = fn
+        self.tasks = tasks
+        self.name = name or f"python:{getattr(fn, '__name__', 'reward')}"
+        self.error_reward = float(error_reward)
+        self.min_reward, self.max_reward = float(min_reward), float(max_reward)
+        self.token = token
+        self.threads = max(1, threads)
+        self.replica_id = f"reward-py-{uuid.uuid4().hex[:16]}"
+        self._lock = threading.Lock()
+        self.scored = 0
+        self.errors = 0
+        self._stop = threading.Event()
+
+    def score_one(self, item):
+        """(reward, None), or (None, reason) when the function failed on `item`."""
+        fields = dict(item.metadata)
+        fields.update(task=item.task, answer=item.reference_answer, item_id=item.item_id)
+        error = None
+        try:
+            value = self.fn(item.prompt_text, item.response_text, **fields)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                error = f"returned {type(value).__name__} {value!r:.80}, not a number"
+            elif not math.isfinite(value):
+                error = f"returned {value}, not a finite number"
+        except Exception as e:  # (the user's code: its failure is one item's, never the worker's)
+            error = f"raised {type(e).__name__}: {e}"
+        with self._lock:
+            self.scored += 1
+            if error is not None:
+                self.errors += 1
+                errors = self.errors
+        if error is not None:
+            if errors <= 20 or errors % 100 == 0:  # (the first ones, then every 100th)
+                _log(f"reward error #{errors}: item {item.item_id} (task {item.task}): {self.name} {error}; "
+                     f"scored {self.error_reward}")
+            return None, error
+        return float(value), None
+
+    def serve(self, controller: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 0,
+              advertise: Optional[str] = None, ttl_ms: int = 10000, ready: Optional[Callable[[str], None]] = None):
+        """Serves until stop() (or SIGTERM / SIGINT when run by main()); registers with
+        `controller` (its registry) when given, heartbeats, and deregisters at the end."""
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.threads))
+        reward_pb2_grpc.add_RewardServiceServicer_to_server(_Servicer(self), server)
+        bound = server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+        server.start()
+        address = f"{advertise or host}:{bound}"
+        _log(f"serving {self.name} for task(s) {', '.join(self.tasks)} on {address}")
+        registry = None
+        try:
+            if controller:
+                registry = _Registration(controller, self, address, ttl_ms)
+                registry.register()
+                _log(f"registered with the controller at {controller} as {self.replica_id}")
+            if ready is not None:
+                ready(address)
+            while not self._stop.wait(registry.interval if registry else 1.0):
+                if registry:
+                    registry.heartbeat()
+        finally:
+            if registry:
+                registry.deregister()
+            server.stop(grace=5).wait()
+            _log(f"stopped: scored {self.scored} items ({self.errors} errors)")
+
+    def stop(self):
+        self._stop.set()
+
+
+class _Registration:
+    """The worker's record in the controller's registry: role reward, labelled with its tasks."""
+
+    def __init__(self, controller: str, worker: RewardWorker, address: str, ttl_ms: int):
+        self._channel = grpc.insecure_channel(controller)
+        self._stub = controller_pb2_grpc.RegistryServiceStub(self._channel)
+        self._metadata = [("authorization", f"Bearer {worker.token}")] if worker.token else []
+        self._w = worker
+        self._address = address
+        self._ttl_ms = ttl_ms
+        self._lease = ""
+        self.interval = ttl_ms / 3000.0
+
+    def register(self):
+        info = common_pb2.ReplicaInfo(replica_id=self._w.replica_id, role=common_pb2.REPLICA_ROLE_REWARD,
+                                      grpc_address=self._address, started_at_unix_ms=int(time.time() * 1000))
+        info.labels[TASKS_LABEL] = ",".join(self._w.tasks)
+        reply = self._stub.Register(controller_pb2.RegisterRequest(replica=info, ttl_ms=self._ttl_ms), timeout=10,
+                                    metadata=self._metadata)
+        self._lease = reply.lease_id
+        if reply.heartbeat_interval_ms > 0:
+            self.interval = reply.heartbeat_interval_ms / 1000.0
+
+    def heartbeat(self):
+        try:
+            self._stub.Heartbeat(controller_pb2.HeartbeatRequest(replica_id=self._w.replica_id, lease_id=self._lease),
+                                 timeout=5, metadata=self._metadata)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:  # (the lease expired: the controller restarted, say)
+                _log("the registry lost this worker's lease; registering again")
+                try:
+                    self.register()
+                except grpc.RpcError as again:
+                    _log(f"registering again failed: {again.code().name}: {again.details()}")
+            else:
+                _log(f"heartbeat failed: {e.code().name}: {e.details()}")
+
+    def deregister(self):
+        try:
+            self._stub.Deregister(controller_pb2.DeregisterRequest(replica_id=self._w.replica_id, lease_id=self._lease),
+                                  timeout=5, metadata=self._metadata)
+        except grpc.RpcError:
+            pass  # (the lease expires by itself)
+        self._channel.close()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m rlfleet.reward_worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--function", required=True, help="MODULE:NAME or PATH.py:NAME: reward(prompt, completion, **fields)")
+    parser.add_argument("--tasks", required=True, help="comma-separated tasks this worker scores")
+    parser.add_argument("--controller", default="", help="controller host:port to register with (empty: none)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=0, help="port (0: any free one)")
+    parser.add_argument("--advertise", default="", help="address others reach this worker at (default: --host)")
+    parser.add_argument("--token_file", default="", help="file with the fleet's bearer token")
+    parser.add_argument("--error_reward", type=float, default=0.0, help="reward of an item the function failed on")
+    parser.add_argument("--threads", type=int, default=4, help="items scored at once at most")
+    args = parser.parse_args(argv)
+    try:
+        fn = load_function(args.function)
+        token = open(args.token_file).read().strip() if args.token_file else None
+        worker = RewardWorker(fn, args.tasks.split(","), error_reward=args.error_reward, token=token,
+                              threads=args.threads)
+    except (ValueError, OSError) as e:
+        print(f"rlfleet-reward-worker: {e}", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop())
+    try:
+        worker.serve(args.controller or None, host=args.host, port=args.port, advertise=args.advertise or None)
+    except grpc.RpcError as e:
+        print(f"rlfleet-reward-worker: registering with {args.controller}: {e.code().name}: {e.details()}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
