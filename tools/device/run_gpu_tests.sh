@@ -9,6 +9,9 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared machines
 export RLFLEET_TEST_DEVICE="${RLFLEET_TEST_DEVICE:-cuda:0}"
+# Runfiles as Bazel gives them: $TEST_SRCDIR/$TEST_WORKSPACE is this checkout (the
+# tests' fixtures, e.g. libs/model/testdata, are read from there).
+export TEST_SRCDIR="$(dirname "$PWD")" TEST_WORKSPACE="$(basename "$PWD")"
 nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
 backends=""
 if [[ -d .carry/absl ]]; then
