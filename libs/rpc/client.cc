@@ -74,6 +74,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ClientOptions& 
   }
   // Our own retry loop (CallWithRetry) decides; gRPC's built-in retries would multiply it.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  // A peer that was unreachable (a link down, a partition) is tried again within a
+  // few seconds of coming back: gRPC's reconnect backoff otherwise grows to 120 s, and
+  // a replica cut off for a minute stayed out of its fleet for two more
+  // (tests/multihost: AReplicaCutOffMidRun...).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 3000);
   return grpc::CreateCustomChannel(options.target, creds, args);
 }
 

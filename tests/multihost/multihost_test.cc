@@ -4,12 +4,14 @@
 //   host a: redis-server, controller, reward, buffer, weights
 //   host b: trainer                    (bound to 0.0.0.0: it advertises 10.77.0.2)
 //   hosts c, d: one rollout replica each (bound to 0.0.0.0)
-// with UCX over tcp between hosts. A run completes. Needs CAP_NET_ADMIN (root): a
-// machine without it skips the test saying so.
+// with UCX over tcp between hosts. A run completes; a replica cut off mid-run leaves
+// and comes back. Needs CAP_NET_ADMIN (root): a machine without it skips the test
+// saying so.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -170,6 +172,63 @@ TEST_F(MultiHost, ARunCompletesWithTrainerAndRolloutsOnOtherHosts) {
   ASSERT_TRUE(status.ok()) << status.status() << "\n" << run.output();
   EXPECT_EQ(WEXITSTATUS(*status), 0) << run.output();
   EXPECT_TRUE(absl::StrContains(run.output(), "RUN_STATE_COMPLETED")) << run.output();
+}
+
+// A partition: d's link goes down mid-run (its veth on the bridge). d's replica leaves
+// the run and the run goes on with c; the link comes back, d's replica registers again
+// and is admitted with the run's current version (admission installs it before any
+// prompt), and the run goes on with both. Prints how long detection and recovery took.
+// DISABLED (reported as skipped, never as passed) until it passes: on 2026-12-03,
+// before this commit's UCX and gRPC changes the run hung and d was never dropped
+// (120 s); with them d was dropped and the run went on (steps 15 to 130) but d was not
+// admitted again within 120 s of its link coming back (gRPC's reconnect backoff, now
+// at most 3 s); with that too, a third run stalled for 60 s right after the drop.
+// docs/status.md (issue 22) has the leads. Run it with
+// --test_arg=--gtest_also_run_disabled_tests --test_filter='*CutOff*'.
+TEST_F(MultiHost, DISABLED_AReplicaCutOffMidRunLeavesAndComesBackWithTheCurrentVersion) {
+  Subprocess* controller = StartFleet();
+  ASSERT_FALSE(HasFailure());
+  Subprocess run;
+  Cli(&run, {"run", "--steps=2000", "--eval_every=5", "--loop_prompts=8", "--loop_samples=4", "--timeout=60s"});
+  // The run's progress lines ("step   25 ...", every 5 steps).
+  auto next_step = [&](absl::Duration timeout) {
+    return run.WaitForLine([](const std::string& l) { return absl::StartsWith(l, "step "); }, timeout);
+  };
+  auto on_d = [](absl::string_view what) {
+    return [what](const std::string& l) {
+      return absl::StrContains(l, "rollout replica 10.77.0.4:7020") && absl::StrContains(l, what);
+    };
+  };
+  ASSERT_TRUE(next_step(absl::Seconds(120)).ok()) << run.output();
+
+  const absl::Time cut = absl::Now();
+  ASSERT_EQ(Shell(absl::StrCat("ip -n ", Ns("sw"), " link set vd down")), 0);
+  auto dropped = controller->WaitForLine([&](const std::string& l) { return on_d("dropped")(l) || on_d("removed")(l); },
+                                         absl::Seconds(120));
+  ASSERT_TRUE(dropped.ok()) << dropped.status() << "\n" << controller->output();
+  const absl::Duration detected = absl::Now() - cut;
+  // The run goes on without d.
+  ASSERT_TRUE(next_step(absl::Seconds(60)).ok()) << run.output();
+  ASSERT_TRUE(next_step(absl::Seconds(60)).ok()) << run.output();
+
+  const absl::Time healed = absl::Now();
+  ASSERT_EQ(Shell(absl::StrCat("ip -n ", Ns("sw"), " link set vd up")), 0);
+  auto admitted = controller->WaitForLine(on_d("admitted with version"), absl::Seconds(120));
+  ASSERT_TRUE(admitted.ok()) << admitted.status() << "\n" << controller->output() << "\n" << run.output();
+  const absl::Duration recovered = absl::Now() - healed;
+  // ... and goes on with both: steps after the return, the run still running.
+  ASSERT_TRUE(next_step(absl::Seconds(60)).ok()) << run.output() << "\n" << controller->output();
+  ASSERT_TRUE(next_step(absl::Seconds(60)).ok()) << run.output() << "\n" << controller->output();
+  EXPECT_FALSE(absl::StrContains(run.output(), "RUN_STATE_FAILED")) << run.output();
+  std::cout << "partition: d dropped " << absl::FormatDuration(detected) << " after its link went down; admitted "
+            << absl::FormatDuration(recovered) << " after it came back (" << *admitted << ")" << std::endl;
+
+  Subprocess stop;
+  Cli(&stop, {"stop"});
+  ASSERT_TRUE(stop.Wait(absl::Seconds(60)).ok()) << stop.output();
+  auto status = run.Wait(absl::Seconds(120));
+  ASSERT_TRUE(status.ok()) << status.status() << "\n" << run.output();
+  EXPECT_TRUE(absl::StrContains(run.output(), "RUN_STATE_STOPPED")) << run.output();
 }
 
 }  // namespace

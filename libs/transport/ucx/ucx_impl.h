@@ -85,10 +85,16 @@ inline uint64_t Hash64(const void* data, size_t n) {  // FNV-1a
 constexpr size_t kAddressHeader = 8 + 8 + 8 + 8;  // magic, instance, pid, host hash
 constexpr absl::Duration kLivenessInterval = absl::Milliseconds(100);
 
+// Which peers are on this host (same kernel and network namespace: shared memory and
+// a pid to watch): the host name and this process's network namespace. Processes of
+// one machine in other namespaces (containers, test hosts) are other hosts: UCX's
+// peer-failure handling (keepalive) watches them, as it does real remote hosts.
 inline uint64_t HostHash() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return Hash64(host, strlen(host));
+  char host[512] = {0};
+  gethostname(host, 255);
+  const size_t n = strlen(host);
+  const ssize_t ns = readlink("/proc/self/ns/net", host + n, sizeof(host) - n - 1);
+  return Hash64(host, n + (ns > 0 ? static_cast<size_t>(ns) : 0));
 }
 
 inline void AppendU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }

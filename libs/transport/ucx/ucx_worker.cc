@@ -11,6 +11,18 @@ absl::Status Impl::Init() {
   instance_ = absl::Uniform<uint64_t>(gen) | 1;
   tag_id_ = static_cast<uint32_t>(instance_ >> 32) | 1;
 
+  // tcp defaults the environment can override (process-wide: UCX reads its transports'
+  // settings from the environment): connect() runs in progress instead of blocking the
+  // worker, and with it every transfer of this process, on a peer that does not answer
+  // (a host cut off: SYN retries back off to ~2 minutes); idle connections are probed
+  // every second after 2 s. (UCX_TCP_SYN_CNT would bound the SYN retries, but UCX 1.13
+  // fails ucp_worker_create with any value set: "Invalid memory pool parameter(s)".)
+  for (const auto& [name, value] : {std::pair<const char*, const char*>{"UCX_TCP_CONN_NB", "y"},
+                                    {"UCX_TCP_KEEPIDLE", "2s"},
+                                    {"UCX_TCP_KEEPINTVL", "1s"},
+                                    {"UCX_TCP_KEEPCNT", "5"}}) {
+    setenv(name, value, /*overwrite=*/0);
+  }
   ucp_config_t* config = nullptr;
   RETURN_IF_ERROR(UCS_STATUS(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
   std::string tls = options_.tls;
@@ -242,8 +254,13 @@ absl::StatusOr<PeerId> Impl::ConnectOnThread(const std::string& address, bool se
   const uint64_t instance = ReadU64(address.data() + sizeof(kAddressMagic));
   auto it = by_instance_.find(instance);
   if (it != by_instance_.end()) {
-    if (it->second->failed) return it->second->error;
-    return it->second->id;
+    Peer* known = it->second;
+    if (!known->failed) return known->id;
+    // A peer whose process is gone stays failed; one that failed while its process
+    // lives (its link broke and may be back) gets a fresh endpoint. The failed one
+    // stays in peers_ (its operations still name it) and keeps failing them.
+    if (known->watch_pid && kill(known->pid, 0) != 0) return known->error;
+    by_instance_.erase(it);
   }
   auto peer = std::make_unique<Peer>();
   peer->impl = this;
