@@ -34,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/cpu_model.h"
+#include "bench/cuda_check.h"
 #include "libs/model/policy.h"
 #include "tests/util/subprocess.h"
 
@@ -69,14 +70,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
-
-#define CUDA_OR_DIE(call)                                             \
-  do {                                                                \
-    if (cudaError_t e = (call); e != cudaSuccess) {                   \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e)); \
-      std::exit(1);                                                   \
-    }                                                                 \
-  } while (0)
 
 // cudaMemcpy device-to-device of `bytes` between two buffers of this process: microseconds, median.
 double ReferenceCopyMicros(uint64_t bytes, int device, int repeats) {

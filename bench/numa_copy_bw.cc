@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "bench/cpu_model.h"
+#include "bench/cuda_check.h"
 #include "libs/common/numa.h"
 
 ABSL_FLAG(std::string, out, "numa_copy_bw.md", "Where the results table is written.");
@@ -29,14 +30,6 @@ ABSL_FLAG(int, repeats, 10, "Copies each way per measurement; the best is kept."
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    if (cudaError_t e = (call); e != cudaSuccess) {                                         \
-      std::cerr << "numa_copy_bw: " << #call << ": " << cudaGetErrorString(e) << std::endl; \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
-
 struct Bandwidth {
   double h2d = 0, d2h = 0;  // GB/s
 };
@@ -44,18 +37,18 @@ struct Bandwidth {
 // A fresh pinned buffer (its pages placed by the current memory policy), copied both ways.
 Bandwidth Measure(void* device_buffer, size_t bytes) {
   void* host = nullptr;
-  CHECK_CUDA(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+  CUDA_OR_DIE(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
   std::fill_n(static_cast<char*>(host), bytes, 1);
   Bandwidth best;
   for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
     absl::Time t = absl::Now();
-    CHECK_CUDA(cudaMemcpy(device_buffer, host, bytes, cudaMemcpyHostToDevice));
+    CUDA_OR_DIE(cudaMemcpy(device_buffer, host, bytes, cudaMemcpyHostToDevice));
     best.h2d = std::max(best.h2d, bytes / absl::ToDoubleSeconds(absl::Now() - t) / 1e9);
     t = absl::Now();
-    CHECK_CUDA(cudaMemcpy(host, device_buffer, bytes, cudaMemcpyDeviceToHost));
+    CUDA_OR_DIE(cudaMemcpy(host, device_buffer, bytes, cudaMemcpyDeviceToHost));
     best.d2h = std::max(best.d2h, bytes / absl::ToDoubleSeconds(absl::Now() - t) / 1e9);
   }
-  CHECK_CUDA(cudaFreeHost(host));
+  CUDA_OR_DIE(cudaFreeHost(host));
   return best;
 }
 
@@ -64,9 +57,9 @@ Bandwidth Measure(void* device_buffer, size_t bytes) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const size_t bytes = static_cast<size_t>(absl::GetFlag(FLAGS_mib)) << 20;
-  CHECK_CUDA(cudaSetDevice(absl::GetFlag(FLAGS_device)));
+  CUDA_OR_DIE(cudaSetDevice(absl::GetFlag(FLAGS_device)));
   char bus[32] = {};
-  CHECK_CUDA(cudaDeviceGetPCIBusId(bus, sizeof(bus), absl::GetFlag(FLAGS_device)));
+  CUDA_OR_DIE(cudaDeviceGetPCIBusId(bus, sizeof(bus), absl::GetFlag(FLAGS_device)));
   absl::StatusOr<int> gpu_node = rlfleet::common::PciNumaNode("/sys/bus/pci/devices", bus);
   std::vector<int> nodes;
   for (const auto& e : std::filesystem::directory_iterator("/sys/devices/system/node")) {
@@ -76,7 +69,7 @@ int main(int argc, char** argv) {
   }
   std::sort(nodes.begin(), nodes.end());
   void* device_buffer = nullptr;
-  CHECK_CUDA(cudaMalloc(&device_buffer, bytes));
+  CUDA_OR_DIE(cudaMalloc(&device_buffer, bytes));
   std::ofstream out(absl::GetFlag(FLAGS_out));
   out << "# numa_copy_bw: pinned host <-> GPU copies, unbound vs bound to each NUMA node\n\n"
       << "GPU " << bus << " (NUMA node "
@@ -107,6 +100,6 @@ int main(int argc, char** argv) {
                                : "numa_h2d_ratio_gpu_node_vs_unbound: not measured (the GPU reports no NUMA node)";
   out << "\n" << line << "\n";
   std::cout << line << std::endl;
-  CHECK_CUDA(cudaFree(device_buffer));
+  CUDA_OR_DIE(cudaFree(device_buffer));
   return 0;
 }

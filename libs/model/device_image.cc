@@ -302,8 +302,7 @@ absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref& ref, bool verify
         absl::StrCat("the device image's layout ", absl::Hex(ref.layout, absl::kZeroPad16), " is not this policy's ",
                      absl::Hex(layout, absl::kZeroPad16), " (another model shape or parameter set)"));
   }
-  if (impl_->flat_numel == 0) impl_->flat_numel = num_parameters();  // (once)
-  const int64_t numel = impl_->flat_numel;
+  const int64_t numel = impl_->flat.defined() ? impl_->flat.numel() : num_parameters();
   if (ref.length_bytes != static_cast<uint64_t>(numel) * sizeof(float)) {
     return absl::InvalidArgumentError(absl::StrCat("the device image has ", ref.length_bytes, " bytes; this policy's ",
                                                    numel, " F32 parameters are ", numel * sizeof(float)));

@@ -501,8 +501,7 @@ class Policy::Impl : public torch::nn::Module {
   // unmapped when dropped), the most recently used last (device_image.cc).
   std::deque<std::pair<std::string, std::shared_ptr<void>>> device_mappings;
   uint64_t layout_fingerprint = 0;  // (computed once: shapes never change)
-  int64_t flat_numel = 0;
-  std::shared_ptr<void> stamps;  // two uint64 in pinned host memory: an install's stamp reads
+  std::shared_ptr<void> stamps;     // two uint64 in pinned host memory: an install's stamp reads
   DecodeWeights decode_cache;
   // KV caches kept between DecodeBatches on CUDA with the decode graphs captured
   // against them (decode_batch.cc; a graph replays fixed addresses).

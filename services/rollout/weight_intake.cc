@@ -96,9 +96,8 @@ absl::Status WeightIntake::Check(const v1::PrepareWeightsRequest& req) const {
     return absl::UnimplementedError(
         "manifest.wire_dtype: this replica installs the image's own dtypes and does not cast (send UNSPECIFIED)");
   }
-  // At most this model's image, before anything is allocated for it.
-  ASSIGN_OR_RETURN(const uint64_t most, MostImageBytes());
   if (req.has_device_image()) {
+    ASSIGN_OR_RETURN(const uint64_t most, MostImageBytes());
     RETURN_IF_ERROR(transport::CheckCudaIpcImage(req.device_image(), "device_image", m.version().version(), most));
     if (req.chunks_size() == 0 && !req.has_reshard()) return absl::OkStatus();  // (the only source)
   }
@@ -120,6 +119,8 @@ absl::Status WeightIntake::Check(const v1::PrepareWeightsRequest& req) const {
   if (chunk.already_pushed()) {
     return absl::UnimplementedError("chunks[0].already_pushed: pushed chunks come by reshard, not as chunks");
   }
+  // At most this model's image, before anything is allocated for it.
+  ASSIGN_OR_RETURN(const uint64_t most, MostImageBytes());
   if (chunk.source().length_bytes() > most) {
     return absl::InvalidArgumentError(absl::StrCat("chunks[0].source.length_bytes: ", chunk.source().length_bytes(),
                                                    "; this replica's model is at most ", most, " bytes"));

@@ -806,10 +806,10 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
 }
 
 void TrainerCore::ExportDeviceVersionLocked(int keep, v1::CudaIpcImage* described) {
-  if (device_versions_.empty() || device_versions_.back().version != version_) {
+  if (device_versions_.empty() || device_versions_.back().ref().version != version_) {
     model::DeviceImage reuse;
     if (static_cast<int>(device_versions_.size()) >= keep) {
-      reuse = std::move(device_versions_.front().image);
+      reuse = std::move(device_versions_.front());
       device_versions_.pop_front();
     }
     absl::StatusOr<model::DeviceImage> image = policy_->ExportDeviceImage(version_, std::move(reuse));
@@ -822,9 +822,9 @@ void TrainerCore::ExportDeviceVersionLocked(int keep, v1::CudaIpcImage* describe
       }
       return;
     }
-    device_versions_.push_back({version_, std::move(*image)});
+    device_versions_.push_back(std::move(*image));
   }
-  const model::DeviceImage::Ref& ref = device_versions_.back().image.ref();
+  const model::DeviceImage::Ref& ref = device_versions_.back().ref();
   described->set_ipc_handle(ref.ipc_handle);
   described->set_host_id(common::HostId());
   described->set_pci_bus_id(ref.pci_bus_id);
@@ -832,7 +832,7 @@ void TrainerCore::ExportDeviceVersionLocked(int keep, v1::CudaIpcImage* describe
   described->set_length_bytes(ref.length_bytes);
   described->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_BLOCKSUM32_XXH64);
   described->mutable_digest()->set_value(ref.digest);
-  described->set_version(version_);
+  described->set_version(ref.version);
 }
 
 }  // namespace rlfleet::trainer

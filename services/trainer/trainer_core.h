@@ -184,11 +184,6 @@ class TrainerCore {
     transport::Transport* data_plane = nullptr;
   };
 
-  // A version kept in GPU memory for same-host replicas (PublishTarget::device_images).
-  struct DeviceVersion {
-    uint64_t version = 0;
-    model::DeviceImage image;
-  };
   // The latest versions' device images (oldest first), exporting the current one (its
   // memory the oldest's when there are `keep` already); logs and carries on without one
   // when the export fails (the host image serves every replica then).
@@ -196,7 +191,9 @@ class TrainerCore {
 
   absl::Mutex mu_;
   std::unique_ptr<model::Policy> policy_ ABSL_GUARDED_BY(mu_);
-  std::deque<DeviceVersion> device_versions_ ABSL_GUARDED_BY(mu_);
+  // Versions kept in GPU memory for same-host replicas (PublishTarget::device_images;
+  // each image's ref().version is the version it holds).
+  std::deque<model::DeviceImage> device_versions_ ABSL_GUARDED_BY(mu_);
   std::deque<Published> published_ ABSL_GUARDED_BY(mu_);  // the latest two, in memory
   // Memory for the next image: a dropped one's, or faulted in at start.
   const std::shared_ptr<common::BufferPool> publish_pool_ = std::make_shared<common::BufferPool>(1);
