@@ -75,6 +75,9 @@ fi
 #                   under ASan + UBSan, counted per test case
 #   soak            bench/soak.sh --ci: the local fleet busy for 3 minutes, every
 #                   service's RSS and open fds flat after a minute's warm-up
+#   openai/<check>  the official OpenAI client library (npm `openai`) against
+#                   rlfleet-gateway and a rollout replica, one result per check
+#                   (tools/check_openai.sh, tests/openai/check.mjs)
 #   k8s             deploy/k8s's kustomize builds resolve, every object validates against
 #                   the Kubernetes OpenAPI schemas, their run files parse for every
 #                   binary (tools/check_k8s.sh)
@@ -102,6 +105,16 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   extra soak env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash bench/soak.sh --ci --out="$(mktemp -d)"
   echo "== deploy/k8s: kustomize builds against the Kubernetes schemas (tools/check_k8s.sh)"
   extra k8s env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash tools/check_k8s.sh
+  echo "== the OpenAI client library against rlfleet-gateway (tools/check_openai.sh)"
+  OPENAI_LOG=$(RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" \
+    RLFLEET_MAKE_MODEL="$(bazel info bazel-bin 2>/dev/null)/examples/math/make_tiny_model" bash tools/check_openai.sh 2>&1)
+  OPENAI_RC=$?
+  echo "$OPENAI_LOG"
+  openai_ok=$(echo "$OPENAI_LOG" | grep -c '^ok   ')
+  openai_failed=$(echo "$OPENAI_LOG" | grep -c '^FAIL ')
+  EXTRA_P=$((EXTRA_P + openai_ok))
+  EXTRA_F=$((EXTRA_F + openai_failed))
+  if [[ $OPENAI_RC -ne 0 && $openai_failed -eq 0 ]]; then extra openai false; fi
   echo "== the model backends built by CMake, as on a GPU host (tools/check_cmake_backends.sh)"
   extra cmake-backends bash tools/check_cmake_backends.sh
   echo "== thread safety (clang -Wthread-safety)"
@@ -127,7 +140,7 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   echo "== unit tests under ASan + UBSan"
   ASAN_TARGETS=(//libs/common/... //libs/transport/... //libs/reshard/... //libs/redis/... //libs/registry/...
                 //libs/rpc/... //libs/metrics/... //libs/tasks/... //libs/model/tests:hf_tokenizer_test //libs/model/tests:chat_template_test
-                //services/buffer/... //services/weights/...)
+                //services/buffer/... //services/weights/... //services/gateway/...)
   bazel test --config=asan "${ASAN_TARGETS[@]}" --test_tag_filters=-gpu --disk_cache="$DISK_CACHE" --keep_going \
     >/tmp/rlfleet_asan.$$ 2>&1
   ASAN_RC=$?

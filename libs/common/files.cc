@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -166,6 +167,19 @@ absl::Status RunProgram(const std::vector<std::string>& argv, absl::Duration tim
     return absl::InternalError(absl::StrCat(argv[0], " was killed by signal ", WTERMSIG(wstatus)));
   }
   return absl::InternalError(absl::StrCat(argv[0], " exited with code ", WEXITSTATUS(wstatus)));
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rlfleet::common

@@ -68,6 +68,11 @@ class RegularFile {
 absl::StatusOr<RegularFile> OpenRegularFile(absl::string_view field, const std::filesystem::path& path,
                                             uint64_t max_bytes, bool no_follow = false);
 
+// Writes `port` and a newline to `path` atomically (a temporary file renamed over it):
+// how a server bound to port 0 tells its starter which port it got (--port_file).
+// INTERNAL naming the file when it cannot be written.
+absl::Status WritePortFile(const std::string& path, int port);
+
 // Reads a whole regular file of at most `max_bytes`. The descriptor is opened
 // O_NONBLOCK (opening a FIFO does not block), fstat'ed, and refused unless it is a
 // regular file; the size comes from that fstat, so what is checked is what is read. NOT_FOUND if it

@@ -77,6 +77,8 @@ absl::StatusOr<std::optional<HttpRequestHead>> ParseHttpRequestHead(absl::string
         return absl::InvalidArgumentError(absl::StrCat("request head: header line ", i, " has control bytes"));
       }
     }
+    head.headers.emplace_back(absl::AsciiStrToLower(line.substr(0, colon)),
+                              std::string(absl::StripAsciiWhitespace(line.substr(colon + 1))));
   }
   head.method = std::string(parts[0]);
   head.target = std::string(parts[1]);

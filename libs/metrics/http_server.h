@@ -17,6 +17,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -36,6 +38,16 @@ struct HttpRequestHead {
   std::string target;     // "/metrics?x=1"
   std::string path;       // "/metrics" (the target up to '?')
   size_t head_bytes = 0;  // through the blank line that ends the head
+  // The header fields in order: names in lower case, values without surrounding blanks.
+  std::vector<std::pair<std::string, std::string>> headers;
+
+  // The value of the first header named `name` (lower case), if any.
+  std::optional<std::string> Header(absl::string_view name) const {
+    for (const auto& [n, v] : headers) {
+      if (n == name) return v;
+    }
+    return std::nullopt;
+  }
 };
 
 // Parses the head of an HTTP/1.x request from the bytes received so far: nullopt while

@@ -9,12 +9,12 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "libs/common/files.h"
 #include "libs/common/status_macros.h"
 #include "libs/rpc/advertise.h"
 
@@ -62,19 +62,6 @@ absl::Status InstallSignalHandlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  return absl::OkStatus();
-}
-
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
   return absl::OkStatus();
 }
 
@@ -144,7 +131,7 @@ absl::Status ServerRunner::Start() {
   }
   SetServing(true);
   if (options_.handle_signals) RETURN_IF_ERROR(InstallSignalHandlers());
-  if (!options_.port_file.empty()) RETURN_IF_ERROR(WritePortFile(options_.port_file, port_));
+  if (!options_.port_file.empty()) RETURN_IF_ERROR(common::WritePortFile(options_.port_file, port_));
   if (options_.metrics_port >= 0) {
     std::string host = options_.metrics_host.empty() ? options_.host : options_.metrics_host;
     if (host == "::" || host == "[::]") host = "0.0.0.0";

@@ -173,6 +173,13 @@ TEST(HttpRequestHead, ParsesOrRefusesWithoutReadingPastTheBound) {
   EXPECT_EQ((*whole)->path, "/metrics");
   EXPECT_EQ((*whole)->target, "/metrics?x=1");
   EXPECT_EQ((*whole)->head_bytes, std::string("GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n").size());
+  EXPECT_EQ((*whole)->Header("host"), "a");
+  EXPECT_EQ((*whole)->Header("accept"), std::nullopt);
+  auto headers = ParseHttpRequestHead("POST /v1 HTTP/1.1\r\nContent-Length:  12 \r\nX-A: 1\r\nx-a: 2\r\n\r\n");
+  ASSERT_TRUE(headers.ok() && headers->has_value());
+  EXPECT_EQ((*headers)->Header("content-length"), "12");  // names in lower case, values trimmed
+  EXPECT_EQ((*headers)->Header("x-a"), "1");              // the first of repeated ones
+  EXPECT_EQ((*headers)->headers.size(), 3u);
   for (const char* bad :
        {"\r\n\r\n", "GET\r\n\r\n", "GET metrics HTTP/1.1\r\n\r\n", "GET /m HTTP/2\r\n\r\n", "G(T /m HTTP/1.1\r\n\r\n",
         "GET /m HTTP/1.1\r\nno colon\r\n\r\n", "GET /m HTTP/1.1\r\n: empty\r\n\r\n", "GET /m\x01 HTTP/1.1\r\n\r\n"}) {

@@ -1,0 +1,283 @@
+// The gateway over real HTTP (HttpServer on loopback) with a scripted backend.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "services/gateway/gateway_core.h"
+#include "services/gateway/http_server.h"
+
+namespace rlfleet::gateway {
+namespace {
+
+// The built-in tokenizer's ids: '1' 10, '2' 11, '3' 12, EOS 2.
+class ScriptedBackend : public GenerateBackend {
+ public:
+  absl::Status Generate(const v1::GenerateRequest& request, absl::Time deadline,
+                        const std::function<bool(const v1::GenerateResponse&)>& on_message) override {
+    {
+      absl::MutexLock lock(&mu);
+      last = request;
+    }
+    if (!fail_before.ok()) return fail_before;
+    for (uint32_t s = 0; s < std::max(1u, request.num_samples()); ++s) {
+      for (size_t i = 0; endless || i < tokens.size(); ++i) {
+        if (absl::Now() > deadline) return absl::DeadlineExceededError("deadline");
+        v1::GenerateResponse m;
+        m.mutable_chunk()->set_sample_index(s);
+        m.mutable_chunk()->set_token_offset(static_cast<uint32_t>(i));
+        m.mutable_chunk()->add_token_ids(endless ? 11 : tokens[i]);
+        m.mutable_chunk()->add_logprobs(-0.25f);
+        m.mutable_chunk()->add_policy_versions(7);
+        if (!on_message(m)) {
+          cancelled.Notify();
+          return absl::OkStatus();
+        }
+        if (fail_after > 0 && static_cast<int>(i) + 1 == fail_after) return absl::UnavailableError("replica died");
+        if (endless) absl::SleepFor(absl::Milliseconds(5));
+      }
+      v1::GenerateResponse done;
+      done.mutable_finished()->set_sample_index(s);
+      done.mutable_finished()->set_finish_reason(v1::FINISH_REASON_STOP);
+      if (!on_message(done)) return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<int32_t> tokens = {12, 11, 10, 2};
+  bool endless = false;
+  int fail_after = 0;
+  absl::Status fail_before;
+  absl::Notification cancelled;
+  absl::Mutex mu;
+  v1::GenerateRequest last ABSL_GUARDED_BY(mu);
+};
+
+struct Reply {
+  int status = 0;
+  std::string head;
+  std::string body;
+};
+
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+Reply ReadReply(int fd) {
+  std::string all;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) all.append(buffer, n);
+  close(fd);
+  Reply r;
+  const size_t split = all.find("\r\n\r\n");
+  if (split == std::string::npos || all.size() < 12) return r;
+  r.head = all.substr(0, split);
+  r.body = all.substr(split + 4);
+  (void)absl::SimpleAtoi(all.substr(9, 3), &r.status);
+  return r;
+}
+
+std::string Request(const std::string& method, const std::string& path, const std::string& body,
+                    const std::string& extra_headers = "") {
+  return absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n", extra_headers,
+                      "Content-Length: ", body.size(), "\r\n\r\n", body);
+}
+
+Reply Exchange(int port, const std::string& raw) {
+  const int fd = Connect(port);
+  EXPECT_EQ(send(fd, raw.data(), raw.size(), MSG_NOSIGNAL), static_cast<ssize_t>(raw.size()));
+  return ReadReply(fd);
+}
+
+// The JSON of each `data:` event but [DONE].
+std::vector<Json> Events(const std::string& body, bool* done) {
+  std::vector<Json> events;
+  *done = false;
+  for (absl::string_view e : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
+    EXPECT_TRUE(absl::ConsumePrefix(&e, "data: ")) << e;
+    if (e == "[DONE]") {
+      *done = true;
+      continue;
+    }
+    events.push_back(Json::parse(e));
+  }
+  return events;
+}
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  void Start(GatewayOptions options = {}, HttpServer::Options http = {}) {
+    gateway_ = std::make_unique<Gateway>(options, BuiltinCodec(), &backend_);
+    auto server = HttpServer::Start(
+        "127.0.0.1", 0, [this](const HttpRequest& r, HttpResponder* w) { gateway_->Handle(r, w); }, http);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  int port() const { return server_->port(); }
+
+  ScriptedBackend backend_;
+  std::unique_ptr<Gateway> gateway_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+TEST_F(GatewayTest, ACompletionWithTokensVersionsAndUsage) {
+  Start();
+  const Reply r = Exchange(
+      port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":"reverse:123","n":2,"seed":3})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json body = Json::parse(r.body);
+  ASSERT_EQ(body["choices"].size(), 2u);
+  for (const Json& c : body["choices"]) {
+    EXPECT_EQ(c["text"], "321");
+    EXPECT_EQ(c["finish_reason"], "stop");
+    EXPECT_EQ(c["token_ids"], Json({12, 11, 10, 2}));
+    EXPECT_EQ(c["policy_versions"], Json({7, 7, 7, 7}));
+  }
+  EXPECT_EQ(body["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(body["prompt_token_ids"], Json({1, 4, 10, 11, 12, 3}));
+  absl::MutexLock lock(&backend_.mu);
+  EXPECT_EQ(backend_.last.num_samples(), 2u);
+  EXPECT_EQ(backend_.last.sampling().seed(), 3u);
+  EXPECT_EQ(backend_.last.sampling().max_new_tokens(), 16u);
+  EXPECT_EQ(backend_.last.prompt_token_ids_size(), 6);
+}
+
+TEST_F(GatewayTest, AStreamAddsUpToTheSameTextAndEndsWithDone) {
+  Start();
+  const Reply r = Exchange(port(), Request("POST", "/v1/completions",
+                                           R"({"model":"rlfleet","prompt":"reverse:123","stream":true,
+                                               "stream_options":{"include_usage":true}})"));
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.head.find("text/event-stream"), std::string::npos);
+  bool done = false;
+  const std::vector<Json> events = Events(r.body, &done);
+  EXPECT_TRUE(done);
+  std::string text;
+  std::vector<int> ids;
+  std::string finish;
+  for (const Json& e : events) {
+    for (const Json& c : e["choices"]) {
+      text += c["text"].get<std::string>();
+      for (const Json& id : c["token_ids"]) ids.push_back(id.get<int>());
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+  }
+  EXPECT_EQ(text, "321");
+  EXPECT_EQ(ids, (std::vector<int>{12, 11, 10, 2}));
+  EXPECT_EQ(finish, "stop");
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["usage"]["completion_tokens"], 4);
+}
+
+TEST_F(GatewayTest, AStopStringEndsTheGenerationEarly) {
+  Start();
+  backend_.endless = true;  // "2222..." until cancelled
+  const Reply r =
+      Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":"reverse:1","stop":"222"})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json body = Json::parse(r.body);
+  EXPECT_EQ(body["choices"][0]["text"], "");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(backend_.cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+TEST_F(GatewayTest, AClientThatGoesAwayCancelsItsGeneration) {
+  Start();
+  backend_.endless = true;
+  const int fd = Connect(port());
+  const std::string raw = Request("POST", "/v1/completions",
+                                  R"({"model":"rlfleet","prompt":"reverse:1","stream":true,"max_tokens":100000})");
+  ASSERT_EQ(send(fd, raw.data(), raw.size(), MSG_NOSIGNAL), static_cast<ssize_t>(raw.size()));
+  char buffer[256];
+  ASSERT_GT(read(fd, buffer, sizeof(buffer)), 0);  // the stream began
+  close(fd);
+  EXPECT_TRUE(backend_.cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+TEST_F(GatewayTest, BackendErrorsBeforeAndDuringAStream) {
+  Start();
+  backend_.fail_before = absl::UnavailableError("no rollout replica serves now");
+  Reply r = Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":"reverse:1"})"));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(Json::parse(r.body)["error"]["message"].get<std::string>().find("no rollout replica"), std::string::npos);
+  backend_.fail_before = absl::ResourceExhaustedError("queue full");
+  r = Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":"reverse:1"})"));
+  EXPECT_EQ(r.status, 429);
+  backend_.fail_before = absl::OkStatus();
+  backend_.fail_after = 2;
+  r = Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":"reverse:1","stream":true})"));
+  ASSERT_EQ(r.status, 200);
+  bool done = false;
+  const std::vector<Json> events = Events(r.body, &done);
+  EXPECT_FALSE(done);
+  ASSERT_FALSE(events.empty());
+  EXPECT_NE(events.back()["error"]["message"].get<std::string>().find("replica died"), std::string::npos);
+}
+
+TEST_F(GatewayTest, ApiKeyRoutesAndMalformedRequests) {
+  GatewayOptions options;
+  options.api_key = "k1";
+  HttpServer::Options http;
+  http.max_body_bytes = 1000;
+  Start(options, http);
+  const std::string ok_body = R"({"model":"rlfleet","prompt":"reverse:1"})";
+  Reply r = Exchange(port(), Request("POST", "/v1/completions", ok_body));
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(Json::parse(r.body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(Exchange(port(), Request("POST", "/v1/completions", ok_body, "Authorization: Bearer k2\r\n")).status, 401);
+  EXPECT_EQ(Exchange(port(), Request("POST", "/v1/completions", ok_body, "Authorization: Bearer k1\r\n")).status, 200);
+  const std::string auth = "Authorization: Bearer k1\r\n";
+  EXPECT_EQ(Exchange(port(), Request("GET", "/v1/models", "", auth)).status, 200);
+  EXPECT_EQ(Exchange(port(), Request("GET", "/health", "")).status, 200);  // (no key: probes)
+  EXPECT_EQ(Exchange(port(), Request("GET", "/v1/completions", "", auth)).status, 405);
+  EXPECT_EQ(Exchange(port(), Request("POST", "/v1/embeddings", "{}", auth)).status, 404);
+  EXPECT_EQ(Exchange(port(), Request("POST", "/v1/completions", std::string(2000, ' '), auth)).status, 413);
+  EXPECT_EQ(Exchange(port(), "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n").status,
+            411);
+  EXPECT_EQ(Exchange(port(), "BAD\r\n\r\n").status, 400);
+  EXPECT_EQ(Exchange(port(), "POST /v1/completions HTTP/1.1\r\nContent-Length: x\r\n\r\n").status, 400);
+  r = Exchange(port(), Request("POST", "/v1/completions", "{\"model\":", auth));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json::parse(r.body)["error"]["message"], "the body is not valid JSON");
+  r = Exchange(port(), Request("POST", "/v1/chat/completions",
+                               R"({"model":"rlfleet","messages":[{"role":"user","content":"x"}]})", auth));
+  EXPECT_EQ(r.status, 400);  // the built-in tokenizer has no chat template
+  EXPECT_NE(r.body.find("chat template"), std::string::npos);
+  r = Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":[1,99]})", auth));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("outside the vocabulary"), std::string::npos);
+}
+
+TEST_F(GatewayTest, OneConnectionPastTheLimitIsTurnedAway) {
+  HttpServer::Options http;
+  http.max_connections = 1;
+  Start({}, http);
+  backend_.endless = true;
+  const int busy = Connect(port());
+  const std::string raw = Request("POST", "/v1/completions",
+                                  R"({"model":"rlfleet","prompt":"reverse:1","stream":true,"max_tokens":100000})");
+  ASSERT_EQ(send(busy, raw.data(), raw.size(), MSG_NOSIGNAL), static_cast<ssize_t>(raw.size()));
+  char buffer[256];
+  ASSERT_GT(read(busy, buffer, sizeof(buffer)), 0);
+  const Reply r = Exchange(port(), Request("GET", "/health", ""));
+  EXPECT_EQ(r.status, 503);
+  close(busy);
+  ASSERT_TRUE(backend_.cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+}  // namespace
+}  // namespace rlfleet::gateway
