@@ -50,7 +50,7 @@ wait_for_file() {  # wait_for_file FILE PID: until FILE is written, while PID li
 cp "$ROOT/libs/model/testdata/chat/qwen2_5.jinja" "$DIR/tiny/chat_template.jinja"
 head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$DIR/key"
 
-"$BIN/rollout/rlfleet-rollout" --model_dir="$DIR/tiny" --max_seq_len=256 --port=0 --port_file="$DIR/rollout.port" \
+"$BIN/rollout/rlfleet-rollout" --model_dir="$DIR/tiny" --max_seq_len=1024 --port=0 --port_file="$DIR/rollout.port" \
   >"$DIR/rollout.log" 2>&1 &
 PIDS+=($!)
 wait_for_file "$DIR/rollout.port" "${PIDS[-1]}" || { echo "check_openai: the rollout did not start:"; cat "$DIR/rollout.log"; exit 1; }

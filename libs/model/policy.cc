@@ -602,6 +602,19 @@ absl::Status Policy::CheckBatch(const std::vector<TrainSequence>& batch, const T
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has ", s.behaviour_logprobs.size(),
                                                      " behaviour logprobs for ", s.response.size(), " tokens"));
     }
+    if (!s.loss_mask.empty()) {
+      if (s.loss_mask.size() != s.response.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " has a loss mask of ", s.loss_mask.size(),
+                                                       " entries for ", s.response.size(), " tokens"));
+      }
+      if (std::none_of(s.loss_mask.begin(), s.loss_mask.end(), [](uint8_t m) { return m != 0; })) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": its loss mask leaves no token in the loss"));
+      }
+      if (options.gae) {
+        return absl::UnimplementedError(absl::StrCat(
+            "sequence ", i, ": a loss mask (a multi-turn trajectory) with GAE is not supported; use GRPO or RLOO"));
+      }
+    }
     for (const std::vector<int32_t>* tokens : {&s.prompt, &s.response}) {
       for (int32_t t : *tokens) {
         if (t < 0 || t >= impl_->config.vocab_size) {
@@ -675,13 +688,18 @@ absl::StatusOr<PackedBatch> Pack(const std::vector<TrainSequence>& batch, int vo
       if (real) {
         real_a[b][P + j] = true;
         targets_a[b][j] = tok;
-        mask_a[b][j] = 1.0f;
+        mask_a[b][j] =
+            s.loss_mask.empty() || (j < static_cast<int64_t>(s.loss_mask.size()) && s.loss_mask[j] != 0) ? 1.0f : 0.0f;
         if (j < static_cast<int64_t>(s.behaviour_logprobs.size())) old_lp_a[b][j] = s.behaviour_logprobs[j];
       }
     }
     adv_a[b] = s.advantage;
     if (!s.response.empty()) rewards_a[b][static_cast<int64_t>(s.response.size()) - 1] = s.reward;
-    pb.response_tokens[b] = static_cast<double>(s.response.size());
+    // (the tokens in the loss: what a micro-batch's share of the mean is weighted by)
+    pb.response_tokens[b] = s.loss_mask.empty()
+                                ? static_cast<double>(s.response.size())
+                                : static_cast<double>(std::count_if(s.loss_mask.begin(), s.loss_mask.end(),
+                                                                    [](uint8_t m) { return m != 0; }));
   }
   return pb;
 }

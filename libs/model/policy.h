@@ -142,6 +142,9 @@ struct TrainSequence {
   std::vector<float> behaviour_logprobs;  // one per response token
   float advantage = 0;                    // the sequence's advantage (GRPO / RLOO); unused with GAE
   float reward = 0;                       // the sequence's reward, on its last token (GAE)
+  // Which response tokens the loss sees (0: a tool's output spliced into the response);
+  // empty = all. Masked tokens still condition the tokens after them. Not with GAE.
+  std::vector<uint8_t> loss_mask;
 };
 
 struct TrainOptions {
@@ -186,10 +189,10 @@ struct TrainStats {
   float policy_loss = 0;
   float clip_fraction = 0;
   float approx_kl = 0;
-  float grad_norm = 0;   // before clipping, last epoch
-  float entropy = 0;     // mean policy entropy over response tokens, nats
-  float value_loss = 0;  // GAE only: the clipped value loss, last epoch
-  int64_t tokens = 0;
+  float grad_norm = 0;          // before clipping, last epoch
+  float entropy = 0;            // mean policy entropy over response tokens, nats
+  float value_loss = 0;         // GAE only: the clipped value loss, last epoch
+  int64_t tokens = 0;           // response tokens in the loss (a loss mask leaves some out)
   int64_t optimizer_steps = 0;  // updates applied (epochs x mini-batches)
   float learning_rate = 0;      // learning rate of the last update (after warmup)
 };

@@ -1,30 +1,47 @@
 #include "libs/model/tokenizer.h"
 
+#include <algorithm>
 #include <array>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace rlfleet::model {
 namespace {
 
-// 4..6: task tokens; 7: '+'; 8: '-'; 9..18: '0'..'9'; 19..31 unused.
-constexpr std::array<const char*, 3> kTasks = {"reverse", "sort", "add"};
-constexpr int32_t kFirstTask = 4;
+// 4..6 and 20: task tokens; 7: '+'; 8: '-'; 9..18: '0'..'9'; 19: '*'; 21..24: the
+// calculator's brackets '[' ']' '(' ')'; 25..31 unused.
+struct TaskToken {
+  const char* name;
+  int32_t id;
+};
+constexpr std::array<TaskToken, 4> kTasks = {{{"reverse", 4}, {"sort", 5}, {"add", 6}, {"mul", 20}}};
 constexpr int32_t kPlus = 7;
 constexpr int32_t kMinus = 8;
 constexpr int32_t kZero = 9;
+constexpr int32_t kTimes = 19;
+// Characters of the other single-character tokens, by id.
+constexpr std::array<std::pair<int32_t, char>, 7> kSymbols = {{{kPlus, '+'},
+                                                               {kMinus, '-'},
+                                                               {kTimes, '*'},
+                                                               {Tokenizer::kCall, '['},
+                                                               {Tokenizer::kEndCall, ']'},
+                                                               {Tokenizer::kResult, '('},
+                                                               {Tokenizer::kEndResult, ')'}}};
 
 int32_t CharId(char c) {
   if (c >= '0' && c <= '9') return kZero + (c - '0');
-  if (c == '+') return kPlus;
-  if (c == '-') return kMinus;
+  for (const auto& [id, ch] : kSymbols) {
+    if (ch == c) return id;
+  }
   return -1;
 }
 
 char IdChar(int32_t id) {
   if (id >= kZero && id < kZero + 10) return static_cast<char>('0' + id - kZero);
-  if (id == kPlus) return '+';
-  if (id == kMinus) return '-';
+  for (const auto& [symbol, ch] : kSymbols) {
+    if (symbol == id) return ch;
+  }
   return '?';
 }
 
@@ -37,8 +54,8 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodePrompt(absl::string_view p
   }
   const absl::string_view task = prompt.substr(0, colon);
   int32_t task_id = -1;
-  for (size_t i = 0; i < kTasks.size(); ++i) {
-    if (task == kTasks[i]) task_id = kFirstTask + static_cast<int32_t>(i);
+  for (const TaskToken& t : kTasks) {
+    if (task == t.name) task_id = t.id;
   }
   if (task_id < 0) return absl::InvalidArgumentError(absl::StrCat("unknown task `", task, "`"));
   std::vector<int32_t> ids = {kBos, task_id};
@@ -81,8 +98,9 @@ std::string Tokenizer::DecodeResponse(const std::vector<int32_t>& ids) {
 std::string Tokenizer::DecodePrompt(const std::vector<int32_t>& ids) {
   std::string out;
   for (int32_t id : ids) {
-    if (id >= kFirstTask && id < kFirstTask + static_cast<int32_t>(kTasks.size())) {
-      out += absl::StrCat(kTasks[id - kFirstTask], ":");
+    const auto task = std::find_if(kTasks.begin(), kTasks.end(), [id](const TaskToken& t) { return t.id == id; });
+    if (task != kTasks.end()) {
+      out += absl::StrCat(task->name, ":");
     } else if (id != kBos && id != kSep && id != kPad && id != kEos) {
       out.push_back(IdChar(id));
     }

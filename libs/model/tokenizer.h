@@ -1,7 +1,8 @@
 // The tokenizer of the built-in tasks (libs/tasks), shared by rollout, reward and
 // trainer. Character level with special tokens; the task name is one token, so a
 // prompt "reverse:123" is [BOS, <reverse>, '1', '2', '3', SEP] and a response is
-// digits (or '-', '+') followed by EOS. The vocabulary fits in 32 ids.
+// digits (or '-', '+', '*', and the calculator's brackets) followed by EOS. The
+// vocabulary fits in 32 ids.
 #ifndef RLFLEET_LIBS_MODEL_TOKENIZER_H_
 #define RLFLEET_LIBS_MODEL_TOKENIZER_H_
 
@@ -21,6 +22,13 @@ class Tokenizer {
   static constexpr int32_t kEos = 2;
   static constexpr int32_t kSep = 3;
   static constexpr int32_t kVocabSize = 32;
+  // The calculator tool's protocol (libs/tasks: Calculate): the policy writes
+  // [kCall, expression..., kEndCall]; the environment answers [kResult, digits...,
+  // kEndResult]. As text: "[37*4](148)".
+  static constexpr int32_t kCall = 21;
+  static constexpr int32_t kEndCall = 22;
+  static constexpr int32_t kResult = 23;
+  static constexpr int32_t kEndResult = 24;
 
   // Encodes a prompt "<task>:<input>". INVALID_ARGUMENT naming the offending character
   // or an unknown task.

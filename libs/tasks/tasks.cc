@@ -118,7 +118,76 @@ class AddTask : public Task {
   }
 };
 
+// "mul:<a>*<b>": a of min_len..max_len digits, b one digit 2..9. The policy may call
+// the calculator: "[<a>*<b>]" is answered "(<product>)" by the environment.
+class MulTask : public Task {
+ public:
+  std::string name() const override { return "mul"; }
+  std::string description() const override {
+    return "multiply a number by a digit, with a calculator tool: [a*b] is answered (product)";
+  }
+  bool UsesCalculator() const override { return true; }
+  bool WellFormed(absl::string_view r) const override {
+    // Tool calls and results, then the answer's digits.
+    for (;;) {
+      if (!absl::ConsumePrefix(&r, "[")) break;
+      const size_t close = r.find("](");
+      const size_t end = close == absl::string_view::npos ? close : r.find(')', close);
+      if (end == absl::string_view::npos) return false;
+      r.remove_prefix(end + 1);
+    }
+    return AllDigits(r);
+  }
+  std::string FinalAnswer(absl::string_view response) const override {
+    const size_t last = response.rfind(')');
+    return std::string(last == absl::string_view::npos ? response : response.substr(last + 1));
+  }
+  Example Make(absl::BitGenRef gen, const TaskOptions& options) const override {
+    const int n = std::min(Length(gen, options), 17);
+    std::string a = Digits(gen, n);
+    a[0] = static_cast<char>('1' + absl::Uniform(gen, 0, 9));
+    const int b = absl::Uniform(absl::IntervalClosed, gen, 2, 9);
+    std::string prompt = absl::StrCat(name(), ":", a, "*", b);
+    return {prompt, *Solve(prompt)};
+  }
+  absl::StatusOr<std::string> Solve(absl::string_view prompt) const override {
+    auto input = Input(name(), prompt);
+    if (!input.ok()) return input.status();
+    std::optional<std::string> value = absl::StrContains(*input, '*') ? Calculate(*input) : std::nullopt;
+    if (!value.has_value()) {
+      return absl::InvalidArgumentError("mul prompt must be `mul:<digits>*<digits>` (a product of at most 18 digits)");
+    }
+    return *value;
+  }
+  absl::StatusOr<std::string> Demonstration(absl::string_view prompt) const override {
+    absl::StatusOr<std::string> product = Solve(prompt);
+    if (!product.ok()) return product.status();
+    return absl::StrCat("[", prompt.substr(prompt.find(':') + 1), "](", *product, ")", *product);
+  }
+};
+
 }  // namespace
+
+std::optional<std::string> Calculate(absl::string_view expression) {
+  const size_t op = expression.find_first_of("+-*");
+  if (op == absl::string_view::npos) return std::nullopt;
+  const absl::string_view a = expression.substr(0, op), b = expression.substr(op + 1);
+  uint64_t x = 0, y = 0;
+  if (!AllDigits(a) || !AllDigits(b) || a.size() > 18 || b.size() > 18 || !absl::SimpleAtoi(a, &x) ||
+      !absl::SimpleAtoi(b, &y)) {
+    return std::nullopt;
+  }
+  constexpr uint64_t kMax = 999'999'999'999'999'999ull;
+  switch (expression[op]) {
+    case '+':
+      return x + y <= kMax ? std::optional(absl::StrCat(x + y)) : std::nullopt;
+    case '-':
+      return x >= y ? absl::StrCat(x - y) : absl::StrCat("-", y - x);
+    default:
+      if (x != 0 && y > kMax / x) return std::nullopt;
+      return absl::StrCat(x * y);
+  }
+}
 
 const Task* FindTask(absl::string_view name) {
   static const ReverseTask* reverse = new ReverseTask();
@@ -126,10 +195,12 @@ const Task* FindTask(absl::string_view name) {
   static const AddTask* add = new AddTask();
   if (name == "reverse") return reverse;
   if (name == "sort") return sort;
+  static const MulTask* mul = new MulTask();
   if (name == "add") return add;
+  if (name == "mul") return mul;
   return nullptr;
 }
 
-std::vector<std::string> TaskNames() { return {"add", "reverse", "sort"}; }
+std::vector<std::string> TaskNames() { return {"add", "mul", "reverse", "sort"}; }
 
 }  // namespace rlfleet::tasks

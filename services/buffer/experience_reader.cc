@@ -30,6 +30,7 @@ void Common(const Message& m, ExperienceFacts* facts) {
   facts->has_reward = m.has_reward();
   facts->reward = m.reward();
   Versions(m.token_policy_versions(), facts);
+  facts->response_loss_mask = m.response_loss_mask_size();
   facts->has_remote_payload = m.has_remote_payload();
   if (facts->has_remote_payload) facts->remote_payload = m.remote_payload();
   if (m.has_reward() && !std::isfinite(m.reward())) {
@@ -195,6 +196,9 @@ std::string InvalidExperience(const ExperienceFacts& f) {
   }
   if (f.token_policy_versions != 0 && f.token_policy_versions != n) {
     return absl::StrCat("token_policy_versions: ", f.token_policy_versions, " entries, want ", n);
+  }
+  if (f.response_loss_mask != 0 && f.response_loss_mask != n) {
+    return absl::StrCat("response_loss_mask: ", f.response_loss_mask, " entries, want 0 or ", n);
   }
   if (!f.non_finite.empty()) return absl::StrCat(f.non_finite, "; it must be a finite number");
   return "";

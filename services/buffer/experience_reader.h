@@ -29,6 +29,7 @@ struct ExperienceFacts {
   uint64_t response_tokens = 0;
   uint64_t response_logprobs = 0;
   uint64_t token_policy_versions = 0;
+  uint64_t response_loss_mask = 0;
   bool has_remote_payload = false;
   v1::TransferDescriptor remote_payload;  // when has_remote_payload
   // The first number that is not finite (NaN or infinite), named with its field

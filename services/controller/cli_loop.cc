@@ -22,7 +22,8 @@ ABSL_FLAG(std::string, loop_rollout, "", "loop: rollout replica addresses, comma
 ABSL_FLAG(std::string, loop_reward, "", "loop: reward address.");
 ABSL_FLAG(std::string, loop_buffer, "", "loop: buffer address.");
 ABSL_FLAG(std::string, loop_trainer, "", "loop: trainer address.");
-ABSL_FLAG(std::string, task, "reverse", "loop: built-in task.");
+ABSL_FLAG(std::string, task, "reverse",
+          "loop / run: built-in task: reverse, sort, add, or mul (multi-turn, with a calculator tool).");
 ABSL_FLAG(std::string, dataset, "",
           "loop / run: a JSONL prompt dataset instead of --task (one object per line: a prompt string and an "
           "answer; for `run` a path under the controller's --data_root), tokenized by --model_dir's tokenizer.");

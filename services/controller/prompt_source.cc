@@ -13,6 +13,7 @@
 #include "libs/tasks/prompt_dataset.h"
 #include "libs/tasks/tasks.h"
 #include "services/controller/run_loop.h"
+#include "services/controller/tool_episodes.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -24,7 +25,9 @@ class TaskSource : public PromptSource {
         name_(task->name()),
         lengths_{config.min_len, config.max_len},
         gen_(std::seed_seq{config.seed}),
-        max_new_tokens_(config.max_len + 3) {
+        // (with the calculator: "[a*b](product)product" and EOS)
+        max_new_tokens_(task->UsesCalculator() ? 3 * config.max_len + 9 : config.max_len + 3),
+        tools_(task->UsesCalculator() ? CalculatorEnvironment() : nullptr) {
     // (drawn first from the run's generator, then the training prompts: as ever)
     for (int i = 0; i < config.held_out; ++i) held_out_.push_back(Make());
   }
@@ -39,7 +42,11 @@ class TaskSource : public PromptSource {
     return model::Tokenizer::DecodeResponse(ids);
   }
   int default_max_new_tokens() const override { return max_new_tokens_; }
-  std::string Describe() const override { return absl::StrCat(name_, " n=", lengths_.min_len, "..", lengths_.max_len); }
+  std::string Describe() const override {
+    return absl::StrCat(name_, " n=", lengths_.min_len, "..", lengths_.max_len,
+                        tools_ != nullptr ? ", with the calculator tool" : "");
+  }
+  const ToolEnvironment* tools() const override { return tools_.get(); }
 
  private:
   RunPrompt Make() {
@@ -53,6 +60,7 @@ class TaskSource : public PromptSource {
   const tasks::TaskOptions lengths_;
   absl::BitGen gen_;
   const int max_new_tokens_;
+  const std::unique_ptr<ToolEnvironment> tools_;
   std::vector<RunPrompt> held_out_;
 };
 

@@ -15,7 +15,8 @@
 
 namespace rlfleet::controller {
 
-struct LoopConfig;  // run_loop.h
+struct LoopConfig;      // run_loop.h
+class ToolEnvironment;  // tool_episodes.h
 
 // One prompt: its text (for the reward service), its token ids (for the rollout) and
 // its reference answer.
@@ -40,6 +41,9 @@ class PromptSource {
   virtual int default_max_new_tokens() const = 0;
   // What it is, for the run's start line.
   virtual std::string Describe() const = 0;
+  // The tool its prompts' responses may call (multi-turn episodes: tool_episodes.h), or
+  // null.
+  virtual const ToolEnvironment* tools() const { return nullptr; }
 };
 
 // The source `config` asks for: config.dataset's records (the tokenizer of

@@ -18,6 +18,7 @@
 #include "libs/metrics/metrics.h"
 #include "libs/tasks/tasks.h"
 #include "services/controller/prompt_source.h"
+#include "services/controller/tool_episodes.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -75,12 +76,19 @@ absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& 
     for (int32_t t : examples[i].ids) p->add_prompt_token_ids(t);
   }
   // (no replica left: one may be admitted meanwhile, e.g. the launcher's replacement)
-  RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
-                                                    [&] {
-                                                      out->Clear();
-                                                      return rollout.Generate(gen, out);
-                                                    }),
-                                   "GenerateBatch"));
+  auto generate = [&](const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response) {
+    return common::Annotate(RetryUnavailable(config, stop,
+                                             [&] {
+                                               response->Clear();
+                                               return rollout.Generate(request, response);
+                                             }),
+                            "GenerateBatch");
+  };
+  if (source.tools() != nullptr) {
+    RETURN_IF_ERROR(GenerateEpisodes(*source.tools(), gen, generate, out));
+  } else {
+    RETURN_IF_ERROR(generate(gen, out));
+  }
   v1::ScoreRequest score;
   for (int i = 0; i < out->completions_size(); ++i) {
     const v1::Experience& e = out->completions(i);

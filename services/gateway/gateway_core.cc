@@ -1,5 +1,6 @@
 #include "services/gateway/gateway_core.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/random/random.h"
@@ -191,7 +192,16 @@ void Gateway::Generate(Endpoint endpoint, const HttpRequest& http, HttpResponder
   uint32_t finished = 0;
   const auto emit = [&](uint32_t index, bool done) {
     ChoiceState& c = choices[index];
-    const size_t ready = UpdateChoiceText(c, codec_->Decode(c.token_ids), request.stop, done);
+    const bool tools = request.endpoint == Endpoint::kChat && !request.tools.is_null();
+    size_t ready = UpdateChoiceText(c, codec_->Decode(c.token_ids), request.stop, done, tools ? kToolCallOpen : "");
+    if (done && tools) {
+      c.tool_calls =
+          ParseToolCalls(c.text, absl::StrCat("call_", meta.id.substr(meta.id.find('-') + 1), "_", index, "_")).calls;
+      if (!c.tool_calls.empty()) {
+        if (c.finish_reason == "stop") c.finish_reason = "tool_calls";
+        ready = std::max(c.sent_chars, std::min(ready, c.text.find(kToolCallOpen)));  // (the calls go as tool_calls)
+      }
+    }
     if (!request.stream) return;
     if (ready == c.sent_chars && c.sent_tokens == c.token_ids.size() && !done) return;
     const Json chunk =

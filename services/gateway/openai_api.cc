@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -180,6 +181,22 @@ std::optional<ApiError> ReadMessages(const Json& body, GenerationRequest* out) {
     }
     if (role == "developer") m["role"] = "system";  // (what the open chat templates know)
     if (auto e = NormalizeContent(m, i)) return e;
+    // An assistant's earlier tool calls: their arguments as objects, as the templates
+    // render them (OpenAI sends them as JSON text).
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      if (!m["tool_calls"].is_array()) return Bad(param + ".tool_calls", param + ".tool_calls: expected an array");
+      for (Json& call : m["tool_calls"]) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
+          return Bad(param + ".tool_calls",
+                     param + ".tool_calls: each is {\"type\": \"function\", \"function\": {...}}");
+        }
+        Json& f = call["function"];
+        if (f.contains("arguments") && f["arguments"].is_string()) {
+          Json parsed = Json::parse(f["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          if (!parsed.is_discarded()) f["arguments"] = std::move(parsed);
+        }
+      }
+    }
   }
   if (body.contains("tools") && !body["tools"].is_null()) {
     if (!body["tools"].is_array()) return Bad("tools", "tools: expected an array");
@@ -349,8 +366,36 @@ std::optional<ApiError> ParseGenerationRequest(Endpoint endpoint, absl::string_v
   return std::nullopt;
 }
 
-size_t UpdateChoiceText(ChoiceState& choice, std::string decoded, const std::vector<std::string>& stops,
-                        bool finished) {
+ParsedToolCalls ParseToolCalls(const std::string& text, const std::string& id_prefix) {
+  ParsedToolCalls out;
+  const size_t first = text.find(kToolCallOpen);
+  if (first == std::string::npos) {
+    out.content = text;
+    return out;
+  }
+  static const std::string kClose = "</tool_call>";
+  size_t at = first;
+  while (at != std::string::npos) {
+    const size_t body = at + std::strlen(kToolCallOpen);
+    const size_t close = text.find(kClose, body);
+    const Json call = Json::parse(text.substr(body, close == std::string::npos ? std::string::npos : close - body),
+                                  nullptr, /*allow_exceptions=*/false);
+    if (call.is_discarded() || !call.is_object() || !call.contains("name") || !call["name"].is_string()) {
+      return {text, {}};
+    }
+    const Json args = call.contains("arguments") ? call["arguments"] : Json::object();
+    out.calls.push_back({absl::StrCat(id_prefix, out.calls.size()), call["name"].get<std::string>(),
+                         args.is_string() ? args.get<std::string>() : args.dump()});
+    if (close == std::string::npos) break;
+    at = text.find(kToolCallOpen, close + kClose.size());
+  }
+  out.content = text.substr(0, first);
+  while (!out.content.empty() && (out.content.back() == '\n' || out.content.back() == ' ')) out.content.pop_back();
+  return out;
+}
+
+size_t UpdateChoiceText(ChoiceState& choice, std::string decoded, const std::vector<std::string>& stops, bool finished,
+                        const std::string& hold_from) {
   if (choice.stopped) return choice.text.size();
   size_t cut = std::string::npos;
   for (const std::string& s : stops) cut = std::min(cut, decoded.find(s));
@@ -364,8 +409,14 @@ size_t UpdateChoiceText(ChoiceState& choice, std::string decoded, const std::vec
   // Not an incomplete character (decoded as U+FFFD so far) ...
   static const std::string kReplacement = "\xEF\xBF\xBD";
   while (ready >= kReplacement.size() && choice.text.compare(ready - 3, 3, kReplacement) == 0) ready -= 3;
+  // ... nor a tool call or what may become one ...
+  std::vector<std::string> held = stops;
+  if (!hold_from.empty()) {
+    ready = std::min(ready, choice.text.find(hold_from));
+    held.push_back(hold_from);
+  }
   // ... nor what may become a stop string.
-  for (const std::string& s : stops) {
+  for (const std::string& s : held) {
     for (size_t k = std::min(s.size() - 1, ready); k > 0; --k) {
       if (choice.text.compare(ready - k, k, s, 0, k) == 0) {
         ready -= k;
@@ -415,6 +466,18 @@ Json LogprobsJson(const GenerationRequest& request, const ChoiceState& choice, s
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
+Json ToolCallsJson(const std::vector<ToolCall>& calls, bool delta) {
+  Json out = Json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Json call = {{"id", calls[i].id},
+                 {"type", "function"},
+                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (delta) call["index"] = i;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 Json Usage(const ResponseMeta& meta, const std::vector<ChoiceState>& choices) {
   size_t completion = 0;
   for (const ChoiceState& c : choices) completion += c.token_ids.size();
@@ -445,6 +508,11 @@ Json CompletionResponse(const GenerationRequest& request, const ResponseMeta& me
     Json choice = {{"index", i}};
     if (request.endpoint == Endpoint::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.tool_calls.empty()) {
+        const std::string content = ParseToolCalls(c.text, "").content;
+        choice["message"]["content"] = content.empty() ? Json(nullptr) : Json(content);
+        choice["message"]["tool_calls"] = ToolCallsJson(c.tool_calls, false);
+      }
     } else {
       choice["text"] = c.text;
     }
@@ -467,6 +535,7 @@ Json StreamChunk(const GenerationRequest& request, const ResponseMeta& meta, uin
   const std::string delta = choice.text.substr(from, to - from);
   if (request.endpoint == Endpoint::kChat) {
     c["delta"] = delta.empty() && finished ? Json::object() : Json({{"content", delta}});
+    if (finished && !choice.tool_calls.empty()) c["delta"]["tool_calls"] = ToolCallsJson(choice.tool_calls, true);
   } else {
     c["text"] = delta;
   }

@@ -73,24 +73,45 @@ inline constexpr size_t kMaxStops = 4;
 std::optional<ApiError> ParseGenerationRequest(Endpoint endpoint, absl::string_view body,
                                                const std::string& served_model, GenerationRequest* out);
 
+// A tool call the model wrote, as OpenAI returns it (arguments as JSON text).
+struct ToolCall {
+  std::string id;  // "call_..."
+  std::string name;
+  std::string arguments;
+};
+// Finds the tool calls in a response written as the Hermes / Qwen2.5 / Qwen3 templates
+// ask: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (blanks around the
+// JSON allowed). The text before the first call is the message's content; a call whose
+// JSON does not parse, or lacks a string name, leaves the whole text as content and no
+// calls (the model's output, not an error). `id_prefix` + the call's index names each.
+struct ParsedToolCalls {
+  std::string content;
+  std::vector<ToolCall> calls;
+};
+ParsedToolCalls ParseToolCalls(const std::string& text, const std::string& id_prefix);
+inline constexpr char kToolCallOpen[] = "<tool_call>";
+
 // One choice as it grows: tokens appended as they come, text decoded, stop strings
 // found. Pure.
 struct ChoiceState {
   std::vector<int32_t> token_ids;
   std::vector<float> logprobs;
   std::vector<uint64_t> versions;
-  std::string text;           // decoded so far (cut at a stop string once found)
-  size_t sent_chars = 0;      // bytes of `text` already streamed
-  size_t sent_tokens = 0;     // tokens already streamed
-  bool stopped = false;       // a stop string ended it (finish_reason "stop")
-  std::string finish_reason;  // "" while running
+  std::string text;                  // decoded so far (cut at a stop string once found)
+  size_t sent_chars = 0;             // bytes of `text` already streamed
+  size_t sent_tokens = 0;            // tokens already streamed
+  bool stopped = false;              // a stop string ended it (finish_reason "stop")
+  std::string finish_reason;         // "" while running
+  std::vector<ToolCall> tool_calls;  // set at the end when the request had tools
 };
 
 // Sets `choice.text` from its tokens' decoded text `decoded` and cuts it at the first
 // of `stops` (stopped = true). Returns the bytes of text that may be streamed now:
 // everything up to the cut, but while running, not a possible start of a stop string at
-// the end nor an incomplete UTF-8 character (U+FFFD at the end).
-size_t UpdateChoiceText(ChoiceState& choice, std::string decoded, const std::vector<std::string>& stops, bool finished);
+// the end nor an incomplete UTF-8 character (U+FFFD at the end). With `hold_from`, also
+// nothing from its first occurrence on (a tool call, sent whole at the end).
+size_t UpdateChoiceText(ChoiceState& choice, std::string decoded, const std::vector<std::string>& stops, bool finished,
+                        const std::string& hold_from = "");
 
 struct ResponseMeta {
   std::string id;  // "cmpl-..." / "chatcmpl-..."

@@ -34,7 +34,7 @@ float PositionsRight(const std::string& answer, const std::string& response) {
 RewardFn Exact(const tasks::Task* task) {
   return [task](const v1::ScoreItem& item, v1::ScoreResult* result) -> absl::Status {
     ASSIGN_OR_RETURN(std::string answer, Reference(*task, item));
-    const bool exact = item.response_text() == answer;
+    const bool exact = task->FinalAnswer(item.response_text()) == answer;
     result->set_parsed(task->WellFormed(item.response_text()));
     result->set_reward(exact ? 1.0f : 0.0f);
     (*result->mutable_components())["exact"] = exact ? 1.0f : 0.0f;
@@ -47,8 +47,11 @@ RewardFn PartialCredit(const tasks::Task* task) {
     ASSIGN_OR_RETURN(std::string answer, Reference(*task, item));
     const std::string& response = item.response_text();
     const bool well_formed = task->WellFormed(response);
-    const bool exact = response == answer;
-    const float partial = PositionsRight(answer, response);
+    const bool exact = task->FinalAnswer(response) == answer;
+    // Partial credit against what a perfect policy writes: for a task with a tool, the
+    // call and its result too (the answer alone when the prompt is not the task's own).
+    absl::StatusOr<std::string> ideal = task->Demonstration(item.prompt_text());
+    const float partial = PositionsRight(ideal.ok() ? *ideal : answer, response);
     auto& c = *result->mutable_components();
     c["exact"] = exact ? 1.0f : 0.0f;
     c["partial"] = partial;

@@ -56,6 +56,10 @@ absl::Status CheckExperience(size_t i, const v1::Experience& e) {
     return absl::InvalidArgumentError(absl::StrCat(at, ".token_policy_versions has ", e.token_policy_versions_size(),
                                                    " entries, want 0 or ", e.response_token_ids_size()));
   }
+  if (e.response_loss_mask_size() != 0 && e.response_loss_mask_size() != e.response_token_ids_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(at, ".response_loss_mask has ", e.response_loss_mask_size(),
+                                                   " entries, want 0 or ", e.response_token_ids_size()));
+  }
   if (e.extra_tensors_size() != 0) {
     return absl::UnimplementedError(absl::StrCat(
         at, ".extra_tensors: this trainer uses no extra tensors (values, reference logprobs, masks); leave it empty"));

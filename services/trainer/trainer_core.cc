@@ -141,6 +141,7 @@ std::string EncodeStep(const std::vector<model::TrainSequence>& seqs, const mode
     PutVector(&out, s.prompt);
     PutVector(&out, s.response);
     PutVector(&out, s.behaviour_logprobs);
+    PutVector(&out, s.loss_mask);
     Put(&out, s.advantage);
     Put(&out, s.reward);
   }
@@ -173,6 +174,7 @@ absl::Status DecodeStep(absl::string_view in, std::vector<model::TrainSequence>*
     s.prompt = r.GetVector<int32_t>();
     s.response = r.GetVector<int32_t>();
     s.behaviour_logprobs = r.GetVector<float>();
+    s.loss_mask = r.GetVector<uint8_t>();
     s.advantage = r.Get<float>();
     s.reward = r.Get<float>();
     seqs->push_back(std::move(s));
@@ -431,6 +433,7 @@ absl::Status TrainerCore::TrainStep(const v1::TrainStepRequest& request, v1::Tra
     seq.prompt.assign(e.prompt_token_ids().begin(), e.prompt_token_ids().end());
     seq.response.assign(e.response_token_ids().begin(), e.response_token_ids().end());
     seq.behaviour_logprobs.assign(e.response_logprobs().begin(), e.response_logprobs().end());
+    seq.loss_mask.assign(e.response_loss_mask().begin(), e.response_loss_mask().end());
     seq.reward = e.reward();
     seqs.push_back(std::move(seq));
     rsum += e.reward();

@@ -134,6 +134,22 @@ await check("an aborted stream does not disturb the next request", async () => {
   assert(r.choices[0].token_ids.length >= 1, "the next request is served");
 });
 
+await check("tools and an earlier tool call go through the chat template", async () => {
+  const tools = [{ type: "function", function: { name: "add", description: "Adds", parameters: {
+    type: "object", properties: { a: { type: "number" }, b: { type: "number" } }, required: ["a", "b"] } } }];
+  const plain = await client.chat.completions.create({ model, messages, max_tokens: 2, temperature: 0 });
+  const withTools = await client.chat.completions.create({ model, messages, tools, max_tokens: 2, temperature: 0 });
+  assert(withTools.usage.prompt_tokens > plain.usage.prompt_tokens + 20, "the tools are in the prompt");
+  const turn = await client.chat.completions.create({
+    model, tools, max_tokens: 2,
+    messages: [...messages,
+      { role: "assistant", content: null, tool_calls: [{ id: "call_0", type: "function", function: { name: "add", arguments: "{\"a\": 2, \"b\": 3}" } }] },
+      { role: "tool", tool_call_id: "call_0", content: "5" }],
+  });
+  assert(turn.usage.prompt_tokens > withTools.usage.prompt_tokens, "the call and its result are in the prompt");
+  assert(["stop", "length", "tool_calls"].includes(turn.choices[0].finish_reason), "finish_reason");
+});
+
 await check("errors in OpenAI's shape", async () => {
   await expectError(client.chat.completions.create({ model: "no-such-model", messages }), 404, "model");
   await expectError(client.chat.completions.create({ model, messages, temperature: 5 }), 400, "temperature");

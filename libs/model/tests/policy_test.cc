@@ -441,6 +441,47 @@ TEST(PolicyTraining, Bf16AutocastTrainsFp32WeightsAndStillLearns) {
   EXPECT_EQ(Policy::Create(bad, TestDevice()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(PolicyTraining, MaskedResponseTokensAreLeftOutOfTheLoss) {
+  // A multi-turn trajectory: tokens 2..3 are a tool's output. Whatever their behaviour
+  // log-probabilities say, the update is the same; unmasked, it is not.
+  auto make = [](float tool_logprob, bool masked) {
+    std::vector<TrainSequence> batch(2);
+    for (int i = 0; i < 2; ++i) {
+      batch[i].prompt = {1, 4, 5 + i};
+      batch[i].response = {6, 7 + i, 12, 13, 9, 2};
+      batch[i].behaviour_logprobs = {-3, -3, tool_logprob, tool_logprob, -3, -3};
+      batch[i].advantage = i == 0 ? 1.0f : -1.0f;
+      if (masked) batch[i].loss_mask = {1, 1, 0, 0, 1, 1};
+    }
+    return batch;
+  };
+  const std::vector<std::vector<int32_t>> probe = {{1, 4, 5, 6, 7, 12, 13, 9}};
+  auto logits_after = [&](const std::vector<TrainSequence>& batch, TrainStats* stats) {
+    auto policy = Policy::Create(Small(), TestDevice(), 9);
+    EXPECT_TRUE(policy.ok());
+    auto s = (*policy)->TrainStep(batch, TrainOptions{});
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) *stats = *s;
+    return *(*policy)->Logits(probe);
+  };
+  TrainStats a_stats, b_stats, c_stats;
+  const auto a = logits_after(make(-0.01f, true), &a_stats);
+  const auto b = logits_after(make(-20.0f, true), &b_stats);
+  const auto c = logits_after(make(-20.0f, false), &c_stats);
+  EXPECT_LT(MaxAbsDiff(a, b), 1e-6f) << "masked tokens changed the update";
+  EXPECT_GT(MaxAbsDiff(a, c), 1e-4f) << "unmasked, the same tokens should change it";
+  EXPECT_EQ(a_stats.tokens, 8) << "the tokens in the loss";
+  EXPECT_EQ(c_stats.tokens, 12);
+  // A mask of the wrong length, one that leaves nothing, and one with GAE are errors.
+  auto policy = Policy::Create(Small(), TestDevice(), 9);
+  std::vector<TrainSequence> bad = make(-1, true);
+  bad[0].loss_mask.pop_back();
+  EXPECT_EQ((*policy)->TrainStep(bad, TrainOptions{}).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = make(-1, true);
+  bad[1].loss_mask.assign(6, 0);
+  EXPECT_TRUE(absl::StrContains((*policy)->TrainStep(bad, TrainOptions{}).status().message(), "no token in the loss"));
+}
+
 TEST(PolicyTraining, GrpoStepsRaiseTheProbabilityOfRewardedTokens) {
   auto policy = Policy::Create(Small(), TestDevice(), 5);
   ASSERT_TRUE(policy.ok());

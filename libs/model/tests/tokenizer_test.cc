@@ -45,5 +45,19 @@ TEST(Tokenizer, DecodeStopsAtEosAndMarksNonAnswerTokens) {
   EXPECT_EQ(Tokenizer::EncodePrompt("juggle:1").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(Tokenizer, TheCalculatorsProtocolHasItsOwnTokens) {
+  auto prompt = Tokenizer::EncodePrompt("mul:37*4");
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(Tokenizer::DecodePrompt(*prompt), "mul:37*4");
+  auto response = Tokenizer::EncodeResponse("[37*4](148)148");
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->front(), Tokenizer::kCall);
+  EXPECT_EQ(response->at(5), Tokenizer::kEndCall);
+  EXPECT_EQ(response->at(6), Tokenizer::kResult);
+  EXPECT_EQ(response->at(10), Tokenizer::kEndResult);
+  EXPECT_EQ(Tokenizer::DecodeResponse(*response), "[37*4](148)148");
+  for (int32_t id : *response) EXPECT_LT(id, Tokenizer::kVocabSize);
+}
+
 }  // namespace
 }  // namespace rlfleet::model

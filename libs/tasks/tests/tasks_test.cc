@@ -24,7 +24,11 @@ TEST(Tasks, MadeExamplesAreConsistentAndWithinLengths) {
       ASSERT_TRUE(solved.ok()) << e.prompt;
       EXPECT_EQ(*solved, e.answer) << e.prompt;
       EXPECT_TRUE(task->WellFormed(e.answer)) << e.answer;
-      if (name != "add") {
+      EXPECT_EQ(task->FinalAnswer(*task->Demonstration(e.prompt)), e.answer) << e.prompt;
+      EXPECT_TRUE(task->WellFormed(*task->Demonstration(e.prompt))) << e.prompt;
+      if (name == "mul") {
+        EXPECT_LE(e.answer.size(), 7u);
+      } else if (name != "add") {
         EXPECT_GE(e.answer.size(), 2u);
         EXPECT_LE(e.answer.size(), 6u);
       }
@@ -39,6 +43,30 @@ TEST(Tasks, MalformedPromptsAreInvalidArgument) {
   EXPECT_EQ(FindTask("add")->Solve("add:1234567890123456789+1").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(FindTask("sort")->WellFormed("12 3"));
   EXPECT_TRUE(FindTask("add")->WellFormed("-12"));
+}
+
+TEST(Tasks, MulIsAnsweredWithTheCalculator) {
+  const Task* mul = FindTask("mul");
+  ASSERT_NE(mul, nullptr);
+  EXPECT_TRUE(mul->UsesCalculator());
+  EXPECT_FALSE(FindTask("reverse")->UsesCalculator());
+  EXPECT_EQ(*mul->Solve("mul:37*4"), "148");
+  EXPECT_EQ(*mul->Demonstration("mul:37*4"), "[37*4](148)148");
+  EXPECT_EQ(mul->FinalAnswer("[37*4](148)148"), "148");
+  EXPECT_EQ(mul->FinalAnswer("148"), "148");  // no tool: the whole response
+  EXPECT_TRUE(mul->WellFormed("148"));
+  EXPECT_TRUE(mul->WellFormed("[1*2](2)[2*2](4)4"));
+  EXPECT_FALSE(mul->WellFormed("[37*4]148"));
+  EXPECT_FALSE(mul->WellFormed("[37*4](148"));
+  EXPECT_FALSE(mul->WellFormed("(148)148"));
+  EXPECT_EQ(mul->Solve("mul:37+4").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Calculate("37*4"), "148");
+  EXPECT_EQ(Calculate("3+40"), "43");
+  EXPECT_EQ(Calculate("3-40"), "-37");
+  EXPECT_EQ(Calculate("999999999999999999*2"), std::nullopt);  // past 18 digits
+  for (const char* bad : {"", "*", "3*", "*4", "3**4", "a*4", "3*4*5", "34"}) {
+    EXPECT_EQ(Calculate(bad), std::nullopt) << bad;
+  }
 }
 
 }  // namespace

@@ -98,6 +98,9 @@ v1::Experience RandomExperience(std::mt19937_64& rng) {
   }
   if (rng() % 4) e.set_reward(static_cast<float>(rng() % 3) - 1.0f);
   if (rng() % 3 == 0) (*e.mutable_reward_components())["exact"] = 1.0f;
+  if (rng() % 3 == 0) {
+    for (int i = 0; i < e.response_token_ids_size(); ++i) e.add_response_loss_mask(rng() % 2 == 0);
+  }
   return e;
 }
 
@@ -124,6 +127,7 @@ void ExpectSameAsFullParse(const std::string& bytes, ExperienceReader& reader, c
   EXPECT_EQ(f.oldest_version, lo) << what;
   EXPECT_EQ(f.newest_version, hi) << what;
   EXPECT_EQ(f.has_remote_payload, full.has_remote_payload()) << what;
+  EXPECT_EQ(f.response_loss_mask, static_cast<uint64_t>(full.response_loss_mask_size())) << what;
 }
 
 TEST(ExperienceReader, ReadsWhatTheFullParseReadsOnRandomAndCorruptedBytes) {
@@ -206,6 +210,10 @@ TEST(InvalidExperience, NamesTheField) {
   f.token_policy_versions = 1;
   EXPECT_EQ(InvalidExperience(f), "token_policy_versions: 1 entries, want 3");
   f.token_policy_versions = 0;
+  EXPECT_EQ(InvalidExperience(f), "");
+  f.response_loss_mask = 2;
+  EXPECT_EQ(InvalidExperience(f), "response_loss_mask: 2 entries, want 0 or 3");
+  f.response_loss_mask = 3;
   EXPECT_EQ(InvalidExperience(f), "");
 }
 

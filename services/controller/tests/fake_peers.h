@@ -42,14 +42,24 @@ class FakeRollout : public RolloutReplica {
     for (int i = 0; i < request.prompts_size(); ++i) {
       const v1::BatchPrompt& p = request.prompts(i);
       ++prompts_;
-      const std::string answer = *tasks::FindTask(p.task())->Solve(p.prompt_id());
-      const std::vector<int32_t> tokens = *model::Tokenizer::EncodeResponse(answer);
+      const tasks::Task* task = tasks::FindTask(p.task());
+      const std::string answer = *task->Solve(p.prompt_id());
+      std::vector<int32_t> tokens = *model::Tokenizer::EncodeResponse(answer);
+      if (task->UsesCalculator() && p.prompt_token_ids(p.prompt_token_ids_size() - 1) != model::Tokenizer::kEndResult) {
+        // A first turn: the call, as a perfect policy writes it; the answer follows the
+        // tool's result (a continuation).
+        const std::string demo = *task->Demonstration(p.prompt_id());
+        tokens = *model::Tokenizer::EncodeResponse(demo.substr(0, demo.find(']') + 1));
+        tokens.pop_back();  // (EOS)
+      }
       for (uint32_t s = 0; s < request.num_samples(); ++s) {
         v1::Experience* e = response->add_completions();
         // As the real replica names them: unique only as far as request ids are.
         e->mutable_experience_id()->set_value(absl::StrCat(request.request_id(), ":", i, ":", s));
         e->set_task(p.task());
         e->set_group_id(p.group_id());
+        e->set_prompt_id(p.prompt_id());
+        e->set_finish_reason(v1::FINISH_REASON_STOP);
         for (int32_t t : tokens) {
           e->add_response_token_ids(t);
           e->add_token_policy_versions(version_);
@@ -124,7 +134,9 @@ class FakeReward : public RewardPeer {
     for (int i = 0; i < request.items_size(); ++i) {
       const auto& item = request.items(i);
       scored_prompts.push_back(item.prompt_text());
-      const float exact = item.response_text() == item.reference_answer() ? 1.0f : 0.0f;
+      const tasks::Task* task = tasks::FindTask(item.task());
+      const std::string answer = task != nullptr ? task->FinalAnswer(item.response_text()) : item.response_text();
+      const float exact = answer == item.reference_answer() ? 1.0f : 0.0f;
       response->add_results()->set_reward(mode_ == Mode::kConstant                  ? 0.0f
                                           : mode_ == Mode::kAlternate && i % 2 == 1 ? 0.5f
                                                                                     : exact);
@@ -154,6 +166,7 @@ class FakeBuffer : public BufferPeer {
         continue;
       }
       ++experiences;
+      stored.push_back(e);
       response->set_accepted(response->accepted() + 1);
       groups[e.group_id()].push_back(e.reward());
     }
@@ -180,6 +193,7 @@ class FakeBuffer : public BufferPeer {
     return n;
   }
   int experiences = 0, duplicates = 0;
+  std::vector<v1::Experience> stored;  // every accepted experience
   std::set<std::string> ids;
   std::map<std::string, std::vector<float>> groups;  // held, by group id
   std::vector<v1::ConfigureRequest> configured;

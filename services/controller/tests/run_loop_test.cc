@@ -421,6 +421,30 @@ TEST(RunLoop, RunFieldsReachThePeers) {
   EXPECT_TRUE(failing.progress.empty());
 }
 
+TEST(RunLoop, ATaskWithAToolRunsMultiTurnEpisodesAndStoresWholeTrajectories) {
+  FakeRun run(Pool(std::make_unique<FakeRollout>("a")));
+  LoopConfig c = Small();
+  c.task = "mul";
+  c.min_len = 2;
+  c.max_len = 2;
+  ASSERT_TRUE(run.Run(c).ok());
+  // The greedy held-out episodes call the calculator and answer from its result.
+  ASSERT_FALSE(run.progress.empty());
+  EXPECT_EQ(run.progress.back().held_out_exact, 1.0);
+  ASSERT_FALSE(run.buffer.stored.empty());
+  for (const v1::Experience& e : run.buffer.stored) {
+    const std::string text =
+        model::Tokenizer::DecodeResponse({e.response_token_ids().begin(), e.response_token_ids().end()});
+    EXPECT_EQ(text, *tasks::FindTask("mul")->Demonstration(e.prompt_id())) << e.prompt_id();
+    ASSERT_EQ(e.response_loss_mask_size(), e.response_token_ids_size());
+    // The tool's "(product)" is out of the loss, the rest in.
+    const size_t open = text.find('('), close = text.find(')');
+    for (int i = 0; i < e.response_loss_mask_size(); ++i) {
+      EXPECT_EQ(e.response_loss_mask(i), i < static_cast<int>(open) || i > static_cast<int>(close)) << text << " " << i;
+    }
+  }
+}
+
 TEST(RunManager, RunConfigErrorsNameTheField) {
   v1::RunConfig c;
   c.set_max_staleness(500);

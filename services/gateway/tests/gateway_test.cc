@@ -118,10 +118,29 @@ std::vector<Json> Events(const std::string& body, bool* done) {
   return events;
 }
 
+// Bytes as tokens; a conversation as "role: content" lines.
+class ByteCodec : public TextCodec {
+ public:
+  absl::StatusOr<std::vector<int32_t>> Encode(const std::string& text) const override {
+    return std::vector<int32_t>(text.begin(), text.end());
+  }
+  absl::StatusOr<std::string> RenderChat(const Json& messages, const Json& tools) const override {
+    std::string out = tools.is_null() ? "" : "tools\n";
+    for (const Json& m : messages) out += m["role"].get<std::string>() + ": " + m.value("content", "") + "\n";
+    return out;
+  }
+  std::string Decode(const std::vector<int32_t>& ids) const override { return std::string(ids.begin(), ids.end()); }
+  std::string TokenText(int32_t id) const override { return std::string(1, static_cast<char>(id)); }
+  int32_t vocab_size() const override { return 256; }
+};
+
+std::vector<int32_t> Bytes(const std::string& text) { return std::vector<int32_t>(text.begin(), text.end()); }
+
 class GatewayTest : public ::testing::Test {
  protected:
-  void Start(GatewayOptions options = {}, HttpServer::Options http = {}) {
-    gateway_ = std::make_unique<Gateway>(options, BuiltinCodec(), &backend_);
+  void Start(GatewayOptions options = {}, HttpServer::Options http = {},
+             std::unique_ptr<TextCodec> codec = BuiltinCodec()) {
+    gateway_ = std::make_unique<Gateway>(options, std::move(codec), &backend_);
     auto server = HttpServer::Start(
         "127.0.0.1", 0, [this](const HttpRequest& r, HttpResponder* w) { gateway_->Handle(r, w); }, http);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -260,6 +279,54 @@ TEST_F(GatewayTest, ApiKeyRoutesAndMalformedRequests) {
   r = Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":[1,99]})", auth));
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body.find("outside the vocabulary"), std::string::npos);
+}
+
+TEST_F(GatewayTest, ToolCallsComeBackAsToolCallsWholeAndStreamed) {
+  Start({}, {}, std::make_unique<ByteCodec>());
+  backend_.tokens = Bytes("Adding.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2}}\n</tool_call>");
+  const std::string body = R"({"model":"rlfleet","messages":[{"role":"user","content":"2+3?"}],
+      "tools":[{"type":"function","function":{"name":"add","parameters":{}}}]})";
+  Reply r = Exchange(port(), Request("POST", "/v1/chat/completions", body));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json whole = Json::parse(r.body);
+  const Json& message = whole["choices"][0]["message"];
+  EXPECT_EQ(message["content"], "Adding.");
+  ASSERT_EQ(message["tool_calls"].size(), 1u);
+  EXPECT_EQ(message["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "add");
+  EXPECT_EQ(Json::parse(message["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json({{"a", 2}}));
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
+  {
+    absl::MutexLock lock(&backend_.mu);  // the template saw the tools
+    EXPECT_EQ(backend_.last.prompt_token_ids(0), 't');
+  }
+  // Streamed: the text before the call as content deltas, then the call whole.
+  std::string streamed_body = body;
+  streamed_body.insert(streamed_body.size() - 1, R"(,"stream":true)");
+  r = Exchange(port(), Request("POST", "/v1/chat/completions", streamed_body));
+  ASSERT_EQ(r.status, 200);
+  bool done = false;
+  std::string content;
+  Json calls;
+  std::string finish;
+  for (const Json& e : Events(r.body, &done)) {
+    for (const Json& c : e["choices"]) {
+      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+      if (c["delta"].contains("tool_calls")) calls = c["delta"]["tool_calls"];
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(content, "Adding.\n");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["name"], "add");
+  EXPECT_EQ(finish, "tool_calls");
+  // Without tools in the request, the same text is plain content.
+  r = Exchange(port(), Request("POST", "/v1/chat/completions",
+                               R"({"model":"rlfleet","messages":[{"role":"user","content":"2+3?"}]})"));
+  EXPECT_NE(Json::parse(r.body)["choices"][0]["message"]["content"].get<std::string>().find("<tool_call>"),
+            std::string::npos);
 }
 
 TEST_F(GatewayTest, OneConnectionPastTheLimitIsTurnedAway) {

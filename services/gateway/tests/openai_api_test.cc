@@ -191,5 +191,46 @@ TEST(OpenAiApi, ResponsesCarryTokensAndUsage) {
   EXPECT_EQ(SseEvent(Json({{"a", 1}})), "data: {\"a\":1}\n\n");
 }
 
+TEST(OpenAiApi, ToolCallsAreFoundInTheHermesForm) {
+  ParsedToolCalls p = ParseToolCalls(
+      "Let me add.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>\n"
+      "<tool_call>{\"name\": \"neg\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>",
+      "call_x_");
+  EXPECT_EQ(p.content, "Let me add.");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].id, "call_x_0");
+  EXPECT_EQ(p.calls[0].name, "add");
+  EXPECT_EQ(Json::parse(p.calls[0].arguments), Json({{"a", 2}, {"b", 3}}));
+  EXPECT_EQ(p.calls[1].name, "neg");
+  EXPECT_EQ(p.calls[1].arguments, "{\"x\": 1}");  // (given as text: kept as text)
+  // Not a call: the text stays the content.
+  for (const std::string text :
+       {"no call", "<tool_call>{not json}</tool_call>", "<tool_call>{\"args\": 1}</tool_call>"}) {
+    ParsedToolCalls q = ParseToolCalls(text, "c");
+    EXPECT_TRUE(q.calls.empty()) << text;
+    EXPECT_EQ(q.content, text);
+  }
+  // An unclosed last call (cut by the length cap) still parses when its JSON is whole.
+  EXPECT_EQ(ParseToolCalls("<tool_call>{\"name\": \"f\"}", "c").calls.size(), 1u);
+  // Streaming holds back from the call on.
+  ChoiceState c;
+  EXPECT_EQ(UpdateChoiceText(c, "hi <tool", {}, false, kToolCallOpen), 3u);
+  EXPECT_EQ(UpdateChoiceText(c, "hi <tool_call>{\"na", {}, false, kToolCallOpen), 3u);
+}
+
+TEST(OpenAiApi, EarlierToolCallsReachTheTemplateAsObjects) {
+  GenerationRequest r;
+  ASSERT_FALSE(Parse(Endpoint::kChat,
+                     R"({"model":"m","messages":[{"role":"user","content":"2+3?"},
+                         {"role":"assistant","content":null,"tool_calls":[{"id":"c0","type":"function",
+                          "function":{"name":"add","arguments":"{\"a\":2,\"b\":3}"}}]},
+                         {"role":"tool","tool_call_id":"c0","content":"5"}]})",
+                     &r)
+                   .has_value());
+  EXPECT_EQ(r.messages[1]["tool_calls"][0]["function"]["arguments"], Json({{"a", 2}, {"b", 3}}));
+  EXPECT_EQ(Parse(Endpoint::kChat, R"({"model":"m","messages":[{"role":"assistant","tool_calls":5}]})")->param,
+            "messages[0].tool_calls");
+}
+
 }  // namespace
 }  // namespace rlfleet::gateway

@@ -172,6 +172,8 @@ TEST(TrainerService, EveryBadFieldIsRefusedNamingItAndNothingIsApplied) {
        [](auto* r) { r->mutable_inline_batch()->mutable_experiences(0)->mutable_remote_payload(); }},
       {"experiences[3].token_policy_versions", grpc::INVALID_ARGUMENT,
        [](auto* r) { r->mutable_inline_batch()->mutable_experiences(3)->add_token_policy_versions(1); }},
+      {"experiences[2].response_loss_mask", grpc::INVALID_ARGUMENT,
+       [](auto* r) { r->mutable_inline_batch()->mutable_experiences(2)->add_response_loss_mask(true); }},
       {"buffer.num_groups", grpc::INVALID_ARGUMENT, [](auto* r) { r->mutable_buffer()->set_num_groups(0); }},
       {"buffer.wait_ms", grpc::INVALID_ARGUMENT,
        [](auto* r) {
