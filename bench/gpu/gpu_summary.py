@@ -73,7 +73,9 @@ def main():
     install = os.path.join(d, "gpu_install.md")
     named = re.findall(r"^(gpu_install\w*_ratio_vs_d2d)=([0-9.]+)$", open(install).read(), re.M) if os.path.exists(install) else []
     lines += ["%s=%s" % kv for kv in named] or ["gpu_install_ratio_vs_d2d: not measured"]
-    lines.append("async_over_sync_gpu: not measured (no fully asynchronous mode yet)")
+    loops = os.path.join(d, "async_vs_sync_cuda0.md")  # (bench/async_vs_sync.sh cuda:0)
+    found = re.findall(r"^async_over_sync=([0-9.]+)$", open(loops).read(), re.M) if os.path.exists(loops) else []
+    lines.append("async_over_sync_gpu=%s" % found[-1] if found else "async_over_sync_gpu: not measured")
     print("\n".join(lines))
 
 

@@ -43,4 +43,9 @@ done
 echo "== weight install GPU to GPU between processes vs cudaMemcpy D2D" >&2
 nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
 LD_LIBRARY_PATH="$LD_LIBRARY_PATH${nccl_dir:+:$nccl_dir}" .carry/bin/bench/gpu_install --out="$out/gpu_install.md" >&2
+if [[ -x .carry/bin/services/controller/rlfleet && "${RLFLEET_SKIP_LOOPS:-0}" != 1 ]]; then
+  echo "== loop modes on the GPU: sync, overlap, fully asynchronous (bench/async_vs_sync.sh)" >&2
+  RLFLEET_BIN="$PWD/.carry/bin/services" PATH="$PWD/.carry/bin/system:$PATH" OUT="$out/async_vs_sync_cuda0.md" \
+    bash bench/async_vs_sync.sh cuda:0 >&2
+fi
 python3 bench/gpu/gpu_summary.py "$out" | tee "$out/gpu_summary.txt"

@@ -52,6 +52,9 @@ ABSL_FLAG(double, temperature, 1.0, "loop: sampling temperature of the training 
 ABSL_FLAG(int, max_staleness, 0,
           "loop/run: 0 = synchronous; k > 0 = the next step's generation overlaps training, and "
           "experiences up to k versions old are trained on.");
+ABSL_FLAG(bool, fully_async, false,
+          "loop/run: with --max_staleness=k >= 1: rollouts without a step barrier (each group to the buffer as it "
+          "finishes, up to k steps ahead of the trainer; new versions install mid-generation).");
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "run: folder on the trainer's machine (under its checkpoint root) for the run's checkpoints; empty: none.");
@@ -99,6 +102,7 @@ v1::RunConfig RunConfigFromFlags() {
   c.set_entropy_coef(static_cast<float>(absl::GetFlag(FLAGS_entropy_coef)));
   c.set_stop_at_exact_match(static_cast<float>(absl::GetFlag(FLAGS_stop_at)));
   c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
+  c.set_fully_async(absl::GetFlag(FLAGS_fully_async));
   c.set_checkpoint_dir(absl::GetFlag(FLAGS_checkpoint_dir));
   c.set_checkpoint_interval_steps(absl::GetFlag(FLAGS_checkpoint_every));
   return c;
@@ -209,6 +213,7 @@ int RunLoop(const rpc::ClientOptions& base) {
   config.entropy_coef = absl::GetFlag(FLAGS_entropy_coef);
   config.temperature = absl::GetFlag(FLAGS_temperature);
   config.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  config.fully_async = absl::GetFlag(FLAGS_fully_async);
   if (absl::Status s = ValidateLoopConfig(config); !s.ok()) {
     std::cerr << "rlfleet loop: " << s.message() << "\n";
     return 2;
@@ -264,7 +269,9 @@ int RunLoop(const rpc::ClientOptions& base) {
   std::cout << absl::StrFormat("trained %d sequences in %d steps, %.1f s: %.2f samples/s (%s)\n",
                                last.trained_sequences, last.step, last.seconds,
                                last.seconds > 0 ? last.trained_sequences / last.seconds : 0.0,
-                               config.max_staleness == 0 ? "sync" : absl::StrCat("async, k=", config.max_staleness));
+                               config.max_staleness == 0 ? "sync"
+                               : config.fully_async      ? absl::StrCat("fully async, k=", config.max_staleness)
+                                                         : absl::StrCat("async, k=", config.max_staleness));
   PrintCurve(metrics.dir());
   std::cout << files << "\n";
   return 0;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -59,7 +60,7 @@ absl::Status RetryUnavailable(const LoopConfig& config, const std::atomic<bool>&
 absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& stop, RolloutPool& rollout,
                              RewardPeer& reward, const PromptSource& source, const std::vector<RunPrompt>& examples,
                              int samples, float temperature, uint64_t seed, const std::string& request_id,
-                             v1::GenerateBatchResponse* out, v1::ScoreResponse* scored) {
+                             v1::GenerateBatchResponse* out, v1::ScoreResponse* scored, int min_prompts_per_call = 1) {
   v1::GenerateBatchRequest gen;
   gen.set_request_id(request_id);
   gen.set_num_samples(samples);
@@ -80,7 +81,7 @@ absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& 
     return common::Annotate(RetryUnavailable(config, stop,
                                              [&] {
                                                response->Clear();
-                                               return rollout.Generate(request, response);
+                                               return rollout.Generate(request, response, min_prompts_per_call);
                                              }),
                             "GenerateBatch");
   };
@@ -113,22 +114,6 @@ absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& 
   return absl::OkStatus();
 }
 
-// Whether any group of `samples` consecutive rewards varies (the buffer drops groups
-// whose rewards are all equal: nothing to learn from them).
-bool HasLearningSignal(const v1::PutExperiencesRequest& put, int samples) {
-  for (int g = 0; g + samples <= put.experiences_size(); g += samples) {
-    double sum = 0, sq = 0;
-    for (int i = g; i < g + samples; ++i) {
-      sum += put.experiences(i).reward();
-      sq += static_cast<double>(put.experiences(i).reward()) * put.experiences(i).reward();
-    }
-    const double mean = sum / samples;
-    if (std::sqrt(std::max(0.0, sq / samples - mean * mean)) > kZeroVarianceEpsilon) return true;
-  }
-  return false;
-}
-
-// Why the buffer took none of a step's experiences: the first reasons it gave.
 std::string PutRefusal(const v1::PutExperiencesResponse& r) {
   std::string why =
       absl::StrCat("the buffer accepted none of them (", r.duplicates(), " duplicates, ", r.rejected(), " rejected");
@@ -142,6 +127,356 @@ uint64_t VersionOf(const v1::GenerateBatchResponse& r) {
              : 0;
 }
 
+// The version a PublishWeights answer names, as the replicas install it.
+v1::PrepareWeightsRequest UpdateFor(const v1::PublishWeightsResponse& published) {
+  v1::PrepareWeightsRequest update;
+  *update.mutable_manifest() = published.manifest();
+  *update.add_chunks()->mutable_source() = published.location();
+  // (replicas on CUDA devices of the trainer's host take it GPU to GPU from here)
+  if (published.has_device_image()) *update.mutable_device_image() = published.device_image();
+  return update;
+}
+
+// How many groups of `samples` consecutive rewards vary (the buffer drops groups whose
+// rewards are all equal: nothing to learn from them).
+int SignalGroups(const v1::PutExperiencesRequest& put, int samples) {
+  int n = 0;
+  for (int g = 0; g + samples <= put.experiences_size(); g += samples) {
+    double sum = 0, sq = 0;
+    for (int i = g; i < g + samples; ++i) {
+      sum += put.experiences(i).reward();
+      sq += static_cast<double>(put.experiences(i).reward()) * put.experiences(i).reward();
+    }
+    const double mean = sum / samples;
+    n += std::sqrt(std::max(0.0, sq / samples - mean * mean)) > kZeroVarianceEpsilon;
+  }
+  return n;
+}
+
+bool HasLearningSignal(const v1::PutExperiencesRequest& put, int samples) { return SignalGroups(put, samples) > 0; }
+
+// The scored completions as experiences for the buffer; returns their reward sum.
+double ScoredExperiences(const LoopConfig& config, const v1::GenerateBatchResponse& generated,
+                         const v1::ScoreResponse& scored, v1::PutExperiencesRequest* put) {
+  put->set_run_id(config.run_id);
+  put->set_producer_id("controller");
+  double reward_sum = 0;
+  for (int i = 0; i < generated.completions_size(); ++i) {
+    v1::Experience* e = put->add_experiences();
+    *e = generated.completions(i);
+    e->set_reward(scored.results(i).reward());
+    reward_sum += e->reward();
+  }
+  return reward_sum;
+}
+
+// A GRPO step on up to config.prompts groups from the buffer.
+v1::TrainStepRequest TrainRequest(const LoopConfig& config) {
+  v1::TrainStepRequest train;
+  train.mutable_buffer()->set_num_groups(config.prompts);
+  train.mutable_buffer()->set_min_groups(1);
+  if (config.max_staleness > 0) train.mutable_buffer()->set_max_staleness(config.max_staleness);
+  train.mutable_params()->set_algorithm(v1::ALGORITHM_GRPO);
+  train.mutable_params()->set_ppo_epochs(config.ppo_epochs);
+  train.mutable_params()->set_clip_ratio(static_cast<float>(config.clip_ratio));
+  train.mutable_params()->set_entropy_coef(static_cast<float>(config.entropy_coef));
+  train.mutable_params()->mutable_optimizer()->set_learning_rate(static_cast<float>(config.lr));
+  train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
+  return train;
+}
+
+void TakeTrainMetrics(const v1::TrainStepResponse& trained, LoopProgress* progress) {
+  progress->entropy = trained.metrics().entropy();
+  progress->loss = trained.metrics().loss();
+  progress->approx_kl = trained.metrics().approx_kl_old();
+  progress->grad_norm = trained.metrics().grad_norm();
+  progress->mean_staleness = trained.metrics().mean_staleness();
+  progress->trained_sequences += trained.metrics().sequences();
+}
+
+// Held-out greedy evaluation: progress->held_out_exact and the version it ran on.
+absl::Status Evaluate(const LoopConfig& config, const std::atomic<bool>& stop, RolloutPool& rollout, RewardPeer& reward,
+                      const PromptSource& source, int step, LoopProgress* progress) {
+  v1::GenerateBatchResponse eval;
+  v1::ScoreResponse eval_scored;
+  RETURN_IF_ERROR(RolloutAndScore(config, stop, rollout, reward, source, source.held_out(), 1, 0.0f, 0,
+                                  absl::StrCat("eval", step), &eval, &eval_scored));
+  int exact = 0;
+  for (const auto& r : eval_scored.results()) exact += r.reward() >= 1.0f;
+  progress->held_out_exact = static_cast<double>(exact) / source.held_out().size();
+  progress->policy_version = VersionOf(eval);
+  return absl::OkStatus();
+}
+
+// What the fully asynchronous steps share with RunLoop.
+struct StreamContext {
+  const LoopConfig& config;
+  const std::atomic<bool>& stop;
+  RolloutPool& rollout;
+  RewardPeer& reward;
+  BufferPeer& buffer;
+  TrainerPeer& trainer;
+  PromptSource& source;
+  const std::string& tag;
+  const std::string& name;
+  // Publishes the trainer's weights (asking for at least the version given) and
+  // installs them on the replicas; the newest version installed and the time it took.
+  const std::function<absl::Status(uint64_t)>& publish;
+  // The trainer's part of it alone: the version to install.
+  const std::function<absl::StatusOr<v1::PrepareWeightsRequest>(uint64_t)>& publish_only;
+  uint64_t& installed;
+  const double& sync_seconds;
+  const std::function<void(const LoopProgress&)>& on_progress;
+  absl::Time start;
+  int first_step;
+};
+
+// LoopConfig::fully_async: producer threads generate, score and put groups without a
+// step barrier while this thread trains, publishes and evaluates. Step s's prompts are
+// groups (s-1)*prompts .. s*prompts-1 of the prompt sequence; producers take them in
+// chunks in order and may run up to config.max_staleness steps ahead of the last step
+// the trainer finished; step s trains once all of its groups are in the buffer (on up
+// to config.prompts groups, the oldest first: the buffer's order), and the version it
+// publishes installs on the replicas mid-generation.
+absl::Status StreamSteps(const StreamContext& c, LoopProgress& progress, int& checkpointed_step, bool& reached_target) {
+  const LoopConfig& config = c.config;
+  const int64_t prompts = config.prompts;
+  const int64_t end_group = static_cast<int64_t>(config.steps) * prompts;  // (steps may be INT_MAX)
+  struct StepData {
+    int64_t put_groups = 0;
+    int64_t signal_groups = 0;
+    int64_t samples = 0;
+    double reward_sum = 0;
+    uint64_t tokens = 0;
+    uint64_t oldest_version = std::numeric_limits<uint64_t>::max();
+    uint64_t stored = 0;
+  };
+  absl::Mutex mu;
+  int64_t next_group = static_cast<int64_t>(c.first_step - 1) * prompts;
+  int finished_step = c.first_step - 1;  // the last step the trainer finished (trained or idle)
+  std::map<int, StepData> steps;
+  int64_t untrained_signal = 0;  // groups with a learning signal put and not trained yet
+  absl::Status fatal;
+  bool finished = false;
+  const int workers = std::clamp(2 * c.rollout.live(), 2, 64);
+  const int64_t chunk = std::max<int64_t>(1, (prompts + workers - 1) / workers);
+  auto producer = [&] {
+    while (true) {
+      int64_t begin = 0, count = 0;
+      int step = 0;
+      std::vector<RunPrompt> examples;
+      {
+        absl::MutexLock lock(&mu);
+        auto can_go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+          return finished || !fatal.ok() || next_group >= end_group ||
+                 next_group / prompts < finished_step + 1 + config.max_staleness;
+        };
+        while (!mu.AwaitWithTimeout(absl::Condition(&can_go), absl::Milliseconds(200))) {
+          if (c.stop.load()) return;
+        }
+        if (finished || !fatal.ok() || next_group >= end_group || c.stop.load()) return;
+        begin = next_group;
+        step = static_cast<int>(begin / prompts) + 1;
+        count = std::min(chunk, static_cast<int64_t>(step) * prompts - begin);
+        next_group += count;
+        examples = c.source.Next(static_cast<int>(count));  // (in order: under mu)
+      }
+      const uint64_t seed =
+          config.seed * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull * static_cast<uint64_t>(begin + 1);
+      v1::GenerateBatchResponse generated;
+      v1::ScoreResponse scored;
+      v1::PutExperiencesRequest put;
+      v1::PutExperiencesResponse put_reply;
+      double reward_sum = 0;
+      bool retried = false;
+      absl::Status s = RolloutAndScore(config, c.stop, c.rollout, c.reward, c.source, examples, config.samples,
+                                       static_cast<float>(config.temperature), seed, absl::StrCat(c.tag, "-g", begin),
+                                       &generated, &scored, static_cast<int>(count));
+      if (s.ok()) {
+        reward_sum = ScoredExperiences(config, generated, scored, &put);
+        s = common::Annotate(RetryUnavailable(
+                                 config, c.stop,
+                                 [&] {
+                                   put_reply.Clear();
+                                   return c.buffer.PutExperiences(put, &put_reply);
+                                 },
+                                 &retried),
+                             "PutExperiences");
+      }
+      const uint64_t stored = put_reply.accepted() + (retried ? put_reply.duplicates() : 0);
+      if (s.ok() && stored == 0 && put.experiences_size() > 0) {
+        s = absl::FailedPreconditionError(
+            absl::StrCat("PutExperiences: ", put.experiences_size(), " experiences, ", PutRefusal(put_reply)));
+      }
+      absl::MutexLock lock(&mu);
+      if (!s.ok()) {
+        if (!c.stop.load() && fatal.ok()) fatal = common::Annotate(s, absl::StrCat("step ", step));
+        return;
+      }
+      StepData& d = steps[step];
+      const int signal = SignalGroups(put, config.samples);
+      d.put_groups += count;
+      d.signal_groups += signal;
+      d.samples += put.experiences_size();
+      d.reward_sum += reward_sum;
+      d.stored += stored;
+      for (const v1::Experience& e : put.experiences()) {
+        d.tokens += e.response_token_ids_size();
+        for (uint64_t v : e.token_policy_versions()) d.oldest_version = std::min(d.oldest_version, v);
+      }
+      untrained_signal += signal;
+    }
+  };
+  // Pipelined installs: the version a step publishes installs on the replicas while the
+  // next step trains (the trainer's copy of it is its own: PublishWeights returned). One
+  // install at a time: it is joined before the next publish and before an evaluation.
+  // The step counts as finished for the producers once its version is installed.
+  std::thread installing;
+  absl::Status install_status;  // (written by `installing`, read after it is joined)
+  uint64_t install_version = 0;
+  int install_step = 0;
+  auto join_install = [&]() -> absl::Status {
+    if (!installing.joinable()) return absl::OkStatus();
+    installing.join();
+    if (install_status.ok()) {
+      c.installed = std::max(c.installed, install_version);
+      return absl::OkStatus();
+    }
+    if (!absl::IsUnavailable(install_status)) return install_status;
+    // (the weights service restarted and lost the version, or the replicas are gone for
+    // now: publish the trainer's weights again and install them, retried as a sync run does)
+    RETURN_IF_ERROR(c.publish(c.installed + 1));
+    absl::MutexLock lock(&mu);
+    finished_step = std::max(finished_step, install_step);
+    return absl::OkStatus();
+  };
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) threads.emplace_back(producer);
+  struct Joiner {
+    std::function<void()> f;
+    ~Joiner() { f(); }
+  } joiner{[&] {
+    {
+      absl::MutexLock lock(&mu);
+      finished = true;
+    }
+    for (auto& t : threads) t.join();
+    threads.clear();
+    if (installing.joinable()) installing.join();
+  }};
+  absl::Time last_step_end = absl::Now();
+  for (int step = c.first_step; step <= config.steps && !c.stop.load(); ++step) {
+    auto at_step = [&](const absl::Status& s) { return common::Annotate(s, absl::StrCat("step ", step)); };
+    const absl::Time wait_begin = absl::Now();
+    StepData data;
+    int64_t signal = 0;
+    {
+      absl::MutexLock lock(&mu);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+        auto it = steps.find(step);
+        return !fatal.ok() || (it != steps.end() && it->second.put_groups >= prompts);
+      };
+      while (!mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200))) {
+        if (c.stop.load()) return absl::OkStatus();
+      }
+      if (!fatal.ok()) return fatal;
+      data = steps[step];
+      steps.erase(step);
+      signal = untrained_signal;
+    }
+    progress.generate_seconds = absl::ToDoubleSeconds(absl::Now() - wait_begin);  // the trainer's wait for rollouts
+    progress.accepted_experiences += data.stored;
+    progress.train_seconds = 0;
+    progress.sync_seconds = 0;
+    bool trained = false;
+    if (signal > 0) {
+      const v1::TrainStepRequest train = TrainRequest(config);
+      v1::TrainStepResponse reply;
+      bool nothing_held = false;
+      const absl::Time train_begin = absl::Now();
+      // UNAVAILABLE: the trainer is restarting, or the buffer has nothing for it (its
+      // groups were too stale, or an attempt whose reply was lost consumed them). The
+      // buffer's count tells which; the former is retried.
+      const absl::Status ts = RetryUnavailable(config, c.stop, [&]() -> absl::Status {
+        reply.Clear();
+        absl::Status s = c.trainer.TrainStep(train, &reply);
+        if (absl::IsUnavailable(s)) {
+          absl::StatusOr<v1::GetStatsResponse> held = c.buffer.Stats();
+          if (held.ok() && held->complete_groups() == 0 && held->leased_experiences() == 0) {
+            nothing_held = true;
+            return absl::OkStatus();
+          }
+        }
+        return s;
+      });
+      progress.train_seconds = absl::ToDoubleSeconds(absl::Now() - train_begin);
+      if (!ts.ok()) return at_step(common::Annotate(ts, "TrainStep"));
+      absl::MutexLock lock(&mu);
+      if (nothing_held) {
+        untrained_signal = 0;
+      } else {
+        trained = true;
+        untrained_signal = std::max<int64_t>(0, untrained_signal - reply.metrics().sequences() / config.samples);
+        TakeTrainMetrics(reply, &progress);
+      }
+    }
+    if (trained) {
+      const absl::Time sync_begin = absl::Now();
+      RETURN_IF_ERROR(at_step(join_install()));
+      absl::StatusOr<v1::PrepareWeightsRequest> update = c.publish_only(c.installed + 1);
+      if (!update.ok()) return at_step(update.status());
+      install_version = update->manifest().version().version();
+      install_step = step;
+      installing = std::thread([&, update = *std::move(update), step] {
+        const absl::Time begin = absl::Now();
+        install_status = common::Annotate(c.rollout.UpdateWeights(update), "UpdateWeights");
+        if (!install_status.ok()) return;
+        static metrics::Histogram* sync_metric = metrics::Global().AddHistogram(
+            "rlfleet_weight_sync_seconds", "Weight sync end to end: PublishWeights until every replica installed.", {});
+        sync_metric->Observe(absl::ToDoubleSeconds(absl::Now() - begin));
+        absl::MutexLock lock(&mu);
+        finished_step = std::max(finished_step, step);
+      });
+      // (the part of the weight sync on the trainer's path: the last install's wait and
+      // this publish; the install itself overlaps the next step)
+      progress.sync_seconds = absl::ToDoubleSeconds(absl::Now() - sync_begin);
+      if (config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
+        absl::StatusOr<std::string> saved = SaveStepCheckpoint(c.trainer, config, c.stop, c.name, step);
+        if (!saved.ok()) return at_step(saved.status());
+        progress.last_checkpoint = *saved;
+        checkpointed_step = step;
+      }
+    } else {
+      ++progress.idle_steps;
+      absl::MutexLock lock(&mu);
+      finished_step = std::max(finished_step, step);  // (the producers may go one step further)
+    }
+    const absl::Time now = absl::Now();
+    progress.tokens_per_s = data.tokens / std::max(1e-9, absl::ToDoubleSeconds(now - last_step_end));
+    last_step_end = now;
+    progress.step = step;
+    progress.train_reward = data.samples > 0 ? data.reward_sum / data.samples : 0;
+    progress.policy_version = data.oldest_version == std::numeric_limits<uint64_t>::max() ? 0 : data.oldest_version;
+    progress.held_out_exact.reset();
+    const bool last = step == config.steps || c.stop.load();
+    if ((config.eval_every > 0 && step % config.eval_every == 0) || last) {
+      RETURN_IF_ERROR(at_step(join_install()));  // (evaluate the step's version; the run ends installed)
+    }
+    if (config.eval_every > 0 && step % config.eval_every == 0) {
+      RETURN_IF_ERROR(at_step(Evaluate(config, c.stop, c.rollout, c.reward, c.source, step, &progress)));
+    }
+    progress.seconds = absl::ToDoubleSeconds(absl::Now() - c.start);
+    progress.published_version = c.installed;
+    if (c.on_progress) c.on_progress(progress);
+    if (progress.held_out_exact && *progress.held_out_exact >= config.stop_at) {
+      reached_target = true;
+      break;
+    }
+  }
+  return join_install();
+}
+
+// Why the buffer took none of a step's experiences: the first reasons it gave.
 // A replica's answer to installing `request`, FAILED_PRECONDITION included: that is
 // OK only when the replica reports serving exactly the version (it had it already);
 // otherwise it holds another (newer) version or is installing one, and cannot serve
@@ -165,6 +500,21 @@ RolloutPool::RolloutPool(std::vector<std::unique_ptr<RolloutReplica>> replicas, 
   for (auto& r : replicas) replicas_.push_back({std::move(r), true});
 }
 
+std::vector<std::shared_ptr<RolloutReplica>> RolloutPool::LivePeersLocked() {
+  std::vector<std::shared_ptr<RolloutReplica>> out;
+  for (const Replica& r : replicas_) {
+    if (r.alive) out.push_back(r.peer);
+  }
+  return out;
+}
+
+void RolloutPool::DropPeer(RolloutReplica* peer, const absl::Status& why, const std::string& what) {
+  absl::MutexLock lock(&mu_);
+  for (Replica& r : replicas_) {
+    if (r.alive && r.peer.get() == peer) Drop(r, why, what);
+  }
+}
+
 int RolloutPool::live() {
   absl::MutexLock lock(&mu_);
   int n = 0;
@@ -179,21 +529,28 @@ void RolloutPool::Drop(Replica& replica, const absl::Status& why, const std::str
   }
 }
 
-absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response) {
-  absl::MutexLock lock(&mu_);
-  std::vector<size_t> alive;
-  for (size_t r = 0; r < replicas_.size(); ++r) {
-    if (replicas_[r].alive) alive.push_back(r);
+absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response,
+                                   int min_prompts_per_call) {
+  // The calls run outside the pool's lock: other Generate calls, a weight update (the
+  // replicas swap versions at a decode-step boundary) and scaling go on meanwhile. A
+  // replica removed meanwhile stays alive (shared) until its calls return; what it
+  // refuses once drained (UNAVAILABLE) goes to the others.
+  std::vector<std::shared_ptr<RolloutReplica>> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    peers = LivePeersLocked();
   }
-  if (alive.empty()) return absl::UnavailableError("no rollout replica left");
+  if (peers.empty()) return absl::UnavailableError("no rollout replica left");
+  const size_t live_peers = peers.size();
   // The prompts in chunks that the replicas take as they finish, so that a replica
   // with less load (or more speed) takes more; each replica has two calls in flight,
   // so its continuous batching always has the next chunk to take in. A chunk whose
   // replica failed goes back on the queue for the others; the replica is dropped.
   constexpr int kCallsInFlight = 2;
   const int prompts = request.prompts_size(), samples = request.num_samples();
-  const int chunk =
-      std::max<int>(1, (prompts + 2 * kCallsInFlight * alive.size() - 1) / (2 * kCallsInFlight * alive.size()));
+  const int chunk = std::max<int>(
+      {1, min_prompts_per_call,
+       static_cast<int>((prompts + 2 * kCallsInFlight * live_peers - 1) / (2 * kCallsInFlight * live_peers))});
   std::deque<std::vector<int>> queue;
   for (int i = 0; i < prompts; i += chunk) {
     std::vector<int>& c = queue.emplace_back();
@@ -203,19 +560,19 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::
   absl::Mutex work_mu;
   int in_flight = 0, calls = 0;
   absl::Status fatal;
-  std::vector<absl::Status> failure(alive.size());  // the first failure of each replica
-  std::vector<int> requeued(alive.size(), 0);
-  std::vector<RolloutReplica*> peers;
-  for (size_t r : alive) peers.push_back(replicas_[r].peer.get());
+  std::vector<absl::Status> failure(live_peers);  // the first failure of each replica
+  std::vector<int> requeued(live_peers, 0);
   // Every live replica's first call is set before any is made: each gets work.
-  std::vector<std::vector<int>> first(alive.size());
-  for (size_t k = 0; k < alive.size() && !queue.empty(); ++k) {
-    first[k] = std::move(queue.front());
+  // (starting at a replica that turns with each call: calls of one chunk spread too)
+  std::vector<std::vector<int>> first(live_peers);
+  const size_t offset = next_first_.fetch_add(1) % live_peers;
+  for (size_t j = 0; j < live_peers && !queue.empty(); ++j) {
+    first[(offset + j) % live_peers] = std::move(queue.front());
     queue.pop_front();
     ++in_flight;
   }
   auto worker = [&](size_t k, bool starts) {
-    RolloutReplica* peer = peers[k];
+    RolloutReplica* peer = peers[k].get();
     while (true) {
       std::vector<int> mine;
       v1::GenerateBatchRequest part = request;
@@ -268,13 +625,13 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::
     }
   };
   std::vector<std::thread> threads;
-  for (size_t k = 0; k < alive.size(); ++k) {
+  for (size_t k = 0; k < live_peers; ++k) {
     for (int c = 0; c < kCallsInFlight; ++c) threads.emplace_back(worker, k, /*starts=*/c == 0);
   }
   for (auto& t : threads) t.join();
-  for (size_t k = 0; k < alive.size(); ++k) {
+  for (size_t k = 0; k < live_peers; ++k) {
     if (!failure[k].ok()) {
-      Drop(replicas_[alive[k]], failure[k], absl::StrCat("; re-dispatching its ", requeued[k], " prompts"));
+      DropPeer(peers[k].get(), failure[k], absl::StrCat("; re-dispatching its ", requeued[k], " prompts"));
     }
   }
   if (!fatal.ok()) return fatal;
@@ -293,42 +650,39 @@ std::vector<absl::Status> RolloutReplica::UpdateWeightsTogether(const std::vecto
 }
 
 absl::Status RolloutPool::UpdateWeights(const v1::PrepareWeightsRequest& request) {
-  absl::MutexLock lock(&mu_);
-  weights_ = request;
-  // Replicas that waited for the run's first weights join with them.
-  for (auto& peer : waiting_) {
-    replicas_.push_back({std::move(peer), true});
-    if (log_) log_(absl::StrCat("rollout replica ", replicas_.back().peer->address(), " admitted"));
-  }
-  waiting_.clear();
-  std::vector<Replica*> alive;
-  std::vector<RolloutReplica*> peers;
-  for (Replica& replica : replicas_) {
-    if (!replica.alive) continue;
-    alive.push_back(&replica);
-    peers.push_back(replica.peer.get());
-  }
-  const std::vector<absl::Status> installed =
-      peers.empty() ? std::vector<absl::Status>() : peers[0]->UpdateWeightsTogether(peers, request);
-  absl::Status fatal, dropped;
-  for (size_t i = 0; i < alive.size(); ++i) {
-    const absl::Status s =
-        Installed(*alive[i]->peer,
-                  i < installed.size() ? installed[i] : absl::InternalError("no status for the replica"), request);
-    if (s.ok()) continue;                 // installed, or serving it already
-    if (absl::IsFailedPrecondition(s)) {  // another version: it gets no work in this run
-      Drop(*alive[i], s, "");
-      dropped = common::Annotate(s, absl::StrCat("rollout replica ", alive[i]->peer->address()));
-      continue;
+  // One update at a time; generation goes on meanwhile (outside mu_).
+  absl::MutexLock updating(&update_mu_);
+  std::vector<std::shared_ptr<RolloutReplica>> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    weights_ = request;
+    // Replicas that waited for the run's first weights join with them.
+    for (auto& peer : waiting_) {
+      replicas_.push_back({std::move(peer), true});
+      if (log_) log_(absl::StrCat("rollout replica ", replicas_.back().peer->address(), " admitted"));
     }
-    if (!ReplicaFailure(s)) {
+    waiting_.clear();
+    peers = LivePeersLocked();
+  }
+  std::vector<RolloutReplica*> raw;
+  for (const auto& p : peers) raw.push_back(p.get());
+  const std::vector<absl::Status> installed =
+      raw.empty() ? std::vector<absl::Status>() : raw[0]->UpdateWeightsTogether(raw, request);
+  absl::Status fatal, dropped;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    const absl::Status s = Installed(
+        *raw[i], i < installed.size() ? installed[i] : absl::InternalError("no status for the replica"), request);
+    if (s.ok()) continue;  // installed, or serving it already
+    // FAILED_PRECONDITION: another version, it gets no work in this run; or it failed.
+    if (!absl::IsFailedPrecondition(s) && !ReplicaFailure(s)) {
       if (fatal.ok()) fatal = s;
       continue;
     }
-    Drop(*alive[i], s, "");
-    dropped = common::Annotate(s, absl::StrCat("rollout replica ", alive[i]->peer->address()));
+    DropPeer(raw[i], s, "");
+    dropped = common::Annotate(s, absl::StrCat("rollout replica ", raw[i]->address()));
   }
   if (!fatal.ok()) return fatal;
+  absl::MutexLock lock(&mu_);
   for (const Replica& r : replicas_) {
     if (r.alive) return absl::OkStatus();
   }
@@ -384,25 +738,36 @@ absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
 }
 
 absl::Status RolloutPool::Remove(const std::string& address) {
-  absl::MutexLock lock(&mu_);
-  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-    if ((*it)->address() == address) {
-      waiting_.erase(it);
-      return absl::OkStatus();
+  std::shared_ptr<RolloutReplica> leaving;
+  bool was_alive = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if ((*it)->address() == address) {
+        waiting_.erase(it);
+        return absl::OkStatus();
+      }
+    }
+    for (auto it = replicas_.begin(); it != replicas_.end(); ++it) {
+      if (it->peer->address() != address) continue;
+      was_alive = it->alive;
+      leaving = std::move(it->peer);
+      replicas_.erase(it);
+      break;
     }
   }
-  for (auto it = replicas_.begin(); it != replicas_.end(); ++it) {
-    if (it->peer->address() != address) continue;
-    const bool was_alive = it->alive;
-    absl::Status drained = was_alive ? it->peer->Drain() : absl::OkStatus();
-    replicas_.erase(it);
+  {
+    if (leaving == nullptr)
+      return absl::NotFoundError(absl::StrCat("rollout replica ", address, " is not in the pool"));
+    // (outside the lock: a drain waits for the replica's work in flight, which other
+    // calls of the pool may have given it)
+    absl::Status drained = was_alive ? leaving->Drain() : absl::OkStatus();
     if (log_) {
       log_(absl::StrCat("rollout replica ", address, " removed",
                         drained.ok() ? "" : absl::StrCat(" (drain: ", drained.message(), ")")));
     }
     return absl::OkStatus();
   }
-  return absl::NotFoundError(absl::StrCat("rollout replica ", address, " is not in the pool"));
 }
 
 std::vector<std::string> RolloutPool::addresses() {
@@ -415,11 +780,14 @@ std::vector<std::string> RolloutPool::addresses() {
 }
 
 uint64_t RolloutPool::NewestInstalledVersion() {
-  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<RolloutReplica>> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    peers = LivePeersLocked();
+  }
   uint64_t newest = 0;
-  for (const Replica& r : replicas_) {
-    if (!r.alive) continue;
-    absl::StatusOr<uint64_t> v = r.peer->InstalledVersion();
+  for (const auto& peer : peers) {
+    absl::StatusOr<uint64_t> v = peer->InstalledVersion();
     if (v.ok()) newest = std::max(newest, *v);
   }
   return newest;
@@ -452,6 +820,10 @@ absl::Status ValidateLoopConfig(const LoopConfig& c) {
   if (std::isnan(c.stop_at)) return absl::InvalidArgumentError("stop_at: is nan");
   if (c.max_staleness < 0 || c.max_staleness > 64) {
     return absl::InvalidArgumentError("max_staleness: must be in 0..64");
+  }
+  if (c.fully_async && c.max_staleness < 1) {
+    return absl::InvalidArgumentError(
+        "fully_async: needs max_staleness >= 1 (how many steps the rollouts may run ahead of the trainer)");
   }
   RETURN_IF_ERROR(common::CheckInRange("max_new_tokens", c.max_new_tokens, 0, kMaxNewTokens));
   RETURN_IF_ERROR(common::CheckInRange("checkpoint_every", c.checkpoint_every, 0, std::numeric_limits<int>::max()));
@@ -540,15 +912,24 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     RETURN_IF_ERROR(timed(RetryUnavailable(config, stop, [&]() -> absl::Status {
       published.Clear();
       RETURN_IF_ERROR(common::Annotate(trainer.PublishWeights(request, &published), "PublishWeights"));
-      v1::PrepareWeightsRequest update;
-      *update.mutable_manifest() = published.manifest();
-      *update.add_chunks()->mutable_source() = published.location();
-      // (replicas on CUDA devices of the trainer's host take it GPU to GPU from here)
-      if (published.has_device_image()) *update.mutable_device_image() = published.device_image();
-      return common::Annotate(rollout.UpdateWeights(update), "UpdateWeights");
+      return common::Annotate(rollout.UpdateWeights(UpdateFor(published)), "UpdateWeights");
     })));
     installed = std::max(installed, published.manifest().version().version());
     return absl::OkStatus();
+  };
+  // Only the trainer's part: the version to install (UNAVAILABLE retried).
+  auto publish_only = [&](uint64_t min_version) -> absl::StatusOr<v1::PrepareWeightsRequest> {
+    v1::PublishWeightsRequest request;
+    request.set_idempotent(true);
+    request.set_min_version(min_version);
+    v1::PublishWeightsResponse published;
+    RETURN_IF_ERROR(common::Annotate(RetryUnavailable(config, stop,
+                                                      [&] {
+                                                        published.Clear();
+                                                        return trainer.PublishWeights(request, &published);
+                                                      }),
+                                     "PublishWeights"));
+    return UpdateFor(published);
   };
   // The rollout replicas start from the trainer's weights (behaviour == policy at step
   // 1). Their number is new unless the replicas' newest is the trainer's own: a number
@@ -558,7 +939,6 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     absl::StatusOr<uint64_t> current = trainer.PolicyVersion();
     RETURN_IF_ERROR(publish(current.ok() && *current >= newest ? 0 : newest + 1));
   }
-  const std::vector<RunPrompt>& held_out = source->held_out();
   LoopProgress progress;
   if (config.resume) {
     progress = *config.resume;
@@ -601,7 +981,15 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   } joiner{join_ahead};
   // A resumed run's prompts go on where they were: the steps done drew theirs first.
   for (int step = 1; step < first_step; ++step) (void)make_examples();
-  for (int step = first_step; step <= config.steps && !stop.load(); ++step) {
+  if (config.fully_async) {
+    const std::function<absl::Status(uint64_t)> publish_fn = publish;
+    const std::function<absl::StatusOr<v1::PrepareWeightsRequest>(uint64_t)> publish_only_fn = publish_only;
+    const StreamContext context{config,       stop,        rollout, reward,     buffer,          trainer,
+                                *source,      tag,         name,    publish_fn, publish_only_fn, installed,
+                                sync_seconds, on_progress, start,   first_step};
+    RETURN_IF_ERROR(StreamSteps(context, progress, checkpointed_step, reached_target));
+  }
+  for (int step = first_step; !config.fully_async && step <= config.steps && !stop.load(); ++step) {
     auto at_step = [&](const absl::Status& s) { return common::Annotate(s, absl::StrCat("step ", step)); };
     std::shared_ptr<Produced> now;
     if (config.max_staleness == 0) {
@@ -620,15 +1008,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     const v1::GenerateBatchResponse& generated = now->generated;
     const v1::ScoreResponse& scored = now->scored;
     v1::PutExperiencesRequest put;
-    put.set_run_id(config.run_id);
-    put.set_producer_id("controller");
-    double reward_sum = 0;
-    for (int i = 0; i < generated.completions_size(); ++i) {
-      v1::Experience e = generated.completions(i);
-      e.set_reward(scored.results(i).reward());
-      reward_sum += e.reward();
-      *put.add_experiences() = std::move(e);
-    }
+    const double reward_sum = ScoredExperiences(config, generated, scored, &put);
     v1::PutExperiencesResponse put_reply;
     bool put_retried = false;
     RETURN_IF_ERROR(at_step(common::Annotate(RetryUnavailable(
@@ -653,16 +1033,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     // step's stored batch may have been trained already: its UNAVAILABLE is idle.
     const bool signal = HasLearningSignal(put, config.samples) &&
                         !(step == first_step && config.resume.has_value() && put_reply.accepted() == 0);
-    v1::TrainStepRequest train;
-    train.mutable_buffer()->set_num_groups(config.prompts);
-    train.mutable_buffer()->set_min_groups(1);
-    if (config.max_staleness > 0) train.mutable_buffer()->set_max_staleness(config.max_staleness);
-    train.mutable_params()->set_algorithm(v1::ALGORITHM_GRPO);
-    train.mutable_params()->set_ppo_epochs(config.ppo_epochs);
-    train.mutable_params()->set_clip_ratio(static_cast<float>(config.clip_ratio));
-    train.mutable_params()->set_entropy_coef(static_cast<float>(config.entropy_coef));
-    train.mutable_params()->mutable_optimizer()->set_learning_rate(static_cast<float>(config.lr));
-    train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
+    const v1::TrainStepRequest train = TrainRequest(config);
     v1::TrainStepResponse trained;
     const absl::Time train_begin = absl::Now();
     // UNAVAILABLE for a batch with a signal: the trainer is restarting or unreachable,
@@ -699,14 +1070,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     }
     progress.sync_seconds = 0;
     if (ts.ok()) {
-      if (!consumed_unanswered) {
-        progress.entropy = trained.metrics().entropy();
-        progress.loss = trained.metrics().loss();
-        progress.approx_kl = trained.metrics().approx_kl_old();
-        progress.grad_norm = trained.metrics().grad_norm();
-        progress.mean_staleness = trained.metrics().mean_staleness();
-        progress.trained_sequences += trained.metrics().sequences();
-      }
+      if (!consumed_unanswered) TakeTrainMetrics(trained, &progress);
       RETURN_IF_ERROR(at_step(publish(installed + 1)));
       progress.sync_seconds = sync_seconds;
       if (config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
@@ -727,14 +1091,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     progress.policy_version = VersionOf(generated);
     progress.held_out_exact.reset();
     if (config.eval_every > 0 && step % config.eval_every == 0) {
-      v1::GenerateBatchResponse eval;
-      v1::ScoreResponse eval_scored;
-      RETURN_IF_ERROR(at_step(RolloutAndScore(config, stop, rollout, reward, *source, held_out, 1, 0.0f, 0,
-                                              absl::StrCat("eval", step), &eval, &eval_scored)));
-      int exact = 0;
-      for (const auto& r : eval_scored.results()) exact += r.reward() >= 1.0f;
-      progress.held_out_exact = static_cast<double>(exact) / held_out.size();
-      progress.policy_version = VersionOf(eval);
+      RETURN_IF_ERROR(at_step(Evaluate(config, stop, rollout, reward, *source, step, &progress)));
     }
     progress.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     progress.published_version = installed;

@@ -90,7 +90,9 @@ class TrainerPeer {
 // version with FAILED_PRECONDITION counts as installed only if it reports serving
 // exactly that version; otherwise (a newer version from another run, another install
 // in progress, shutting down) it cannot serve this run's policy and is dropped.
-// Thread-safe.
+// Thread-safe, and concurrent: calls to the replicas run outside the pool's lock, so
+// several Generate calls, a weight update (replicas swap at a decode-step boundary,
+// mid-generation) and scaling go on at once; weight updates take turns.
 class RolloutPool {
  public:
   using Log = std::function<void(const std::string&)>;
@@ -99,17 +101,21 @@ class RolloutPool {
   int live();
   // Completions for every prompt of `request`, `num_samples` each, in prompt order (as
   // one GenerateBatch would list them). UNAVAILABLE when no replica is left.
-  absl::Status Generate(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response);
+  // Calls carry at least `min_prompts_per_call` prompts (a fully asynchronous run's
+  // producers make one call of each of theirs: their concurrency spreads the work).
+  absl::Status Generate(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response,
+                        int min_prompts_per_call = 1);
   // Installs a version on every live replica (and on those waiting to be admitted).
   absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request);
 
-  // Scaling: a replica joins between calls. It first gets the weights the pool last
-  // installed, then it is admitted and gets work; before the run has published any,
+  // Scaling: a replica first gets the weights the pool last installed, then it is
+  // admitted and gets work from the next Generate call; before the run has published any,
   // it waits and joins with the first UpdateWeights. An error installing them is
   // returned and it does not join. ALREADY_EXISTS for an address in the pool.
   absl::Status Admit(std::unique_ptr<RolloutReplica> replica);
-  // A replica leaves between calls (so none of its work is in flight: nothing is lost)
-  // and is drained. NOT_FOUND for an address not in the pool.
+  // A replica leaves: no new call goes to it, and it is drained (its calls in flight
+  // finish; what it refuses from then on goes to the other replicas: nothing is lost).
+  // NOT_FOUND for an address not in the pool.
   absl::Status Remove(const std::string& address);
   // Addresses of the live replicas.
   std::vector<std::string> addresses();
@@ -119,14 +125,17 @@ class RolloutPool {
 
  private:
   struct Replica {
-    std::unique_ptr<RolloutReplica> peer;
+    std::shared_ptr<RolloutReplica> peer;  // (shared: calls in flight outlive a removal)
     bool alive = true;
   };
   void Drop(Replica& replica, const absl::Status& why, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `peer` if it is live in the pool (it may have been removed meanwhile).
+  void DropPeer(RolloutReplica* peer, const absl::Status& why, const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::shared_ptr<RolloutReplica>> LivePeersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ALREADY_EXISTS when `address` is live in the pool or waits to join it.
   absl::Status JoinedLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One call at a time (an async run's next generation and its evaluation or weight
-  // update take turns; a replica generates or installs, not both).
+  absl::Mutex update_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one UpdateWeights at a time
+  std::atomic<uint64_t> next_first_{0};              // the replica the next call starts at
   absl::Mutex mu_;
   std::vector<Replica> replicas_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<RolloutReplica>> waiting_ ABSL_GUARDED_BY(mu_);  // for the first weights
@@ -197,6 +206,11 @@ struct LoopConfig {
   // generation overlaps this step's training, and the trainer accepts experiences up to
   // k versions old (the buffer drops older ones).
   int max_staleness = 0;
+  // Fully asynchronous (needs max_staleness >= 1): the rollouts are made without a step
+  // barrier, by producers that generate, score and put groups as they finish, up to
+  // max_staleness steps ahead of the trainer; each step trains once its groups are in
+  // the buffer and its new version installs on the replicas mid-generation.
+  bool fully_async = false;
   int max_new_tokens = 0;   // response cap of the training rollouts; 0 = max_len + 3
   double clip_ratio = 0.2;  // PPO clip epsilon
   // Checkpoints: to checkpoint_dir/<run id or tag>-step-<N> on the trainer every

@@ -114,6 +114,10 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c, const std::
   if (c.learning_rate() != 0) loop.lr = c.learning_rate();
   loop.steps = c.total_steps() == 0 ? std::numeric_limits<int>::max() : static_cast<int>(c.total_steps());
   loop.max_staleness = static_cast<int>(c.max_staleness());
+  if (c.fully_async() && c.max_staleness() == 0) {
+    return Field("fully_async", "set with max_staleness 0; it needs max_staleness >= 1");
+  }
+  loop.fully_async = c.fully_async();
   if (c.seed() != 0) loop.seed = c.seed();
   loop.eval_every = static_cast<int>(c.eval_interval_steps());
   loop.max_new_tokens = static_cast<int>(c.max_new_tokens());

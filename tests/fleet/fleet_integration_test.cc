@@ -181,14 +181,19 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   ASSERT_EQ(rows.size(), 5u);
   EXPECT_EQ(rows[0],
             "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact,generate_s,train_s,sync_s,"
-            "tokens_per_s,mean_staleness,loss,kl,grad_norm");
+            "tokens_per_s,mean_staleness,loss,kl,grad_norm,trained_sequences");
   const std::vector<std::string> row1 = absl::StrSplit(rows[1], ','), row4 = absl::StrSplit(rows[4], ',');
-  ASSERT_EQ(row1.size(), 15u) << rows[1];
-  ASSERT_EQ(row4.size(), 15u) << rows[4];
+  ASSERT_EQ(row1.size(), 16u) << rows[1];
+  ASSERT_EQ(row4.size(), 16u) << rows[4];
   EXPECT_EQ(row1[6], "nan") << rows[1];
   EXPECT_NE(row4[6], "nan") << rows[4];
   double grad_norm = 0;  // (a step that trained has a gradient)
   EXPECT_TRUE(absl::SimpleAtod(row4[14], &grad_norm) && grad_norm > 0) << rows[4];
+  int trained_1 = 0, trained_4 = 0;  // (summed over the steps: it grows once a step trains)
+  EXPECT_TRUE(absl::SimpleAtoi(row1[15], &trained_1) && absl::SimpleAtoi(row4[15], &trained_4) &&
+              trained_4 > trained_1)
+      << rows[1] << "\n"
+      << rows[4];
   // Beside it, the TensorBoard event file of the same run.
   int event_files = 0;
   for (const auto& e : std::filesystem::directory_iterator(run_dir)) {

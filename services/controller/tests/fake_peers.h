@@ -131,6 +131,7 @@ class FakeReward : public RewardPeer {
   };
   explicit FakeReward(Mode mode = Mode::kExact) : mode_(mode) {}
   absl::Status Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) override {
+    absl::MutexLock lock(&mu_);  // (a fully asynchronous run scores from several threads)
     for (int i = 0; i < request.items_size(); ++i) {
       const auto& item = request.items(i);
       scored_prompts.push_back(item.prompt_text());
@@ -147,6 +148,7 @@ class FakeReward : public RewardPeer {
 
  private:
   const Mode mode_;
+  absl::Mutex mu_;
 };
 
 // Holds groups as the real buffer does for the loop: an id it has seen is a duplicate;
@@ -158,6 +160,7 @@ class FakeBuffer : public BufferPeer {
     return absl::OkStatus();
   }
   absl::Status PutExperiences(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response) override {
+    absl::MutexLock lock(&mu_);  // (a fully asynchronous run puts from several threads)
     for (const auto& e : request.experiences()) {
       if (!ids.insert(e.experience_id().value()).second) {
         ++duplicates;
@@ -173,23 +176,30 @@ class FakeBuffer : public BufferPeer {
     return absl::OkStatus();
   }
   absl::StatusOr<v1::GetStatsResponse> Stats() override {
+    absl::MutexLock lock(&mu_);
     v1::GetStatsResponse stats;
     stats.set_complete_groups(groups.size());
     return stats;
   }
-  // Takes every held group; returns how many had a learning signal.
-  int TakeGroupsWithSignal() {
+  // Takes up to `limit` held groups (0: every one); returns how many had a learning
+  // signal and adds their experiences to *sequences.
+  int TakeGroupsWithSignal(uint32_t limit = 0, uint32_t* sequences = nullptr) {
+    absl::MutexLock lock(&mu_);
     int n = 0;
-    for (const auto& [id, rewards] : groups) {
+    uint32_t taken = 0;
+    for (auto it = groups.begin(); it != groups.end() && (limit == 0 || taken < limit); ++taken) {
+      const std::vector<float>& rewards = it->second;
       double sum = 0, sq = 0;
       for (float r : rewards) {
         sum += r;
         sq += static_cast<double>(r) * r;
       }
       const double mean = sum / rewards.size();
-      n += std::sqrt(std::max(0.0, sq / rewards.size() - mean * mean)) > 1e-6;
+      const bool signal = std::sqrt(std::max(0.0, sq / rewards.size() - mean * mean)) > 1e-6;
+      n += signal;
+      if (signal && sequences != nullptr) *sequences += rewards.size();
+      it = groups.erase(it);
     }
-    groups.clear();
     return n;
   }
   int experiences = 0, duplicates = 0;
@@ -197,6 +207,9 @@ class FakeBuffer : public BufferPeer {
   std::set<std::string> ids;
   std::map<std::string, std::vector<float>> groups;  // held, by group id
   std::vector<v1::ConfigureRequest> configured;
+
+ private:
+  absl::Mutex mu_;
 };
 
 // Version 1 to start with, one more per step. Linked to a FakeBuffer, it trains on the
@@ -211,7 +224,9 @@ class FakeTrainer : public TrainerPeer {
       --unavailable;
       return absl::UnavailableError("trainer: connection refused");
     }
-    if (buffer_ != nullptr && buffer_->TakeGroupsWithSignal() == 0) {
+    uint32_t sequences = 0;
+    if (buffer_ != nullptr &&
+        buffer_->TakeGroupsWithSignal(limit_to_num_groups ? request.buffer().num_groups() : 0, &sequences) == 0) {
       return absl::UnavailableError("the buffer had no complete groups within wait_ms; retry");
     }
     if (lose_replies > 0) {  // killed after its ack: the groups are gone, so is the update
@@ -221,7 +236,7 @@ class FakeTrainer : public TrainerPeer {
     last_max_staleness = request.buffer().max_staleness();
     last_params = request.params();
     response->mutable_metrics()->set_entropy(0.5f);
-    response->mutable_metrics()->set_sequences(1);
+    response->mutable_metrics()->set_sequences(limit_to_num_groups ? sequences : 1);
     ++steps;
     ++version;
     return absl::OkStatus();
@@ -248,6 +263,9 @@ class FakeTrainer : public TrainerPeer {
   int steps = 0, calls = 0, publishes = 0;
   int unavailable = 0;   // UNAVAILABLE answers to give first
   int lose_replies = 0;  // steps that consume their batch, then answer UNAVAILABLE
+  // Takes at most the request's num_groups groups, and reports their sequences (else
+  // every group, and 1 sequence).
+  bool limit_to_num_groups = false;
   uint64_t version = 1;
   uint64_t last_min_version = 0;
   uint32_t last_max_staleness = 0;
