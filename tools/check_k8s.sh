@@ -50,7 +50,7 @@ runs=0
 if [[ -x "$BIN/controller/rlfleet" ]]; then
   for run in "$OUT"/run/*.run.yaml; do
     for bin in controller/rlfleet-controller reward/rlfleet-reward buffer/rlfleet-buffer trainer/rlfleet-trainer \
-               weights/rlfleet-weights rollout/rlfleet-rollout; do
+               weights/rlfleet-weights rollout/rlfleet-rollout gateway/rlfleet-gateway; do
       "$BIN/$bin" --config="$run" --help >"$OUT/help.log" 2>&1
       if [[ $? -eq 2 ]]; then echo "check_k8s: $(basename "$run") for $bin:"; grep -v '^ ' "$OUT/help.log" | head -3; exit 1; fi
     done

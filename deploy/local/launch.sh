@@ -2,7 +2,7 @@
 # The local fleet launcher: every rlfleet service as its own process on loopback.
 #
 #   deploy/local/launch.sh [--run_file=run.yaml] [--rollouts=N] [--redis=redis://host:port] [--dir=DIR]
-#                          [-- MODEL FLAGS...]
+#                          [--gateway_port=P] [-- MODEL FLAGS...]
 #
 # --run_file: a run file (libs/common/run_file.h) every service is started with
 # (--config=run.yaml: each reads its section and the shared model / transport / nccl
@@ -12,7 +12,9 @@
 # Starts redis-server (the embedded default, on a free loopback port, when no --redis
 # is given), the controller (registry in Redis, --scaler=launcher), reward, the buffer
 # (durable in Redis), the trainer and N rollout replicas that register with the
-# controller. Each service writes DIR/<name>.log. While it runs it keeps the rollout
+# controller, and rlfleet-gateway: the OpenAI-compatible HTTP API in front of the
+# admitted replicas, on 127.0.0.1:P (--gateway_port; default a free port, printed;
+# the MODEL FLAGS' --model_dir gives it the tokenizer). Each service writes DIR/<name>.log. While it runs it keeps the rollout
 # replicas at the count `rlfleet scale rollout=N` asks for (a new one registers, gets
 # the current weights and is admitted; a removed one gets SIGTERM, deregisters and is
 # drained by the controller). A rollout replica that dies (a crash, kill -9) is
@@ -38,6 +40,7 @@ BIN="${RLFLEET_BIN:-bazel-bin/services}"
 ROLLOUTS=""
 REDIS_URL=""
 DIR=""
+GATEWAY_PORT=0
 RUN_FILE=""
 MODEL=()
 while [[ $# -gt 0 ]]; do
@@ -46,6 +49,7 @@ while [[ $# -gt 0 ]]; do
     --run_file=*) RUN_FILE="${1#*=}" ;;
     --redis=*) REDIS_URL="${1#*=}" ;;
     --dir=*) DIR="${1#*=}" ;;
+    --gateway_port=*) GATEWAY_PORT="${1#*=}" ;;
     --) shift; MODEL=("$@"); break ;;
     *) echo "launch.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -54,7 +58,7 @@ done
 [[ -n "$DIR" ]] || DIR=$(mktemp -d "${TMPDIR:-/tmp}/rlfleet-local.XXXXXX")
 mkdir -p "$DIR"
 for bin in controller/rlfleet-controller controller/rlfleet reward/rlfleet-reward buffer/rlfleet-buffer \
-           rollout/rlfleet-rollout trainer/rlfleet-trainer weights/rlfleet-weights; do
+           rollout/rlfleet-rollout trainer/rlfleet-trainer weights/rlfleet-weights gateway/rlfleet-gateway; do
   [[ -x "$BIN/$bin" ]] || { echo "launch.sh: $BIN/$bin missing: bazel build //services/..." >&2; exit 2; }
 done
 CONFIG=()  # --config=RUN_FILE for every service, when given
@@ -67,6 +71,7 @@ if [[ -n "$RUN_FILE" ]]; then
 fi
 ROLLOUTS=${ROLLOUTS:-1}
 [[ "$ROLLOUTS" =~ ^[0-9]+$ ]] || { echo "launch.sh: the rollout count \"$ROLLOUTS\" is not a number" >&2; exit 2; }
+[[ "$GATEWAY_PORT" =~ ^[0-9]+$ ]] || { echo "launch.sh: --gateway_port=$GATEWAY_PORT is not a port" >&2; exit 2; }
 
 CORE_PIDS=()       # redis, controller, reward, buffer, trainer, weights
 CORE_NAMES=()      # their names, in the same order
@@ -106,7 +111,11 @@ start() {
   rm -f "$DIR/$name.port"
   printf -v "CMD_OF[$name]" '%q ' "$@"
   [[ -f "$DIR/$name.log" ]] && cat "$DIR/$name.log" >>"$DIR/$name.log.prev"  # keep a dead one's log
-  "$@" --host=127.0.0.1 --port="${START_PORT:-0}" --port_file="$DIR/$name.port" >"$DIR/$name.log" 2>&1 &
+  if [[ $name == gateway ]]; then  # (HTTP, its own flag names)
+    "$@" --http_host=127.0.0.1 --http_port="${START_PORT:-0}" --http_port_file="$DIR/$name.port" >"$DIR/$name.log" 2>&1 &
+  else
+    "$@" --host=127.0.0.1 --port="${START_PORT:-0}" --port_file="$DIR/$name.port" >"$DIR/$name.log" 2>&1 &
+  fi
   PID=$!
   for ((try = 0; try < 600; try++)); do
     [[ -s "$DIR/$name.port" ]] && break
@@ -213,6 +222,11 @@ start weights "$BIN/weights/rlfleet-weights" "${CONFIG[@]}" --registry_address="
   --relay_fanout="${RLFLEET_RELAY_FANOUT:-2}" || fail "weights"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(weights)
 registered weights || fail "weights"
+GATEWAY_FLAGS=()  # (of the model flags, the tokenizer's directory)
+for flag in "${MODEL[@]}"; do [[ $flag == --model_dir=* ]] && GATEWAY_FLAGS+=("$flag"); done
+START_PORT=$GATEWAY_PORT start gateway "$BIN/gateway/rlfleet-gateway" "${CONFIG[@]}" --registry_address="$CONTROLLER" \
+  "${GATEWAY_FLAGS[@]}" || fail "gateway"
+CORE_PIDS+=("$PID"); CORE_NAMES+=(gateway); GATEWAY=$ADDR
 
 NEXT_ROLLOUT=0
 add_rollout() {  # returns 1 if it did not start
@@ -238,6 +252,7 @@ remove_rollout() {  # the newest: SIGTERM, it deregisters and the controller dra
 for ((r = 0; r < ROLLOUTS; r++)); do add_rollout || fail "rollout replica"; done
 "$BIN/controller/rlfleet" scale "rollout=$ROLLOUTS" --controller="$CONTROLLER" >/dev/null || fail "scale"
 echo "launch.sh: fleet up: controller $CONTROLLER (rlfleet run|status|scale|stop --controller=$CONTROLLER)"
+echo "launch.sh: OpenAI-compatible API: http://$GATEWAY/v1 (rlfleet-gateway; the admitted replicas)"
 echo "launch.sh: metrics of every service: prometheus --config.file=$DIR/prometheus/prometheus.yml"
 
 # restart_core I: core service I died; starts it again where it was (or stops the fleet

@@ -49,6 +49,7 @@ const std::map<std::string, std::string>& OwnSections() {
       {"buffer", "rlfleet-buffer"},
       {"trainer", "rlfleet-trainer"},
       {"weights", "rlfleet-weights"},
+      {"gateway", "rlfleet-gateway"},
   };
   return *sections;
 }

@@ -12,7 +12,7 @@
 //   data, algorithm, run:
 //               rlfleet (the CLI: `rlfleet run --config=run.yaml`): its flags, e.g.
 //               dataset, prompt_field, steps, lr, loop_samples, eval_every
-//   controller, rollout, reward, buffer, trainer, weights:
+//   controller, rollout, reward, buffer, trainer, weights, gateway:
 //               rlfleet-<section>: its flags (port, precision, ...)
 //   fleet:      deploy/local/launch.sh: rollouts (the replica count)
 //

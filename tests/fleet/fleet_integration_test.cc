@@ -190,8 +190,7 @@ TEST(Fleet, TheLoopMovesWeightsFromTrainerToRollout) {
   double grad_norm = 0;  // (a step that trained has a gradient)
   EXPECT_TRUE(absl::SimpleAtod(row4[14], &grad_norm) && grad_norm > 0) << rows[4];
   int trained_1 = 0, trained_4 = 0;  // (summed over the steps: it grows once a step trains)
-  EXPECT_TRUE(absl::SimpleAtoi(row1[15], &trained_1) && absl::SimpleAtoi(row4[15], &trained_4) &&
-              trained_4 > trained_1)
+  EXPECT_TRUE(absl::SimpleAtoi(row1[15], &trained_1) && absl::SimpleAtoi(row4[15], &trained_4) && trained_4 > trained_1)
       << rows[1] << "\n"
       << rows[4];
   // Beside it, the TensorBoard event file of the same run.
