@@ -8,6 +8,7 @@
 #include "libs/registry/registry.h"
 #include "libs/rpc/server_runner.h"
 #include "libs/service/serve.h"
+#include "services/controller/autoscaler.h"
 #include "services/controller/controller_core.h"
 #include "services/controller/controller_service.h"
 #include "services/controller/discovery.h"
@@ -41,6 +42,12 @@ ABSL_FLAG(std::string, run_store, "registry",
 ABSL_FLAG(absl::Duration, resume_within, absl::Minutes(5),
           "A resumed run waits this long for its peers (its rollout replicas registered) before it fails.");
 ABSL_FLAG(absl::Duration, peer_timeout, absl::Seconds(120), "Deadline of each call a run makes.");
+ABSL_FLAG(std::string, autoscale_rollout, "",
+          "MIN:MAX: scale rollout replicas between these from load (the trainer's wait for rollouts, the "
+          "replicas' busy fraction), through Scale (acted on by the --scaler) and the "
+          "rlfleet_autoscale_rollout_replicas gauge; empty: off.");
+ABSL_FLAG(absl::Duration, autoscale_interval, absl::Seconds(5), "Autoscaling: time between load samples.");
+ABSL_FLAG(absl::Duration, autoscale_cooldown, absl::Seconds(30), "Autoscaling: no change within this of the last.");
 
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(
@@ -101,6 +108,53 @@ int main(int argc, char** argv) {
   if (!discovery.ok()) {
     std::cerr << "rlfleet-controller: " << discovery.status() << "\n";
     return 1;
+  }
+
+  // Closed-loop rollout autoscaling (autoscaler.h).
+  std::unique_ptr<rlfleet::controller::Autoscaler> autoscaler;
+  if (const std::string bounds = absl::GetFlag(FLAGS_autoscale_rollout); !bounds.empty()) {
+    rlfleet::controller::AutoscaleConfig config;
+    config.interval = absl::GetFlag(FLAGS_autoscale_interval);
+    config.cooldown = absl::GetFlag(FLAGS_autoscale_cooldown);
+    if (absl::Status s = rlfleet::controller::ParseReplicaBounds(bounds, &config); !s.ok()) {
+      std::cerr << "rlfleet-controller: --autoscale_rollout: " << s.message() << "\n";
+      return 2;
+    }
+    auto sample = [&core, &runs]() -> absl::StatusOr<rlfleet::controller::LoadSample> {
+      rlfleet::controller::LoadSample s;
+      rlfleet::v1::ListReplicasRequest list;
+      list.set_role(rlfleet::v1::REPLICA_ROLE_ROLLOUT);
+      list.mutable_page()->set_page_size(rlfleet::controller::kMaxPageSize);
+      double busy = 0;
+      while (true) {
+        rlfleet::v1::ListReplicasResponse page;
+        if (absl::Status st = core.ListReplicas(list, &page); !st.ok()) return st;
+        for (const auto& r : page.replicas()) {
+          busy += r.load().utilization();
+          ++s.replicas;
+        }
+        if (page.next_page_token().empty()) break;
+        list.mutable_page()->set_page_token(page.next_page_token());
+      }
+      s.utilization = s.replicas > 0 ? busy / s.replicas : 0;
+      s.run_active = runs.HasActiveRun();
+      if (std::optional<rlfleet::controller::LoopProgress> p = runs.ActiveProgress()) {
+        const double step = p->generate_seconds + p->train_seconds + p->sync_seconds;
+        s.trainer_wait_fraction = step > 0 ? p->generate_seconds / step : 0;
+      }
+      return s;
+    };
+    auto scale = [&core](int desired) {
+      rlfleet::v1::ScaleRequest request;
+      request.set_role(rlfleet::v1::REPLICA_ROLE_ROLLOUT);
+      request.set_target_count(desired);
+      rlfleet::v1::ScaleResponse response;
+      return core.Scale(request, &response);
+    };
+    autoscaler = std::make_unique<rlfleet::controller::Autoscaler>(
+        config, sample, scale, [](const std::string& line) { std::cout << line << std::endl; });
+    std::cout << "rlfleet-controller: autoscaling rollout replicas within " << config.min_replicas << ".."
+              << config.max_replicas << std::endl;
   }
 
   rlfleet::rpc::ServerRunner runner(*options);

@@ -125,6 +125,9 @@ int Status(ControllerClient& client) {
   std::cout << "run: " << (status->run_id().empty() ? "(none)" : status->run_id())
             << "  state: " << v1::RunState_Name(status->state()) << "  step: " << status->step()
             << "  policy version: " << status->policy_version().version() << "\n";
+  if (!status->run_id().empty()) {
+    std::cout << "  experiences accepted: " << status->metrics().experiences_accepted() << "\n";
+  }
   if (status->replicas().empty()) std::cout << "replicas: none registered\n";
   for (const v1::RoleSummary& role : status->replicas()) {
     std::cout << absl::StrFormat("  %-10s registered %u  admitted %u", RoleName(role.role()), role.registered(),

@@ -331,6 +331,13 @@ bool RunManager::HasActiveRun() {
   return pool_ != nullptr;
 }
 
+std::optional<LoopProgress> RunManager::ActiveProgress() {
+  if (!HasActiveRun()) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  if (state_ != v1::RUN_STATE_RUNNING || progress_.step == 0) return std::nullopt;
+  return progress_;
+}
+
 std::vector<std::string> RunManager::RolloutAddresses() {
   absl::MutexLock lock(&pool_mu_);
   return pool_ == nullptr ? std::vector<std::string>{} : pool_->addresses();

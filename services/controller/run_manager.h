@@ -8,6 +8,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +86,9 @@ class RunManager {
   bool HasActiveRun();
   // The active run's rollout replicas (empty without one).
   std::vector<std::string> RolloutAddresses();
+  // The active run's progress after its last step (none without an active run, or
+  // before its first step).
+  std::optional<LoopProgress> ActiveProgress();
 
  private:
   void Body(LoopConfig config, RunPeers peers);

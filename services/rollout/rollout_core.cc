@@ -432,7 +432,9 @@ void RolloutCore::Run() {
       }
       Abort(job, v1::FINISH_REASON_ABORTED, why);
     }
-    if (!group.empty()) {
+    const absl::Time work_start = absl::Now();
+    const bool prefills = !group.empty();
+    if (prefills) {
       for (size_t i = 0; i < group.size(); ++i) live_[group[i].id] = owners[i];
       absl::StatusOr<std::vector<model::DecodeBatch::Token>> first = Guarded(
           "prefilling new sequences",
@@ -443,7 +445,8 @@ void RolloutCore::Run() {
         for (auto& [job, sample] : owners) Abort(job, v1::FINISH_REASON_ERROR, first.status());
       }
     }
-    if (batch_->size() > 0) {
+    const bool had_batch = batch_->size() > 0;
+    if (had_batch) {
       const absl::Time step_start = absl::Now();
       absl::StatusOr<std::vector<model::DecodeBatch::Token>> step =
           Guarded("a decode step", [&]() -> absl::StatusOr<std::vector<model::DecodeBatch::Token>> {
@@ -467,6 +470,7 @@ void RolloutCore::Run() {
       }
     }
     absl::MutexLock lock(&mu_);
+    if (prefills || had_batch) busy_seconds_ += absl::ToDoubleSeconds(absl::Now() - work_start);
     active_sequences_ = batch_->size();
     active_metric_->Set(active_sequences_);
     queued_metric_->Set(queued_sequences_);
@@ -737,6 +741,12 @@ absl::Status RolloutCore::GetInfo(v1::GetInfoResponse* response) {
                       : version_ == 0 ? v1::REPLICA_SERVING_STATE_WAITING_FOR_WEIGHTS
                                       : v1::REPLICA_SERVING_STATE_SERVING);
   v1::LoadStats* load = response->mutable_load();
+  if (const absl::Time now = absl::Now(); now - busy_since_ >= absl::Seconds(1)) {
+    utilization_ = std::min(1.0, busy_seconds_ / absl::ToDoubleSeconds(now - busy_since_));
+    busy_seconds_ = 0;
+    busy_since_ = now;
+  }
+  load->set_utilization(utilization_);
   load->set_tokens_per_s(tokens_per_s_);
   load->set_active_sequences(active_sequences_);
   load->set_queued_requests(waiting_.size());

@@ -205,6 +205,11 @@ class RolloutCore {
   double tokens_per_s_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t window_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  // Busy fraction (LoadStats.utilization: the autoscaler's signal): the time spent in
+  // prefill and decode steps over the wall time since the last report of at least 1 s.
+  double busy_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time busy_since_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  double utilization_ ABSL_GUARDED_BY(mu_) = 0;
   // Prometheus metrics (libs/metrics' global registry).
   metrics::Counter* const tokens_metric_;
   metrics::Histogram* const step_metric_;
