@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tools/device/pack.sh //services/controller:rlfleet-controller //services/controller:rlfleet \
   //services/reward:rlfleet-reward //services/buffer:rlfleet-buffer //services/trainer:rlfleet-trainer \
-  //services/rollout:rlfleet-rollout //services/weights:rlfleet-weights //bench:rollout_tokens \
+  //services/rollout:rlfleet-rollout //services/weights:rlfleet-weights //services/gateway:rlfleet-gateway \
+  //bench:rollout_tokens \
   "$(command -v redis-server)" "$(command -v redis-cli)"
 bash tools/device/pack_absl.sh
 du -sh .carry >&2
