@@ -117,6 +117,8 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   if [[ $OPENAI_RC -ne 0 && $openai_failed -eq 0 ]]; then extra openai false; fi
   echo "== the model backends built by CMake, as on a GPU host (tools/check_cmake_backends.sh)"
   extra cmake-backends bash tools/check_cmake_backends.sh
+  echo "== the GPU host's pack holds every binary the launcher needs (tools/check_gpu_pack.sh)"
+  extra gpu-pack bash tools/check_gpu_pack.sh
   echo "== thread safety (clang -Wthread-safety)"
   extra thread-safety bash tools/thread_safety.sh
   echo "== clang-tidy (.clang-tidy)"
