@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "libs/model/tokenizer.h"
 
 namespace rlfleet::controller {
@@ -66,7 +68,8 @@ v1::GenerateBatchRequest Request(uint32_t samples, uint32_t max_new_tokens) {
   p->set_prompt_id("p");
   p->set_group_id("g");
   p->set_task("mul");
-  for (int32_t t : *Tokenizer::EncodePrompt("mul:37*4")) p->add_prompt_token_ids(t);
+  const std::vector<int32_t> prompt = *Tokenizer::EncodePrompt("mul:37*4");  // (not a range over a temporary)
+  for (int32_t t : prompt) p->add_prompt_token_ids(t);
   return r;
 }
 
