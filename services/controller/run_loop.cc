@@ -114,12 +114,33 @@ absl::Status RolloutAndScore(const LoopConfig& config, const std::atomic<bool>& 
   return absl::OkStatus();
 }
 
-// Why the buffer took none of a step's experiences: the first reasons it gave.
-std::string PutRefusal(const v1::PutExperiencesResponse& r) {
-  std::string why =
-      absl::StrCat("the buffer accepted none of them (", r.duplicates(), " duplicates, ", r.rejected(), " rejected");
-  if (r.rejections_size() > 0) absl::StrAppend(&why, "; first: ", r.rejections(0).ShortDebugString());
-  return why + ")";
+// Puts experiences into the buffer (UNAVAILABLE retried as RetryUnavailable does) and
+// returns how many it stored: those it accepted, and its duplicates when an earlier
+// attempt may have stored them (a retry of this put, or `earlier_attempt`: a resumed
+// run's first step). FAILED_PRECONDITION with the buffer's first reasons when it stored
+// none. *reply: the buffer's last answer.
+absl::StatusOr<uint64_t> StoreExperiences(const LoopConfig& config, const std::atomic<bool>& stop, BufferPeer& buffer,
+                                          const v1::PutExperiencesRequest& put, bool earlier_attempt,
+                                          v1::PutExperiencesResponse* reply) {
+  bool retried = false;
+  RETURN_IF_ERROR(common::Annotate(RetryUnavailable(
+                                       config, stop,
+                                       [&] {
+                                         reply->Clear();
+                                         return buffer.PutExperiences(put, reply);
+                                       },
+                                       &retried),
+                                   "PutExperiences"));
+  const uint64_t stored = reply->accepted() + (retried || earlier_attempt ? reply->duplicates() : 0);
+  if (stored == 0 && put.experiences_size() > 0) {
+    const v1::PutExperiencesResponse& r = *reply;
+    std::string why =
+        absl::StrCat("the buffer accepted none of them (", r.duplicates(), " duplicates, ", r.rejected(), " rejected");
+    if (r.rejections_size() > 0) absl::StrAppend(&why, "; first: ", r.rejections(0).ShortDebugString());
+    return absl::FailedPreconditionError(
+        absl::StrCat("PutExperiences: ", put.experiences_size(), " experiences, ", why, ")"));
+  }
+  return stored;
 }
 
 uint64_t VersionOf(const v1::GenerateBatchResponse& r) {
@@ -289,25 +310,16 @@ absl::Status StreamSteps(const StreamContext& c, LoopProgress& progress, int& ch
       v1::PutExperiencesRequest put;
       v1::PutExperiencesResponse put_reply;
       double reward_sum = 0;
-      bool retried = false;
+      uint64_t stored = 0;
       absl::Status s = RolloutAndScore(config, c.stop, c.rollout, c.reward, c.source, examples, config.samples,
                                        static_cast<float>(config.temperature), seed, absl::StrCat(c.tag, "-g", begin),
                                        &generated, &scored, static_cast<int>(count));
       if (s.ok()) {
         reward_sum = ScoredExperiences(config, generated, scored, &put);
-        s = common::Annotate(RetryUnavailable(
-                                 config, c.stop,
-                                 [&] {
-                                   put_reply.Clear();
-                                   return c.buffer.PutExperiences(put, &put_reply);
-                                 },
-                                 &retried),
-                             "PutExperiences");
-      }
-      const uint64_t stored = put_reply.accepted() + (retried ? put_reply.duplicates() : 0);
-      if (s.ok() && stored == 0 && put.experiences_size() > 0) {
-        s = absl::FailedPreconditionError(
-            absl::StrCat("PutExperiences: ", put.experiences_size(), " experiences, ", PutRefusal(put_reply)));
+        absl::StatusOr<uint64_t> stored_or =
+            StoreExperiences(config, c.stop, c.buffer, put, /*earlier_attempt=*/false, &put_reply);
+        s = stored_or.status();
+        if (s.ok()) stored = *stored_or;
       }
       absl::MutexLock lock(&mu);
       if (!s.ok()) {
@@ -692,24 +704,12 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     v1::PutExperiencesRequest put;
     const double reward_sum = ScoredExperiences(config, generated, scored, &put);
     v1::PutExperiencesResponse put_reply;
-    bool put_retried = false;
-    RETURN_IF_ERROR(at_step(common::Annotate(RetryUnavailable(
-                                                 config, stop,
-                                                 [&] {
-                                                   put_reply.Clear();
-                                                   return buffer.PutExperiences(put, &put_reply);
-                                                 },
-                                                 &put_retried),
-                                             "PutExperiences")));
     // Duplicates of a retried put, or of a resumed run's first step, are this step's
     // own experiences stored by the earlier attempt.
-    const bool again = put_retried || (step == first_step && config.resume.has_value());
-    const uint64_t stored = put_reply.accepted() + (again ? put_reply.duplicates() : 0);
-    progress.accepted_experiences += stored;
-    if (stored == 0 && put.experiences_size() > 0) {
-      return at_step(absl::FailedPreconditionError(
-          absl::StrCat("PutExperiences: ", put.experiences_size(), " experiences, ", PutRefusal(put_reply))));
-    }
+    absl::StatusOr<uint64_t> stored = StoreExperiences(
+        config, stop, buffer, put, /*earlier_attempt=*/step == first_step && config.resume.has_value(), &put_reply);
+    if (!stored.ok()) return at_step(stored.status());
+    progress.accepted_experiences += *stored;
     // Whether this step's batch can teach anything: TrainStep's UNAVAILABLE then means
     // the trainer (or its buffer) is unreachable, not "nothing to learn". A resumed
     // step's stored batch may have been trained already: its UNAVAILABLE is idle.
