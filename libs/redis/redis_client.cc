@@ -180,7 +180,8 @@ bool Client::SendLocked(const std::vector<std::vector<absl::string_view>>& comma
   return true;
 }
 
-absl::StatusOr<std::vector<Reply>> Client::RunLocked(const std::vector<std::vector<absl::string_view>>& commands) {
+absl::StatusOr<std::vector<Reply>> Client::SendAndReadLocked(
+    const std::vector<std::vector<absl::string_view>>& commands) {
   // A connection Redis closed while it sat idle (Redis restarted) is found before
   // anything is sent on it and dialled again: that resend is safe, nothing of this call
   // reached Redis. Once a byte is sent, a failure is returned and never resent: Redis
@@ -229,17 +230,66 @@ absl::StatusOr<std::vector<Reply>> Client::RunLocked(const std::vector<std::vect
     replies.push_back(Convert(r));
     freeReplyObject(r);
   }
-  for (size_t i = 0; i < replies.size(); ++i) {
-    // EXEC answers with an array of the queued commands' replies: an error among them
-    // (e.g. WRONGTYPE at exec time) fails the call like a top-level error reply.
-    if (const Reply* error = FirstError(replies[i]); error != nullptr) {
-      return absl::InternalError(absl::StrCat("Redis error: ", error->str));
-    }
-    if (replies[i].is_nil() && !commands[i].empty() && absl::EqualsIgnoreCase(commands[i][0], "EXEC")) {
-      return absl::AbortedError("Redis aborted the transaction (EXEC answered nil)");
-    }
-  }
   return replies;
+}
+
+absl::StatusOr<std::vector<Reply>> Client::RunLocked(const std::vector<std::vector<absl::string_view>>& commands) {
+  ASSIGN_OR_RETURN(std::vector<Reply> replies, SendAndReadLocked(commands));
+  for (size_t i = 0; i < replies.size(); ++i) RETURN_IF_ERROR(ReplyError(commands[i], replies[i]));
+  return replies;
+}
+
+absl::Status Client::ReplyError(const std::vector<absl::string_view>& argv, const Reply& reply) {
+  // EXEC answers with an array of the queued commands' replies: an error among them
+  // (e.g. WRONGTYPE at exec time) fails the call like a top-level error reply.
+  if (const Reply* error = FirstError(reply); error != nullptr) {
+    return absl::InternalError(absl::StrCat("Redis error: ", error->str));
+  }
+  if (reply.is_nil() && !argv.empty() && absl::EqualsIgnoreCase(argv[0], "EXEC")) {
+    return absl::AbortedError("Redis aborted the transaction (EXEC answered nil)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Reply> Client::CommandCombined(const std::vector<std::string>& argv) {
+  Combined me{&argv};
+  combine_mu_.Lock();
+  pending_.push_back(&me);
+  for (;;) {
+    auto turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(combine_mu_) { return me.done || !combining_; };
+    combine_mu_.Await(absl::Condition(&turn));
+    if (me.done) break;
+    // This caller leads: every command pending now (its own among them) goes to Redis in
+    // one pipeline while the next ones queue behind it. The others wait in Await, so the
+    // argv each points to stays alive.
+    combining_ = true;
+    std::vector<Combined*> batch;
+    batch.swap(pending_);
+    combine_mu_.Unlock();
+    std::vector<std::vector<absl::string_view>> commands;
+    commands.reserve(batch.size());
+    for (const Combined* c : batch) commands.emplace_back(c->argv->begin(), c->argv->end());
+    absl::StatusOr<std::vector<Reply>> replies;
+    {
+      absl::MutexLock lock(&mu_);
+      replies = SendAndReadLocked(commands);
+    }
+    combine_mu_.Lock();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!replies.ok()) {
+        batch[i]->reply = replies.status();
+      } else if (absl::Status error = ReplyError(commands[i], (*replies)[i]); !error.ok()) {
+        batch[i]->reply = error;
+      } else {
+        batch[i]->reply = std::move((*replies)[i]);
+      }
+      batch[i]->done = true;
+    }
+    combining_ = false;
+  }
+  absl::StatusOr<Reply> reply = std::move(me.reply);
+  combine_mu_.Unlock();
+  return reply;
 }
 
 bool Client::IdleConnectionAliveLocked() {

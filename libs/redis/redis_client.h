@@ -70,13 +70,33 @@ class Client {
   // the call).
   absl::StatusOr<std::vector<Reply>> PipelineViews(const std::vector<std::vector<absl::string_view>>& commands);
 
+  // Command, combined with the commands other threads issue meanwhile: while one
+  // pipeline is at Redis the next callers queue, and the first of them takes them all in
+  // the next pipeline, so N concurrent callers cost about one round trip, not N in turn
+  // (the registry's heartbeats from thousands of replicas). Each caller gets its own
+  // reply, or its own error reply as INTERNAL; a connection failure or timeout fails
+  // every command of that pipeline, as for Pipeline.
+  absl::StatusOr<Reply> CommandCombined(const std::vector<std::string>& argv);
+
   std::string address() const;
 
  private:
+  // A caller's command waiting in CommandCombined.
+  struct Combined {
+    const std::vector<std::string>* argv;
+    absl::StatusOr<Reply> reply = absl::UnknownError("not sent");
+    bool done = false;
+  };
+
   Client(std::string host, int port, absl::Duration timeout);
   absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<Reply>> RunLocked(const std::vector<std::vector<absl::string_view>>& commands)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RunLocked without looking into the replies (error replies are returned as replies).
+  absl::StatusOr<std::vector<Reply>> SendAndReadLocked(const std::vector<std::vector<absl::string_view>>& commands)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An error reply (also inside EXEC's array) as INTERNAL; EXEC's nil as ABORTED.
+  static absl::Status ReplyError(const std::vector<absl::string_view>& argv, const Reply& reply);
   // Encodes and sends `commands` on the connection; false if it broke (errno says why),
   // with `*sent` the bytes that went out before.
   bool SendLocked(const std::vector<std::vector<absl::string_view>>& commands, size_t* sent)
@@ -92,6 +112,11 @@ class Client {
   absl::Mutex mu_;
   redisContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string headers_ ABSL_GUARDED_BY(mu_);  // RESP framing and small arguments, reused
+
+  // CommandCombined's queue. Taken before mu_, never while holding it.
+  absl::Mutex combine_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<Combined*> pending_ ABSL_GUARDED_BY(combine_mu_);
+  bool combining_ ABSL_GUARDED_BY(combine_mu_) = false;  // a pipeline of them is at Redis
 };
 
 }  // namespace rlfleet::redis

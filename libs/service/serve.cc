@@ -2,12 +2,24 @@
 
 #include <iostream>
 
+#include "absl/flags/flag.h"
+#include "absl/synchronization/mutex.h"
 #include "libs/gpu/nvml.h"
 #include "libs/metrics/metrics.h"
+
+ABSL_FLAG(bool, mutex_deadlock_checks, false,
+          "check absl::Mutex lock order at run time (a debugging aid: it costs every nested lock)");
 
 namespace rlfleet::service {
 
 absl::StatusOr<rpc::ServerOptions> ServerOptionsFromFlags() {
+  // absl's lock-order checking is a debugging aid absl leaves off in release builds;
+  // Debian builds its absl with it on, and then every lock taken while another is held
+  // records an edge in a global graph (a twentieth of a busy controller's CPU under
+  // loadtest/control_plane). The services run without it; tests keep it.
+  if (!absl::GetFlag(FLAGS_mutex_deadlock_checks)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   absl::StatusOr<rpc::ServerOptions> options = rpc::ServerOptionsFromFlags();
   if (options.ok()) options->advertise_route_to = registry::RegistryAddressFromFlags();
   return options;

@@ -206,7 +206,8 @@ TrainerCore::TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* bu
       device_(std::move(device)),
       checkpoint_root_(std::move(checkpoint_root)),
       // The optimizer's two moments and step counts, plus headers, at most.
-      max_checkpoint_file_bytes_(2 * model::F32ImageBytesBound(static_cast<uint64_t>(policy_->num_parameters())) +
+      num_parameters_(policy_->num_parameters()),
+      max_checkpoint_file_bytes_(2 * model::F32ImageBytesBound(static_cast<uint64_t>(num_parameters_)) +
                                  (uint64_t{1} << 20)),
       group_(group),
       step_metric_(metrics::Global().AddHistogram("rlfleet_trainer_step_seconds",
@@ -514,7 +515,7 @@ absl::Status TrainerCore::GetState(v1::GetStateResponse* response) {
   mc->set_n_layers(c.n_layers);
   mc->set_n_heads(c.n_heads);
   mc->set_max_seq_len(c.max_seq_len);
-  mc->set_num_parameters(policy_->num_parameters());
+  mc->set_num_parameters(num_parameters_);  // (counting walks every parameter: not per call)
   response->mutable_config()->set_device(device_);
   *response->mutable_last_metrics() = last_;
   return absl::OkStatus();

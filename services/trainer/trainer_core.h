@@ -200,6 +200,7 @@ class TrainerCore {
   BufferSource* const buffer_;
   const std::string device_;
   const std::filesystem::path checkpoint_root_;               // absolute; empty: no checkpoints
+  const int64_t num_parameters_;                              // the policy's (its shape never changes)
   const uint64_t max_checkpoint_file_bytes_;                  // (from the model's size)
   std::filesystem::path tokenizer_dir_ ABSL_GUARDED_BY(mu_);  // --model_dir: its tokenizer files go into checkpoints
   std::deque<UnackedLease> unacked_ ABSL_GUARDED_BY(mu_);

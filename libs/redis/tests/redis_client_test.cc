@@ -105,6 +105,39 @@ TEST_F(RedisClientTest, AnErrorInsideExecFailsTheWholeCall) {
   EXPECT_EQ((*ok)[3].elements[1].str, "w");
 }
 
+// Commands from many threads at once, combined into shared pipelines, each get their
+// own reply in their own order; an error reply fails only the command that caused it.
+TEST_F(RedisClientTest, CombinedCommandsEachGetTheirOwnReply) {
+  const std::string text = prefix_ + "combined-text";
+  ASSERT_TRUE(client_->Command({"SET", text, "not a number"}).ok());
+  constexpr int kThreads = 16, kEach = 200;
+  std::atomic<int> wrong{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string key = absl::StrCat(prefix_, "combined-", t);
+      int64_t expected = 0;
+      for (int i = 0; i < kEach; ++i) {
+        if (i % 50 == 7) {  // an error reply for this caller only
+          auto bad = client_->CommandCombined({"INCR", text});
+          if (bad.status().code() == absl::StatusCode::kInternal) ++errors;
+          continue;
+        }
+        auto r = client_->CommandCombined({"INCR", key});
+        if (!r.ok() || r->type != Reply::Type::kInteger || r->integer != ++expected) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(errors.load(), kThreads * (kEach / 50));
+  for (int t = 0; t < kThreads; ++t) {
+    auto r = client_->Command({"GET", absl::StrCat(prefix_, "combined-", t)});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->str, absl::StrCat(kEach - kEach / 50)) << t;
+  }
+}
+
 // A Redis of the test's own making on a loopback port, serving one connection at a time
 // (the next is accepted once the previous one is closed): PING answers +PONG; every
 // other command is counted and, unless `answer` says so, left unanswered (a Redis that

@@ -95,9 +95,12 @@ absl::StatusOr<HeartbeatResult> RedisRegistry::Heartbeat(absl::string_view repli
   // Admission depends on the role, which the script does not know: rollout replicas
   // need a version > 0, others were admitted at registration already.
   const bool admitted_now = version.version() > 0;
-  ASSIGN_OR_RETURN(Reply reply, client_->Command({"EVAL", kHeartbeatScript, "1", Key(replica_id), std::string(lease_id),
-                                                  absl::StrCat(now), load.SerializeAsString(),
-                                                  version.SerializeAsString(), admitted_now ? "1" : "0"}));
+  // Combined: thousands of replicas heartbeat one controller; concurrent heartbeats
+  // share one round trip to Redis instead of queueing for the connection one by one.
+  ASSIGN_OR_RETURN(Reply reply,
+                   client_->CommandCombined({"EVAL", kHeartbeatScript, "1", Key(replica_id), std::string(lease_id),
+                                             absl::StrCat(now), load.SerializeAsString(), version.SerializeAsString(),
+                                             admitted_now ? "1" : "0"}));
   if (reply.type != Reply::Type::kArray || reply.elements.empty() || reply.elements[0].integer == 0 ||
       reply.elements.size() < 3) {
     return absl::NotFoundError(

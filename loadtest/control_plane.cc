@@ -1,0 +1,792 @@
+// The control plane under open-loop load (issue 22, item 5).
+//
+//   bazel run -c opt //loadtest:control_plane [-- --repeats=3]
+//
+// In one process: the real services (reward, buffer with its Redis store, trainer,
+// rollout with a tiny policy, the controller's registry on Redis) and bare gRPC echo
+// servers of the same services answering canned replies of the same shapes. For each
+// RPC (rollout Generate, reward Score, buffer PutExperiences and StreamExperiences,
+// trainer GetState, registry Heartbeat) it finds the highest arrival rate each target
+// sustains (open loop: every call OK, answers keeping up, p99 under --max_p99), echo and
+// service alternately, and prints service / echo. Then one controller with Redis holds
+// heartbeats from --replicas simulated replicas at their real period (TTL / 3) and
+// reports the rate, the latencies and how many are still live.
+//
+// The last line is `control_plane_qps_ratio_vs_echo=R`, the lowest ratio over the RPCs.
+// Tables (Markdown, CSV of every level) and a plot (gnuplot, when installed) go to
+// --out.* (relative paths resolve in the workspace under `bazel run`).
+#include <grpcpp/grpcpp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "bench/cpu_model.h"
+#include "libs/common/clock.h"
+#include "libs/model/test_util.h"
+#include "libs/model/tokenizer.h"
+#include "libs/registry/registry.h"
+#include "libs/rpc/server_runner.h"
+#include "loadtest/echo_services.h"
+#include "loadtest/open_loop.h"
+#include "services/buffer/buffer_core.h"
+#include "services/buffer/buffer_service.h"
+#include "services/buffer/buffer_store.h"
+#include "services/controller/controller_core.h"
+#include "services/controller/controller_service.h"
+#include "services/reward/reward_core.h"
+#include "services/reward/reward_service.h"
+#include "services/rollout/rollout_core.h"
+#include "services/rollout/rollout_service.h"
+#include "services/trainer/trainer_core.h"
+#include "services/trainer/trainer_service.h"
+#include "tests/util/redis_for_test.h"
+
+ABSL_FLAG(std::string, rpcs, "Generate,Score,PutExperiences,StreamExperiences,GetState,Heartbeat",
+          "the RPCs to measure, comma-separated");
+ABSL_FLAG(double, level_seconds, 2, "how long each offered rate runs");
+ABSL_FLAG(absl::Duration, max_p99, absl::Milliseconds(50), "a rate is sustained only with p99 at most this");
+ABSL_FLAG(double, start_qps, 500, "the first rate each search offers");
+ABSL_FLAG(int, repeats, 1, "searches per target and RPC (echo and service alternate); the median counts");
+ABSL_FLAG(int, channels, 2, "client channels (each its own connection), used in turn");
+ABSL_FLAG(int, replicas, 10000, "simulated replicas heartbeating one controller (0: skip)");
+ABSL_FLAG(absl::Duration, heartbeat_duration, absl::Seconds(20), "how long the simulated replicas heartbeat");
+ABSL_FLAG(std::string, buffer_store, "redis", "the real buffer's store: redis or memory");
+ABSL_FLAG(int, generate_tokens, 1,
+          "tokens each Generate call decodes (the tiny policy, ignore_eos); 1 keeps the model's share small: "
+          "decode speed is bench/rollout_tokens' subject");
+ABSL_FLAG(std::string, out, "bench/results/control_plane", "prefix of the output files (.md, .csv, .png)");
+
+namespace rlfleet::loadtest {
+namespace {
+
+constexpr auto kCallDeadline = std::chrono::seconds(10);
+constexpr int kGroupSize = 8;
+
+using Channels = std::vector<std::shared_ptr<grpc::Channel>>;
+
+Channels Connect(const std::string& address, int n) {
+  Channels channels;
+  for (int i = 0; i < n; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection per channel
+    args.SetMaxReceiveMessageSize(64 << 20);
+    channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+  return channels;
+}
+
+template <typename Service>
+std::vector<std::shared_ptr<typename Service::Stub>> Stubs(const Channels& channels) {
+  std::vector<std::shared_ptr<typename Service::Stub>> stubs;
+  for (const auto& c : channels) stubs.push_back(Service::NewStub(c));
+  return stubs;
+}
+
+// Starts one unary call: `invoke(context, response, callback)` calls the stub's async
+// method; `keep` (the request) lives until the call ends.
+// An OK reply that `good` refuses ends the call as kBadReply.
+template <typename Response, typename Keep, typename Invoke>
+void StartUnary(
+    std::shared_ptr<Keep> keep, Invoke invoke, Done done,
+    bool (*good)(const Response&) = [](const Response&) { return true; }) {
+  struct Call {
+    grpc::ClientContext context;
+    Response response;
+    std::shared_ptr<Keep> keep;
+    Done done;
+    bool (*good)(const Response&);
+  };
+  auto* call = new Call;
+  call->keep = std::move(keep);
+  call->done = std::move(done);
+  call->good = good;
+  call->context.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  invoke(&call->context, &call->response, [call](const grpc::Status& status) {
+    int code = status.error_code();
+    if (code == 0 && !call->good(call->response)) code = kBadReply;
+    call->done(code);
+    delete call;
+  });
+}
+
+// --- Message shapes -------------------------------------------------------------------
+
+std::vector<int32_t> PromptTokens(const std::string& prompt) {
+  auto ids = model::Tokenizer::EncodePrompt(prompt);
+  if (!ids.ok()) {
+    std::fprintf(stderr, "cannot encode %s: %s\n", prompt.c_str(), ids.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *ids;
+}
+
+// A GRPO group as a producer sends it: 8 scored experiences, 16 prompt and 32 response
+// tokens each, ids unique per `serial`.
+std::vector<v1::Experience> Group(int64_t serial) {
+  std::vector<v1::Experience> group;
+  const std::string gid = absl::StrCat("lt-", serial);
+  for (int k = 0; k < kGroupSize; ++k) {
+    v1::Experience e;
+    e.mutable_experience_id()->set_value(absl::StrCat(gid, ":", k));
+    e.set_prompt_id(gid);
+    e.set_group_id(gid);
+    e.set_task("reverse");
+    for (int t = 0; t < 16; ++t) e.add_prompt_token_ids(3 + t % 10);
+    for (int t = 0; t < 32; ++t) {
+      e.add_response_token_ids(3 + (t * 7 + k) % 10);
+      e.add_response_logprobs(-0.25f - 0.01f * static_cast<float>(t));
+      e.add_token_policy_versions(1);
+    }
+    e.set_reward(k % 2 == 0 ? 1.0f : 0.0f);
+    (*e.mutable_reward_components())["exact"] = e.reward();
+    e.set_finish_reason(v1::FINISH_REASON_STOP);
+    e.set_created_at_unix_ms(1700000000000);
+    group.push_back(std::move(e));
+  }
+  return group;
+}
+
+v1::ScoreRequest ScoreShape() {
+  v1::ScoreRequest r;
+  for (int k = 0; k < kGroupSize; ++k) {
+    v1::ScoreItem* item = r.add_items();
+    item->set_item_id(absl::StrCat("lt-score:", k));
+    item->set_task("reverse");
+    item->set_prompt_text("reverse:48213");
+    item->set_response_text(k % 2 == 0 ? "31284" : "31248");
+  }
+  return r;
+}
+
+v1::GenerateRequest GenerateShape(int tokens) {
+  v1::GenerateRequest r;
+  r.set_request_id("lt-generate");
+  r.set_prompt_id("reverse:48213");
+  r.set_task("reverse");
+  for (int32_t id : PromptTokens("reverse:48213")) r.add_prompt_token_ids(id);
+  r.mutable_sampling()->set_temperature(1.0f);
+  r.mutable_sampling()->set_max_new_tokens(tokens);
+  r.mutable_sampling()->set_ignore_eos(true);
+  r.set_num_samples(1);
+  return r;
+}
+
+// --- Callers (the same for the service and its echo) ---------------------------------
+
+IssueFn ScoreCalls(const Channels& channels) {
+  auto stubs = Stubs<v1::RewardService>(channels);
+  auto request = std::make_shared<const v1::ScoreRequest>(ScoreShape());
+  return [stubs, request](int64_t i, Done done) {
+    auto* stub = stubs[i % stubs.size()].get();
+    StartUnary<v1::ScoreResponse>(
+        request, [&](auto* c, auto* r, auto cb) { stub->async()->Score(c, request.get(), r, std::move(cb)); },
+        std::move(done));
+  };
+}
+
+std::atomic<int64_t> next_group{0};
+
+IssueFn PutCalls(const Channels& channels) {
+  auto stubs = Stubs<v1::BufferService>(channels);
+  return [stubs](int64_t i, Done done) {
+    auto request = std::make_shared<v1::PutExperiencesRequest>();
+    for (v1::Experience& e : Group(next_group.fetch_add(1))) *request->add_experiences() = std::move(e);
+    request->set_producer_id("loadtest");
+    auto* stub = stubs[i % stubs.size()].get();
+    StartUnary<v1::PutExperiencesResponse>(
+        request, [&](auto* c, auto* r, auto cb) { stub->async()->PutExperiences(c, request.get(), r, std::move(cb)); },
+        std::move(done), [](const v1::PutExperiencesResponse& r) { return r.accepted() == kGroupSize; });
+  };
+}
+
+// One StreamExperiences call: a producer streams a group's 8 trajectories, one message
+// each as it finishes, then closes the stream and reads the summed reply.
+class GroupStream : public grpc::ClientWriteReactor<v1::PutExperiencesRequest> {
+ public:
+  GroupStream(v1::BufferService::Stub* stub, Done done) : done_(std::move(done)) {
+    for (v1::Experience& e : Group(next_group.fetch_add(1))) {
+      v1::PutExperiencesRequest m;
+      m.set_producer_id("loadtest");
+      *m.add_experiences() = std::move(e);
+      messages_.push_back(std::move(m));
+    }
+    context_.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+    stub->async()->StreamExperiences(&context_, &reply_, this);
+    Next();
+    StartCall();
+  }
+  void OnWriteDone(bool ok) override {
+    if (ok) Next();  // else OnDone follows with the status
+  }
+  void OnDone(const grpc::Status& status) override {
+    int code = status.error_code();
+    if (code == 0 && reply_.accepted() != kGroupSize) code = kBadReply;
+    done_(code);
+    delete this;
+  }
+
+ private:
+  void Next() {
+    if (next_ < messages_.size()) {
+      StartWrite(&messages_[next_++]);
+    } else {
+      StartWritesDone();
+    }
+  }
+  grpc::ClientContext context_;
+  v1::PutExperiencesResponse reply_;
+  std::vector<v1::PutExperiencesRequest> messages_;
+  size_t next_ = 0;
+  Done done_;
+};
+
+IssueFn StreamCalls(const Channels& channels) {
+  auto stubs = Stubs<v1::BufferService>(channels);
+  return [stubs](int64_t i, Done done) { new GroupStream(stubs[i % stubs.size()].get(), std::move(done)); };
+}
+
+IssueFn GetStateCalls(const Channels& channels) {
+  auto stubs = Stubs<v1::TrainerService>(channels);
+  auto request = std::make_shared<const v1::GetStateRequest>();
+  return [stubs, request](int64_t i, Done done) {
+    auto* stub = stubs[i % stubs.size()].get();
+    StartUnary<v1::GetStateResponse>(
+        request, [&](auto* c, auto* r, auto cb) { stub->async()->GetState(c, request.get(), r, std::move(cb)); },
+        std::move(done));
+  };
+}
+
+struct SimulatedReplica {
+  std::string id;
+  std::string lease;
+};
+
+// Heartbeats cycle through `replicas` (a heartbeat of an unknown lease is NOT_FOUND).
+IssueFn HeartbeatCalls(const Channels& channels, std::shared_ptr<const std::vector<SimulatedReplica>> replicas) {
+  auto stubs = Stubs<v1::RegistryService>(channels);
+  auto next = std::make_shared<std::atomic<int64_t>>(0);
+  return [stubs, replicas, next](int64_t i, Done done) {
+    const SimulatedReplica& replica = (*replicas)[next->fetch_add(1) % replicas->size()];
+    auto request = std::make_shared<v1::HeartbeatRequest>();
+    request->set_replica_id(replica.id);
+    request->set_lease_id(replica.lease);
+    request->mutable_load()->set_active_sequences(static_cast<uint32_t>(i % 64));
+    request->mutable_load()->set_utilization(0.5);
+    request->mutable_policy_version()->set_version(1);
+    auto* stub = stubs[i % stubs.size()].get();
+    StartUnary<v1::HeartbeatResponse>(
+        request, [&](auto* c, auto* r, auto cb) { stub->async()->Heartbeat(c, request.get(), r, std::move(cb)); },
+        std::move(done), [](const v1::HeartbeatResponse& r) { return r.admitted(); });
+  };
+}
+
+// One Generate call: reads the stream to its end.
+class GenerateReader : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  GenerateReader(v1::RolloutService::Stub* stub, std::shared_ptr<const v1::GenerateRequest> request, Done done)
+      : request_(std::move(request)), done_(std::move(done)) {
+    context_.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+    stub->async()->Generate(&context_, request_.get(), this);
+    StartRead(&message_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (message_.has_finished()) finished_ = true;
+    StartRead(&message_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    int code = status.error_code();
+    if (code == 0 && !finished_) code = kBadReply;  // OK without the sample's end
+    done_(code);
+    delete this;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::shared_ptr<const v1::GenerateRequest> request_;
+  v1::GenerateResponse message_;
+  bool finished_ = false;
+  Done done_;
+};
+
+IssueFn GenerateCalls(const Channels& channels, int tokens) {
+  auto stubs = Stubs<v1::RolloutService>(channels);
+  auto request = std::make_shared<const v1::GenerateRequest>(GenerateShape(tokens));
+  return [stubs, request](int64_t i, Done done) {
+    new GenerateReader(stubs[i % stubs.size()].get(), request, std::move(done));
+  };
+}
+
+// --- The services ---------------------------------------------------------------------
+
+void Check(const absl::Status& s, const std::string& what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "%s: %s\n", what.c_str(), s.ToString().c_str());
+  std::exit(1);
+}
+
+// The fleet's real services on one server, and their echoes on another.
+struct Fleet {
+  std::unique_ptr<registry::Registry> registry;
+  std::unique_ptr<controller::ControllerCore> controller;
+  std::unique_ptr<buffer::BufferStore> store;
+  std::unique_ptr<buffer::BufferCore> buffer;
+  std::unique_ptr<reward::RewardCore> reward;
+  std::unique_ptr<trainer::TrainerCore> trainer;
+  std::unique_ptr<rollout::RolloutCore> rollout;
+  std::vector<std::unique_ptr<grpc::Service>> services;
+  std::unique_ptr<rpc::ServerRunner> server;
+
+  EchoReplies replies;
+  std::vector<std::unique_ptr<grpc::Service>> echo_services;
+  std::unique_ptr<rpc::ServerRunner> echo_server;
+
+  // The trainer's side of the buffer: samples complete groups and acks them, as a
+  // trainer would, so that Puts never meet a full buffer.
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> consumed_groups{0};
+  std::thread consumer;
+
+  ~Fleet() {
+    stop = true;
+    if (consumer.joinable()) consumer.join();
+    if (server) server->Shutdown();
+    if (echo_server) echo_server->Shutdown();
+  }
+};
+
+std::unique_ptr<Fleet> StartFleet(int redis_port) {
+  auto fleet = std::make_unique<Fleet>();
+  common::Clock* clock = common::Clock::Real();
+  const std::string prefix = absl::StrCat("rlfleet-loadtest-", getpid());
+  auto reg = registry::OpenRegistry(absl::StrCat("redis://127.0.0.1:", redis_port, "/", prefix, "-registry:"), clock);
+  Check(reg.status(), "registry");
+  fleet->registry = std::move(*reg);
+  fleet->controller = std::make_unique<controller::ControllerCore>(fleet->registry.get(), clock);
+
+  const std::string store_kind = absl::GetFlag(FLAGS_buffer_store);
+  if (store_kind == "redis") {
+    auto store = buffer::OpenBufferStore(absl::StrCat("redis://127.0.0.1:", redis_port, "/", prefix, "-buffer:"));
+    Check(store.status(), "buffer store");
+    fleet->store = std::move(*store);
+  } else if (store_kind != "memory") {
+    Check(absl::InvalidArgumentError("--buffer_store must be redis or memory, got " + store_kind), "flags");
+  }
+  fleet->buffer = std::make_unique<buffer::BufferCore>(clock, fleet->store.get());
+  v1::ConfigureRequest configure;
+  configure.set_group_size(kGroupSize);
+  configure.set_max_staleness(4);
+  configure.set_capacity_bytes(uint64_t{2} << 30);
+  v1::ConfigureResponse configured;
+  Check(fleet->buffer->Configure(configure, &configured), "buffer Configure");
+
+  fleet->reward = std::make_unique<reward::RewardCore>();
+  auto trainer = trainer::TrainerCore::Create(model::TinyConfig(), "cpu", 1);
+  Check(trainer.status(), "trainer");
+  fleet->trainer = std::move(*trainer);
+  auto rollout = rollout::RolloutCore::Create(model::TinyConfig(64), "cpu");
+  Check(rollout.status(), "rollout");
+  fleet->rollout = std::move(*rollout);
+  Check(fleet->rollout->InstallInitial(1), "rollout InstallInitial");
+
+  rpc::ServerOptions options;
+  options.host = "127.0.0.1";
+  fleet->server = std::make_unique<rpc::ServerRunner>(options);
+  fleet->services.push_back(std::make_unique<reward::RewardServiceImpl>(fleet->reward.get(), rpc::CallAuth{}));
+  fleet->services.push_back(std::make_unique<buffer::BufferServiceImpl>(fleet->buffer.get(), rpc::CallAuth{}));
+  fleet->services.push_back(std::make_unique<trainer::TrainerServiceImpl>(fleet->trainer.get(), rpc::CallAuth{}));
+  fleet->services.push_back(std::make_unique<rollout::RolloutServiceImpl>(fleet->rollout.get(), rpc::CallAuth{}));
+  fleet->services.push_back(
+      std::make_unique<controller::RegistryServiceImpl>(fleet->controller.get(), rpc::CallAuth{}));
+  for (auto& s : fleet->services) fleet->server->AddService(s.get());
+  Check(fleet->server->Start(), "server");
+
+  fleet->consumer = std::thread([f = fleet.get()] {
+    while (!f->stop) {
+      v1::SampleBatchRequest sample;
+      sample.set_num_groups(256);
+      sample.set_min_groups(1);
+      sample.set_current_policy_version(1);
+      sample.set_wait_ms(50);
+      sample.set_consumer_id("loadtest-trainer");
+      v1::SampleBatchResponse batch;
+      absl::Status s = f->buffer->SampleBatch(sample, &batch);
+      if (!s.ok() || batch.lease_id().empty()) continue;
+      v1::AckBatchRequest ack;
+      ack.set_lease_id(batch.lease_id());
+      v1::AckBatchResponse acked;
+      if (f->buffer->Ack(ack, &acked).ok()) f->consumed_groups += batch.groups_size();
+    }
+  });
+  return fleet;
+}
+
+// Records each RPC's reply from the real service (one call each) and starts the echo
+// server that answers with them.
+void StartEcho(Fleet* fleet, const Channels& real, int generate_tokens, const std::vector<SimulatedReplica>& replicas) {
+  EchoReplies& r = fleet->replies;
+  {
+    grpc::ClientContext c;
+    Check(absl::Status(static_cast<absl::StatusCode>(
+                           v1::RewardService::NewStub(real[0])->Score(&c, ScoreShape(), &r.score).error_code()),
+                       "Score"),
+          "recording Score");
+  }
+  {
+    v1::PutExperiencesRequest put;
+    for (v1::Experience& e : Group(next_group.fetch_add(1))) *put.add_experiences() = std::move(e);
+    grpc::ClientContext c;
+    grpc::Status s = v1::BufferService::NewStub(real[0])->PutExperiences(&c, put, &r.put);
+    Check(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()), "recording Put");
+    if (r.put.accepted() != kGroupSize) Check(absl::InternalError(r.put.DebugString()), "recording Put");
+    r.stream = r.put;
+  }
+  {
+    grpc::ClientContext c;
+    grpc::Status s = v1::TrainerService::NewStub(real[0])->GetState(&c, v1::GetStateRequest(), &r.get_state);
+    Check(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()), "recording GetState");
+  }
+  if (!replicas.empty()) {
+    v1::HeartbeatRequest h;
+    h.set_replica_id(replicas[0].id);
+    h.set_lease_id(replicas[0].lease);
+    h.mutable_policy_version()->set_version(1);
+    grpc::ClientContext c;
+    grpc::Status s = v1::RegistryService::NewStub(real[0])->Heartbeat(&c, h, &r.heartbeat);
+    Check(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()), "recording Heartbeat");
+  }
+  {
+    grpc::ClientContext c;
+    auto reader = v1::RolloutService::NewStub(real[0])->Generate(&c, GenerateShape(generate_tokens));
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) r.generate.push_back(m);
+    grpc::Status s = reader->Finish();
+    Check(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()), "recording Generate");
+  }
+
+  rpc::ServerOptions options;
+  options.host = "127.0.0.1";
+  fleet->echo_server = std::make_unique<rpc::ServerRunner>(options);
+  fleet->echo_services.push_back(std::make_unique<EchoReward>(&r));
+  fleet->echo_services.push_back(std::make_unique<EchoBuffer>(&r));
+  fleet->echo_services.push_back(std::make_unique<EchoTrainer>(&r));
+  fleet->echo_services.push_back(std::make_unique<EchoRollout>(&r));
+  fleet->echo_services.push_back(std::make_unique<EchoRegistry>(&r));
+  for (auto& s : fleet->echo_services) fleet->echo_server->AddService(s.get());
+  Check(fleet->echo_server->Start(), "echo server");
+}
+
+// Registers `n` simulated rollout replicas (8 callers at once), each with a verified
+// version so that it is admitted, under leases of `ttl`.
+std::vector<SimulatedReplica> RegisterReplicas(const Channels& channels, int n, absl::Duration ttl) {
+  std::vector<SimulatedReplica> replicas(n);
+  absl::Mutex mu;
+  int failed = 0;
+  std::string first_error;
+  std::atomic<int> next{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = v1::RegistryService::NewStub(channels[t % channels.size()]);
+      for (int i = next++; i < n; i = next++) {
+        v1::RegisterRequest request;
+        v1::ReplicaInfo* info = request.mutable_replica();
+        info->set_replica_id(absl::StrFormat("rollout-sim-%05d", i));
+        info->set_role(v1::REPLICA_ROLE_ROLLOUT);
+        info->set_grpc_address(absl::StrCat("rollout-sim-", i, ".fleet.invalid:7100"));
+        info->mutable_policy_version()->set_version(1);
+        request.set_ttl_ms(absl::ToInt64Milliseconds(ttl));
+        v1::RegisterResponse response;
+        grpc::ClientContext c;
+        c.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+        const grpc::Status st = stub->Register(&c, request, &response);
+        absl::MutexLock lock(&mu);
+        if (!st.ok()) {
+          if (failed++ == 0) first_error = st.error_message();
+          continue;
+        }
+        replicas[i] = {info->replica_id(), response.lease_id()};
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (failed > 0) Check(absl::InternalError(absl::StrCat(failed, " registrations failed: ", first_error)), "register");
+  return replicas;
+}
+
+double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+std::string Errors(const std::map<std::string, int64_t>& errors) {
+  std::vector<std::string> parts;
+  for (const auto& [name, n] : errors) parts.push_back(absl::StrCat(name, " ", n));
+  return parts.empty() ? "none" : absl::StrJoin(parts, ", ");
+}
+
+struct RpcTarget {
+  std::string rpc;
+  IssueFn service;
+  IssueFn echo;
+};
+
+struct Measured {
+  std::string rpc;
+  std::vector<double> echo_qps, service_qps;
+  LevelResult echo_at, service_at;                // at capacity, the last repeat's
+  std::map<std::string, int64_t> service_errors;  // over the levels that failed
+  std::map<std::string, int64_t> echo_errors;
+  double ratio() const {
+    const double e = Median(echo_qps);
+    return e > 0 ? Median(service_qps) / e : 0;
+  }
+};
+
+// Where --out's relative paths resolve: the workspace under `bazel run`.
+std::string OutPrefix() {
+  std::string out = absl::GetFlag(FLAGS_out);
+  const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  if (!out.empty() && out[0] != '/' && workspace != nullptr) out = absl::StrCat(workspace, "/", out);
+  return out;
+}
+
+// Runs gnuplot (no shell) on `script`; false when it is not installed or fails.
+bool RunGnuplot(const std::string& script) {
+  if (access("/usr/bin/gnuplot", X_OK) != 0) return false;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/usr/bin/gnuplot", "gnuplot", script.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+int Main() {
+  // As the services' mains run them (libs/service: --mutex_deadlock_checks=false).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  const std::string cpu = bench::CpuModel();
+  std::printf("control plane load test on %s\n", cpu.c_str());
+  auto redis_port = testing::RedisPortForTest();
+  Check(redis_port.status(), "redis-server");
+  std::unique_ptr<Fleet> fleet = StartFleet(*redis_port);
+  const int nch = std::max(1, absl::GetFlag(FLAGS_channels));
+  const Channels real = Connect(fleet->server->address(), nch);
+  std::printf("services on %s (buffer store: %s, Redis on 127.0.0.1:%d)\n", fleet->server->address().c_str(),
+              absl::GetFlag(FLAGS_buffer_store).c_str(), *redis_port);
+
+  // One controller holding heartbeats from many replicas at their real period.
+  const int n_replicas = absl::GetFlag(FLAGS_replicas);
+  std::string heartbeat_line;
+  LevelResult beats;
+  int64_t live = -1;
+  double register_qps = 0;
+  if (n_replicas > 0) {
+    const absl::Duration ttl = registry::kDefaultTtl;
+    const absl::Time t0 = absl::Now();
+    std::vector<SimulatedReplica> replicas = RegisterReplicas(real, n_replicas, ttl);
+    register_qps = n_replicas / absl::ToDoubleSeconds(absl::Now() - t0);
+    const absl::Duration period = ttl / 3;  // the registrar's heartbeat interval
+    LevelOptions level;
+    level.qps = n_replicas / absl::ToDoubleSeconds(period);
+    level.duration = absl::GetFlag(FLAGS_heartbeat_duration);
+    std::printf("%d simulated replicas registered (%.0f/s); heartbeating every %s for %s: %.0f/s\n", n_replicas,
+                register_qps, absl::FormatDuration(period).c_str(), absl::FormatDuration(level.duration).c_str(),
+                level.qps);
+    std::fflush(stdout);
+    beats = RunLevel(level, HeartbeatCalls(real, std::make_shared<const std::vector<SimulatedReplica>>(replicas)));
+    live = 0;
+    auto stub = v1::RegistryService::NewStub(real[0]);
+    v1::ListReplicasRequest list;
+    list.set_role(v1::REPLICA_ROLE_ROLLOUT);
+    list.set_only_admitted(true);
+    list.mutable_page()->set_page_size(1000);
+    for (;;) {
+      v1::ListReplicasResponse page;
+      grpc::ClientContext c;
+      const grpc::Status st = stub->ListReplicas(&c, list, &page);
+      Check(absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message()), "ListReplicas");
+      live += page.replicas_size();
+      if (page.next_page_token().empty()) break;
+      list.mutable_page()->set_page_token(page.next_page_token());
+    }
+    heartbeat_line = absl::StrFormat(
+        "%d replicas: %.0f heartbeats/s offered, %.0f/s answered OK; p50 %.2f ms, p99 %.2f ms, p999 %.2f ms, "
+        "max %.2f ms; errors: %s; %d of %d admitted replicas live after",
+        n_replicas, beats.offered_qps, beats.achieved_qps, Ms(beats.p50), Ms(beats.p99), Ms(beats.p999), Ms(beats.max),
+        Errors(beats.errors), live, n_replicas);
+    std::printf("%s\n", heartbeat_line.c_str());
+  }
+  // The capacity searches heartbeat far more slowly per replica than the real period:
+  // leases long enough that none expires meanwhile.
+  std::vector<SimulatedReplica> search_replicas = RegisterReplicas(real, std::max(1000, n_replicas), registry::kMaxTtl);
+  StartEcho(fleet.get(), real, absl::GetFlag(FLAGS_generate_tokens), search_replicas);
+  const Channels echo = Connect(fleet->echo_server->address(), nch);
+  auto shared_replicas = std::make_shared<const std::vector<SimulatedReplica>>(std::move(search_replicas));
+
+  std::vector<RpcTarget> targets;
+  const int tokens = absl::GetFlag(FLAGS_generate_tokens);
+  for (absl::string_view rpc : absl::StrSplit(absl::GetFlag(FLAGS_rpcs), ',', absl::SkipEmpty())) {
+    if (rpc == "Generate") {
+      targets.push_back({"Generate", GenerateCalls(real, tokens), GenerateCalls(echo, tokens)});
+    } else if (rpc == "Score") {
+      targets.push_back({"Score", ScoreCalls(real), ScoreCalls(echo)});
+    } else if (rpc == "PutExperiences") {
+      targets.push_back({"PutExperiences", PutCalls(real), PutCalls(echo)});
+    } else if (rpc == "StreamExperiences") {
+      targets.push_back({"StreamExperiences", StreamCalls(real), StreamCalls(echo)});
+    } else if (rpc == "GetState") {
+      targets.push_back({"GetState", GetStateCalls(real), GetStateCalls(echo)});
+    } else if (rpc == "Heartbeat") {
+      targets.push_back({"Heartbeat", HeartbeatCalls(real, shared_replicas), HeartbeatCalls(echo, shared_replicas)});
+    } else {
+      Check(absl::InvalidArgumentError(absl::StrCat("--rpcs: unknown RPC `", rpc, "`")), "flags");
+    }
+  }
+
+  const std::string out = OutPrefix();
+  std::ofstream csv(out + ".csv");
+  csv << "rpc,target,repeat,offered_qps,achieved_qps,p50_ms,p99_ms,p999_ms,errors,sustained\n";
+  std::map<std::string, std::vector<LevelResult>> curves;  // "rpc/target" -> levels
+  SearchOptions search;
+  search.start_qps = absl::GetFlag(FLAGS_start_qps);
+  search.level_duration = absl::Seconds(absl::GetFlag(FLAGS_level_seconds));
+  search.max_p99 = absl::GetFlag(FLAGS_max_p99);
+  std::vector<Measured> measured;
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  for (const RpcTarget& target : targets) {
+    Measured m;
+    m.rpc = target.rpc;
+    for (int r = 0; r < repeats; ++r) {
+      for (const bool is_echo : {true, false}) {
+        const std::string who = is_echo ? "echo" : "service";
+        SearchOptions options = search;
+        options.on_level = [&](const LevelResult& level, bool ok) {
+          std::printf("  %-17s %-7s offered %8.0f/s answered %8.0f/s  p50 %7.2f ms  p99 %7.2f ms  errors: %s%s\n",
+                      target.rpc.c_str(), who.c_str(), level.offered_qps, level.achieved_qps, Ms(level.p50),
+                      Ms(level.p99), Errors(level.errors).c_str(), ok ? "" : "  (not sustained)");
+          std::fflush(stdout);
+          csv << absl::StrFormat("%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%d,%d\n", target.rpc, who, r, level.offered_qps,
+                                 level.achieved_qps, Ms(level.p50), Ms(level.p99), Ms(level.p999), level.error_count(),
+                                 ok ? 1 : 0);
+          curves[target.rpc + "/" + who].push_back(level);
+          if (!ok) {
+            for (const auto& [name, n] : level.errors) (is_echo ? m.echo_errors : m.service_errors)[name] += n;
+          }
+        };
+        const SearchResult found = SearchCapacity(options, is_echo ? target.echo : target.service);
+        (is_echo ? m.echo_qps : m.service_qps).push_back(found.capacity_qps);
+        (is_echo ? m.echo_at : m.service_at) = found.at_capacity;
+        std::printf("%s %s: %.0f calls/s sustained\n", target.rpc.c_str(), who.c_str(), found.capacity_qps);
+      }
+    }
+    std::printf("%s: service / echo = %.3f\n", m.rpc.c_str(), m.ratio());
+    measured.push_back(std::move(m));
+  }
+
+  // The table.
+  double lowest = measured.empty() ? 0 : 1e9;
+  std::string lowest_rpc;
+  std::ofstream md(out + ".md");
+  md << "# Control plane under open-loop load\n\n"
+     << "`bazel run -c opt //loadtest:control_plane` on " << cpu << ", "
+     << absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::Now(), absl::UTCTimeZone()) << ". Client, services and "
+     << "echo share this machine. Capacity: the highest arrival rate with every call OK, answers >= 95% of the "
+     << "offered rate and p99 <= " << absl::FormatDuration(search.max_p99) << " (" << repeats
+     << " search(es) each, median; levels of " << absl::GetFlag(FLAGS_level_seconds)
+     << " s). Buffer store: " << absl::GetFlag(FLAGS_buffer_store)
+     << ". Generate: the tiny policy (d_model 32, 2 layers), " << tokens << " tokens per call.\n\n"
+     << "| RPC | echo calls/s | service calls/s | service / echo | service p50 / p99 / p999 at capacity (ms) "
+        "| echo p99 (ms) | errors above capacity (service) |\n"
+     << "|---|---:|---:|---:|---|---:|---|\n";
+  for (const Measured& m : measured) {
+    md << absl::StrFormat("| %s | %.0f | %.0f | %.3f | %.2f / %.2f / %.2f | %.2f | %s |\n", m.rpc, Median(m.echo_qps),
+                          Median(m.service_qps), m.ratio(), Ms(m.service_at.p50), Ms(m.service_at.p99),
+                          Ms(m.service_at.p999), Ms(m.echo_at.p99), Errors(m.service_errors));
+    if (m.ratio() < lowest) {
+      lowest = m.ratio();
+      lowest_rpc = m.rpc;
+    }
+  }
+  if (!heartbeat_line.empty()) {
+    md << "\nOne controller, registry on Redis, " << heartbeat_line
+       << ". Registration: " << absl::StrFormat("%.0f", register_qps) << " replicas/s.\n";
+  }
+  md << "\ncontrol_plane_qps_ratio_vs_echo=" << absl::StrFormat("%.3f", lowest) << " (" << lowest_rpc << ")\n";
+  md.close();
+
+  // The plot: p99 against the offered rate, echo and service, one panel per RPC.
+  std::ofstream dat(out + "_levels.dat");
+  for (const Measured& m : measured) {
+    for (const char* who : {"echo", "service"}) {
+      std::vector<LevelResult> levels = curves[m.rpc + "/" + who];
+      std::sort(levels.begin(), levels.end(),
+                [](const LevelResult& a, const LevelResult& b) { return a.offered_qps < b.offered_qps; });
+      dat << "# " << m.rpc << " " << who << "\n";
+      for (const LevelResult& l : levels) {
+        dat << absl::StrFormat("%.1f %.3f %.1f\n", l.offered_qps, std::max(0.001, Ms(l.p99)), l.achieved_qps);
+      }
+      dat << "\n\n";
+    }
+  }
+  dat.close();
+  const int panels = static_cast<int>(measured.size());
+  std::ofstream gp(out + ".gp");
+  gp << "set terminal pngcairo size 1500," << (panels > 3 ? 900 : 450) << "\n"
+     << "set output '" << out << ".png'\n"
+     << "set multiplot layout " << (panels > 3 ? 2 : 1) << "," << std::min(3, std::max(1, panels)) << "\n"
+     << "set logscale xy\nset xlabel 'offered calls/s'\nset ylabel 'p99 ms'\nset key top left\n"
+     << "set arrow from graph 0, first " << Ms(search.max_p99) << " to graph 1, first " << Ms(search.max_p99)
+     << " nohead dt 2\n";
+  for (int i = 0; i < panels; ++i) {
+    gp << "set title '" << measured[i].rpc << "'\n"
+       << "plot '" << out << "_levels.dat' index " << 2 * i << " using 1:2 with linespoints title 'echo', '' index "
+       << 2 * i + 1 << " using 1:2 with linespoints title 'service'\n";
+  }
+  gp << "unset multiplot\n";
+  gp.close();
+  const bool plotted = panels > 0 && RunGnuplot(out + ".gp");
+
+  std::printf("\ntable: %s.md, levels: %s.csv%s\n", out.c_str(), out.c_str(),
+              plotted ? absl::StrCat(", plot: ", out, ".png").c_str() : " (no plot: gnuplot missing or failed)");
+  if (!heartbeat_line.empty()) std::printf("heartbeats: %s\n", heartbeat_line.c_str());
+  for (const Measured& m : measured) {
+    std::printf("%-17s echo %8.0f/s  service %8.0f/s  ratio %.3f\n", m.rpc.c_str(), Median(m.echo_qps),
+                Median(m.service_qps), m.ratio());
+  }
+  std::printf("buffer consumer acked %lld groups\n", static_cast<long long>(fleet->consumed_groups.load()));
+  std::printf("control_plane_qps_ratio_vs_echo=%.3f\n", lowest);
+  return 0;
+}
+
+}  // namespace
+}  // namespace rlfleet::loadtest
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return rlfleet::loadtest::Main();
+}
