@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::redis {
@@ -90,6 +92,11 @@ Client::Client(std::string host, int port, absl::Duration timeout)
     : host_(std::move(host)), port_(port), timeout_(timeout) {}
 
 Client::~Client() {
+  {
+    absl::MutexLock lock(&async_mu_);
+    stopping_ = true;
+  }
+  if (io_thread_.joinable()) io_thread_.join();  // (after answering what was queued)
   absl::MutexLock lock(&mu_);
   if (context_ != nullptr) redisFree(context_);
 }
@@ -251,45 +258,65 @@ absl::Status Client::ReplyError(const std::vector<absl::string_view>& argv, cons
   return absl::OkStatus();
 }
 
+void Client::CommandAsync(std::vector<std::string> argv, std::function<void(absl::StatusOr<Reply>)> done) {
+  {
+    absl::MutexLock lock(&async_mu_);
+    if (!stopping_) {
+      queue_.push_back({std::move(argv), std::move(done)});
+      if (!io_thread_.joinable()) io_thread_ = std::thread([this] { AsyncLoop(); });
+      return;
+    }
+  }
+  done(absl::UnavailableError(absl::StrCat("Redis client for ", address(), " is closing")));
+}
+
 absl::StatusOr<Reply> Client::CommandCombined(const std::vector<std::string>& argv) {
-  Combined me{&argv};
-  combine_mu_.Lock();
-  pending_.push_back(&me);
+  absl::Notification answered;
+  absl::StatusOr<Reply> result;
+  // (no deadline of its own: every pipeline ends within the connection's timeout)
+  CommandAsync(argv, [&](absl::StatusOr<Reply> reply) {
+    result = std::move(reply);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return result;
+}
+
+void Client::AsyncLoop() {
   for (;;) {
-    auto turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(combine_mu_) { return me.done || !combining_; };
-    combine_mu_.Await(absl::Condition(&turn));
-    if (me.done) break;
-    // This caller leads: every command pending now (its own among them) goes to Redis in
-    // one pipeline while the next ones queue behind it. The others wait in Await, so the
-    // argv each points to stays alive.
-    combining_ = true;
-    std::vector<Combined*> batch;
-    batch.swap(pending_);
-    combine_mu_.Unlock();
+    std::vector<Queued> batch;
+    {
+      absl::MutexLock lock(&async_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(async_mu_) { return stopping_ || !queue_.empty(); };
+      async_mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping, and everything queued was answered
+      // Everything queued meanwhile goes in one pipeline (bounded, so that one pipeline
+      // stays well inside the connection's timeout).
+      const size_t n = std::min(queue_.size(), kMaxCombined);
+      batch.reserve(n);
+      for (size_t i = 0; i < n; ++i) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
     std::vector<std::vector<absl::string_view>> commands;
     commands.reserve(batch.size());
-    for (const Combined* c : batch) commands.emplace_back(c->argv->begin(), c->argv->end());
+    for (const Queued& q : batch) commands.emplace_back(q.argv.begin(), q.argv.end());
     absl::StatusOr<std::vector<Reply>> replies;
     {
       absl::MutexLock lock(&mu_);
       replies = SendAndReadLocked(commands);
     }
-    combine_mu_.Lock();
     for (size_t i = 0; i < batch.size(); ++i) {
       if (!replies.ok()) {
-        batch[i]->reply = replies.status();
+        batch[i].done(replies.status());
       } else if (absl::Status error = ReplyError(commands[i], (*replies)[i]); !error.ok()) {
-        batch[i]->reply = error;
+        batch[i].done(error);
       } else {
-        batch[i]->reply = std::move((*replies)[i]);
+        batch[i].done(std::move((*replies)[i]));
       }
-      batch[i]->done = true;
     }
-    combining_ = false;
   }
-  absl::StatusOr<Reply> reply = std::move(me.reply);
-  combine_mu_.Unlock();
-  return reply;
 }
 
 bool Client::IdleConnectionAliveLocked() {

@@ -15,8 +15,11 @@
 #define RLFLEET_LIBS_REDIS_REDIS_CLIENT_H_
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -70,23 +73,26 @@ class Client {
   // the call).
   absl::StatusOr<std::vector<Reply>> PipelineViews(const std::vector<std::vector<absl::string_view>>& commands);
 
-  // Command, combined with the commands other threads issue meanwhile: while one
-  // pipeline is at Redis the next callers queue, and the first of them takes them all in
-  // the next pipeline, so N concurrent callers cost about one round trip, not N in turn
-  // (the registry's heartbeats from thousands of replicas). Each caller gets its own
-  // reply, or its own error reply as INTERNAL; a connection failure or timeout fails
-  // every command of that pipeline, as for Pipeline.
+  // Command without waiting for it: `done` runs once with the reply (or the error, as
+  // Command's), on the client's I/O thread; it must not block, and must not call this
+  // client's blocking methods. The commands queued while one pipeline is at Redis go
+  // together in the next, so N concurrent callers cost about one round trip, not N in
+  // turn (the registry's heartbeats from thousands of replicas). Each gets its own reply
+  // or its own error reply (INTERNAL); a connection failure or timeout fails every
+  // command of its pipeline. After the destructor started: UNAVAILABLE at once.
+  void CommandAsync(std::vector<std::string> argv, std::function<void(absl::StatusOr<Reply>)> done);
+  // CommandAsync, waiting for the reply.
   absl::StatusOr<Reply> CommandCombined(const std::vector<std::string>& argv);
 
   std::string address() const;
 
  private:
-  // A caller's command waiting in CommandCombined.
-  struct Combined {
-    const std::vector<std::string>* argv;
-    absl::StatusOr<Reply> reply = absl::UnknownError("not sent");
-    bool done = false;
+  // A command waiting in CommandAsync's queue.
+  struct Queued {
+    std::vector<std::string> argv;
+    std::function<void(absl::StatusOr<Reply>)> done;
   };
+  static constexpr size_t kMaxCombined = 1024;
 
   Client(std::string host, int port, absl::Duration timeout);
   absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -105,6 +111,8 @@ class Client {
   // nobody asked for), so that it is replaced before anything is sent on it.
   bool IdleConnectionAliveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropConnectionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The I/O thread of CommandAsync: sends what is queued, answers it, until stopping.
+  void AsyncLoop();
 
   const std::string host_;
   const int port_;
@@ -113,10 +121,11 @@ class Client {
   redisContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string headers_ ABSL_GUARDED_BY(mu_);  // RESP framing and small arguments, reused
 
-  // CommandCombined's queue. Taken before mu_, never while holding it.
-  absl::Mutex combine_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  std::vector<Combined*> pending_ ABSL_GUARDED_BY(combine_mu_);
-  bool combining_ ABSL_GUARDED_BY(combine_mu_) = false;  // a pipeline of them is at Redis
+  // CommandAsync's queue and I/O thread (started by the first CommandAsync).
+  absl::Mutex async_mu_;  // (never held with mu_)
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(async_mu_);
+  bool stopping_ ABSL_GUARDED_BY(async_mu_) = false;
+  std::thread io_thread_;  // started under async_mu_; joined by the destructor after stopping_
 };
 
 }  // namespace rlfleet::redis

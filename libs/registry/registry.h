@@ -8,6 +8,7 @@
 #ifndef RLFLEET_LIBS_REGISTRY_REGISTRY_H_
 #define RLFLEET_LIBS_REGISTRY_REGISTRY_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,15 @@ class Registry {
   // unknown or expired (the replica must register again); INVALID_ARGUMENT for bad ids.
   virtual absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
                                                     const v1::LoadStats& load, const v1::PolicyVersion& version) = 0;
+
+  // Heartbeat without blocking the caller (a gRPC handler: thousands of replicas
+  // heartbeat one controller): `done` runs once with the result, on this thread or
+  // another; it must not block. This default answers inline with Heartbeat.
+  using HeartbeatDone = std::function<void(absl::StatusOr<HeartbeatResult>)>;
+  virtual void HeartbeatAsync(absl::string_view replica_id, absl::string_view lease_id, const v1::LoadStats& load,
+                              const v1::PolicyVersion& version, HeartbeatDone done) {
+    done(Heartbeat(replica_id, lease_id, load, version));
+  }
 
   // Removes the registration. Returns false (not an error) if there was none, so that
   // repeating it is safe. INVALID_ARGUMENT for bad ids.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "libs/common/checks.h"
 #include "libs/common/ids.h"
@@ -247,6 +248,46 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& typed, v1::PutExpe
 }
 
 absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response) {
+  absl::Notification answered;
+  absl::Status result;
+  PutAsync(request, response, [&](absl::Status s) {
+    result = std::move(s);
+    answered.Notify();
+  });
+  answered.WaitForNotification();  // (inline without a store; else the store's timeout bounds it)
+  return result;
+}
+
+// What a Put decided under the lock, carried through its store write to the taking.
+struct BufferCore::PutPlan {
+  std::vector<ExperienceFacts> facts;
+  std::vector<std::string> groups;  // (not resized once filled: adding_to_group's keys view them)
+  std::vector<int> accept;
+  absl::flat_hash_map<absl::string_view, Reserved> adding_to_group;
+  uint64_t adding_bytes = 0;
+};
+
+void BufferCore::PutAsync(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response,
+                          std::function<void(absl::Status)> done) {
+  auto plan = std::make_shared<PutPlan>();
+  if (absl::Status s = PlanPut(request, response, plan.get()); !s.ok()) return done(s);
+  if (store_ == nullptr) return done(TakePut(*plan, absl::OkStatus(), 0, request, response));
+  // Stored without the lock and without this thread waiting for it (the store commits
+  // concurrent producers' batches together), then taken under the lock.
+  std::vector<ExperienceBytes> taking;
+  taking.reserve(plan->accept.size());
+  for (int i : plan->accept) taking.push_back({request->experiences(i), plan->facts[i].newest_version});
+  store_->AddedAsync(taking, [this, plan, request, response, done = std::move(done)](absl::StatusOr<uint64_t> added) {
+    if (added.ok()) {
+      (void)store_->Count("dropped_duplicate", response->duplicates());
+      (void)store_->Count("dropped_rejected", response->rejected());
+    }
+    done(TakePut(*plan, added.status(), added.ok() ? *added : 0, request, response));
+  });
+}
+
+absl::Status BufferCore::PlanPut(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response,
+                                 PutPlan* plan) {
   const int n = request->experiences_size();
   if (n == 0) return absl::InvalidArgumentError("experiences is empty");
   if (n > kMaxExperiencesPerPut) {
@@ -257,7 +298,8 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   // sent). Experiences sent by descriptor are fetched first, under one deadline for the
   // request; ids already taken are not fetched (they are duplicates); one that cannot
   // be fetched is rejected and the others go on.
-  std::vector<ExperienceFacts> facts(n);
+  plan->facts.resize(n);
+  std::vector<ExperienceFacts>& facts = plan->facts;
   std::vector<std::string> invalid(n);  // why not, or empty
   thread_local ExperienceReader reader;
   const absl::Time deadline = absl::Now() + (fetcher_ ? fetcher_->options().timeout : absl::ZeroDuration());
@@ -292,10 +334,11 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   ExpireLeasesLocked();
   const uint32_t group_size = config_.group_size();
   // First pass: decide; nothing changes unless the accepted ones fit.
-  std::vector<int> accept;
-  std::vector<std::string> groups(n);
-  absl::flat_hash_map<absl::string_view, Reserved> adding_to_group;
-  uint64_t adding_bytes = 0;
+  std::vector<int>& accept = plan->accept;
+  std::vector<std::string>& groups = plan->groups;
+  groups.resize(n);
+  absl::flat_hash_map<absl::string_view, Reserved>& adding_to_group = plan->adding_to_group;
+  uint64_t& adding_bytes = plan->adding_bytes;
   for (int i = 0; i < n; ++i) {
     const ExperienceFacts& f = facts[i];
     const std::string& id = f.id;
@@ -393,27 +436,17 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
   }
   ++reserving_puts_;
   mu_.Unlock();
+  return absl::OkStatus();
+}
 
-  // Second pass: store them (all or none) without the lock.
-  absl::Status stored;
-  uint64_t segment = 0;
-  if (store_ != nullptr) {
-    std::vector<ExperienceBytes> taking;
-    taking.reserve(accept.size());
-    for (int i : accept) taking.push_back({request->experiences(i), facts[i].newest_version});
-    absl::StatusOr<uint64_t> added = store_->Added(taking);
-    stored = added.status();
-    if (added.ok()) {
-      segment = *added;
-      (void)store_->Count("dropped_duplicate", response->duplicates());
-      (void)store_->Count("dropped_rejected", response->rejected());
-    }
-  }
-
+absl::Status BufferCore::TakePut(PutPlan& plan, const absl::Status& stored, uint64_t segment,
+                                 v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response) {
+  const std::vector<ExperienceFacts>& facts = plan.facts;
+  const std::vector<int>& accept = plan.accept;
   // Third pass: take them (or release the reservation).
   absl::MutexLock lock(&mu_);
-  reserved_bytes_ -= adding_bytes;
-  for (const auto& [group, k] : adding_to_group) {
+  reserved_bytes_ -= plan.adding_bytes;
+  for (const auto& [group, k] : plan.adding_to_group) {
     auto it = reserved_groups_.find(group);
     it->second.bytes -= k.bytes;
     if ((it->second.members -= k.members) == 0) reserved_groups_.erase(it);
@@ -428,7 +461,7 @@ absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExpe
     Member m = MemberOf(facts[i]);
     m.bytes = std::move(*request->mutable_experiences(i));
     m.segment = segment;
-    AddLocked(std::move(m), groups[i], facts[i]);
+    AddLocked(std::move(m), plan.groups[i], facts[i]);
   }
   accepted_total_ += accept.size();
   response->set_accepted(static_cast<uint32_t>(accept.size()));

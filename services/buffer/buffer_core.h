@@ -83,6 +83,12 @@ class BufferCore {
   // of `*request`; on an error nothing is taken and `*request` still holds every experience (remote payloads may have
   // been replaced by the bytes fetched), so it can be retried.
   absl::Status Put(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response);
+  // Put without waiting for the store: `done` runs once with Put's status (`*response`
+  // filled), on this thread or the store's; it must not block. `request` and
+  // `response` must stay alive until then. The gRPC handlers' path: no thread of
+  // theirs waits for Redis.
+  void PutAsync(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response,
+                std::function<void(absl::Status)> done);
   // The same for a typed request (serialized first).
   absl::Status Put(const v1::PutExperiencesRequest& request, v1::PutExperiencesResponse* response);
   // Where remote payloads are fetched from (not owned; null: they are rejected).
@@ -188,6 +194,13 @@ class BufferCore {
     int members = 0;
     uint64_t bytes = 0;
   };
+  struct PutPlan;
+  // Put's first two passes: reads the experiences, decides under the lock and reserves
+  // what it takes (the error, with nothing reserved, when the Put fails as a whole).
+  absl::Status PlanPut(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response, PutPlan* plan);
+  // Its last: releases the reservation and takes the experiences once `stored` is OK.
+  absl::Status TakePut(PutPlan& plan, const absl::Status& stored, uint64_t segment,
+                       v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response);
   absl::flat_hash_map<std::string, Reserved> reserved_groups_ ABSL_GUARDED_BY(mu_);  // group -> being added
   uint64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t accepted_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,8 +1,10 @@
 #include "services/buffer/buffer_service.h"
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
 
-#include <thread>
+#include <atomic>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -23,105 +25,106 @@ void Sum(const v1::PutExperiencesResponse& one, v1::PutExperiencesResponse* tota
   total->set_capacity_bytes(one.capacity_bytes());
 }
 
-// One stream. A detached worker reads messages (StartRead, then OnReadDone) and
-// applies them, reading message i+1 while it applies message i (so the producer's
-// sending overlaps the buffer's durable write); it calls Finish last, with no read
-// outstanding, and touches nothing after; OnDone deletes the reactor.
+// One stream, driven by its callbacks (no thread of its own, none waiting for the
+// store): read a message, apply it (PutAsync), and only then read the next, so a full
+// buffer holds the producer back (flow control). While the buffer is full the message
+// is retried every 100 ms (a gRPC alarm) for up to `full_wait`. Finish is called from
+// that chain only, with no read, Put or alarm outstanding; OnDone deletes the reactor.
 class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   IngestReactor(BufferCore* core, grpc::ByteBuffer* response, absl::Duration full_wait)
       : core_(core), response_(response), full_wait_(full_wait) {
-    std::thread([this] { Run(); }).detach();
+    StartRead(&message_);
   }
   void OnReadDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    reading_ = false;
-    read_ok_ = ok;
+    if (!ok) {  // the producer closed its side (or the call is gone: then Finish goes nowhere)
+      bool own = false;
+      return Finish(grpc::SerializationTraits<v1::PutExperiencesResponse>::Serialize(total_, response_, &own));
+    }
+    request_.Clear();
+    grpc::Status parsed = grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(&message_, &request_);
+    if (!parsed.ok()) {
+      return Finish(rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "message ", index_, " of the stream is not a PutExperiencesRequest: ", parsed.error_message()))));
+    }
+    give_up_ = absl::Now() + full_wait_;
+    Apply();
   }
-  void OnCancel() override {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-  }
+  void OnCancel() override { cancelled_ = true; }
   void OnDone() override { delete this; }
 
  private:
-  void StartReading(grpc::ByteBuffer* into) {
-    absl::MutexLock lock(&mu_);
-    reading_ = true;
-    StartRead(into);
+  void Apply() {
+    one_.Clear();
+    core_->PutAsync(&request_, &one_, [this](absl::Status s) { Applied(s); });
   }
-  // Waits for the outstanding read: whether it got a message, and whether the call
-  // was cancelled.
-  std::pair<bool, bool> AwaitRead() {
-    absl::MutexLock lock(&mu_);
-    auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !reading_; };
-    mu_.Await(absl::Condition(&done));
-    return {read_ok_, cancelled_};
-  }
-
-  void Run() {
-    int current = 0;
-    StartReading(&messages_[current]);
-    for (int index = 0;; ++index) {
-      auto [ok, cancelled] = AwaitRead();
-      if (cancelled) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
-      if (!ok) {  // the producer closed its side
-        bool own = false;
-        grpc::Status s = grpc::SerializationTraits<v1::PutExperiencesResponse>::Serialize(total_, response_, &own);
-        return Finish(s);
-      }
-      grpc::Status parsed =
-          grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(&messages_[current], &request_);
-      StartReading(&messages_[1 - current]);  // the next message, while this one is applied
-      absl::Status s =
-          parsed.ok()
-              ? Apply(&request_, index)
-              : absl::InvalidArgumentError(absl::StrCat(
-                    "message ", index, " of the stream is not a PutExperiencesRequest: ", parsed.error_message()));
-      if (!s.ok()) {
-        AwaitRead();  // (Finish with no read outstanding)
-        return Finish(rpc::ToGrpcStatus(s));
-      }
-      current = 1 - current;
+  // Message index_ is applied (OK), or failed: the buffer full (retried until give_up_;
+  // nothing of it was taken) or any other error (ends the stream).
+  void Applied(const absl::Status& s) {
+    if (s.ok()) {
+      Sum(one_, &total_);
+      ++index_;
+      StartRead(&message_);
+      return;
     }
-  }
-
-  // Applies message `index` (its accepted experiences move into the buffer), retrying
-  // while the buffer is full (flow control: at most one more message is read meanwhile).
-  absl::Status Apply(v1::PutExperiencesRequestWire* request, int index) {
-    const absl::Time give_up = absl::Now() + full_wait_;
-    for (;;) {
-      v1::PutExperiencesResponse one;
-      absl::Status s = core_->Put(request, &one);
-      if (s.ok()) {
-        Sum(one, &total_);
-        return s;
-      }
-      if (!absl::IsResourceExhausted(s) || absl::Now() >= give_up) {
-        return absl::Status(s.code(), absl::StrCat("message ", index, " of the stream: ", s.message()));
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        if (mu_.AwaitWithTimeout(absl::Condition(&cancelled_), absl::Milliseconds(100))) {
-          return absl::CancelledError("stream cancelled");
-        }
-      }
+    if (absl::IsResourceExhausted(s) && absl::Now() < give_up_ && !cancelled_) {
+      retry_.Set(std::chrono::system_clock::now() + std::chrono::milliseconds(100), [this](bool) {
+        if (cancelled_) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
+        Apply();
+      });
+      return;
     }
+    Finish(
+        rpc::ToGrpcStatus(absl::Status(s.code(), absl::StrCat("message ", index_, " of the stream: ", s.message()))));
   }
 
   BufferCore* const core_;
   grpc::ByteBuffer* const response_;
   const absl::Duration full_wait_;
+  // One operation at a time touches these (read, Put, alarm: each starts the next).
+  grpc::ByteBuffer message_;
+  v1::PutExperiencesRequestWire request_;  // the message being applied
+  v1::PutExperiencesResponse one_;         // its reply
   v1::PutExperiencesResponse total_;
-  grpc::ByteBuffer messages_[2];
-  v1::PutExperiencesRequestWire request_;  // the message being applied (reused)
-  absl::Mutex mu_;
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;
-  bool read_ok_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int index_ = 0;
+  absl::Time give_up_;
+  grpc::Alarm retry_;
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace
+
+grpc::ServerUnaryReactor* BufferServiceImpl::PutExperiences(grpc::CallbackServerContext* c, const grpc::ByteBuffer* req,
+                                                            grpc::ByteBuffer* resp) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  if (absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "PutExperiences"); !s.ok()) {
+    reactor->Finish(rpc::ToGrpcStatus(s));
+    return reactor;
+  }
+  struct Call {
+    v1::PutExperiencesRequestWire request;
+    v1::PutExperiencesResponse response;
+  };
+  auto call = std::make_shared<Call>();
+  grpc::ByteBuffer copy(*req);  // (Deserialize consumes its buffer; this shares the slices)
+  if (grpc::Status parsed =
+          grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(&copy, &call->request);
+      !parsed.ok()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "request is not a PutExperiencesRequest: " + parsed.error_message()));
+    return reactor;
+  }
+  core_->PutAsync(&call->request, &call->response, [reactor, resp, call](absl::Status status) {
+    if (status.ok()) {
+      bool own = false;
+      grpc::Status s = grpc::SerializationTraits<v1::PutExperiencesResponse>::Serialize(call->response, resp, &own);
+      reactor->Finish(s);
+      return;
+    }
+    reactor->Finish(rpc::ToGrpcStatus(status));
+  });
+  return reactor;
+}
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::StreamExperiences(grpc::CallbackServerContext* c,
                                                                                 grpc::ByteBuffer* resp) {

@@ -1,5 +1,10 @@
 // gRPC adapter for BufferCore (BufferService). Thread-safe.
 //
+// PutExperiences and StreamExperiences are served raw: each message is read as a
+// PutExperiencesRequestWire (the same bytes), so the buffer keeps every experience's
+// bytes as they were sent, and a Put is answered when the store has it, with no gRPC
+// thread waiting for Redis meanwhile.
+//
 // StreamExperiences applies each message as a PutExperiences when read, one message at
 // a time: while the buffer is full (RESOURCE_EXHAUSTED) it retries the message and does
 // not read the next (flow control) for up to `full_wait`, then ends the stream with
@@ -17,7 +22,8 @@
 namespace rlfleet::buffer {
 
 class BufferServiceImpl final
-    : public v1::BufferService::WithRawCallbackMethod_StreamExperiences<v1::BufferService::CallbackService> {
+    : public v1::BufferService::WithRawCallbackMethod_StreamExperiences<
+          v1::BufferService::WithRawCallbackMethod_PutExperiences<v1::BufferService::CallbackService>> {
  public:
   BufferServiceImpl(BufferCore* core, rpc::CallAuth auth, absl::Duration full_wait = absl::Seconds(30))
       : core_(core), auth_(std::move(auth)), full_wait_(full_wait) {}
@@ -25,10 +31,10 @@ class BufferServiceImpl final
   grpc::ServerReadReactor<grpc::ByteBuffer>* StreamExperiences(grpc::CallbackServerContext* c,
                                                                grpc::ByteBuffer* resp) override;
 
-  grpc::ServerUnaryReactor* PutExperiences(grpc::CallbackServerContext* c, const v1::PutExperiencesRequest* req,
-                                           v1::PutExperiencesResponse* resp) override {
-    return rpc::HandleUnary(c, auth_, [&] { return core_->Put(*req, resp); });
-  }
+  // Served raw too (read as a PutExperiencesRequestWire, as the stream is), and answered
+  // when the store has the experiences, without holding a gRPC thread meanwhile.
+  grpc::ServerUnaryReactor* PutExperiences(grpc::CallbackServerContext* c, const grpc::ByteBuffer* req,
+                                           grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* SampleBatch(grpc::CallbackServerContext* c, const v1::SampleBatchRequest* req,
                                         v1::SampleBatchResponse* resp) override {
     // May wait up to wait_ms for groups; the caller's deadline should exceed it.

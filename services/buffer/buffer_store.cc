@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <set>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -12,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "libs/common/status_macros.h"
 #include "libs/redis/redis_client.h"
 #include "services/buffer/experience_reader.h"
@@ -64,48 +68,51 @@ class RedisBufferStore : public BufferStore {
   RedisBufferStore(std::unique_ptr<redis::Client> client, std::string prefix, size_t keep_retired)
       : client_(std::move(client)), prefix_(std::move(prefix)), keep_retired_(std::max<size_t>(1, keep_retired)) {}
 
-  // Group commit (LevelDB's write queue): concurrent callers queue their batches; the
-  // first in the queue writes every queued batch in one MULTI/EXEC round trip and
-  // tells the others. A batch is still all or none (its group is).
+  ~RedisBufferStore() override {
+    {
+      absl::MutexLock lock(&queue_mu_);
+      stopping_ = true;
+    }
+    if (committer_.joinable()) committer_.join();  // (after committing what was queued)
+  }
+
   absl::StatusOr<uint64_t> Added(const std::vector<ExperienceBytes>& experiences) override {
-    if (experiences.empty()) return 0;
-    Writer w;
-    w.count = static_cast<uint32_t>(experiences.size());
+    absl::Notification committed;
+    absl::StatusOr<uint64_t> result;
+    AddedAsync(experiences, [&](absl::StatusOr<uint64_t> segment) {
+      result = segment;
+      committed.Notify();
+    });
+    committed.WaitForNotification();  // (the Redis client's timeout bounds it)
+    return result;
+  }
+
+  // Group commit (LevelDB's write queue, on a thread of its own): callers queue their
+  // batches and return; the committer writes everything queued in one MULTI/EXEC round
+  // trip while the next batches queue behind it, then tells each caller. A batch is
+  // still all or none (its group is). No caller's thread waits for Redis.
+  void AddedAsync(const std::vector<ExperienceBytes>& experiences,
+                  std::function<void(absl::StatusOr<uint64_t>)> done) override {
+    if (experiences.empty()) return done(0);
+    auto w = std::make_unique<Writer>();
+    w->count = static_cast<uint32_t>(experiences.size());
+    w->done = std::move(done);
     size_t total = 0;
     for (const ExperienceBytes& e : experiences) total += e.bytes.size() + 5;
-    w.records.reserve(total);
+    w->records.reserve(total);
     for (const ExperienceBytes& e : experiences) {  // framed outside every lock
-      PutRecord(&w.records, e.bytes);
-      w.newest_version = std::max(w.newest_version, e.newest_version);
+      PutRecord(&w->records, e.bytes);
+      w->newest_version = std::max(w->newest_version, e.newest_version);
     }
-    queue_mu_.Lock();
-    writers_.push_back(&w);
-    auto leader_or_done = [&w, this]()
-                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) { return w.done || writers_.front() == &w; };
-    queue_mu_.Await(absl::Condition(&leader_or_done));
-    if (w.done) {
-      queue_mu_.Unlock();
-      if (!w.status.ok()) return w.status;
-      return w.segment;
+    {
+      absl::MutexLock lock(&queue_mu_);
+      if (!stopping_) {
+        writers_.push_back(std::move(w));
+        if (!committer_.joinable()) committer_ = std::thread([this] { CommitLoop(); });
+        return;
+      }
     }
-    std::vector<Writer*> group;
-    uint64_t bytes = 0;
-    for (Writer* x : writers_) {
-      if (!group.empty() && bytes + x->records.size() > kMaxGroupBytes) break;
-      group.push_back(x);
-      bytes += x->records.size();
-    }
-    queue_mu_.Unlock();
-    absl::StatusOr<uint64_t> segment = Commit(group);
-    queue_mu_.Lock();
-    for (Writer* x : group) {
-      x->status = segment.status();
-      x->segment = segment.ok() ? *segment : 0;
-      x->done = true;
-      writers_.pop_front();
-    }
-    queue_mu_.Unlock();
-    return segment;
+    w->done(absl::UnavailableError("buffer store is closing"));
   }
 
   absl::Status Removed(const std::vector<StoredRef>& refs, const std::string& counter) override {
@@ -281,9 +288,7 @@ class RedisBufferStore : public BufferStore {
     std::string records;  // the experiences, length-prefixed
     uint32_t count = 0;
     uint64_t newest_version = 0;
-    bool done = false;
-    absl::Status status;
-    uint64_t segment = 0;
+    std::function<void(absl::StatusOr<uint64_t>)> done;
   };
   static constexpr uint64_t kMaxGroupBytes = 64 << 20;
   static constexpr uint64_t kSegmentBlock = 1024;
@@ -377,9 +382,29 @@ class RedisBufferStore : public BufferStore {
     return absl::OkStatus();
   }
 
-  // Writes one group's batches as a new segment. Called by the group-commit leader only
-  // (one at a time).
-  absl::StatusOr<uint64_t> Commit(const std::vector<Writer*>& group) {
+  // The committer: takes what is queued (up to kMaxGroupBytes), commits it, answers.
+  void CommitLoop() {
+    for (;;) {
+      std::vector<std::unique_ptr<Writer>> group;
+      {
+        absl::MutexLock lock(&queue_mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) { return stopping_ || !writers_.empty(); };
+        queue_mu_.Await(absl::Condition(&ready));
+        if (writers_.empty()) return;  // stopping, and everything queued was committed
+        uint64_t bytes = 0;
+        while (!writers_.empty() && (group.empty() || bytes + writers_.front()->records.size() <= kMaxGroupBytes)) {
+          bytes += writers_.front()->records.size();
+          group.push_back(std::move(writers_.front()));
+          writers_.pop_front();
+        }
+      }
+      const absl::StatusOr<uint64_t> segment = Commit(group);
+      for (const auto& w : group) w->done(segment);
+    }
+  }
+
+  // Writes one group's batches as a new segment. Called by the committer only.
+  absl::StatusOr<uint64_t> Commit(const std::vector<std::unique_ptr<Writer>>& group) {
     uint64_t segment = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -396,7 +421,7 @@ class RedisBufferStore : public BufferStore {
     uint32_t count = 0;
     uint64_t newest = 0;
     std::vector<std::vector<absl::string_view>> commands = {{"MULTI"}};
-    for (Writer* x : group) {
+    for (const auto& x : group) {
       commands.push_back({"APPEND", key, x->records});
       count += x->count;
       newest = std::max(newest, x->newest_version);
@@ -418,7 +443,9 @@ class RedisBufferStore : public BufferStore {
   const std::string version_key_ = prefix_ + "policy_version";
   const std::string counters_key_ = prefix_ + "counters";
   absl::Mutex queue_mu_;
-  std::deque<Writer*> writers_ ABSL_GUARDED_BY(queue_mu_);
+  std::deque<std::unique_ptr<Writer>> writers_ ABSL_GUARDED_BY(queue_mu_);
+  bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::thread committer_;  // started under queue_mu_; joined by the destructor after stopping_
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, uint32_t> live_ ABSL_GUARDED_BY(mu_);  // segment -> experiences not removed
   std::set<uint64_t> done_ ABSL_GUARDED_BY(mu_);                       // retired segments whose gone logs are kept

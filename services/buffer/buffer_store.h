@@ -10,6 +10,7 @@
 #define RLFLEET_SERVICES_BUFFER_BUFFER_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -60,6 +61,13 @@ class BufferStore {
   // went into (one number for the whole call). UNAVAILABLE if the store cannot be
   // reached: the caller must then not accept them.
   virtual absl::StatusOr<uint64_t> Added(const std::vector<ExperienceBytes>& experiences) = 0;
+  // Added without waiting: `done` runs once with its result, on this thread or the
+  // store's (it must not block); the bytes are copied before this returns. This default
+  // answers inline with Added.
+  virtual void AddedAsync(const std::vector<ExperienceBytes>& experiences,
+                          std::function<void(absl::StatusOr<uint64_t>)> done) {
+    done(Added(experiences));
+  }
   // Forgets experiences, recording why: `counter` is "consumed_total", "dropped_stale"
   // or "dropped_zero_variance" (INVALID_ARGUMENT otherwise); Load counts them there.
   // All or none. Forgetting an experience again (a retry after an error whose write

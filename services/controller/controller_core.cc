@@ -47,6 +47,17 @@ absl::Status ControllerCore::Heartbeat(const v1::HeartbeatRequest& request, v1::
   return absl::OkStatus();
 }
 
+void ControllerCore::HeartbeatAsync(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response,
+                                    std::function<void(absl::Status)> done) {
+  registry_->HeartbeatAsync(request.replica_id(), request.lease_id(), request.load(), request.policy_version(),
+                            [response, done = std::move(done)](absl::StatusOr<registry::HeartbeatResult> result) {
+                              if (!result.ok()) return done(result.status());
+                              response->set_ttl_ms(absl::ToInt64Milliseconds(result->ttl));
+                              response->set_admitted(result->admitted);
+                              done(absl::OkStatus());
+                            });
+}
+
 absl::Status ControllerCore::Deregister(const v1::DeregisterRequest& request, v1::DeregisterResponse* response) {
   ASSIGN_OR_RETURN(bool was_registered, registry_->Deregister(request.replica_id(), request.lease_id()));
   if (was_registered) watch_.NoteDeregistered(request.replica_id());

@@ -4,6 +4,7 @@
 #ifndef RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_
 #define RLFLEET_SERVICES_CONTROLLER_CONTROLLER_CORE_H_
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -43,6 +44,10 @@ class ControllerCore {
   // the field, NOT_FOUND for an expired lease).
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
+  // The same without blocking: `done` runs once (on this thread or the registry's) with
+  // the result, `*response` filled when it is OK. The gRPC handler's path.
+  void HeartbeatAsync(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response,
+                      std::function<void(absl::Status)> done);
   absl::Status Deregister(const v1::DeregisterRequest& request, v1::DeregisterResponse* response);
   absl::Status ListReplicas(const v1::ListReplicasRequest& request, v1::ListReplicasResponse* response);
 

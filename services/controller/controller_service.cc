@@ -98,7 +98,15 @@ grpc::ServerUnaryReactor* RegistryServiceImpl::Register(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* RegistryServiceImpl::Heartbeat(grpc::CallbackServerContext* context,
                                                          const v1::HeartbeatRequest* request,
                                                          v1::HeartbeatResponse* response) {
-  return rpc::HandleUnary(context, auth_, [&] { return core_->Heartbeat(*request, response); });
+  // Answered when the registry has the heartbeat, without holding a gRPC thread meanwhile.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = rpc::Authorize(*context, auth_, rpc::Role::kFleet, "Heartbeat"); !s.ok()) {
+    reactor->Finish(rpc::ToGrpcStatus(s));
+    return reactor;
+  }
+  core_->HeartbeatAsync(*request, response,
+                        [reactor](absl::Status status) { reactor->Finish(rpc::ToGrpcStatus(status)); });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RegistryServiceImpl::Deregister(grpc::CallbackServerContext* context,

@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 
@@ -89,27 +90,42 @@ absl::StatusOr<Lease> RedisRegistry::Register(const v1::ReplicaInfo& replica, ab
 
 absl::StatusOr<HeartbeatResult> RedisRegistry::Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
                                                          const v1::LoadStats& load, const v1::PolicyVersion& version) {
-  RETURN_IF_ERROR(common::ValidateId("replica_id", replica_id));
-  RETURN_IF_ERROR(common::ValidateId("lease_id", lease_id));
+  absl::Notification answered;
+  absl::StatusOr<HeartbeatResult> result;
+  HeartbeatAsync(replica_id, lease_id, load, version, [&](absl::StatusOr<HeartbeatResult> r) {
+    result = std::move(r);
+    answered.Notify();
+  });
+  answered.WaitForNotification();  // (the client's timeout bounds it)
+  return result;
+}
+
+void RedisRegistry::HeartbeatAsync(absl::string_view replica_id, absl::string_view lease_id, const v1::LoadStats& load,
+                                   const v1::PolicyVersion& version, HeartbeatDone done) {
+  for (const auto& [field, id] : {std::pair{"replica_id", replica_id}, std::pair{"lease_id", lease_id}}) {
+    if (absl::Status s = common::ValidateId(field, id); !s.ok()) return done(s);
+  }
   const int64_t now = absl::ToUnixMillis(clock_->Now());
   // Admission depends on the role, which the script does not know: rollout replicas
   // need a version > 0, others were admitted at registration already.
   const bool admitted_now = version.version() > 0;
-  // Combined: thousands of replicas heartbeat one controller; concurrent heartbeats
-  // share one round trip to Redis instead of queueing for the connection one by one.
-  ASSIGN_OR_RETURN(Reply reply,
-                   client_->CommandCombined({"EVAL", kHeartbeatScript, "1", Key(replica_id), std::string(lease_id),
-                                             absl::StrCat(now), load.SerializeAsString(), version.SerializeAsString(),
-                                             admitted_now ? "1" : "0"}));
-  if (reply.type != Reply::Type::kArray || reply.elements.empty() || reply.elements[0].integer == 0 ||
-      reply.elements.size() < 3) {
-    return absl::NotFoundError(
-        absl::StrCat("no live lease ", lease_id, " for replica ", replica_id, " (expired?): register again"));
-  }
-  HeartbeatResult result;
-  result.ttl = absl::Milliseconds(reply.elements[1].integer);
-  result.admitted = reply.elements[2].integer != 0;
-  return result;
+  // Thousands of replicas heartbeat one controller: the heartbeats queued while one
+  // pipeline is at Redis share the next round trip, and no caller's thread waits.
+  client_->CommandAsync(
+      {"EVAL", kHeartbeatScript, "1", Key(replica_id), std::string(lease_id), absl::StrCat(now),
+       load.SerializeAsString(), version.SerializeAsString(), admitted_now ? "1" : "0"},
+      [done = std::move(done), replica = std::string(replica_id),
+       lease = std::string(lease_id)](absl::StatusOr<Reply> reply) {
+        if (!reply.ok()) return done(reply.status());
+        if (reply->type != Reply::Type::kArray || reply->elements.size() < 3 || reply->elements[0].integer == 0) {
+          return done(absl::NotFoundError(
+              absl::StrCat("no live lease ", lease, " for replica ", replica, " (expired?): register again")));
+        }
+        HeartbeatResult result;
+        result.ttl = absl::Milliseconds(reply->elements[1].integer);
+        result.admitted = reply->elements[2].integer != 0;
+        done(result);
+      });
 }
 
 absl::StatusOr<bool> RedisRegistry::Deregister(absl::string_view replica_id, absl::string_view lease_id) {

@@ -36,6 +36,8 @@ class RedisRegistry : public Registry {
   absl::StatusOr<Lease> Register(const v1::ReplicaInfo& replica, absl::Duration ttl) override;
   absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
                                             const v1::LoadStats& load, const v1::PolicyVersion& version) override;
+  void HeartbeatAsync(absl::string_view replica_id, absl::string_view lease_id, const v1::LoadStats& load,
+                      const v1::PolicyVersion& version, HeartbeatDone done) override;
   absl::StatusOr<bool> Deregister(absl::string_view replica_id, absl::string_view lease_id) override;
   absl::StatusOr<std::vector<v1::ReplicaInfo>> List(v1::ReplicaRole role, bool only_admitted) override;
 
