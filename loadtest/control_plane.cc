@@ -281,7 +281,7 @@ struct SimulatedReplica {
 };
 
 // Heartbeats cycle through `replicas` (a heartbeat of an unknown lease is NOT_FOUND).
-IssueFn HeartbeatCalls(const Channels& channels, std::shared_ptr<const std::vector<SimulatedReplica>> replicas) {
+IssueFn HeartbeatCalls(const Channels& channels, std::shared_ptr<std::vector<SimulatedReplica>> replicas) {
   auto stubs = Stubs<v1::RegistryService>(channels);
   auto next = std::make_shared<std::atomic<int64_t>>(0);
   return [stubs, replicas, next](int64_t i, Done done) {
@@ -552,6 +552,7 @@ struct RpcTarget {
   std::string rpc;
   IssueFn service;
   IssueFn echo;
+  std::function<void()> prepare;  // before each search (may be empty)
 };
 
 struct Measured {
@@ -618,7 +619,7 @@ int Main() {
                 register_qps, absl::FormatDuration(period).c_str(), absl::FormatDuration(level.duration).c_str(),
                 level.qps);
     std::fflush(stdout);
-    beats = RunLevel(level, HeartbeatCalls(real, std::make_shared<const std::vector<SimulatedReplica>>(replicas)));
+    beats = RunLevel(level, HeartbeatCalls(real, std::make_shared<std::vector<SimulatedReplica>>(replicas)));
     live = 0;
     auto stub = v1::RegistryService::NewStub(real[0]);
     v1::ListReplicasRequest list;
@@ -642,11 +643,12 @@ int Main() {
     std::printf("%s\n", heartbeat_line.c_str());
   }
   // The capacity searches heartbeat far more slowly per replica than the real period:
-  // leases long enough that none expires meanwhile.
-  std::vector<SimulatedReplica> search_replicas = RegisterReplicas(real, std::max(1000, n_replicas), registry::kMaxTtl);
-  StartEcho(fleet.get(), real, absl::GetFlag(FLAGS_generate_tokens), search_replicas);
+  // leases of the longest TTL, taken again before each search (none expires within one).
+  const int search_replica_count = std::max(1000, n_replicas);
+  auto shared_replicas =
+      std::make_shared<std::vector<SimulatedReplica>>(RegisterReplicas(real, search_replica_count, registry::kMaxTtl));
+  StartEcho(fleet.get(), real, absl::GetFlag(FLAGS_generate_tokens), *shared_replicas);
   const Channels echo = Connect(fleet->echo_server->address(), nch);
-  auto shared_replicas = std::make_shared<const std::vector<SimulatedReplica>>(std::move(search_replicas));
 
   std::vector<RpcTarget> targets;
   const int tokens = absl::GetFlag(FLAGS_generate_tokens);
@@ -662,7 +664,10 @@ int Main() {
     } else if (rpc == "GetState") {
       targets.push_back({"GetState", GetStateCalls(real), GetStateCalls(echo)});
     } else if (rpc == "Heartbeat") {
-      targets.push_back({"Heartbeat", HeartbeatCalls(real, shared_replicas), HeartbeatCalls(echo, shared_replicas)});
+      targets.push_back({"Heartbeat", HeartbeatCalls(real, shared_replicas), HeartbeatCalls(echo, shared_replicas),
+                         [&real, shared_replicas, search_replica_count] {
+                           *shared_replicas = RegisterReplicas(real, search_replica_count, registry::kMaxTtl);
+                         }});
     } else {
       Check(absl::InvalidArgumentError(absl::StrCat("--rpcs: unknown RPC `", rpc, "`")), "flags");
     }
@@ -684,11 +689,21 @@ int Main() {
     for (int r = 0; r < repeats; ++r) {
       for (const bool is_echo : {true, false}) {
         const std::string who = is_echo ? "echo" : "service";
+        if (target.prepare) target.prepare();
+        // Generate: how busy the rollout's scheduler was in model steps during each level
+        // (LoadStats.utilization, measured since the previous GetInfo).
+        const bool model_bound = target.rpc == "Generate" && !is_echo;
+        auto busy = [&] {
+          v1::GetInfoResponse info;
+          return fleet->rollout->GetInfo(&info).ok() ? info.load().utilization() : -1.0;
+        };
+        if (model_bound) busy();
         SearchOptions options = search;
         options.on_level = [&](const LevelResult& level, bool ok) {
-          std::printf("  %-17s %-7s offered %8.0f/s answered %8.0f/s  p50 %7.2f ms  p99 %7.2f ms  errors: %s%s\n",
+          const std::string note = model_bound ? absl::StrFormat("  rollout busy %.0f%%", 100 * busy()) : "";
+          std::printf("  %-17s %-7s offered %8.0f/s answered %8.0f/s  p50 %7.2f ms  p99 %7.2f ms  errors: %s%s%s\n",
                       target.rpc.c_str(), who.c_str(), level.offered_qps, level.achieved_qps, Ms(level.p50),
-                      Ms(level.p99), Errors(level.errors).c_str(), ok ? "" : "  (not sustained)");
+                      Ms(level.p99), Errors(level.errors).c_str(), note.c_str(), ok ? "" : "  (not sustained)");
           std::fflush(stdout);
           csv << absl::StrFormat("%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%d,%d\n", target.rpc, who, r, level.offered_qps,
                                  level.achieved_qps, Ms(level.p50), Ms(level.p99), Ms(level.p999), level.error_count(),
@@ -739,7 +754,8 @@ int Main() {
   md << "\ncontrol_plane_qps_ratio_vs_echo=" << absl::StrFormat("%.3f", lowest) << " (" << lowest_rpc << ")\n";
   md.close();
 
-  // The plot: p99 against the offered rate, echo and service, one panel per RPC.
+  // The plot: p99 against the offered rate (the mean where repeats offered one rate
+  // twice), echo and service, one panel per RPC.
   std::ofstream dat(out + "_levels.dat");
   for (const Measured& m : measured) {
     for (const char* who : {"echo", "service"}) {
@@ -764,8 +780,9 @@ int Main() {
      << " nohead dt 2\n";
   for (int i = 0; i < panels; ++i) {
     gp << "set title '" << measured[i].rpc << "'\n"
-       << "plot '" << out << "_levels.dat' index " << 2 * i << " using 1:2 with linespoints title 'echo', '' index "
-       << 2 * i + 1 << " using 1:2 with linespoints title 'service'\n";
+       << "plot '" << out << "_levels.dat' index " << 2 * i
+       << " using 1:2 smooth unique with linespoints title 'echo', '' index " << 2 * i + 1
+       << " using 1:2 smooth unique with linespoints title 'service'\n";
   }
   gp << "unset multiplot\n";
   gp.close();
