@@ -174,7 +174,7 @@ absl::Status BufferCore::Configure(const v1::ConfigureRequest& request, v1::Conf
   RETURN_IF_ERROR(ValidConfig(request));
   absl::MutexLock lock(&mu_);
   if (request.group_size() != config_.group_size() &&
-      (!filling_.empty() || !ready_.empty() || !leases_.empty() || reserving_puts_ > 0)) {
+      (!filling_.empty() || !ready_.empty() || !leases_.empty() || !acking_.empty() || reserving_puts_ > 0)) {
     return absl::FailedPreconditionError("group_size cannot change while experiences are held");
   }
   v1::ConfigureRequest next = request;
@@ -225,6 +225,11 @@ absl::Status BufferCore::ForgetLocked(const std::vector<const Group*>& groups, c
     }
     RETURN_IF_ERROR(store_->Removed(refs, counter));
   }
+  RememberRemovedLocked(groups);
+  return absl::OkStatus();
+}
+
+void BufferCore::RememberRemovedLocked(const std::vector<const Group*>& groups) {
   // A removed id stays a duplicate for a while (a producer's retry, a resumed run's
   // step), not for ever: the newest remembered_removed_ids_ of them (every id held is
   // one too). Before, every id ever taken stayed in memory: a 30-minute soak grew the
@@ -236,7 +241,6 @@ absl::Status BufferCore::ForgetLocked(const std::vector<const Group*>& groups, c
     seen_.erase(removed_ids_.front());
     removed_ids_.pop_front();
   }
-  return absl::OkStatus();
 }
 
 absl::Status BufferCore::Put(const v1::PutExperiencesRequest& typed, v1::PutExperiencesResponse* response) {
@@ -614,44 +618,66 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request, v1::
 
 absl::Status BufferCore::Ack(const v1::AckBatchRequest& request, v1::AckBatchResponse* response) {
   if (request.lease_id().empty()) return absl::InvalidArgumentError("lease_id is empty");
+  const std::string& lease_id = request.lease_id();
   absl::MutexLock lock(&mu_);
+  auto not_acking = [this, &lease_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return acking_.count(lease_id) == 0; };
+  mu_.Await(absl::Condition(&not_acking));  // (a retried Ack of one being recorded)
   ExpireLeasesLocked();
-  if (acked_leases_.count(request.lease_id())) {
+  if (acked_leases_.count(lease_id)) {
     response->set_already_acked(true);
     return absl::OkStatus();
   }
-  auto it = leases_.find(request.lease_id());
+  auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     return absl::NotFoundError(
-        absl::StrCat("lease `", request.lease_id(), "` is unknown or expired (its groups are back in the buffer)"));
+        absl::StrCat("lease `", lease_id, "` is unknown or expired (its groups are back in the buffer)"));
   }
-  {
-    std::vector<const Group*> groups;
-    for (const auto& [id, group] : it->second.groups) groups.push_back(&group);
-    if (absl::Status s = ForgetLocked(groups, "consumed_total"); !s.ok()) {
-      return absl::UnavailableError(absl::StrCat("cannot record the ack durably (lease still open): ", s.message()));
+  // The consumption is recorded in the store without the lock (Puts and samples go on
+  // meanwhile): the lease is out of leases_ (no expiry touches it) and back in if the
+  // write fails.
+  LeaseState lease = std::move(it->second);
+  leases_.erase(it);
+  std::vector<const Group*> groups;
+  for (const auto& [id, group] : lease.groups) groups.push_back(&group);
+  if (store_ != nullptr) {
+    std::vector<StoredRef> refs;
+    for (const Group* g : groups) {
+      for (const Member& m : g->members) refs.push_back({m.segment, m.id});
+    }
+    acking_.insert(lease_id);
+    mu_.Unlock();
+    const absl::Status stored = store_->Removed(refs, "consumed_total");
+    mu_.Lock();
+    acking_.erase(lease_id);
+    if (!stored.ok()) {
+      leases_.emplace(lease_id, std::move(lease));
+      return absl::UnavailableError(
+          absl::StrCat("cannot record the ack durably (lease still open): ", stored.message()));
     }
   }
+  RememberRemovedLocked(groups);
   uint32_t consumed = 0;
-  for (auto& [id, group] : it->second.groups) {
+  for (auto& [id, group] : lease.groups) {
     consumed += group.members.size();
     bytes_ -= group.bytes;
   }
   consumed_total_ += consumed;
   response->set_consumed_experiences(consumed);
-  acked_leases_.insert(request.lease_id());
-  acked_order_.push_back(request.lease_id());
+  acked_leases_.insert(lease_id);
+  acked_order_.push_back(lease_id);
   if (acked_order_.size() > kRememberedAckedLeases) {  // (a late second ack of an old lease is NOT_FOUND)
     acked_leases_.erase(acked_order_.front());
     acked_order_.pop_front();
   }
-  leases_.erase(it);
   return absl::OkStatus();
 }
 
 absl::Status BufferCore::Nack(const v1::NackBatchRequest& request, v1::NackBatchResponse* response) {
   if (request.lease_id().empty()) return absl::InvalidArgumentError("lease_id is empty");
   absl::MutexLock lock(&mu_);
+  auto not_acking = [this, &request]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return acking_.count(request.lease_id()) == 0; };
+  mu_.Await(absl::Condition(&not_acking));  // (its Ack decides: acked, or still open)
   ExpireLeasesLocked();
   if (acked_leases_.count(request.lease_id())) {
     return absl::FailedPreconditionError(

@@ -165,6 +165,8 @@ class BufferCore {
   // Forgets a group's members in the store, counting them under `counter`.
   absl::Status ForgetLocked(const std::vector<const Group*>& groups, const std::string& counter)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The part of ForgetLocked after the store: removed ids stay duplicates for a while.
+  void RememberRemovedLocked(const std::vector<const Group*>& groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A remote payload's bytes into `out` (checked: the experience `sent` claims to be);
   // empty on success, else why not.
@@ -182,6 +184,9 @@ class BufferCore {
   std::deque<std::pair<std::string, Group>> ready_ ABSL_GUARDED_BY(mu_);  // complete groups
   std::map<std::string, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> acked_leases_ ABSL_GUARDED_BY(mu_);  // (the newest kRememberedAckedLeases)
+  // Leases whose ack is being recorded in the store (out of leases_ meanwhile, without
+  // the lock held: Puts and samples go on); an Ack or Nack of one waits for it.
+  std::set<std::string> acking_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> acked_order_ ABSL_GUARDED_BY(mu_);
   static constexpr size_t kRememberedAckedLeases = 4096;
   std::deque<std::string> removed_ids_ ABSL_GUARDED_BY(mu_);  // consumed or dropped, oldest first

@@ -2,6 +2,7 @@
 
 #include <grpcpp/create_channel.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <thread>
 
@@ -389,6 +390,66 @@ TEST(BufferDurability, APutBeingWrittenHoldsItsIdsGroupSlotsAndBytes) {
   ASSERT_TRUE(core.GetStats(&stats).ok());
   EXPECT_EQ(stats.accepted_total(), 3u);
   EXPECT_EQ(store.added, 3);
+}
+
+// A store whose first removal waits until released.
+class GatedRemovalStore : public FailingStore {
+ public:
+  absl::Notification entered, release;
+  std::atomic<bool> gate{true};
+  absl::Status Removed(const std::vector<StoredRef>& refs, const std::string& counter) override {
+    if (gate.exchange(false)) {
+      entered.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(30));
+    }
+    return FailingStore::Removed(refs, counter);
+  }
+};
+
+// An ack being recorded in the store does not hold the buffer: a Put meanwhile is
+// answered; a second Ack of the same lease waits for the first and says already_acked
+// (not NOT_FOUND: its groups are not back in the buffer).
+TEST(BufferDurability, AnAckBeingWrittenHoldsNeitherPutsNorItsLease) {
+  GatedRemovalStore store;
+  BufferCore core(common::Clock::Real(), &store);
+  v1::PutExperiencesRequest put;
+  *put.add_experiences() = Exp("a", "", 1);
+  v1::PutExperiencesResponse r;
+  ASSERT_TRUE(core.Put(put, &r).ok());
+  v1::SampleBatchRequest sample;
+  sample.set_num_groups(1);
+  v1::SampleBatchResponse sampled;
+  ASSERT_TRUE(core.SampleBatch(sample, &sampled).ok());
+  ASSERT_FALSE(sampled.lease_id().empty());
+  v1::AckBatchRequest ack;
+  ack.set_lease_id(sampled.lease_id());
+  v1::AckBatchResponse first, second;
+  absl::Status first_status, second_status;
+  std::thread acker([&] { first_status = core.Ack(ack, &first); });
+  ASSERT_TRUE(store.entered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::Notification put_done;
+  std::thread putter([&] {
+    v1::PutExperiencesRequest more;
+    *more.add_experiences() = Exp("b", "", 1);
+    v1::PutExperiencesResponse more_response;
+    EXPECT_TRUE(core.Put(more, &more_response).ok());
+    EXPECT_EQ(more_response.accepted(), 1u);
+    put_done.Notify();
+  });
+  EXPECT_TRUE(put_done.WaitForNotificationWithTimeout(absl::Seconds(10))) << "a Put waited for an ack's store write";
+  std::thread again([&] { second_status = core.Ack(ack, &second); });
+  store.release.Notify();
+  acker.join();
+  again.join();
+  putter.join();
+  ASSERT_TRUE(first_status.ok()) << first_status;
+  EXPECT_EQ(first.consumed_experiences(), 1u);
+  ASSERT_TRUE(second_status.ok()) << second_status;
+  EXPECT_TRUE(second.already_acked());
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(core.GetStats(&stats).ok());
+  EXPECT_EQ(stats.consumed_total(), 1u);
+  EXPECT_EQ(stats.depth_experiences(), 1u);  // b
 }
 
 TEST(BufferDurability, ARestartedBufferRecoversEverythingNotConsumed) {
