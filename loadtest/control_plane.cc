@@ -4,13 +4,13 @@
 //
 // In one process: the real services (reward, buffer with its Redis store, trainer,
 // rollout with a tiny policy, the controller's registry on Redis) and bare gRPC echo
-// servers of the same services answering canned replies of the same shapes. For each
-// RPC (rollout Generate, reward Score, buffer PutExperiences and StreamExperiences,
-// trainer GetState, registry Heartbeat) it finds the highest arrival rate each target
-// sustains (open loop: every call OK, answers keeping up, p99 under --max_p99), echo and
-// service alternately, and prints service / echo. Then one controller with Redis holds
-// heartbeats from --replicas simulated replicas at their real period (TTL / 3) and
-// reports the rate, the latencies and how many are still live.
+// servers of the same services answering canned replies of the same shapes. First one
+// controller with Redis holds heartbeats from --replicas simulated replicas at their
+// real period (TTL / 3): the rate, the latencies and how many are still live after.
+// Then for each RPC (rollout Generate, reward Score, buffer PutExperiences and
+// StreamExperiences, trainer GetState, registry Heartbeat) it finds the highest arrival
+// rate each target sustains (open loop: every call OK, answers keeping up, p99 under
+// --max_p99), echo and service alternately, and prints service / echo.
 //
 // The last line is `control_plane_qps_ratio_vs_echo=R`, the lowest ratio over the RPCs.
 // Tables (Markdown, CSV of every level) and a plot (gnuplot, when installed) go to

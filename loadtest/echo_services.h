@@ -32,15 +32,12 @@ class EchoReward final : public v1::RewardService::CallbackService {
   grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* c, const v1::ScoreRequest*,
                                   v1::ScoreResponse* response) override {
     *response = replies_->score;
-    return Finish(c);
-  }
-
- private:
-  static grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* c) {
     grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
+
+ private:
   const EchoReplies* const replies_;
 };
 

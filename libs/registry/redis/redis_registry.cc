@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -54,11 +55,19 @@ absl::StatusOr<std::unique_ptr<RedisRegistry>> RedisRegistry::Connect(const std:
                                                                       common::Clock* clock, absl::Duration timeout,
                                                                       std::string key_prefix) {
   ASSIGN_OR_RETURN(auto client, redis::Client::Connect(host, port, timeout));
-  return std::unique_ptr<RedisRegistry>(new RedisRegistry(std::move(client), clock, std::move(key_prefix)));
+  // Heartbeats name the script by its SHA1 (EVALSHA) instead of sending its text for
+  // Redis to hash on every call.
+  ASSIGN_OR_RETURN(Reply sha, client->Command({"SCRIPT", "LOAD", kHeartbeatScript}));
+  return std::unique_ptr<RedisRegistry>(
+      new RedisRegistry(std::move(client), clock, std::move(key_prefix), std::move(sha.str)));
 }
 
-RedisRegistry::RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock, std::string key_prefix)
-    : client_(std::move(client)), clock_(clock), prefix_(std::move(key_prefix)) {}
+RedisRegistry::RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock, std::string key_prefix,
+                             std::string heartbeat_sha)
+    : client_(std::move(client)),
+      clock_(clock),
+      prefix_(std::move(key_prefix)),
+      heartbeat_sha_(std::move(heartbeat_sha)) {}
 
 RedisRegistry::~RedisRegistry() = default;
 
@@ -111,21 +120,39 @@ void RedisRegistry::HeartbeatAsync(absl::string_view replica_id, absl::string_vi
   const bool admitted_now = version.version() > 0;
   // Thousands of replicas heartbeat one controller: the heartbeats queued while one
   // pipeline is at Redis share the next round trip, and no caller's thread waits.
+  std::vector<std::string> args = {Key(replica_id),          std::string(lease_id),       absl::StrCat(now),
+                                   load.SerializeAsString(), version.SerializeAsString(), admitted_now ? "1" : "0"};
+  std::vector<std::string> argv = {"EVALSHA", heartbeat_sha_, "1"};
+  argv.insert(argv.end(), args.begin(), args.end());
   client_->CommandAsync(
-      {"EVAL", kHeartbeatScript, "1", Key(replica_id), std::string(lease_id), absl::StrCat(now),
-       load.SerializeAsString(), version.SerializeAsString(), admitted_now ? "1" : "0"},
-      [done = std::move(done), replica = std::string(replica_id),
-       lease = std::string(lease_id)](absl::StatusOr<Reply> reply) {
-        if (!reply.ok()) return done(reply.status());
-        if (reply->type != Reply::Type::kArray || reply->elements.size() < 3 || reply->elements[0].integer == 0) {
-          return done(absl::NotFoundError(
-              absl::StrCat("no live lease ", lease, " for replica ", replica, " (expired?): register again")));
+      std::move(argv), [this, args = std::move(args), done = std::move(done), replica = std::string(replica_id),
+                        lease = std::string(lease_id)](absl::StatusOr<Reply> reply) mutable {
+        if (!reply.ok() && absl::StrContains(reply.status().message(), "NOSCRIPT")) {
+          // Redis restarted or its scripts were flushed: send the text (Redis caches it
+          // again under the same SHA1).
+          std::vector<std::string> with_text = {"EVAL", kHeartbeatScript, "1"};
+          with_text.insert(with_text.end(), args.begin(), args.end());
+          client_->CommandAsync(std::move(with_text),
+                                [done = std::move(done), replica, lease](absl::StatusOr<Reply> again) {
+                                  HeartbeatDoneWith(std::move(again), replica, lease, done);
+                                });
+          return;
         }
-        HeartbeatResult result;
-        result.ttl = absl::Milliseconds(reply->elements[1].integer);
-        result.admitted = reply->elements[2].integer != 0;
-        done(result);
+        HeartbeatDoneWith(std::move(reply), replica, lease, done);
       });
+}
+
+void RedisRegistry::HeartbeatDoneWith(absl::StatusOr<Reply> reply, const std::string& replica, const std::string& lease,
+                                      const HeartbeatDone& done) {
+  if (!reply.ok()) return done(reply.status());
+  if (reply->type != Reply::Type::kArray || reply->elements.size() < 3 || reply->elements[0].integer == 0) {
+    return done(absl::NotFoundError(
+        absl::StrCat("no live lease ", lease, " for replica ", replica, " (expired?): register again")));
+  }
+  HeartbeatResult result;
+  result.ttl = absl::Milliseconds(reply->elements[1].integer);
+  result.admitted = reply->elements[2].integer != 0;
+  done(result);
 }
 
 absl::StatusOr<bool> RedisRegistry::Deregister(absl::string_view replica_id, absl::string_view lease_id) {

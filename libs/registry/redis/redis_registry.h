@@ -42,12 +42,17 @@ class RedisRegistry : public Registry {
   absl::StatusOr<std::vector<v1::ReplicaInfo>> List(v1::ReplicaRole role, bool only_admitted) override;
 
  private:
-  RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock, std::string key_prefix);
+  RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock, std::string key_prefix,
+                std::string heartbeat_sha);
   std::string Key(absl::string_view replica_id) const;
+  // The heartbeat script's reply as HeartbeatAsync's result.
+  static void HeartbeatDoneWith(absl::StatusOr<redis::Reply> reply, const std::string& replica,
+                                const std::string& lease, const HeartbeatDone& done);
 
   const std::unique_ptr<redis::Client> client_;
   common::Clock* const clock_;
   const std::string prefix_;
+  const std::string heartbeat_sha_;  // SCRIPT LOAD's name for the heartbeat script
 };
 
 }  // namespace rlfleet::registry

@@ -240,14 +240,21 @@ TEST(RedisRegistry, ReconnectsAfterARedisRestart) {
   auto during = (*registry)->Heartbeat("rollout-7", lease->lease_id, {}, {});
   EXPECT_EQ(during.status().code(), absl::StatusCode::kUnavailable) << during.status();
 
-  // Redis is back (empty): the next heartbeat reconnects and says NOT_FOUND, so the
-  // replica registers again at once.
+  // Redis is back (empty, its scripts gone too): the next heartbeat reconnects and says
+  // NOT_FOUND, so the replica registers again at once; heartbeats then work again
+  // (the heartbeat script is sent again when Redis answers NOSCRIPT).
   server = std::make_unique<rlfleet::testing::Subprocess>();
   start_redis(*server);
   auto after = (*registry)->Heartbeat("rollout-7", lease->lease_id, {}, {});
   EXPECT_EQ(after.status().code(), absl::StatusCode::kNotFound) << after.status();
-  ASSERT_TRUE((*registry)->Register(Replica("rollout-7", v1::REPLICA_ROLE_ROLLOUT), {}).ok());
+  auto again = (*registry)->Register(Replica("rollout-7", v1::REPLICA_ROLE_ROLLOUT), {});
+  ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*registry)->List(v1::REPLICA_ROLE_ROLLOUT, false)->size(), 1u);
+  v1::PolicyVersion version;
+  version.set_version(3);
+  auto beat = (*registry)->Heartbeat("rollout-7", again->lease_id, {}, version);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(beat->admitted);
 }
 
 TEST(OpenRegistry, UnknownSchemeIsInvalidArgument) {
