@@ -44,8 +44,9 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     request_.Clear();
     grpc::Status parsed = grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(&message_, &request_);
     if (!parsed.ok()) {
-      return Finish(rpc::ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-          "message ", index_, " of the stream is not a PutExperiencesRequest: ", parsed.error_message()))));
+      return Finish(rpc::ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("message ", index_, " of the stream is not a PutExperiencesRequest: ",
+                       parsed.error_message().empty() ? "its bytes do not parse" : parsed.error_message()))));
     }
     give_up_ = absl::Now() + full_wait_;
     Apply();
@@ -110,8 +111,10 @@ grpc::ServerUnaryReactor* BufferServiceImpl::PutExperiences(grpc::CallbackServer
   if (grpc::Status parsed =
           grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(&copy, &call->request);
       !parsed.ok()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 "request is not a PutExperiencesRequest: " + parsed.error_message()));
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        "request is not a PutExperiencesRequest: " +
+            (parsed.error_message().empty() ? std::string("its bytes do not parse") : parsed.error_message())));
     return reactor;
   }
   core_->PutAsync(&call->request, &call->response, [reactor, resp, call](absl::Status status) {

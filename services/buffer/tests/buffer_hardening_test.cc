@@ -4,6 +4,7 @@
 // version, a group no reply can hold, a 1 ms lease); NaN is refused wherever it could
 // reach an advantage; and a write Redis refused inside MULTI/EXEC is never acked.
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/common/ids.h"
 #include "libs/redis/redis_client.h"
@@ -103,6 +105,31 @@ class BufferOverGrpc : public ::testing::Test {
 
 // An experience claiming version 2^64-1 (or far ahead of any version the buffer knows)
 // is refused by name, and does not make every later group stale.
+// PutExperiences is served raw (read as the wire form): bytes that are not a request
+// are INVALID_ARGUMENT saying so, and the buffer serves on.
+TEST_F(BufferOverGrpc, BytesThatAreNotARequestAreRefusedByName) {
+  grpc::GenericStub generic(grpc::CreateChannel(runner_->address(), grpc::InsecureChannelCredentials()));
+  for (const std::string& bytes : {std::string("\xff\xff\xff\xff", 4), std::string("\x0a\x7f\x01", 3)}) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer reply;
+    grpc::ClientContext context;
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&context, "/rlfleet.v1.BufferService/PutExperiences", grpc::StubOptions(), &request, &reply,
+                      [&](grpc::Status s) {
+                        status = std::move(s);
+                        done.Notify();
+                      });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StrContains(status.error_message(), "not a PutExperiencesRequest")) << status.error_message();
+  }
+  v1::PutExperiencesResponse r;
+  EXPECT_TRUE(Put({Exp("after-garbage", "", 1, 1)}, &r).ok());
+  EXPECT_EQ(r.accepted(), 1u);
+}
+
 TEST_F(BufferOverGrpc, AnAbsurdExperienceVersionPoisonsNothing) {
   ASSERT_TRUE(Configure(1, /*max_staleness=*/2).ok());
   v1::PutExperiencesResponse r;
