@@ -44,6 +44,7 @@
 #include "libs/model/test_util.h"
 #include "libs/registry/registry.h"
 #include "libs/rpc/server_runner.h"
+#include "libs/rpc/status_conversion.h"
 #include "loadtest/callers.h"
 #include "loadtest/echo_services.h"
 #include "loadtest/open_loop.h"
@@ -85,6 +86,7 @@ void Check(const absl::Status& s, const std::string& what) {
   std::fprintf(stderr, "%s: %s\n", what.c_str(), s.ToString().c_str());
   std::exit(1);
 }
+void Check(const grpc::Status& s, const std::string& what) { Check(rpc::ToAbslStatus(s), what); }
 
 // The fleet's real services on one server, and their echoes on another.
 struct Fleet {
@@ -188,24 +190,21 @@ void StartEcho(Fleet* fleet, const Channels& real, int generate_tokens, const st
   EchoReplies& r = fleet->replies;
   {
     grpc::ClientContext c;
-    Check(absl::Status(static_cast<absl::StatusCode>(
-                           v1::RewardService::NewStub(real[0])->Score(&c, ScoreShape(), &r.score).error_code()),
-                       "Score"),
-          "recording Score");
+    Check(v1::RewardService::NewStub(real[0])->Score(&c, ScoreShape(), &r.score), "recording Score");
   }
   {
     v1::PutExperiencesRequest put;
     for (v1::Experience& e : Group(NextGroupSerial())) *put.add_experiences() = std::move(e);
     grpc::ClientContext c;
     grpc::Status s = v1::BufferService::NewStub(real[0])->PutExperiences(&c, put, &r.put);
-    Check(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()), "recording Put");
+    Check(s, "recording Put");
     if (r.put.accepted() != kGroupSize) Check(absl::InternalError(r.put.DebugString()), "recording Put");
     r.stream = r.put;
   }
   {
     grpc::ClientContext c;
     grpc::Status s = v1::TrainerService::NewStub(real[0])->GetState(&c, v1::GetStateRequest(), &r.get_state);
-    Check(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()), "recording GetState");
+    Check(s, "recording GetState");
   }
   if (!replicas.empty()) {
     v1::HeartbeatRequest h;
@@ -214,7 +213,7 @@ void StartEcho(Fleet* fleet, const Channels& real, int generate_tokens, const st
     h.mutable_policy_version()->set_version(1);
     grpc::ClientContext c;
     grpc::Status s = v1::RegistryService::NewStub(real[0])->Heartbeat(&c, h, &r.heartbeat);
-    Check(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()), "recording Heartbeat");
+    Check(s, "recording Heartbeat");
   }
   {
     grpc::ClientContext c;
@@ -222,7 +221,7 @@ void StartEcho(Fleet* fleet, const Channels& real, int generate_tokens, const st
     v1::GenerateResponse m;
     while (reader->Read(&m)) r.generate.push_back(m);
     grpc::Status s = reader->Finish();
-    Check(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()), "recording Generate");
+    Check(s, "recording Generate");
   }
 
   rpc::ServerOptions options;
@@ -371,7 +370,7 @@ int Main() {
       v1::ListReplicasResponse page;
       grpc::ClientContext c;
       const grpc::Status st = stub->ListReplicas(&c, list, &page);
-      Check(absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message()), "ListReplicas");
+      Check(st, "ListReplicas");
       live += page.replicas_size();
       if (page.next_page_token().empty()) break;
       list.mutable_page()->set_page_token(page.next_page_token());

@@ -16,6 +16,13 @@
 
 namespace rlfleet::loadtest {
 
+// A unary call answered OK (its reply already filled).
+inline grpc::ServerUnaryReactor* FinishedOk(grpc::CallbackServerContext* c) {
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 // Canned replies; set before the server starts, read-only after.
 struct EchoReplies {
   v1::ScoreResponse score;
@@ -32,9 +39,7 @@ class EchoReward final : public v1::RewardService::CallbackService {
   grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* c, const v1::ScoreRequest*,
                                   v1::ScoreResponse* response) override {
     *response = replies_->score;
-    grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return FinishedOk(c);
   }
 
  private:
@@ -47,9 +52,7 @@ class EchoBuffer final : public v1::BufferService::CallbackService {
   grpc::ServerUnaryReactor* PutExperiences(grpc::CallbackServerContext* c, const v1::PutExperiencesRequest*,
                                            v1::PutExperiencesResponse* response) override {
     *response = replies_->put;
-    grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return FinishedOk(c);
   }
   grpc::ServerReadReactor<v1::PutExperiencesRequest>* StreamExperiences(grpc::CallbackServerContext*,
                                                                         v1::PutExperiencesResponse* response) override {
@@ -88,9 +91,7 @@ class EchoTrainer final : public v1::TrainerService::CallbackService {
   grpc::ServerUnaryReactor* GetState(grpc::CallbackServerContext* c, const v1::GetStateRequest*,
                                      v1::GetStateResponse* response) override {
     *response = replies_->get_state;
-    grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return FinishedOk(c);
   }
 
  private:
@@ -103,9 +104,7 @@ class EchoRegistry final : public v1::RegistryService::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* c, const v1::HeartbeatRequest*,
                                       v1::HeartbeatResponse* response) override {
     *response = replies_->heartbeat;
-    grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return FinishedOk(c);
   }
 
  private:
