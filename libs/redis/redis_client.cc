@@ -13,7 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/notification.h"
+#include "libs/common/await_callback.h"
 #include "libs/common/status_macros.h"
 
 namespace rlfleet::redis {
@@ -271,15 +271,8 @@ void Client::CommandAsync(std::vector<std::string> argv, std::function<void(absl
 }
 
 absl::StatusOr<Reply> Client::CommandCombined(const std::vector<std::string>& argv) {
-  absl::Notification answered;
-  absl::StatusOr<Reply> result;
   // (no deadline of its own: every pipeline ends within the connection's timeout)
-  CommandAsync(argv, [&](absl::StatusOr<Reply> reply) {
-    result = std::move(reply);
-    answered.Notify();
-  });
-  answered.WaitForNotification();
-  return result;
+  return common::AwaitCallback<absl::StatusOr<Reply>>([&](auto done) { CommandAsync(argv, std::move(done)); });
 }
 
 void Client::AsyncLoop() {

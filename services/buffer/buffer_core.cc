@@ -6,8 +6,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "libs/common/await_callback.h"
 #include "libs/common/checks.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
@@ -252,14 +252,8 @@ absl::Status BufferCore::Put(const v1::PutExperiencesRequest& typed, v1::PutExpe
 }
 
 absl::Status BufferCore::Put(v1::PutExperiencesRequestWire* request, v1::PutExperiencesResponse* response) {
-  absl::Notification answered;
-  absl::Status result;
-  PutAsync(request, response, [&](absl::Status s) {
-    result = std::move(s);
-    answered.Notify();
-  });
-  answered.WaitForNotification();  // (inline without a store; else the store's timeout bounds it)
-  return result;
+  // (answered inline without a store; else the store's timeout bounds the wait)
+  return common::AwaitCallback<absl::Status>([&](auto done) { PutAsync(request, response, std::move(done)); });
 }
 
 // What a Put decided under the lock, carried through its store write to the taking.

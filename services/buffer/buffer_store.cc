@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
+#include "libs/common/await_callback.h"
 #include "libs/common/status_macros.h"
 #include "libs/redis/redis_client.h"
 #include "services/buffer/experience_reader.h"
@@ -77,14 +77,9 @@ class RedisBufferStore : public BufferStore {
   }
 
   absl::StatusOr<uint64_t> Added(const std::vector<ExperienceBytes>& experiences) override {
-    absl::Notification committed;
-    absl::StatusOr<uint64_t> result;
-    AddedAsync(experiences, [&](absl::StatusOr<uint64_t> segment) {
-      result = segment;
-      committed.Notify();
-    });
-    committed.WaitForNotification();  // (the Redis client's timeout bounds it)
-    return result;
+    // (the Redis client's timeout bounds the wait)
+    return common::AwaitCallback<absl::StatusOr<uint64_t>>(
+        [&](auto done) { AddedAsync(experiences, std::move(done)); });
   }
 
   // Group commit (LevelDB's write queue, on a thread of its own): callers queue their

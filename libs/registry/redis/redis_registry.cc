@@ -5,7 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "libs/common/await_callback.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 
@@ -99,14 +99,9 @@ absl::StatusOr<Lease> RedisRegistry::Register(const v1::ReplicaInfo& replica, ab
 
 absl::StatusOr<HeartbeatResult> RedisRegistry::Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
                                                          const v1::LoadStats& load, const v1::PolicyVersion& version) {
-  absl::Notification answered;
-  absl::StatusOr<HeartbeatResult> result;
-  HeartbeatAsync(replica_id, lease_id, load, version, [&](absl::StatusOr<HeartbeatResult> r) {
-    result = std::move(r);
-    answered.Notify();
-  });
-  answered.WaitForNotification();  // (the client's timeout bounds it)
-  return result;
+  // (the client's timeout bounds the wait)
+  return common::AwaitCallback<absl::StatusOr<HeartbeatResult>>(
+      [&](auto done) { HeartbeatAsync(replica_id, lease_id, load, version, std::move(done)); });
 }
 
 void RedisRegistry::HeartbeatAsync(absl::string_view replica_id, absl::string_view lease_id, const v1::LoadStats& load,
