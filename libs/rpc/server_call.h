@@ -52,6 +52,22 @@ grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context, cons
   return HandleUnary(context, auth, Role::kFleet, "this RPC", std::forward<Body>(body));
 }
 
+// HandleUnary for a handler that answers later, without holding a gRPC thread while it
+// waits (a Redis round trip): if the call is authorised, `body(finish)` starts the work
+// and calls `finish(status)` exactly once, from any thread; the call finishes then.
+// `body` must not throw (it serves no libtorch code).
+template <typename Body>
+grpc::ServerUnaryReactor* HandleUnaryAsync(grpc::CallbackServerContext* context, const CallAuth& auth, Role role,
+                                           absl::string_view method, Body&& body) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status status = Authorize(*context, auth, role, method); !status.ok()) {
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+  std::forward<Body>(body)([reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); });
+  return reactor;
+}
+
 // A streaming call finished at once with `status` (a stream that cannot start):
 //   return new FinishedStream<grpc::ServerWriteReactor<Event>>(ToGrpcStatus(s));
 template <typename Reactor>

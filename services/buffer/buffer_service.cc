@@ -25,6 +25,22 @@ void Sum(const v1::PutExperiencesResponse& one, v1::PutExperiencesResponse* tota
   total->set_capacity_bytes(one.capacity_bytes());
 }
 
+// `bytes` (consumed) read as the wire form of a PutExperiencesRequest; INVALID_ARGUMENT
+// naming `what` when they are not one.
+absl::Status ParseWire(grpc::ByteBuffer* bytes, v1::PutExperiencesRequestWire* request, absl::string_view what) {
+  const grpc::Status parsed = grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(bytes, request);
+  if (parsed.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " is not a PutExperiencesRequest: ",
+                   parsed.error_message().empty() ? "its bytes do not parse" : parsed.error_message()));
+}
+
+// `reply` serialized into the raw call's response.
+absl::Status SerializeReply(const v1::PutExperiencesResponse& reply, grpc::ByteBuffer* out) {
+  bool own = false;
+  return rpc::ToAbslStatus(grpc::SerializationTraits<v1::PutExperiencesResponse>::Serialize(reply, out, &own));
+}
+
 // One stream, driven by its callbacks (no thread of its own, none waiting for the
 // store): read a message, apply it (PutAsync), and only then read the next, so a full
 // buffer holds the producer back (flow control). While the buffer is full the message
@@ -38,15 +54,11 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
   void OnReadDone(bool ok) override {
     if (!ok) {  // the producer closed its side (or the call is gone: then Finish goes nowhere)
-      bool own = false;
-      return Finish(grpc::SerializationTraits<v1::PutExperiencesResponse>::Serialize(total_, response_, &own));
+      return Finish(rpc::ToGrpcStatus(SerializeReply(total_, response_)));
     }
     request_.Clear();
-    grpc::Status parsed = grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(&message_, &request_);
-    if (!parsed.ok()) {
-      return Finish(rpc::ToGrpcStatus(absl::InvalidArgumentError(
-          absl::StrCat("message ", index_, " of the stream is not a PutExperiencesRequest: ",
-                       parsed.error_message().empty() ? "its bytes do not parse" : parsed.error_message()))));
+    if (absl::Status s = ParseWire(&message_, &request_, absl::StrCat("message ", index_, " of the stream")); !s.ok()) {
+      return Finish(rpc::ToGrpcStatus(s));
     }
     give_up_ = absl::Now() + full_wait_;
     Apply();
@@ -97,36 +109,19 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 grpc::ServerUnaryReactor* BufferServiceImpl::PutExperiences(grpc::CallbackServerContext* c, const grpc::ByteBuffer* req,
                                                             grpc::ByteBuffer* resp) {
-  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
-  if (absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "PutExperiences"); !s.ok()) {
-    reactor->Finish(rpc::ToGrpcStatus(s));
-    return reactor;
-  }
-  struct Call {
-    v1::PutExperiencesRequestWire request;
-    v1::PutExperiencesResponse response;
-  };
-  auto call = std::make_shared<Call>();
-  grpc::ByteBuffer copy(*req);  // (Deserialize consumes its buffer; this shares the slices)
-  if (grpc::Status parsed =
-          grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(&copy, &call->request);
-      !parsed.ok()) {
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        "request is not a PutExperiencesRequest: " +
-            (parsed.error_message().empty() ? std::string("its bytes do not parse") : parsed.error_message())));
-    return reactor;
-  }
-  core_->PutAsync(&call->request, &call->response, [reactor, resp, call](absl::Status status) {
-    if (status.ok()) {
-      bool own = false;
-      grpc::Status s = grpc::SerializationTraits<v1::PutExperiencesResponse>::Serialize(call->response, resp, &own);
-      reactor->Finish(s);
-      return;
-    }
-    reactor->Finish(rpc::ToGrpcStatus(status));
+  return rpc::HandleUnaryAsync(c, auth_, rpc::Role::kFleet, "PutExperiences", [&](auto finish) {
+    struct Call {
+      v1::PutExperiencesRequestWire request;
+      v1::PutExperiencesResponse response;
+    };
+    auto call = std::make_shared<Call>();
+    grpc::ByteBuffer copy(*req);  // (Deserialize consumes its buffer; this shares the slices)
+    if (absl::Status s = ParseWire(&copy, &call->request, "request"); !s.ok()) return finish(s);
+    core_->PutAsync(&call->request, &call->response, [resp, call, finish = std::move(finish)](absl::Status status) {
+      if (status.ok()) status = SerializeReply(call->response, resp);
+      finish(status);
+    });
   });
-  return reactor;
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::StreamExperiences(grpc::CallbackServerContext* c,

@@ -99,14 +99,8 @@ grpc::ServerUnaryReactor* RegistryServiceImpl::Heartbeat(grpc::CallbackServerCon
                                                          const v1::HeartbeatRequest* request,
                                                          v1::HeartbeatResponse* response) {
   // Answered when the registry has the heartbeat, without holding a gRPC thread meanwhile.
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status s = rpc::Authorize(*context, auth_, rpc::Role::kFleet, "Heartbeat"); !s.ok()) {
-    reactor->Finish(rpc::ToGrpcStatus(s));
-    return reactor;
-  }
-  core_->HeartbeatAsync(*request, response,
-                        [reactor](absl::Status status) { reactor->Finish(rpc::ToGrpcStatus(status)); });
-  return reactor;
+  return rpc::HandleUnaryAsync(context, auth_, rpc::Role::kFleet, "Heartbeat",
+                               [&](auto finish) { core_->HeartbeatAsync(*request, response, std::move(finish)); });
 }
 
 grpc::ServerUnaryReactor* RegistryServiceImpl::Deregister(grpc::CallbackServerContext* context,
