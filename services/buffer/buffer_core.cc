@@ -217,14 +217,17 @@ bool BufferCore::TooStaleLocked(uint64_t oldest_version, uint64_t current) const
   return config_.has_max_staleness() && current > oldest_version && current - oldest_version > config_.max_staleness();
 }
 
-absl::Status BufferCore::ForgetLocked(const std::vector<const Group*>& groups, const std::string& counter) {
-  if (store_ != nullptr) {
-    std::vector<StoredRef> refs;
-    for (const Group* g : groups) {
-      for (const Member& m : g->members) refs.push_back({m.segment, m.id});
-    }
-    RETURN_IF_ERROR(store_->Removed(refs, counter));
+absl::Status BufferCore::StoreRemoved(const std::vector<const Group*>& groups, const std::string& counter) {
+  if (store_ == nullptr) return absl::OkStatus();
+  std::vector<StoredRef> refs;
+  for (const Group* g : groups) {
+    for (const Member& m : g->members) refs.push_back({m.segment, m.id});
   }
+  return store_->Removed(refs, counter);
+}
+
+absl::Status BufferCore::ForgetLocked(const std::vector<const Group*>& groups, const std::string& counter) {
+  RETURN_IF_ERROR(StoreRemoved(groups, counter));
   RememberRemovedLocked(groups);
   return absl::OkStatus();
 }
@@ -634,13 +637,9 @@ absl::Status BufferCore::Ack(const v1::AckBatchRequest& request, v1::AckBatchRes
   std::vector<const Group*> groups;
   for (const auto& [id, group] : lease.groups) groups.push_back(&group);
   if (store_ != nullptr) {
-    std::vector<StoredRef> refs;
-    for (const Group* g : groups) {
-      for (const Member& m : g->members) refs.push_back({m.segment, m.id});
-    }
     acking_.insert(lease_id);
     mu_.Unlock();
-    const absl::Status stored = store_->Removed(refs, "consumed_total");
+    const absl::Status stored = StoreRemoved(groups, "consumed_total");
     mu_.Lock();
     acking_.erase(lease_id);
     if (!stored.ok()) {

@@ -162,6 +162,9 @@ class BufferCore {
   // Adds an accepted experience to its group (no store writes; its id is in seen_
   // already).
   void AddLocked(Member m, const std::string& group, const ExperienceFacts& facts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records in the store (if any) that the groups' members are gone, counted under
+  // `counter`. Reads only `groups`: callable without the lock (Ack does).
+  absl::Status StoreRemoved(const std::vector<const Group*>& groups, const std::string& counter);
   // Forgets a group's members in the store, counting them under `counter`.
   absl::Status ForgetLocked(const std::vector<const Group*>& groups, const std::string& counter)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
