@@ -383,11 +383,16 @@ absl::StatusOr<std::unique_ptr<Policy>> LoadHfRewardModel(const std::string& dir
   return policy;
 }
 
-std::string HfConfigJson(const PolicyConfig& c) {
+std::string HfConfigJson(const PolicyConfig& c, absl::string_view base) {
   static const std::map<std::string, std::string> kArchitecture = {
       {"llama", "LlamaForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"}};
   auto it = kArchitecture.find(c.arch);
-  Json json = {
+  // The keys of `base` stay (token ids, max_position_embeddings, what transformers reads
+  // and this model does not); the keys that describe these weights are ours.
+  Json json = Json::parse(base.begin(), base.end(), nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) json = Json::object();
+  if (!json.contains("max_position_embeddings")) json["max_position_embeddings"] = c.max_seq_len;
+  const Json ours = {
       {"architectures", {it == kArchitecture.end() ? c.arch : it->second}},
       {"model_type", c.arch},
       {"vocab_size", c.vocab_size},
@@ -400,9 +405,11 @@ std::string HfConfigJson(const PolicyConfig& c) {
       {"hidden_act", "silu"},
       {"rms_norm_eps", c.norm_eps},
       {"tie_word_embeddings", c.tie_embeddings},
-      {"max_position_embeddings", c.max_seq_len},
+      // Both spellings, transformers 5's and 4's: a checkpoint may be read by either.
       {"dtype", "float32"},
+      {"torch_dtype", "float32"},
   };
+  json.update(ours);
   if (c.arch != "qwen2") json["attention_bias"] = c.qkv_bias;
   if (c.arch == "llama") json["mlp_bias"] = c.mlp_bias;
   Json rope = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};
@@ -414,10 +421,12 @@ std::string HfConfigJson(const PolicyConfig& c) {
     rope["original_max_position_embeddings"] = c.rope_original_max_positions;
   }
   json["rope_parameters"] = rope;
+  json["rope_theta"] = c.rope_theta;
+  json["rope_scaling"] = c.rope_factor > 0 ? rope : Json(nullptr);
   return json.dump(2) + "\n";
 }
 
-absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const std::string& tokenizer_from) {
+absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const std::string& from) {
   const PolicyConfig& c = policy.config();
   if (c.arch == "gpt") {
     return absl::InvalidArgumentError("arch gpt (the built-in character model) has no Hugging Face layout");
@@ -429,14 +438,18 @@ absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir) / "config.json").string(), HfConfigJson(c)));
+  std::string base;
+  if (!from.empty() && fs::exists(fs::path(from) / "config.json")) {
+    ASSIGN_OR_RETURN(base, common::ReadRegularFile("config.json", fs::path(from) / "config.json", kMaxConfigBytes));
+  }
+  RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir) / "config.json").string(), HfConfigJson(c, base)));
   RETURN_IF_ERROR(policy.SaveSafetensors((fs::path(dir) / "model.safetensors").string()));
-  if (tokenizer_from.empty()) return absl::OkStatus();
+  if (from.empty()) return absl::OkStatus();
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                            "generation_config.json", "vocab.json", "merges.txt"}) {
-    const fs::path from = fs::path(tokenizer_from) / name;
-    if (!fs::exists(from)) continue;
-    ASSIGN_OR_RETURN(std::string bytes, common::ReadRegularFile(name, from, kMaxConfigBytes * 8));
+    const fs::path source = fs::path(from) / name;
+    if (!fs::exists(source)) continue;
+    ASSIGN_OR_RETURN(std::string bytes, common::ReadRegularFile(name, source, kMaxConfigBytes * 8));
     RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir) / name).string(), bytes));
   }
   return absl::OkStatus();

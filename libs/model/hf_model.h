@@ -80,16 +80,20 @@ absl::StatusOr<std::unique_ptr<Policy>> LoadHfModel(const std::string& dir, cons
 // `num_labels` / `id2label` is not one label; otherwise errors as LoadHfModel's.
 absl::StatusOr<std::unique_ptr<Policy>> LoadHfRewardModel(const std::string& dir, const HfLoadOptions& options);
 
-// config.json for a Llama-family config, in transformers 5's spelling (dtype float32:
-// what WriteHfModelDir writes).
-std::string HfConfigJson(const PolicyConfig& config);
+// config.json for a Llama-family config (dtype float32: what WriteHfModelDir writes),
+// in transformers 5's spelling and 4's alike (rope_parameters and rope_theta /
+// rope_scaling, dtype and torch_dtype), so either version reads it. `base`, when given,
+// is the config.json of the directory the model was read from: its other keys stay
+// (max_position_embeddings, bos / eos / pad ids, ...); without one,
+// max_position_embeddings is config.max_seq_len. A base that does not parse is ignored.
+std::string HfConfigJson(const PolicyConfig& config, absl::string_view base = "");
 
 // Writes `policy` as a model directory: DIR/config.json and DIR/model.safetensors
 // (F32, named as transformers names them), each written atomically, and the tokenizer
 // files (tokenizer.json, tokenizer_config.json, chat_template.jinja, ...) copied from
-// `tokenizer_from` when it is not empty. INVALID_ARGUMENT for arch gpt (no such
-// transformers model).
-absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const std::string& tokenizer_from = "");
+// `from` when it is not empty, whose config.json is the base of ours (HfConfigJson).
+// INVALID_ARGUMENT for arch gpt (no such transformers model).
+absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const std::string& from = "");
 
 }  // namespace rlfleet::model
 

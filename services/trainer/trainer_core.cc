@@ -597,8 +597,8 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
     const char* weights_file = hf ? kHfWeightsFile : kWeightsFile;
     RETURN_IF_ERROR(model::WriteFileAtomically((tmp / weights_file).string(), weights));
     if (hf) {
-      RETURN_IF_ERROR(
-          model::WriteFileAtomically((tmp / kHfConfigFile).string(), model::HfConfigJson(policy_->config())));
+      RETURN_IF_ERROR(model::WriteFileAtomically((tmp / kHfConfigFile).string(),
+                                                 model::HfConfigJson(policy_->config(), base_config_)));
       for (const char* name : kHfTokenizerFiles) {
         if (tokenizer_dir_.empty() || !fs::exists(tokenizer_dir_ / name)) continue;
         ASSIGN_OR_RETURN(std::string bytes,
@@ -652,9 +652,12 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
 
 absl::Status TrainerCore::LoadModelDir(const std::string& dir) {
   absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(std::string base_config,
+                   common::ReadRegularFile(kHfConfigFile, fs::path(dir) / kHfConfigFile, max_checkpoint_file_bytes_));
   RETURN_IF_ERROR(model::LoadHfWeights(dir, policy_.get()));
   policy_->ResetOptimizer();
   tokenizer_dir_ = dir;
+  base_config_ = std::move(base_config);
   return absl::OkStatus();
 }
 

@@ -101,8 +101,8 @@ class TrainerCore {
   absl::Status LoadCheckpoint(const v1::LoadCheckpointRequest& request, v1::LoadCheckpointResponse* response);
   // Loads a Hugging Face model directory's weights (a policy made from its config.json;
   // hf_model.h) as the starting point, and keeps the directory: checkpoints copy its
-  // tokenizer files. Errors as model::LoadHfWeights (nothing changes). Every rank of a
-  // group loads the directory itself.
+  // tokenizer files and keep its config.json's other keys. Errors as model::LoadHfWeights (nothing changes). Every rank
+  // of a group loads the directory itself.
   absl::Status LoadModelDir(const std::string& dir);
   // Loads the checkpoint written last under the checkpoint root (FindLatestCheckpoint),
   // as LoadCheckpoint would (`response`: its step and version), and returns its path.
@@ -203,6 +203,7 @@ class TrainerCore {
   const int64_t num_parameters_;                              // the policy's (its shape never changes)
   const uint64_t max_checkpoint_file_bytes_;                  // (from the model's size)
   std::filesystem::path tokenizer_dir_ ABSL_GUARDED_BY(mu_);  // --model_dir: its tokenizer files go into checkpoints
+  std::string base_config_ ABSL_GUARDED_BY(mu_);              // --model_dir's config.json: its keys stay in checkpoints
   std::deque<UnackedLease> unacked_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::PublishWeightsResponse> last_publish_ ABSL_GUARDED_BY(mu_);  // of the latest publication
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -80,9 +81,9 @@ TEST(ModelDir, RolloutAndTrainerRunAHuggingFaceCheckpoint) {
   Subprocess rollout, trainer;
   auto r = testing::StartService(rollout, "services/rollout/rlfleet-rollout",
                                  {"--threads=1", "--model_dir=" + with_tokenizer, "--publish_dir=" + publish});
-  auto t = testing::StartService(
-      trainer, "services/trainer/rlfleet-trainer",
-      {"--threads=1", "--model_dir=" + with_tokenizer, "--publish_dir=" + publish, "--checkpoint_root=" + checkpoints});
+  auto t = testing::StartService(trainer, "services/trainer/rlfleet-trainer",
+                                 {"--threads=1", "--model_dir=" + with_tokenizer, "--max_seq_len=64",
+                                  "--publish_dir=" + publish, "--checkpoint_root=" + checkpoints});
   ASSERT_TRUE(r.ok() && t.ok()) << rollout.output() << trainer.output();
   EXPECT_TRUE(absl::StrContains(rollout.output(), "qwen2 from")) << rollout.output();
 
@@ -133,6 +134,18 @@ TEST(ModelDir, RolloutAndTrainerRunAHuggingFaceCheckpoint) {
     EXPECT_TRUE(fs::exists(fs::path(dir) / file)) << file;
   }
   EXPECT_FALSE(fs::exists(fs::path(dir) / "weights.safetensors"));
+  // Its config.json keeps every key of the source's (max_position_embeddings, not the
+  // trainer's --max_seq_len; token ids; ...) but the ones it spells both ways.
+  const nlohmann::json source = nlohmann::json::parse(std::ifstream(with_tokenizer + "/config.json"));
+  const nlohmann::json written = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  for (const auto& [key, value] : source.items()) {
+    if (key == "rope_parameters" || key == "rope_scaling" || key == "rope_theta" || key == "dtype" ||
+        key == "torch_dtype") {
+      continue;
+    }
+    EXPECT_EQ(written.value(key, nlohmann::json()), value) << key;
+  }
+  EXPECT_EQ(written["max_position_embeddings"], 256);
   auto trained = model::LoadHfModel(dir, {});
   auto original = model::LoadHfModel(model, {});
   ASSERT_TRUE(trained.ok() && original.ok()) << trained.status();

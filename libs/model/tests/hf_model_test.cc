@@ -285,6 +285,47 @@ TEST_P(HfModel, AWrittenCheckpointReadsBackIdenticalAndKeepsTheLayout) {
   EXPECT_EQ(header->count("lm_head.weight"), GetParam() == "qwen2" ? 0u : 1u);
 }
 
+// A model read from a directory with a short KV cache, written with that directory as
+// its base: the source's max_position_embeddings and token ids stay, both config
+// spellings are there and agree, and the directory reads back as the same config.
+TEST_P(HfModel, AWrittenConfigKeepsTheSourcesKeysInBothSpellings) {
+  HfLoadOptions options;
+  options.max_seq_len = 32;
+  auto policy = LoadHfModel(FixtureDir(GetParam()), options);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  const std::string dir = TempDir("based_" + GetParam());
+  ASSERT_TRUE(WriteHfModelDir(**policy, dir, FixtureDir(GetParam())).ok());
+  const nlohmann::json source = nlohmann::json::parse(Read(FixtureDir(GetParam()) + "/config.json"));
+  const nlohmann::json written = nlohmann::json::parse(Read(dir + "/config.json"));
+  EXPECT_EQ(written["max_position_embeddings"], 256) << "the KV cache's width is not the model's limit";
+  EXPECT_EQ(written["bos_token_id"], source["bos_token_id"]);
+  EXPECT_EQ(written["eos_token_id"], source["eos_token_id"]);
+  EXPECT_EQ(written["dtype"], "float32");
+  EXPECT_EQ(written["torch_dtype"], "float32");
+  EXPECT_EQ(written["rope_theta"], written["rope_parameters"]["rope_theta"]);
+  if (GetParam() == "llama") {
+    EXPECT_EQ(written["rope_scaling"], written["rope_parameters"]);
+    EXPECT_EQ(written["rope_scaling"]["rope_type"], "llama3");
+  } else {
+    EXPECT_TRUE(written["rope_scaling"].is_null());
+  }
+  // Each spelling alone says the same.
+  nlohmann::json v4 = written, v5 = written;
+  v4.erase("rope_parameters");
+  v4.erase("dtype");
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5.erase("torch_dtype");
+  auto a = ParseHfConfig(v4.dump(), "v4"), b = ParseHfConfig(v5.dump(), "v5"), c = ReadHfConfig(FixtureDir(GetParam()));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status() << b.status() << c.status();
+  EXPECT_EQ(HfConfigJson(*a), HfConfigJson(*c));
+  EXPECT_EQ(HfConfigJson(*b), HfConfigJson(*c));
+  // Without a base: the KV cache's width, as before.
+  const std::string bare = TempDir("bare_" + GetParam());
+  ASSERT_TRUE(WriteHfModelDir(**policy, bare).ok());
+  EXPECT_EQ(nlohmann::json::parse(Read(bare + "/config.json"))["max_position_embeddings"], 32);
+}
+
 TEST(HfModelErrors, ConfigProblemsAreNamed) {
   const std::string good = Read(FixtureDir("qwen2") + "/config.json");
   auto expect_error = [&](const std::string& text, const std::string& needle) {
