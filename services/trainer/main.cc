@@ -63,7 +63,9 @@ ABSL_FLAG(std::string, resume, "none",
           "restarted by its supervisor goes on from there; none yet: it starts fresh), \"none\" starts from "
           "the initial weights.");
 ABSL_FLAG(std::string, publish_dir, "",
-          "PublishWeights writes policy-v<N>.safetensors here (one machine); empty: versions are kept in memory "
+          "PublishWeights writes policy-v<N>.safetensors here (with --model_dir: a Hugging Face directory "
+          "policy-v<N>/, config.json, model.safetensors and the tokenizer files; one machine); empty: versions are "
+          "kept in memory "
           "on this trainer's data plane (--data_plane) and pulled from there by the weights service or the replicas.");
 
 ABSL_FLAG(int, publish_device_images, 2,

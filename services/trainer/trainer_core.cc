@@ -596,16 +596,7 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
     const bool hf = policy_->config().arch != "gpt";
     const char* weights_file = hf ? kHfWeightsFile : kWeightsFile;
     RETURN_IF_ERROR(model::WriteFileAtomically((tmp / weights_file).string(), weights));
-    if (hf) {
-      RETURN_IF_ERROR(model::WriteFileAtomically((tmp / kHfConfigFile).string(),
-                                                 model::HfConfigJson(policy_->config(), base_config_)));
-      for (const char* name : kHfTokenizerFiles) {
-        if (tokenizer_dir_.empty() || !fs::exists(tokenizer_dir_ / name)) continue;
-        ASSIGN_OR_RETURN(std::string bytes,
-                         common::ReadRegularFile(name, tokenizer_dir_ / name, max_checkpoint_file_bytes_));
-        RETURN_IF_ERROR(model::WriteFileAtomically((tmp / name).string(), bytes));
-      }
-    }
+    if (hf) RETURN_IF_ERROR(WriteHfFilesLocked(tmp));
     std::string state =
         absl::StrCat(kFormatLine, "\nstep ", step_, "\nversion ", version_, "\nconfig ", ConfigLine(policy_->config()),
                      "\ndigest ", weights_file, " ", CheckpointDigest(weights), "\n");
@@ -647,6 +638,18 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   response->mutable_policy_version()->set_version(version_);
   response->set_size_bytes(*written);
   response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status TrainerCore::WriteHfFilesLocked(const fs::path& dir) {
+  RETURN_IF_ERROR(
+      model::WriteFileAtomically((dir / kHfConfigFile).string(), model::HfConfigJson(policy_->config(), base_config_)));
+  for (const char* name : kHfTokenizerFiles) {
+    if (tokenizer_dir_.empty() || !fs::exists(tokenizer_dir_ / name)) continue;
+    ASSIGN_OR_RETURN(std::string bytes,
+                     common::ReadRegularFile(name, tokenizer_dir_ / name, max_checkpoint_file_bytes_));
+    RETURN_IF_ERROR(model::WriteFileAtomically((dir / name).string(), bytes));
+  }
   return absl::OkStatus();
 }
 
@@ -758,7 +761,16 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
     length = bytes.size();
     std::error_code ec;
     fs::create_directories(target.dir, ec);
-    const std::string path = (fs::path(target.dir) / absl::StrCat("policy-v", version_, ".safetensors")).string();
+    // A Llama-family model's version is a Hugging Face directory (policy-v<N>/: config,
+    // tokenizer files, then model.safetensors, which the descriptor names).
+    std::string path = (fs::path(target.dir) / absl::StrCat("policy-v", version_, ".safetensors")).string();
+    if (policy_->config().arch != "gpt") {
+      const fs::path dir = fs::path(target.dir) / absl::StrCat("policy-v", version_);
+      fs::create_directories(dir, ec);
+      if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+      RETURN_IF_ERROR(WriteHfFilesLocked(dir));
+      path = (dir / kHfWeightsFile).string();
+    }
     RETURN_IF_ERROR(model::WriteFileAtomically(path, bytes));
     where->mutable_segment()->set_backend(v1::TRANSFER_BACKEND_FILE);
     where->mutable_segment()->set_worker_address(path);

@@ -141,6 +141,10 @@ class TrainerCore {
   model::Policy* policy() ABSL_NO_THREAD_SAFETY_ANALYSIS { return policy_.get(); }
 
  private:
+  // A Hugging Face model directory's files but the weights in `dir`: config.json (on
+  // --model_dir's, HfConfigJson) and --model_dir's tokenizer files.
+  absl::Status WriteHfFilesLocked(const std::filesystem::path& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
               dist::GradientGroup* group, std::filesystem::path checkpoint_root);
   // Rank 0: broadcasts a command; ranks > 0 receive it in ServeWorker.

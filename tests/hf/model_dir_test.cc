@@ -112,6 +112,14 @@ TEST(ModelDir, RolloutAndTrainerRunAHuggingFaceCheckpoint) {
   v1::PublishWeightsResponse published;
   s = trainer_stub->PublishWeights(Context().get(), {}, &published);
   ASSERT_TRUE(s.ok()) << s.error_message();
+  // A published version is a Hugging Face directory too, holding what was published.
+  const fs::path version_dir = fs::path(published.location().segment().worker_address()).parent_path();
+  EXPECT_EQ(version_dir, fs::path(publish) / absl::StrCat("policy-v", published.manifest().version().version()));
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    EXPECT_TRUE(fs::exists(version_dir / file)) << file;
+  }
+  auto published_model = model::LoadHfModel(version_dir.string(), {});
+  ASSERT_TRUE(published_model.ok()) << published_model.status();
   auto rollout_stub = v1::RolloutService::NewStub(grpc::CreateChannel(*r, grpc::InsecureChannelCredentials()));
   v1::PrepareWeightsRequest update;
   *update.mutable_manifest() = published.manifest();
@@ -151,6 +159,7 @@ TEST(ModelDir, RolloutAndTrainerRunAHuggingFaceCheckpoint) {
   ASSERT_TRUE(trained.ok() && original.ok()) << trained.status();
   EXPECT_EQ(model::HfConfigJson((*trained)->config()), model::HfConfigJson((*original)->config()));
   EXPECT_NE((*trained)->SafetensorsBytes(), (*original)->SafetensorsBytes());
+  EXPECT_EQ((*trained)->SafetensorsBytes(), (*published_model)->SafetensorsBytes());
   // ... and the trainer loads it back, and overwrites it.
   v1::LoadCheckpointRequest load;
   load.set_path("step1");
