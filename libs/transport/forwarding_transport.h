@@ -22,6 +22,7 @@ class ForwardingTransport : public Transport {
   Capabilities GetCapabilities() const override { return inner_->GetCapabilities(); }
   std::string LocalAddress() const override { return inner_->LocalAddress(); }
   absl::StatusOr<PeerId> Connect(absl::string_view a) override { return inner_->Connect(a); }
+  void Disconnect(PeerId peer, const absl::Status& why) override { inner_->Disconnect(peer, why); }
   absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind, int device) override {
     return inner_->RegisterMemory(base, length, kind, device);
   }

@@ -118,6 +118,13 @@ class Transport {
   // peer cannot be reached.
   virtual absl::StatusOr<PeerId> Connect(absl::string_view peer_address) = 0;
 
+  // Gives up on `peer`'s connection: its operations in flight fail UNAVAILABLE (naming
+  // `why`) and the next Connect to its address makes a fresh connection. For a peer
+  // that answers through a connection a partition left behind (tcp's retransmissions
+  // back off to two minutes while a link is down, and a message queued behind them
+  // arrives that late after it heals). A transport without connections ignores it.
+  virtual void Disconnect(PeerId /*peer*/, const absl::Status& /*why*/) {}
+
   // Registers [base, base + length) for transfers. INVALID_ARGUMENT for a null base,
   // zero length or an unsupported memory kind.
   virtual absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind = MemoryKind::kHost,

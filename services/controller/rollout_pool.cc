@@ -265,6 +265,10 @@ absl::Status RolloutPool::Admit(std::unique_ptr<RolloutReplica> replica) {
     }
     const uint64_t version = weights.manifest().version().version();
     absl::Status s = Installed(*replica, replica->UpdateWeights(weights), weights);
+    if (absl::IsNotFound(s)) {  // (retired while it joined: the run has a newer one to install)
+      absl::MutexLock lock(&mu_);
+      if (weights_->manifest().version().version() != version) continue;
+    }
     if (!s.ok()) {
       return common::Annotate(s, absl::StrCat("installing version ", version, " on joining replica ", address));
     }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "libs/common/huge_string.h"
 #include "libs/common/status_macros.h"
@@ -14,6 +15,14 @@
 #include "services/weights/spawn.h"
 
 namespace rlfleet::weights {
+
+namespace {
+
+// How long a push round's source may still be sending after every member of its chain
+// installed the version (then its connection to the first member is given up).
+constexpr absl::Duration kSourceGrace = absl::Seconds(2);
+
+}  // namespace
 
 PushChains::Source::~Source() {
   // (a push copy is never described to a peer: deregistering it waits for nobody)
@@ -148,10 +157,11 @@ std::vector<std::string> PushChains::Push(const Lease& lease, const std::vector<
   reshard::ExecutionStats stats;
   const absl::Time start = absl::Now();
   {
-    std::vector<std::thread> threads;
+    std::vector<std::thread> threads, source_thread;
+    absl::Notification source_done;
     absl::StatusOr<transport::PeerId> first = data_plane_->Connect(addresses[0]);
     if (first.ok()) {
-      absl::Status spawned = Spawn(&threads, "the push's source", [&, peer = *first] {
+      absl::Status spawned = Spawn(&source_thread, "the push's source", [&, peer = *first] {
         reshard::SourceRole role{0, push->handle, {peer}};
         auto ops = reshard::NewHostMemoryOps();
         reshard::ExecutorOptions options;
@@ -165,6 +175,7 @@ std::vector<std::string> PushChains::Push(const Lease& lease, const std::vector<
             reshard::Execute(*data_plane_, push->plan, &role, nullptr, *ops, options);
         sent = executed.status();
         if (executed.ok()) stats = *executed;
+        source_done.Notify();
       });
       if (!spawned.ok()) {  // (no member is asked to join a round with no source)
         first = spawned;
@@ -192,6 +203,20 @@ std::vector<std::string> PushChains::Push(const Lease& lease, const std::vector<
       if (!spawned.ok()) results[i] = spawned;  // (it pulls instead, or fails with this)
     }
     for (auto& t : threads) t.join();
+    // Every member installed (digest checked): nothing more is needed from the source's
+    // sends. A source still waiting on them is waiting on a connection a partition left
+    // behind (tcp backs its retransmissions off to two minutes while a link is down):
+    // that connection is given up, its sends fail, and the next round connects afresh.
+    const bool all_installed = std::all_of(results.begin(), results.end(), [](const auto& r) { return r.ok(); });
+    if (!source_thread.empty() && all_installed && !source_done.WaitForNotificationWithTimeout(kSourceGrace)) {
+      Log(
+          absl::StrFormat("version %d: every replica of the chain installed it, but the source's sends to %s had not "
+                          "completed %.0f s later: that connection is given up",
+                          version, members[0], absl::ToDoubleSeconds(kSourceGrace)));
+      data_plane_->Disconnect(*first, absl::UnavailableError(absl::StrCat(
+                                          "replica ", members[0], " installed the version; its sends stalled")));
+    }
+    for (auto& t : source_thread) t.join();
   }
   {
     absl::MutexLock lock(&mu_);

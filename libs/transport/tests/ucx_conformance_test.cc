@@ -203,6 +203,39 @@ TEST(UcxRecvTest, AReceivePostedAfterItsMessageArrivedCompletesAndShutsDownClean
   }
 }
 
+// Disconnect gives up a live peer's connection: a receive waiting on it fails at once,
+// naming why, and the next Connect makes a fresh connection that carries messages.
+TEST(UcxDisconnectTest, OpsInFlightFailAndTheNextConnectIsFresh) {
+  UcxOptions options;
+  options.tls = "tcp";
+  auto receiver = UcxTransport::Create(options);
+  auto sender = UcxTransport::Create(options);
+  ASSERT_TRUE(receiver.ok() && sender.ok());
+  auto to_receiver = (*sender)->Connect((*receiver)->LocalAddress());
+  auto to_sender = (*receiver)->Connect((*sender)->LocalAddress());
+  ASSERT_TRUE(to_receiver.ok() && to_sender.ok());
+  std::vector<uint8_t> out(64, 9), in(64, 0);
+  auto out_region = (*sender)->RegisterMemory(out.data(), out.size(), MemoryKind::kHost, 0);
+  auto in_region = (*receiver)->RegisterMemory(in.data(), in.size(), MemoryKind::kHost, 0);
+  ASSERT_TRUE(out_region.ok() && in_region.ok());
+
+  auto waiting = (*receiver)->Recv(*to_sender, 5, *in_region, 0, in.size());  // (nothing sends tag 5)
+  (*receiver)->Disconnect(*to_sender, absl::UnavailableError("the test gave it up"));
+  const absl::Status failed = waiting->Wait(absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(failed)) << failed;
+  EXPECT_TRUE(absl::StrContains(failed.message(), "the test gave it up")) << failed;
+
+  auto again = (*receiver)->Connect((*sender)->LocalAddress());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(*again, *to_sender) << "the given-up connection was reused";
+  auto received = (*receiver)->Recv(*again, 6, *in_region, 0, in.size());
+  ASSERT_TRUE((*sender)->Send(*to_receiver, 6, *out_region, 0, out.size())->Wait(absl::Seconds(10)).ok());
+  ASSERT_TRUE(received->Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(in[63], 9);
+  EXPECT_TRUE((*receiver)->DeregisterMemory(*in_region).ok());
+  EXPECT_TRUE((*sender)->DeregisterMemory(*out_region).ok());
+}
+
 // Whether process `pid` is stopped (its /proc state T), polled until `timeout`.
 bool WaitUntilStopped(pid_t pid, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -26,7 +27,9 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "libs/common/hmac.h"
 #include "libs/common/status_macros.h"
 #include "libs/transport/ucx/ucx_transport.h"
@@ -175,11 +178,21 @@ class UcxTransport::Impl {
   void Shutdown();
 
   // Runs `fn` with the worker lock held (on the calling thread) and returns its result.
+  // `what` names it in the report of a slow one (ReportSlow).
   template <typename T>
-  absl::StatusOr<T> RunSync(std::function<absl::StatusOr<T>()> fn) {
+  absl::StatusOr<T> RunSync(std::function<absl::StatusOr<T>()> fn, const char* what = "a call") {
+    const absl::Time asked = absl::Now();
     absl::MutexLock lock(&worker_mu_);
-    return fn();
+    const absl::Time got = absl::Now();
+    absl::StatusOr<T> out = fn();
+    ReportSlow(what, got - asked, absl::Now() - got);
+    return out;
   }
+  // Every UCX operation of the process passes the worker lock, so one call that blocks
+  // in it holds up every transfer: a call that waited for it or held it longer than
+  // kSlowWorker is said on stderr (what, how long, which peer stands out is for the
+  // reader of the log), once per kind per minute at most.
+  void ReportSlow(const char* what, absl::Duration waited, absl::Duration held);
 
   void Post(std::function<void()> task) {
     {

@@ -52,7 +52,23 @@ std::string UcxTransport::LocalAddress() const { return impl_->local_address_; }
 absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view peer_address) {
   std::string address(peer_address);
   Impl* impl = impl_.get();
-  return impl->RunSync<PeerId>([impl, address] { return impl->ConnectOnThread(address, true); });
+  return impl->RunSync<PeerId>([impl, address] { return impl->ConnectOnThread(address, true); }, "Connect");
+}
+
+void UcxTransport::Disconnect(PeerId peer_id, const absl::Status& why) {
+  Impl* impl = impl_.get();
+  (void)impl->RunSync<bool>(
+      [impl, peer_id, why]() -> absl::StatusOr<bool> {
+        auto it = impl->peers_.find(peer_id);
+        if (it == impl->peers_.end() || it->second->failed) return true;
+        Impl::Peer* peer = it->second.get();
+        peer->failed = true;
+        peer->error = absl::UnavailableError(
+            absl::StrCat("UCX peer ", absl::Hex(peer->instance), " disconnected: ", why.message()));
+        impl->FailPeer(peer);  // (its ops fail; the next Connect makes a fresh endpoint)
+        return true;
+      },
+      "Disconnect");
 }
 
 namespace {
@@ -172,29 +188,32 @@ absl::Status UcxTransport::DeregisterMemory(const MemoryHandle& handle) {
         if (wait->waiting.empty()) wait->done.Notify();
         impl->revokes_[seq] = wait;
         return wait;
-      });
+      },
+      "DeregisterMemory's revoke");
   if (!wait.ok()) return wait.status();
   // 2. Wait until they acknowledged (their transfers with the key have finished).
   (void)(*wait)->done.WaitForNotificationWithTimeout(impl->options_.revoke_timeout);
   // 3. Unmap.
   const uint64_t seq = (*wait)->seq;
   return impl
-      ->RunSync<bool>([impl, handle, seq, wait = *wait]() -> absl::StatusOr<bool> {
-        // Peers that did not ack in time are not waited for again until they answer.
-        for (uint64_t instance : wait->waiting) {
-          auto peer = impl->by_instance_.find(instance);
-          if (peer != impl->by_instance_.end()) peer->second->unresponsive = true;
-        }
-        impl->revokes_.erase(seq);
-        auto it = impl->registrations_.find(handle.id);
-        if (it == impl->registrations_.end()) {
-          return absl::NotFoundError(absl::StrCat("memory registration ", handle.id, " is not registered"));
-        }
-        ucp_mem_unmap(impl->context_, it->second.memh);
-        if (impl->owned_.erase(handle.id)) free(it->second.handle.base);
-        impl->registrations_.erase(it);
-        return true;
-      })
+      ->RunSync<bool>(
+          [impl, handle, seq, wait = *wait]() -> absl::StatusOr<bool> {
+            // Peers that did not ack in time are not waited for again until they answer.
+            for (uint64_t instance : wait->waiting) {
+              auto peer = impl->by_instance_.find(instance);
+              if (peer != impl->by_instance_.end()) peer->second->unresponsive = true;
+            }
+            impl->revokes_.erase(seq);
+            auto it = impl->registrations_.find(handle.id);
+            if (it == impl->registrations_.end()) {
+              return absl::NotFoundError(absl::StrCat("memory registration ", handle.id, " is not registered"));
+            }
+            ucp_mem_unmap(impl->context_, it->second.memh);
+            if (impl->owned_.erase(handle.id)) free(it->second.handle.base);
+            impl->registrations_.erase(it);
+            return true;
+          },
+          "DeregisterMemory's unmap")
       .status();
 }
 
@@ -319,7 +338,8 @@ absl::StatusOr<std::unique_ptr<RemoteMapping>> UcxTransport::MapRemote(PeerId pe
         }
         return std::unique_ptr<RemoteMapping>(
             new UcxMapping(impl, rkey, static_cast<uint8_t*>(data), remote.length_bytes()));
-      });
+      },
+      "MapRemote");
 }
 
 std::unique_ptr<Completion> UcxTransport::Get(PeerId peer_id, const MemoryHandle& local, uint64_t local_offset,

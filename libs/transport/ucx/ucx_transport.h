@@ -73,6 +73,7 @@ class UcxTransport : public Transport {
   Capabilities GetCapabilities() const override;
   std::string LocalAddress() const override;
   absl::StatusOr<PeerId> Connect(absl::string_view peer_address) override;
+  void Disconnect(PeerId peer, const absl::Status& why) override;
   absl::StatusOr<MemoryHandle> RegisterMemory(void* base, uint64_t length, MemoryKind kind, int device) override;
   absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t length, MemoryKind kind, int device) override;
   absl::Status DeregisterMemory(const MemoryHandle& handle) override;

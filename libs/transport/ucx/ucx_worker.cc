@@ -123,15 +123,34 @@ absl::Status Impl::Init() {
   return absl::OkStatus();
 }
 
+void Impl::ReportSlow(const char* what, absl::Duration waited, absl::Duration held) {
+  constexpr absl::Duration kSlowWorker = absl::Seconds(1);
+  if (waited < kSlowWorker && held < kSlowWorker) return;
+  static absl::Mutex said_mu(absl::kConstInit);
+  static std::map<std::string, absl::Time>* said = new std::map<std::string, absl::Time>();
+  {
+    absl::MutexLock lock(&said_mu);
+    absl::Time& last = (*said)[what];
+    if (absl::Now() - last < absl::Minutes(1)) return;
+    last = absl::Now();
+  }
+  std::fprintf(stderr, "rlfleet ucx: %s waited %.1f s for the UCX worker and held it %.1f s\n", what,
+               absl::ToDoubleSeconds(waited), absl::ToDoubleSeconds(held));
+}
+
 bool Impl::DriveLocked() {
   std::deque<std::function<void()>> tasks;
   {
     absl::MutexLock lock(&mu_);
     tasks.swap(tasks_);
   }
+  absl::Time start = absl::Now();
   for (auto& task : tasks) task();
+  ReportSlow("the worker's posted tasks", absl::ZeroDuration(), absl::Now() - start);
+  start = absl::Now();
   unsigned events = 0;
   for (unsigned n; (n = ucp_worker_progress(worker_)) > 0;) events += n;
+  ReportSlow("ucp_worker_progress", absl::ZeroDuration(), absl::Now() - start);
   if (events == 0 && tasks.empty()) {
     CheckLiveness();
     return false;
@@ -628,10 +647,13 @@ std::unique_ptr<Completion> Impl::Submit(std::function<void(Op*)> start) {
   auto* op = new Op;
   op->impl = this;
   op->completion = completion;
+  const absl::Time asked = absl::Now();
   {
     absl::MutexLock lock(&worker_mu_);
+    const absl::Time got = absl::Now();
     ops_.insert(op);
     start(op);
+    ReportSlow("a transfer's start", got - asked, absl::Now() - got);
   }
   return std::make_unique<UcxCompletion>(this, completion);
 }

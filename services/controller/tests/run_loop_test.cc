@@ -4,6 +4,7 @@
 #include "services/controller/run_loop.h"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -499,6 +500,49 @@ TEST(RunLoop, ABatchConsumedByAnAttemptWhoseReplyWasLostEndsTheStep) {
 
 // A replica's FAILED_PRECONDITION to UpdateWeights is "installed" only when it serves
 // exactly that version; one that serves another cannot serve this run and is dropped.
+// A replica that answers its first install NOT_FOUND (the version was retired while it
+// joined: the weights service keeps a few) after `meanwhile` ran.
+class RetiredOnceRollout : public FakeRollout {
+ public:
+  RetiredOnceRollout(std::string address, std::function<void()> meanwhile)
+      : FakeRollout(std::move(address)), meanwhile_(std::move(meanwhile)) {}
+  absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request) override {
+    if (meanwhile_) {
+      auto run = std::move(meanwhile_);
+      meanwhile_ = nullptr;
+      run();
+      return absl::NotFoundError(absl::StrCat("version ", request.manifest().version().version(), " is not published"));
+    }
+    return FakeRollout::UpdateWeights(request);
+  }
+
+ private:
+  std::function<void()> meanwhile_;
+};
+
+// A joiner whose version was retired while it joined catches up with the run's newer
+// version and is admitted with it; one whose version is simply absent is refused.
+TEST(RolloutPool, AJoinerWhoseVersionWasRetiredCatchesUpWithTheNewerOne) {
+  std::vector<std::string> logs;
+  RolloutPool pool(Pool(std::make_unique<FakeRollout>("a")), [&](const std::string& l) { logs.push_back(l); });
+  v1::PrepareWeightsRequest v5, v6;
+  v5.mutable_manifest()->mutable_version()->set_version(5);
+  v6.mutable_manifest()->mutable_version()->set_version(6);
+  ASSERT_TRUE(pool.UpdateWeights(v5).ok());
+  auto joining = std::make_unique<RetiredOnceRollout>("b", [&] { EXPECT_TRUE(pool.UpdateWeights(v6).ok()); });
+  RetiredOnceRollout* b = joining.get();
+  const absl::Status joined = pool.Admit(std::move(joining));
+  ASSERT_TRUE(joined.ok()) << joined;
+  EXPECT_EQ(b->version(), 6u);
+  EXPECT_EQ(pool.addresses(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(absl::StrContains(logs.back(), "admitted with version 6")) << logs.back();
+  // Retired with nothing newer to take: refused, naming the version.
+  auto lost = std::make_unique<RetiredOnceRollout>("c", [] {});
+  const absl::Status refused = pool.Admit(std::move(lost));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "installing version 6 on joining replica c")) << refused;
+}
+
 TEST(RolloutPool, AReplicaRefusingAVersionCountsAsInstalledOnlyIfItServesIt) {
   auto same = std::make_unique<FakeRollout>("same");
   auto newer = std::make_unique<FakeRollout>("newer");
