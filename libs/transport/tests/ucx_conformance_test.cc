@@ -228,10 +228,17 @@ TEST(UcxDisconnectTest, OpsInFlightFailAndTheNextConnectIsFresh) {
   auto again = (*receiver)->Connect((*sender)->LocalAddress());
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_NE(*again, *to_sender) << "the given-up connection was reused";
+  // Messages both ways (which also completes the fresh endpoint's wire-up before the
+  // transports shut down: UCX 1.13 asserts when a worker is destroyed mid-wire-up).
   auto received = (*receiver)->Recv(*again, 6, *in_region, 0, in.size());
   ASSERT_TRUE((*sender)->Send(*to_receiver, 6, *out_region, 0, out.size())->Wait(absl::Seconds(10)).ok());
   ASSERT_TRUE(received->Wait(absl::Seconds(10)).ok());
   EXPECT_EQ(in[63], 9);
+  in[0] = 4;
+  auto back = (*sender)->Recv(*to_receiver, 7, *out_region, 0, out.size());
+  ASSERT_TRUE((*receiver)->Send(*again, 7, *in_region, 0, in.size())->Wait(absl::Seconds(10)).ok());
+  ASSERT_TRUE(back->Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(out[0], 4);
   EXPECT_TRUE((*receiver)->DeregisterMemory(*in_region).ok());
   EXPECT_TRUE((*sender)->DeregisterMemory(*out_region).ok());
 }
