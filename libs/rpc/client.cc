@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "libs/common/status_macros.h"
+#include "libs/rpc/keepalive.h"
 #include "libs/rpc/status_conversion.h"
 
 namespace rlfleet::rpc {
@@ -81,6 +82,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ClientOptions& 
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 3000);
+  SetClientKeepalive(&args);
   return grpc::CreateCustomChannel(options.target, creds, args);
 }
 

@@ -17,6 +17,7 @@
 #include "libs/common/files.h"
 #include "libs/common/status_macros.h"
 #include "libs/rpc/advertise.h"
+#include "libs/rpc/keepalive.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to serve on (loopback by default; 0.0.0.0 or :: for all interfaces).");
@@ -123,6 +124,7 @@ absl::Status ServerRunner::Start() {
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
   // Without this, a restarted service could share a port with a still-running one.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  SetServerKeepalive(&builder);
   for (grpc::Service* service : services_) builder.RegisterService(service);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
