@@ -19,7 +19,7 @@ namespace rlfleet::weights {
 namespace {
 
 // How long a push round's source may still be sending after every member of its chain
-// installed the version (then its connection to the first member is given up).
+// answered (then its connection to the first member is given up).
 constexpr absl::Duration kSourceGrace = absl::Seconds(2);
 
 }  // namespace
@@ -203,18 +203,20 @@ std::vector<std::string> PushChains::Push(const Lease& lease, const std::vector<
       if (!spawned.ok()) results[i] = spawned;  // (it pulls instead, or fails with this)
     }
     for (auto& t : threads) t.join();
-    // Every member installed (digest checked): nothing more is needed from the source's
-    // sends. A source still waiting on them is waiting on a connection a partition left
-    // behind (tcp backs its retransmissions off to two minutes while a link is down):
-    // that connection is given up, its sends fail, and the next round connects afresh.
-    const bool all_installed = std::all_of(results.begin(), results.end(), [](const auto& r) { return r.ok(); });
-    if (!source_thread.empty() && all_installed && !source_done.WaitForNotificationWithTimeout(kSourceGrace)) {
+    // Every member has answered (installed, digest checked, or failed): the round is
+    // over, and nothing more is needed from the source's sends. A source still sending
+    // is waiting on a connection a partition left behind (tcp backs its retransmissions
+    // off to two minutes while a link is down) or on a member that gave up: that
+    // connection is given up, its sends fail, and the next round connects afresh.
+    if (!source_thread.empty() && !source_done.WaitForNotificationWithTimeout(kSourceGrace)) {
+      const int answered_ok =
+          static_cast<int>(std::count_if(results.begin(), results.end(), [](const auto& r) { return r.ok(); }));
       Log(
-          absl::StrFormat("version %d: every replica of the chain installed it, but the source's sends to %s had not "
-                          "completed %.0f s later: that connection is given up",
-                          version, members[0], absl::ToDoubleSeconds(kSourceGrace)));
-      data_plane_->Disconnect(*first, absl::UnavailableError(absl::StrCat(
-                                          "replica ", members[0], " installed the version; its sends stalled")));
+          absl::StrFormat("version %d: %d of %d replicas of the chain installed it, but the source's sends to %s had "
+                          "not completed %.0f s after the last answered: that connection is given up",
+                          version, answered_ok, members.size(), members[0], absl::ToDoubleSeconds(kSourceGrace)));
+      data_plane_->Disconnect(*first, absl::UnavailableError(absl::StrCat("the push round to ", members[0],
+                                                                          " was over; its sends stalled")));
     }
     for (auto& t : source_thread) t.join();
   }
