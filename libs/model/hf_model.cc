@@ -426,8 +426,7 @@ std::string HfConfigJson(const PolicyConfig& c, absl::string_view base) {
   return json.dump(2) + "\n";
 }
 
-absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const std::string& from) {
-  const PolicyConfig& c = policy.config();
+absl::Status WriteHfModelFiles(const PolicyConfig& c, const std::string& dir, const std::string& from) {
   if (c.arch == "gpt") {
     return absl::InvalidArgumentError("arch gpt (the built-in character model) has no Hugging Face layout");
   }
@@ -435,24 +434,27 @@ absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const
     return absl::InvalidArgumentError(
         absl::StrCat(c.arch, " has one attention_bias for q/k/v and the output projection; this config differs"));
   }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   std::string base;
   if (!from.empty() && fs::exists(fs::path(from) / "config.json")) {
     ASSIGN_OR_RETURN(base, common::ReadRegularFile("config.json", fs::path(from) / "config.json", kMaxConfigBytes));
   }
   RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir) / "config.json").string(), HfConfigJson(c, base)));
-  RETURN_IF_ERROR(policy.SaveSafetensors((fs::path(dir) / "model.safetensors").string()));
   if (from.empty()) return absl::OkStatus();
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                           "generation_config.json", "vocab.json", "merges.txt"}) {
+  for (const char* name : kHfTokenizerFiles) {
     const fs::path source = fs::path(from) / name;
     if (!fs::exists(source)) continue;
     ASSIGN_OR_RETURN(std::string bytes, common::ReadRegularFile(name, source, kMaxConfigBytes * 8));
     RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir) / name).string(), bytes));
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const std::string& from) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  RETURN_IF_ERROR(WriteHfModelFiles(policy.config(), dir, from));
+  return policy.SaveSafetensors((fs::path(dir) / "model.safetensors").string());
 }
 
 }  // namespace rlfleet::model

@@ -88,11 +88,23 @@ absl::StatusOr<std::unique_ptr<Policy>> LoadHfRewardModel(const std::string& dir
 // max_position_embeddings is config.max_seq_len. A base that does not parse is ignored.
 std::string HfConfigJson(const PolicyConfig& config, absl::string_view base = "");
 
-// Writes `policy` as a model directory: DIR/config.json and DIR/model.safetensors
-// (F32, named as transformers names them), each written atomically, and the tokenizer
-// files (tokenizer.json, tokenizer_config.json, chat_template.jinja, ...) copied from
-// `from` when it is not empty, whose config.json is the base of ours (HfConfigJson).
-// INVALID_ARGUMENT for arch gpt (no such transformers model).
+// The tokenizer files a model directory may hold beside its config and weights.
+inline constexpr const char* kHfTokenizerFiles[] = {"tokenizer.json",
+                                                    "tokenizer_config.json",
+                                                    "chat_template.jinja",
+                                                    "special_tokens_map.json",
+                                                    "generation_config.json",
+                                                    "vocab.json",
+                                                    "merges.txt"};
+
+// A model directory's files but the weights, in DIR (which exists), each written
+// atomically: config.json for `config` (on `from`'s config.json, HfConfigJson) and the
+// kHfTokenizerFiles `from` holds, when `from` is not empty. INVALID_ARGUMENT for arch
+// gpt (no such transformers model) or a config transformers cannot spell.
+absl::Status WriteHfModelFiles(const PolicyConfig& config, const std::string& dir, const std::string& from = "");
+
+// Writes `policy` as a model directory: WriteHfModelFiles, and DIR/model.safetensors
+// (F32, named as transformers names them).
 absl::Status WriteHfModelDir(const Policy& policy, const std::string& dir, const std::string& from = "");
 
 }  // namespace rlfleet::model

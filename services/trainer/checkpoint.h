@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "libs/model/hf_model.h"
 
 namespace rlfleet::trainer {
 
@@ -29,8 +30,7 @@ inline constexpr char kFormatLine[] = "format rlfleet-trainer-checkpoint-1";
 // and the tokenizer files of the directory it started from.
 inline constexpr char kHfWeightsFile[] = "model.safetensors";
 inline constexpr char kHfConfigFile[] = "config.json";
-inline constexpr const char* kHfTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                                                    "special_tokens_map.json", "generation_config.json"};
+using model::kHfTokenizerFiles;  // (hf_model.h)
 inline constexpr uint64_t kMaxStateBytes = 64 << 10;
 
 // FNV-1a 64 of `bytes` as 16 hex digits (the digest state.txt records per file).

@@ -596,7 +596,7 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
     const bool hf = policy_->config().arch != "gpt";
     const char* weights_file = hf ? kHfWeightsFile : kWeightsFile;
     RETURN_IF_ERROR(model::WriteFileAtomically((tmp / weights_file).string(), weights));
-    if (hf) RETURN_IF_ERROR(WriteHfFilesLocked(tmp));
+    if (hf) RETURN_IF_ERROR(model::WriteHfModelFiles(policy_->config(), tmp.string(), tokenizer_dir_.string()));
     std::string state =
         absl::StrCat(kFormatLine, "\nstep ", step_, "\nversion ", version_, "\nconfig ", ConfigLine(policy_->config()),
                      "\ndigest ", weights_file, " ", CheckpointDigest(weights), "\n");
@@ -641,26 +641,11 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   return absl::OkStatus();
 }
 
-absl::Status TrainerCore::WriteHfFilesLocked(const fs::path& dir) {
-  RETURN_IF_ERROR(
-      model::WriteFileAtomically((dir / kHfConfigFile).string(), model::HfConfigJson(policy_->config(), base_config_)));
-  for (const char* name : kHfTokenizerFiles) {
-    if (tokenizer_dir_.empty() || !fs::exists(tokenizer_dir_ / name)) continue;
-    ASSIGN_OR_RETURN(std::string bytes,
-                     common::ReadRegularFile(name, tokenizer_dir_ / name, max_checkpoint_file_bytes_));
-    RETURN_IF_ERROR(model::WriteFileAtomically((dir / name).string(), bytes));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status TrainerCore::LoadModelDir(const std::string& dir) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(std::string base_config,
-                   common::ReadRegularFile(kHfConfigFile, fs::path(dir) / kHfConfigFile, max_checkpoint_file_bytes_));
   RETURN_IF_ERROR(model::LoadHfWeights(dir, policy_.get()));
   policy_->ResetOptimizer();
   tokenizer_dir_ = dir;
-  base_config_ = std::move(base_config);
   return absl::OkStatus();
 }
 
@@ -768,7 +753,7 @@ absl::Status TrainerCore::Publish(const PublishTarget& target, const v1::Publish
       const fs::path dir = fs::path(target.dir) / absl::StrCat("policy-v", version_);
       fs::create_directories(dir, ec);
       if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
-      RETURN_IF_ERROR(WriteHfFilesLocked(dir));
+      RETURN_IF_ERROR(model::WriteHfModelFiles(policy_->config(), dir.string(), tokenizer_dir_.string()));
       path = (dir / kHfWeightsFile).string();
     }
     RETURN_IF_ERROR(model::WriteFileAtomically(path, bytes));

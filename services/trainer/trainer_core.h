@@ -141,10 +141,6 @@ class TrainerCore {
   model::Policy* policy() ABSL_NO_THREAD_SAFETY_ANALYSIS { return policy_.get(); }
 
  private:
-  // A Hugging Face model directory's files but the weights in `dir`: config.json (on
-  // --model_dir's, HfConfigJson) and --model_dir's tokenizer files.
-  absl::Status WriteHfFilesLocked(const std::filesystem::path& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
               dist::GradientGroup* group, std::filesystem::path checkpoint_root);
   // Rank 0: broadcasts a command; ranks > 0 receive it in ServeWorker.
@@ -206,8 +202,7 @@ class TrainerCore {
   const std::filesystem::path checkpoint_root_;               // absolute; empty: no checkpoints
   const int64_t num_parameters_;                              // the policy's (its shape never changes)
   const uint64_t max_checkpoint_file_bytes_;                  // (from the model's size)
-  std::filesystem::path tokenizer_dir_ ABSL_GUARDED_BY(mu_);  // --model_dir: its tokenizer files go into checkpoints
-  std::string base_config_ ABSL_GUARDED_BY(mu_);              // --model_dir's config.json: its keys stay in checkpoints
+  std::filesystem::path tokenizer_dir_ ABSL_GUARDED_BY(mu_);  // --model_dir: its config, tokenizer into checkpoints
   std::deque<UnackedLease> unacked_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::PublishWeightsResponse> last_publish_ ABSL_GUARDED_BY(mu_);  // of the latest publication
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
