@@ -2,10 +2,11 @@
 """Reference forward pass of the Llama family (llama, qwen2, qwen3) in plain PyTorch.
 
 Written from the architectures' definitions, not from libs/model/policy.cc, and runs on
-Debian's python3-torch (1.13) with no other package: it reads a Hugging Face model
-directory (config.json in transformers 4's or 5's spelling; model.safetensors or the
-shards of model.safetensors.index.json; F32 / BF16 / F16), computes the logits of the
-token rows given on stdin, and continues each row greedily without a KV cache.
+Debian's python3-torch (1.13) with no other package (the safetensors reader is
+reference_policy.py's): it reads a Hugging Face model directory (config.json in
+transformers 4's or 5's spelling; model.safetensors or the shards of
+model.safetensors.index.json; F32 / BF16 / F16), computes the logits of the token rows
+given on stdin, and continues each row greedily without a KV cache.
 
 stdin:  {"dir": DIR, "tokens": [[...], ...], "pad": 0 or null, "greedy": N}
         Rows have equal length; with "pad", that id in them is padding (left padding:
@@ -18,40 +19,25 @@ Used by libs/model/tests:hf_reference_test.
 import json
 import math
 import os
-import struct
 import sys
 
 import torch
 
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from reference_policy import read_safetensors  # noqa: E402
 
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    tensors = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = meta["data_offsets"]
-        buf = bytearray(data[base + start:base + end])
-        t = torch.frombuffer(buf, dtype=DTYPES[meta["dtype"]]) if buf else torch.zeros(0, dtype=DTYPES[meta["dtype"]])
-        tensors[name] = t.reshape(meta["shape"]).to(torch.float32).clone()
-    return tensors
+WEIGHT_DTYPES = ("F32", "BF16", "F16")
 
 
 def read_weights(directory):
     index = os.path.join(directory, "model.safetensors.index.json")
     if not os.path.exists(index):
-        return read_safetensors(os.path.join(directory, "model.safetensors"))
+        return read_safetensors(os.path.join(directory, "model.safetensors"), WEIGHT_DTYPES)
     with open(index) as f:
         shards = sorted(set(json.load(f)["weight_map"].values()))
     tensors = {}
     for shard in shards:
-        tensors.update(read_safetensors(os.path.join(directory, shard)))
+        tensors.update(read_safetensors(os.path.join(directory, shard), WEIGHT_DTYPES))
     return tensors
 
 

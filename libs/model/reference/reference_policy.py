@@ -14,7 +14,11 @@ import sys
 import torch
 
 
-def read_safetensors(path):
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def read_safetensors(path, dtypes=("F32",)):
+    """The tensors of a safetensors file, as float32; each must be of one of `dtypes`."""
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
@@ -24,10 +28,12 @@ def read_safetensors(path):
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        assert meta["dtype"] == "F32", meta
+        assert meta["dtype"] in dtypes, meta
         start, end = meta["data_offsets"]
         buf = bytearray(data[base + start:base + end])
-        tensors[name] = torch.frombuffer(buf, dtype=torch.float32).reshape(meta["shape"]).clone()
+        dtype = DTYPES[meta["dtype"]]
+        t = torch.frombuffer(buf, dtype=dtype) if buf else torch.zeros(0, dtype=dtype)
+        tensors[name] = t.reshape(meta["shape"]).to(torch.float32).clone()
     return tensors
 
 
