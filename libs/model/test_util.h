@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "libs/model/policy.h"
+#include "libs/model/safetensors.h"
 
 namespace rlfleet::model {
 
@@ -48,6 +51,40 @@ inline PolicyConfig WithArch(PolicyConfig c, const std::string& arch) {
   c.rope_factor = 4;
   c.rope_original_max_positions = 16;
   return c;
+}
+
+// An empty directory `name` under the test's TEST_TMPDIR (emptied if it was there).
+inline std::string FreshTestDir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(std::getenv("TEST_TMPDIR")) / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// What transformers computed for a model fixture (libs/model/testdata/hf/<arch>/
+// expected.safetensors, reference/make_hf_fixtures.py).
+struct HfFixtureExpected {
+  std::vector<std::vector<int32_t>> input_ids;  // [2][12]
+  std::vector<float> logits;                    // [2][12][vocab]
+  std::vector<std::vector<int32_t>> greedy;     // [2][12 + 16]
+};
+
+inline absl::StatusOr<HfFixtureExpected> ReadHfFixtureExpected(const std::string& dir) {
+  auto tensors = ReadSafetensors(dir + "/expected.safetensors");
+  if (!tensors.ok()) return tensors.status();
+  auto rows = [](const TensorBlob& t) {
+    std::vector<std::vector<int32_t>> out(t.shape[0]);
+    const int64_t* v = reinterpret_cast<const int64_t*>(t.bytes.data());
+    for (int64_t b = 0; b < t.shape[0]; ++b) out[b].assign(v + b * t.shape[1], v + (b + 1) * t.shape[1]);
+    return out;
+  };
+  HfFixtureExpected e;
+  e.input_ids = rows(tensors->at("input_ids"));
+  e.greedy = rows(tensors->at("greedy"));
+  const TensorBlob& logits = tensors->at("logits");
+  const float* f = reinterpret_cast<const float*>(logits.bytes.data());
+  e.logits.assign(f, f + logits.bytes.size() / sizeof(float));
+  return e;
 }
 
 inline float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {

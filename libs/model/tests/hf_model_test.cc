@@ -27,16 +27,9 @@ std::string FixtureDir(const std::string& arch) {
   return rlfleet::testing::RunfilePath("libs/model/testdata/hf/" + arch);
 }
 
-std::string TempDir(const std::string& name) {
-  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
 // A copy of a fixture directory (to break), without the files named in `leave_out`.
 std::string CopyOf(const std::string& arch, const std::string& name, const std::vector<std::string>& leave_out = {}) {
-  const std::string dir = TempDir(name);
+  const std::string dir = FreshTestDir(name);
   for (const auto& entry : fs::directory_iterator(FixtureDir(arch))) {
     const std::string file = entry.path().filename().string();
     if (std::find(leave_out.begin(), leave_out.end(), file) != leave_out.end()) continue;
@@ -55,29 +48,12 @@ std::string Read(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-struct Expected {
-  std::vector<std::vector<int32_t>> input_ids;  // [2][12]
-  std::vector<float> logits;                    // [2][12][vocab]
-  std::vector<std::vector<int32_t>> greedy;     // [2][12 + 16]
-};
-
-std::vector<std::vector<int32_t>> Rows(const TensorBlob& t) {
-  std::vector<std::vector<int32_t>> rows(t.shape[0]);
-  const int64_t* v = reinterpret_cast<const int64_t*>(t.bytes.data());
-  for (int64_t b = 0; b < t.shape[0]; ++b) rows[b].assign(v + b * t.shape[1], v + (b + 1) * t.shape[1]);
-  return rows;
-}
+using Expected = HfFixtureExpected;
 
 Expected ReadExpected(const std::string& arch) {
-  auto tensors = ReadSafetensors(FixtureDir(arch) + "/expected.safetensors");
-  EXPECT_TRUE(tensors.ok()) << tensors.status();
-  Expected e;
-  e.input_ids = Rows(tensors->at("input_ids"));
-  e.greedy = Rows(tensors->at("greedy"));
-  const TensorBlob& logits = tensors->at("logits");
-  const float* f = reinterpret_cast<const float*>(logits.bytes.data());
-  e.logits.assign(f, f + logits.bytes.size() / sizeof(float));
-  return e;
+  auto e = ReadHfFixtureExpected(FixtureDir(arch));
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? *e : Expected();
 }
 
 // A reward model made from a fixture as transformers' <Arch>ForSequenceClassification
@@ -88,7 +64,7 @@ std::string RewardModelDir(const std::string& arch, int k) {
   HfLoadOptions options;
   auto policy = LoadHfModel(FixtureDir(arch), options);
   EXPECT_TRUE(policy.ok()) << policy.status();
-  const std::string dir = TempDir("rm_" + arch);
+  const std::string dir = FreshTestDir("rm_" + arch);
   EXPECT_TRUE((*policy)->SaveSafetensors(dir + "/all.safetensors").ok());
   auto tensors = ReadSafetensors(dir + "/all.safetensors");
   EXPECT_TRUE(tensors.ok()) << tensors.status();
@@ -169,7 +145,7 @@ TEST_P(HfModel, AValueHeadStartsAtZeroAndRoundTrips) {
   auto trained = (*critic)->Values(e.input_ids);
   ASSERT_TRUE(trained.ok());
   EXPECT_NE((*trained)[0], 0.0f);
-  const std::string dir = TempDir("critic_" + arch);
+  const std::string dir = FreshTestDir("critic_" + arch);
   ASSERT_TRUE(WriteHfModelDir(**critic, dir).ok());
   auto again = Policy::Create(*config, TestDevice());
   ASSERT_TRUE(LoadHfWeights(dir, again->get()).ok());
@@ -268,7 +244,7 @@ TEST_P(HfModel, AWrittenCheckpointReadsBackIdenticalAndKeepsTheLayout) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_TRUE(std::isfinite(stats->loss));
 
-  const std::string dir = TempDir("written_" + GetParam());
+  const std::string dir = FreshTestDir("written_" + GetParam());
   ASSERT_TRUE(WriteHfModelDir(**policy, dir).ok());
   auto back = LoadHfModel(dir, options);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -293,7 +269,7 @@ TEST_P(HfModel, AWrittenConfigKeepsTheSourcesKeysInBothSpellings) {
   options.max_seq_len = 32;
   auto policy = LoadHfModel(FixtureDir(GetParam()), options);
   ASSERT_TRUE(policy.ok()) << policy.status();
-  const std::string dir = TempDir("based_" + GetParam());
+  const std::string dir = FreshTestDir("based_" + GetParam());
   ASSERT_TRUE(WriteHfModelDir(**policy, dir, FixtureDir(GetParam())).ok());
   const nlohmann::json source = nlohmann::json::parse(Read(FixtureDir(GetParam()) + "/config.json"));
   const nlohmann::json written = nlohmann::json::parse(Read(dir + "/config.json"));
@@ -321,7 +297,7 @@ TEST_P(HfModel, AWrittenConfigKeepsTheSourcesKeysInBothSpellings) {
   EXPECT_EQ(HfConfigJson(*a), HfConfigJson(*c));
   EXPECT_EQ(HfConfigJson(*b), HfConfigJson(*c));
   // Without a base: the KV cache's width, as before.
-  const std::string bare = TempDir("bare_" + GetParam());
+  const std::string bare = FreshTestDir("bare_" + GetParam());
   ASSERT_TRUE(WriteHfModelDir(**policy, bare).ok());
   EXPECT_EQ(nlohmann::json::parse(Read(bare + "/config.json"))["max_position_embeddings"], 32);
 }
@@ -346,7 +322,7 @@ TEST(HfModelErrors, ConfigProblemsAreNamed) {
   expect_error(replaced("\"use_sliding_window\": false", "\"use_sliding_window\": true"), "sliding-window");
   expect_error(replaced("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), "`hidden_act`");
   expect_error(replaced("\"vocab_size\": 96", "\"vocab_size\": 96,,"), "line");
-  EXPECT_EQ(ReadHfConfig(TempDir("empty")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadHfConfig(FreshTestDir("empty")).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(HfModelErrors, WeightProblemsAreNamedAndChangeNothing) {

@@ -6,7 +6,6 @@
 // than d_model / n_heads, tied and untied heads, left-padded rows). Logits within 1e-4,
 // greedy continuations identical.
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -22,15 +21,7 @@
 namespace rlfleet::model {
 namespace {
 
-namespace fs = std::filesystem;
 using Rows = std::vector<std::vector<int32_t>>;
-
-std::string TempDir(const std::string& name) {
-  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 struct Reference {
   std::vector<float> logits;  // [batch][position][vocab]
@@ -42,7 +33,7 @@ struct Reference {
 Reference RunReference(const std::string& dir, const Rows& tokens, int pad, int greedy) {
   nlohmann::json request = {{"dir", dir}, {"tokens", tokens}, {"greedy", greedy}};
   if (pad >= 0) request["pad"] = pad;
-  const std::string tmp = TempDir("reference_call");
+  const std::string tmp = FreshTestDir("reference_call");
   std::ofstream(tmp + "/request.json") << request.dump();
   const std::string script = rlfleet::testing::RunfilePath("libs/model/reference/reference_hf.py");
   const std::string command =
@@ -62,18 +53,6 @@ Reference RunReference(const std::string& dir, const Rows& tokens, int pad, int 
   return r;
 }
 
-std::vector<float> TransformersLogits(const std::string& dir, Rows* input_ids) {
-  auto tensors = ReadSafetensors(dir + "/expected.safetensors");
-  EXPECT_TRUE(tensors.ok()) << tensors.status();
-  const TensorBlob& ids = tensors->at("input_ids");
-  const int64_t* v = reinterpret_cast<const int64_t*>(ids.bytes.data());
-  input_ids->assign(ids.shape[0], {});
-  for (int64_t b = 0; b < ids.shape[0]; ++b) (*input_ids)[b].assign(v + b * ids.shape[1], v + (b + 1) * ids.shape[1]);
-  const TensorBlob& logits = tensors->at("logits");
-  const float* f = reinterpret_cast<const float*>(logits.bytes.data());
-  return std::vector<float>(f, f + logits.bytes.size() / sizeof(float));
-}
-
 Rows Greedy(Policy* policy, const Rows& prompts, int n) {
   SamplingOptions greedy;
   greedy.temperature = 0;
@@ -91,10 +70,11 @@ class FixtureModels : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FixtureModels, OursThePyTorchReferenceAndTransformersAgree) {
   const std::string dir = rlfleet::testing::RunfilePath("libs/model/testdata/hf/" + GetParam());
-  Rows input_ids;
-  const std::vector<float> transformers = TransformersLogits(dir, &input_ids);
+  auto transformers = ReadHfFixtureExpected(dir);
+  ASSERT_TRUE(transformers.ok()) << transformers.status();
+  const Rows& input_ids = transformers->input_ids;
   const Reference reference = RunReference(dir, input_ids, -1, 16);
-  EXPECT_LT(MaxAbsDiff(reference.logits, transformers), 1e-4f) << "the reference is not transformers";
+  EXPECT_LT(MaxAbsDiff(reference.logits, transformers->logits), 1e-4f) << "the reference is not transformers";
 
   auto policy = LoadHfModel(dir, HfLoadOptions{});
   ASSERT_TRUE(policy.ok()) << policy.status();
@@ -159,7 +139,7 @@ std::vector<Variant> Variants() {
 std::string RandomModelDir(const Variant& v, uint32_t seed) {
   auto policy = Policy::Create(v.config, "cpu", seed);
   EXPECT_TRUE(policy.ok()) << policy.status();
-  const std::string dir = TempDir(v.name);
+  const std::string dir = FreshTestDir(v.name);
   EXPECT_TRUE(WriteHfModelDir(**policy, dir).ok());
   auto tensors = ReadSafetensors(dir + "/model.safetensors");
   EXPECT_TRUE(tensors.ok()) << tensors.status();
