@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 extern char** environ;
@@ -27,11 +28,17 @@ Subprocess::~Subprocess() {
     int status;
     waitpid(pid_, &status, 0);
   }
+  StopReader(absl::Seconds(1));
   if (out_fd_ >= 0) close(out_fd_);
   if (in_fd_ >= 0) close(in_fd_);
 }
 
 absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
+  if (pid_ > 0) return absl::FailedPreconditionError("a process is already running");
+  StopReader(absl::ZeroDuration());  // (a previous child's reader)
+  if (out_fd_ >= 0) close(out_fd_);
+  if (in_fd_ >= 0) close(in_fd_);
+  out_fd_ = in_fd_ = -1;
   // A write to a child that died must be an error, not a fatal SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
   int fds[2], in[2];
@@ -58,38 +65,70 @@ absl::Status Subprocess::Start(const std::vector<std::string>& argv) {
     return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", strerror(rc)));
   }
   out_fd_ = fds[0];
+  {
+    absl::MutexLock lock(&mu_);
+    output_.clear();
+    eof_ = false;
+  }
+  consumed_ = 0;
+  stop_ = false;
+  reader_ = std::thread([this] { ReadLoop(); });
   return absl::OkStatus();
 }
 
-bool Subprocess::ReadSome(absl::Duration timeout) {
-  pollfd pfd{out_fd_, POLLIN, 0};
-  const int ms = static_cast<int>(std::max<int64_t>(absl::ToInt64Milliseconds(timeout), 0));
-  const int n = poll(&pfd, 1, ms);
-  if (n <= 0) return true;  // timeout (or EINTR): not EOF
+void Subprocess::ReadLoop() {
   char buf[4096];
-  const ssize_t got = read(out_fd_, buf, sizeof(buf));
-  if (got <= 0) return false;
-  output_.append(buf, static_cast<size_t>(got));
-  return true;
+  while (!stop_.load()) {
+    pollfd pfd{out_fd_, POLLIN, 0};
+    if (poll(&pfd, 1, 50) <= 0) continue;  // (a timeout or EINTR: look at stop_ again)
+    const ssize_t got = read(out_fd_, buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    absl::MutexLock lock(&mu_);
+    if (got <= 0) break;
+    output_.append(buf, static_cast<size_t>(got));
+  }
+  absl::MutexLock lock(&mu_);
+  eof_ = true;
+}
+
+void Subprocess::StopReader(absl::Duration grace) {
+  if (!reader_.joinable()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&eof_), grace);
+  }
+  stop_ = true;
+  reader_.join();
+}
+
+std::string Subprocess::output() const {
+  absl::MutexLock lock(&mu_);
+  return output_;
 }
 
 absl::StatusOr<std::string> Subprocess::WaitForLine(const std::function<bool(const std::string&)>& match,
                                                     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
-    size_t eol;
-    while ((eol = output_.find('\n', consumed_)) != std::string::npos) {
-      std::string line = output_.substr(consumed_, eol - consumed_);
+    std::string line;
+    {
+      absl::MutexLock lock(&mu_);
+      auto complete_line_or_eof = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return eof_ || output_.find('\n', consumed_) != std::string::npos;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&complete_line_or_eof), deadline);
+      const size_t eol = output_.find('\n', consumed_);
+      if (eol == std::string::npos) {
+        if (eof_) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("process exited before printing the line; output:\n", output_));
+        }
+        return absl::DeadlineExceededError(absl::StrCat("no matching line; output:\n", output_));
+      }
+      line = output_.substr(consumed_, eol - consumed_);
       consumed_ = eol + 1;
-      if (match(line)) return line;
     }
-    const absl::Time now = absl::Now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("no matching line; output:\n", output_));
-    }
-    if (!ReadSome(deadline - now)) {
-      return absl::FailedPreconditionError(absl::StrCat("process exited before printing the line; output:\n", output_));
-    }
+    if (match(line)) return line;  // (outside the lock: the reader goes on meanwhile)
   }
 }
 
@@ -120,20 +159,17 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
     const pid_t r = waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       pid_ = -1;
-      for (;;) {  // drain what the child left in the pipe
-        pollfd pfd{out_fd_, POLLIN, 0};
-        if (poll(&pfd, 1, 0) <= 0 || !ReadSome(absl::ZeroDuration())) break;
-      }
+      StopReader(absl::Seconds(2));  // (what it left in the pipe; a grandchild may hold it)
       return status;
     }
     if (absl::Now() >= deadline) {
       kill(pid_, SIGKILL);
       waitpid(pid_, &status, 0);
       pid_ = -1;
+      StopReader(absl::Seconds(2));
       return absl::DeadlineExceededError("process did not exit in time; killed");
     }
-    // Drain output while waiting so that a chatty child cannot block on a full pipe.
-    ReadSome(absl::Milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(10));  // (no SIGCHLD wait without a handler)
   }
 }
 

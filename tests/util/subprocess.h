@@ -1,18 +1,25 @@
 // Subprocess: starts a real binary for integration tests, reads its output with
 // deadlines, signals it and reaps it. The child's stdout and stderr are merged into one
-// pipe. The destructor kills (SIGKILL) and reaps a child still running, so a failing
-// test never leaves processes behind. Not thread-safe.
+// pipe, which a reader thread drains from the start: a chatty child never blocks on a
+// full pipe however long the test leaves it unread (the fleet's weights service, left
+// unread through a long multihost run, stalled in a write to stderr with every call in
+// flight). The destructor kills (SIGKILL) and reaps a child still running, so a failing
+// test never leaves processes behind. One test thread drives an instance.
 #ifndef RLFLEET_TESTS_UTIL_SUBPROCESS_H_
 #define RLFLEET_TESTS_UTIL_SUBPROCESS_H_
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace rlfleet::testing {
@@ -43,18 +50,24 @@ class Subprocess {
   absl::StatusOr<int> Wait(absl::Duration timeout);
 
   pid_t pid() const { return pid_; }
-  // Everything the child printed so far (drained by WaitForLine / Wait).
-  const std::string& output() const { return output_; }
+  // Everything the child printed so far.
+  std::string output() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // Reads what is available within `timeout`; false on EOF.
-  bool ReadSome(absl::Duration timeout);
+  // The reader thread: appends what the pipe carries to output_ until EOF or stop_.
+  void ReadLoop();
+  // Stops the reader (after up to `grace` for EOF: what the child left in the pipe).
+  void StopReader(absl::Duration grace) ABSL_LOCKS_EXCLUDED(mu_);
 
   pid_t pid_ = -1;
   int out_fd_ = -1;
   int in_fd_ = -1;
-  std::string output_;
-  size_t consumed_ = 0;  // bytes of output_ already returned as lines
+  std::thread reader_;
+  std::atomic<bool> stop_{false};
+  mutable absl::Mutex mu_;
+  std::string output_ ABSL_GUARDED_BY(mu_);
+  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+  size_t consumed_ = 0;  // bytes of output_ already returned as lines (the test thread's)
 };
 
 // Path of a binary built by Bazel, from the test's runfiles ("services/x/y").
