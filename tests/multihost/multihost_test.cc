@@ -5,7 +5,8 @@
 //   host b: trainer                    (bound to 0.0.0.0: it advertises 10.77.0.2)
 //   hosts c, d: one rollout replica each (bound to 0.0.0.0)
 // with UCX over tcp between hosts. A run completes; a replica cut off mid-run leaves
-// and comes back. Needs CAP_NET_ADMIN (root): a machine without it skips the test
+// and comes back; the controller's autoscaler, acted on by this harness as
+// deploy/local acts on it, takes the rollout replicas from one host to two and back. Needs CAP_NET_ADMIN (root): a machine without it skips the test
 // saying so.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,11 +14,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "tests/util/subprocess.h"
 
@@ -90,6 +96,17 @@ class MultiHost : public ::testing::Test {
     return p;
   }
 
+  // UCX over tcp on each host's eth0 (what crosses hosts; these hosts share a kernel,
+  // so UCX's shared-memory transports must not be offered), and the policy.
+  const std::vector<std::string> kDataPlane = {"--data_plane_tls=tcp", "--data_plane_devices=eth0"};
+  const std::vector<std::string> kModel = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
+  static std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b,
+                                       const std::vector<std::string>& c) {
+    a.insert(a.end(), b.begin(), b.end());
+    a.insert(a.end(), c.begin(), c.end());
+    return a;
+  }
+
   // A fleet binary's command line on a test host, registering with the controller.
   std::vector<std::string> Service(const std::string& binary, const std::string& bind, int port,
                                    std::vector<std::string> flags) {
@@ -101,7 +118,9 @@ class MultiHost : public ::testing::Test {
 
   // The fleet on the four hosts; returns the controller's process (its output tells
   // what the run did to the replicas). `controller_flags` go to the controller.
-  Subprocess* StartFleet(const std::vector<std::string>& controller_flags = {}) {
+  Subprocess* StartFleet(const std::vector<std::string>& controller_flags = {},
+                         const std::vector<std::string>& rollout_hosts = {"c", "d"},
+                         const std::vector<std::string>& rollout_flags = {}) {
     const std::string dir = getenv("TEST_TMPDIR");
     Run("a",
         {"redis-server", "--bind", "10.77.0.1", "--protected-mode", "no", "--port", "6379", "--dir", dir, "--save", "",
@@ -112,34 +131,54 @@ class MultiHost : public ::testing::Test {
                                            "--runs_dir=" + dir + "/runs"};
     controller.insert(controller.end(), controller_flags.begin(), controller_flags.end());
     Subprocess* c = Run("a", controller, "listening on 10.77.0.1:7000");
-    // UCX over tcp on each host's eth0 (what crosses hosts; these hosts share a kernel,
-    // so UCX's shared-memory transports must not be offered).
-    const std::vector<std::string> data_plane = {"--data_plane_tls=tcp", "--data_plane_devices=eth0"};
-    const std::vector<std::string> model = {"--d_model=32", "--n_layers=2", "--n_heads=4", "--threads=1"};
-    auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
-      a.insert(a.end(), b.begin(), b.end());
-      return a;
-    };
     Run("a", Service("services/reward/rlfleet-reward", "10.77.0.1", 7001, {}), "registered as");
     Run("a", Service("services/buffer/rlfleet-buffer", "10.77.0.1", 7002, {"--store=redis://10.77.0.1:6379"}),
         "registered as");
-    weights_ = Run("a", Service("services/weights/rlfleet-weights", "10.77.0.1", 7003, data_plane), "registered as");
+    weights_ = Run("a", Service("services/weights/rlfleet-weights", "10.77.0.1", 7003, kDataPlane), "registered as");
     Subprocess* trainer = trainer_ =
         Run("b",
             Service("services/trainer/rlfleet-trainer", "0.0.0.0", 7010,
-                    with(with({"--buffer=10.77.0.1:7002", "--weights=10.77.0.1:7003"}, data_plane), model)),
+                    With({"--buffer=10.77.0.1:7002", "--weights=10.77.0.1:7003"}, kDataPlane, kModel)),
             "registered as");
     // Bound to every interface, each advertises the address that routes to the registry.
     EXPECT_TRUE(absl::StrContains(trainer->output(), "listening on 10.77.0.2:7010")) << trainer->output();
-    for (const char* host : {"c", "d"}) {
-      Subprocess* rollout = Run(
-          host, Service("services/rollout/rlfleet-rollout", "0.0.0.0", 7020, with(data_plane, model)), "registered as");
-      EXPECT_TRUE(
-          absl::StrContains(rollout->output(), std::string("listening on 10.77.0.") + (host[0] == 'c' ? "3" : "4")))
-          << rollout->output();
-      if (host[0] == 'd') rollout_d_ = rollout;
+    for (const std::string& host : rollout_hosts) {
+      Subprocess* rollout = StartRollout(host, rollout_flags);
+      if (host == "d") rollout_d_ = rollout;
     }
     return c;
+  }
+
+  // A rollout replica on `host` ("c" or "d"), bound to every interface.
+  Subprocess* StartRollout(const std::string& host, const std::vector<std::string>& flags = {}) {
+    Subprocess* rollout =
+        Run(host, Service("services/rollout/rlfleet-rollout", "0.0.0.0", 7020, With(flags, kDataPlane, kModel)),
+            "registered as");
+    EXPECT_TRUE(absl::StrContains(rollout->output(), std::string("listening on 10.77.0.") + (host == "c" ? "3" : "4")))
+        << rollout->output();
+    return rollout;
+  }
+
+  // The controller's desired rollout count (`rlfleet status`, as deploy/local reads
+  // it) and the run's accepted experiences; nullopt when status does not answer.
+  struct Status {
+    int desired = 0;
+    int64_t accepted = 0;
+  };
+  std::optional<Status> ReadStatus() {
+    Subprocess status;
+    Cli(&status, {"status"});
+    if (!status.Wait(absl::Seconds(20)).ok()) return std::nullopt;
+    Status out;
+    bool found = false;
+    for (absl::string_view line : absl::StrSplit(status.output(), '\n')) {
+      std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      for (size_t i = 0; i + 1 < words.size(); ++i) {
+        if (words[0] == "rollout" && words[i] == "desired") found = absl::SimpleAtoi(words[i + 1], &out.desired);
+        if (words[i] == "accepted:") (void)absl::SimpleAtoi(words[i + 1], &out.accepted);
+      }
+    }
+    return found ? std::optional<Status>(out) : std::nullopt;
   }
 
   // `rlfleet ARGS...` on host a against the controller, started (not waited for).
@@ -266,6 +305,84 @@ TEST_F(MultiHost, AReplicaCutOffMidRunLeavesAndComesBackWithTheCurrentVersion) {
   auto status = run.Wait(absl::Seconds(120));
   ASSERT_TRUE(status.ok()) << status.status() << "\n" << run.output();
   EXPECT_TRUE(absl::StrContains(run.output(), "RUN_STATE_STOPPED")) << run.output();
+}
+
+// Closed-loop autoscaling across hosts: the controller runs with
+// --autoscale_rollout=1:2 and this harness acts on its desired count as deploy/local
+// does (it reads `rlfleet status` every second; a replica on host d starts when the
+// count is 2 and stops, drained, when it is 1 again). A rollout-bound run takes the
+// fleet from one replica (c) to two and, once the run is over, back to one; the run
+// completes with every experience stored, and d's replica is admitted with the run's
+// current version (admission installs it before any prompt).
+TEST_F(MultiHost, TheAutoscalerTakesRolloutsOnAnotherHostFromOneToTwoAndBack) {
+  // (replicas decoding 16 sequences at a time: generation, not training, sets the pace)
+  const std::vector<std::string> rollout_flags = {"--max_batch=16"};
+  Subprocess* controller =
+      StartFleet({"--scaler=launcher", "--autoscale_rollout=1:2", "--autoscale_interval=1s", "--autoscale_cooldown=3s"},
+                 {"c"}, rollout_flags);
+  ASSERT_FALSE(HasFailure());
+  constexpr int kSteps = 100, kPrompts = 32, kSamples = 8;
+  Subprocess run;
+  Cli(&run, {"run", absl::StrCat("--steps=", kSteps), "--eval_every=0", absl::StrCat("--loop_prompts=", kPrompts),
+             absl::StrCat("--loop_samples=", kSamples), "--task=reverse", "--min_len=10", "--max_len=16",
+             "--ppo_epochs=1", "--fully_async", "--max_staleness=1", "--timeout=60s"});
+  Subprocess* d = nullptr;
+  int peak = 1;
+  std::string trace;  // (each change, seconds since the run began: desired, replicas)
+  std::pair<int, int> last_seen = {0, 0};
+  const absl::Time start = absl::Now();
+  // Acts on the desired count once: starts or stops d's replica.
+  auto act = [&](int desired) {
+    if (desired >= 2 && d == nullptr) {
+      d = rollout_d_ = StartRollout("d", rollout_flags);
+    } else if (desired <= 1 && d != nullptr) {
+      ASSERT_TRUE(d->Signal(SIGTERM).ok());
+      auto stopped = d->Wait(absl::Seconds(30));
+      ASSERT_TRUE(stopped.ok()) << stopped.status() << "\n" << d->output();
+      EXPECT_EQ(WEXITSTATUS(*stopped), 0) << d->output();
+      d = rollout_d_ = nullptr;
+    }
+    const int replicas = d == nullptr ? 1 : 2;
+    peak = std::max(peak, replicas);
+    if (std::pair(desired, replicas) == last_seen) return;
+    last_seen = {desired, replicas};
+    absl::StrAppendFormat(&trace, "%.0fs: desired %d, replicas %d\n", absl::ToDoubleSeconds(absl::Now() - start),
+                          desired, replicas);
+  };
+  auto run_over = [&] {
+    const std::string out = run.output();
+    return absl::StrContains(out, "RUN_STATE_COMPLETED") || absl::StrContains(out, "RUN_STATE_FAILED");
+  };
+  const absl::Time run_deadline = absl::Now() + absl::Minutes(6);
+  while (!run_over() && absl::Now() < run_deadline && !HasFatalFailure()) {
+    if (std::optional<Status> status = ReadStatus()) act(status->desired);
+    absl::SleepFor(absl::Seconds(1));  // (deploy/local's period)
+  }
+  ASSERT_TRUE(run_over()) << run.output() << "\n" << trace << Tail(controller);
+  auto exited = run.Wait(absl::Seconds(30));
+  ASSERT_TRUE(exited.ok()) << exited.status();
+  EXPECT_TRUE(absl::StrContains(run.output(), "RUN_STATE_COMPLETED")) << run.output();
+  EXPECT_EQ(peak, 2) << "the autoscaler never asked for a second replica:\n"
+                     << trace << Tail(controller) << run.output();
+  // Back to one once the run is over.
+  std::optional<Status> last;
+  const absl::Time idle_deadline = absl::Now() + absl::Seconds(90);
+  while (d != nullptr && absl::Now() < idle_deadline && !HasFatalFailure()) {
+    if ((last = ReadStatus())) act(last->desired);
+    absl::SleepFor(absl::Seconds(1));
+  }
+  EXPECT_EQ(d, nullptr) << "not back to one replica 90 s after the run:\n" << trace << Tail(controller);
+  last = ReadStatus();
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->accepted, kSteps * kPrompts * kSamples) << "experiences lost";
+  const std::string log = controller->output();
+  EXPECT_TRUE(absl::StrContains(log, "rollout replica 10.77.0.4:7020 admitted with version")) << log;
+  std::cout << "autoscale across hosts:\n" << trace;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StrContains(line, "autoscale: rollout replicas") || absl::StrContains(line, "10.77.0.4:7020")) {
+      std::cout << "  " << line << "\n";
+    }
+  }
 }
 
 }  // namespace
