@@ -16,6 +16,7 @@
 // Tables (Markdown, CSV of every level) and a plot (gnuplot, when installed) go to
 // --out.* (relative paths resolve in the workspace under `bazel run`).
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "bench/cpu_model.h"
 #include "libs/common/clock.h"
+#include "libs/model/policy.h"
 #include "libs/model/test_util.h"
 #include "libs/registry/registry.h"
 #include "libs/rpc/server_runner.h"
@@ -74,6 +76,9 @@ ABSL_FLAG(std::string, buffer_store, "redis", "the real buffer's store: redis or
 ABSL_FLAG(int, generate_tokens, 1,
           "tokens each Generate call decodes (the tiny policy, ignore_eos); 1 keeps the model's share small: "
           "decode speed is bench/rollout_tokens' subject");
+ABSL_FLAG(int, threads, 1,
+          "the rollout's and trainer's compute threads (one: the client, the echo and the services share this "
+          "machine's cores, and a second model thread only takes the core gRPC needs)");
 ABSL_FLAG(std::string, out, "bench/results/control_plane", "prefix of the output files (.md, .csv, .png)");
 
 namespace rlfleet::loadtest {
@@ -293,19 +298,68 @@ struct RpcTarget {
   IssueFn service;
   IssueFn echo;
   std::function<void()> prepare;  // before each search (may be empty)
+  // Generate only: the same calls straight into the rollout's core in this process (no
+  // gRPC): the model's own capacity, which no control plane can exceed.
+  IssueFn in_process;
 };
 
 struct Measured {
   std::string rpc;
-  std::vector<double> echo_qps, service_qps;
+  std::vector<double> echo_qps, service_qps, in_process_qps;
+  // CPU seconds per call at capacity (this process, every thread), echo and in process.
+  std::vector<double> echo_cpu_per_call, in_process_cpu_per_call;
   LevelResult echo_at, service_at;                // at capacity, the last repeat's
   std::map<std::string, int64_t> service_errors;  // over the levels that failed
   std::map<std::string, int64_t> echo_errors;
-  double ratio() const {
+  // What a control plane costing nothing beyond gRPC would sustain: the echo's rate;
+  // for a call that also does work (Generate's model step, measured in process), at
+  // most the work's own rate, and, the work and gRPC sharing these cores, at most
+  // cores / (gRPC's CPU per call + the work's), each measured at its capacity (the
+  // work's at its largest batches: its least CPU per call, so the bound is generous).
+  double bound() const {
+    const double e = Median(echo_qps);
+    if (in_process_qps.empty()) return e;
+    double b = std::min(e, Median(in_process_qps));
+    const double cpu = Median(echo_cpu_per_call) + Median(in_process_cpu_per_call);
+    if (!echo_cpu_per_call.empty() && !in_process_cpu_per_call.empty() && cpu > 0) {
+      b = std::min(b, static_cast<double>(std::thread::hardware_concurrency()) / cpu);
+    }
+    return b;
+  }
+  double ratio() const { return bound() > 0 ? Median(service_qps) / bound() : 0; }
+  double ratio_vs_echo() const {
     const double e = Median(echo_qps);
     return e > 0 ? Median(service_qps) / e : 0;
   }
 };
+
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// Generate calls into the rollout's core directly: its scheduler and model, no gRPC.
+// Each call ends when its stream's last message is pushed (BAD_REPLY without the
+// sample's end, as GenerateReader).
+IssueFn InProcessGenerateCalls(rollout::RolloutCore* core, int tokens) {
+  auto request = std::make_shared<const v1::GenerateRequest>(GenerateShape(tokens));
+  return [core, request](int64_t, Done done) {
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    auto sink = [done, finished](std::vector<v1::GenerateResponse> messages, bool last, absl::Status status) {
+      for (const v1::GenerateResponse& m : messages) {
+        if (m.has_finished()) *finished = true;
+      }
+      if (!last) return;
+      int code = static_cast<int>(status.code());
+      if (code == 0 && !finished->load()) code = kBadReply;
+      done(code);
+    };
+    absl::StatusOr<std::shared_ptr<rollout::RolloutCore::Job>> job =
+        core->Generate(*request, std::move(sink), absl::Now() + absl::FromChrono(kCallDeadline));
+    if (!job.ok()) done(static_cast<int>(job.status().code()));
+  };
+}
 
 // Where --out's relative paths resolve: the workspace under `bazel run`.
 std::string OutPrefix() {
@@ -394,7 +448,8 @@ int Main() {
   const int tokens = absl::GetFlag(FLAGS_generate_tokens);
   for (absl::string_view rpc : absl::StrSplit(absl::GetFlag(FLAGS_rpcs), ',', absl::SkipEmpty())) {
     if (rpc == "Generate") {
-      targets.push_back({"Generate", GenerateCalls(real, tokens), GenerateCalls(echo, tokens)});
+      targets.push_back({"Generate", GenerateCalls(real, tokens), GenerateCalls(echo, tokens), nullptr,
+                         InProcessGenerateCalls(fleet->rollout.get(), tokens)});
     } else if (rpc == "Score") {
       targets.push_back({"Score", ScoreCalls(real), ScoreCalls(echo)});
     } else if (rpc == "PutExperiences") {
@@ -427,8 +482,11 @@ int Main() {
     Measured m;
     m.rpc = target.rpc;
     for (int r = 0; r < repeats; ++r) {
-      for (const bool is_echo : {true, false}) {
-        const std::string who = is_echo ? "echo" : "service";
+      enum Who { kEcho, kService, kInProcess };
+      for (const Who w : {kEcho, kService, kInProcess}) {
+        if (w == kInProcess && !target.in_process) continue;
+        const bool is_echo = w == kEcho;
+        const std::string who = w == kEcho ? "echo" : w == kService ? "service" : "in-process";
         if (target.prepare) target.prepare();
         // Generate: how busy the rollout's scheduler was in model steps during each level
         // (LoadStats.utilization, measured since the previous GetInfo).
@@ -438,28 +496,52 @@ int Main() {
           return fleet->rollout->GetInfo(&info).ok() ? info.load().utilization() : -1.0;
         };
         if (model_bound) busy();
+        // This process's CPU time over each level (every thread: client, servers, model;
+        // Redis is another process): per call answered, and in cores.
+        double cpu_mark = ProcessCpuSeconds();
+        absl::Time wall_mark = absl::Now();
+        std::map<double, double> cpu_per_call;  // offered rate -> CPU seconds per call
         SearchOptions options = search;
         options.on_level = [&](const LevelResult& level, bool ok) {
+          const double cpu = ProcessCpuSeconds() - cpu_mark;
+          const double wall = absl::ToDoubleSeconds(absl::Now() - wall_mark);
+          cpu_mark += cpu;
+          wall_mark = absl::Now();
+          cpu_per_call[level.offered_qps] = cpu / std::max<int64_t>(1, level.ok);
           const std::string note = model_bound ? absl::StrFormat("  rollout busy %.0f%%", 100 * busy()) : "";
-          std::printf("  %-17s %-7s offered %8.0f/s answered %8.0f/s  p50 %7.2f ms  p99 %7.2f ms  errors: %s%s%s\n",
-                      target.rpc.c_str(), who.c_str(), level.offered_qps, level.achieved_qps, Ms(level.p50),
-                      Ms(level.p99), Errors(level.errors).c_str(), note.c_str(), ok ? "" : "  (not sustained)");
+          std::printf(
+              "  %-17s %-7s offered %8.0f/s answered %8.0f/s  p50 %7.2f ms  p99 %7.2f ms  cpu %.2f cores, %.0f us/call "
+              " "
+              "errors: %s%s%s\n",
+              target.rpc.c_str(), who.c_str(), level.offered_qps, level.achieved_qps, Ms(level.p50), Ms(level.p99),
+              cpu / std::max(wall, 1e-3), 1e6 * cpu_per_call[level.offered_qps], Errors(level.errors).c_str(),
+              note.c_str(), ok ? "" : "  (not sustained)");
           std::fflush(stdout);
           csv << absl::StrFormat("%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%d,%d\n", target.rpc, who, r, level.offered_qps,
                                  level.achieved_qps, Ms(level.p50), Ms(level.p99), Ms(level.p999), level.error_count(),
                                  ok ? 1 : 0);
           curves[target.rpc + "/" + who].push_back(level);
-          if (!ok) {
+          if (!ok && w != kInProcess) {
             for (const auto& [name, n] : level.errors) (is_echo ? m.echo_errors : m.service_errors)[name] += n;
           }
         };
-        const SearchResult found = SearchCapacity(options, is_echo ? target.echo : target.service);
-        (is_echo ? m.echo_qps : m.service_qps).push_back(found.capacity_qps);
-        (is_echo ? m.echo_at : m.service_at) = found.at_capacity;
+        const SearchResult found = SearchCapacity(options, w == kEcho      ? target.echo
+                                                           : w == kService ? target.service
+                                                                           : target.in_process);
+        (w == kEcho ? m.echo_qps : w == kService ? m.service_qps : m.in_process_qps).push_back(found.capacity_qps);
+        if (w != kService && cpu_per_call.count(found.capacity_qps)) {
+          (is_echo ? m.echo_cpu_per_call : m.in_process_cpu_per_call).push_back(cpu_per_call[found.capacity_qps]);
+        }
+        if (w != kInProcess) (is_echo ? m.echo_at : m.service_at) = found.at_capacity;
         std::printf("%s %s: %.0f calls/s sustained\n", target.rpc.c_str(), who.c_str(), found.capacity_qps);
       }
     }
-    std::printf("%s: service / echo = %.3f\n", m.rpc.c_str(), m.ratio());
+    if (m.in_process_qps.empty()) {
+      std::printf("%s: service / echo = %.3f\n", m.rpc.c_str(), m.ratio());
+    } else {
+      std::printf("%s: service / min(echo, in-process) = %.3f (service / echo %.3f)\n", m.rpc.c_str(), m.ratio(),
+                  m.ratio_vs_echo());
+    }
     measured.push_back(std::move(m));
   }
 
@@ -474,14 +556,20 @@ int Main() {
      << "offered rate and p99 <= " << absl::FormatDuration(search.max_p99) << " (" << repeats
      << " search(es) each, median; levels of " << absl::GetFlag(FLAGS_level_seconds)
      << " s). Buffer store: " << absl::GetFlag(FLAGS_buffer_store)
-     << ". Generate: the tiny policy (d_model 32, 2 layers), " << tokens << " tokens per call.\n\n"
-     << "| RPC | echo calls/s | service calls/s | service / echo | service p50 / p99 / p999 at capacity (ms) "
-        "| echo p99 (ms) | errors above capacity (service) |\n"
-     << "|---|---:|---:|---:|---|---:|---|\n";
+     << ". Generate: the tiny policy (d_model 32, 2 layers), " << tokens << " tokens per call, "
+     << absl::GetFlag(FLAGS_threads) << " compute thread(s); its bound is the lowest of the echo, the same "
+     << "calls made into the rollout's core in process (its scheduler and model, no gRPC), and, gRPC and the "
+     << "model sharing this machine's " << std::thread::hardware_concurrency() << " cores, cores / (the echo's CPU "
+     << "per call + the in-process calls' CPU per call), each at its capacity.\n\n"
+     << "| RPC | echo calls/s | in process calls/s | service calls/s | service / bound | service / echo "
+        "| service p50 / p99 / p999 at capacity (ms) | echo p99 (ms) | errors above capacity (service) |\n"
+     << "|---|---:|---:|---:|---:|---:|---|---:|---|\n";
   for (const Measured& m : measured) {
-    md << absl::StrFormat("| %s | %.0f | %.0f | %.3f | %.2f / %.2f / %.2f | %.2f | %s |\n", m.rpc, Median(m.echo_qps),
-                          Median(m.service_qps), m.ratio(), Ms(m.service_at.p50), Ms(m.service_at.p99),
-                          Ms(m.service_at.p999), Ms(m.echo_at.p99), Errors(m.service_errors));
+    const std::string in_process = m.in_process_qps.empty() ? "-" : absl::StrFormat("%.0f", Median(m.in_process_qps));
+    md << absl::StrFormat("| %s | %.0f | %s | %.0f | %.3f | %.3f | %.2f / %.2f / %.2f | %.2f | %s |\n", m.rpc,
+                          Median(m.echo_qps), in_process, Median(m.service_qps), m.ratio(), m.ratio_vs_echo(),
+                          Ms(m.service_at.p50), Ms(m.service_at.p99), Ms(m.service_at.p999), Ms(m.echo_at.p99),
+                          Errors(m.service_errors));
     if (m.ratio() < lowest) {
       lowest = m.ratio();
       lowest_rpc = m.rpc;
@@ -532,8 +620,10 @@ int Main() {
               plotted ? absl::StrCat(", plot: ", out, ".png").c_str() : " (no plot: gnuplot missing or failed)");
   if (!heartbeat_line.empty()) std::printf("heartbeats: %s\n", heartbeat_line.c_str());
   for (const Measured& m : measured) {
-    std::printf("%-17s echo %8.0f/s  service %8.0f/s  ratio %.3f\n", m.rpc.c_str(), Median(m.echo_qps),
-                Median(m.service_qps), m.ratio());
+    std::printf(
+        "%-17s echo %8.0f/s  %sservice %8.0f/s  ratio %.3f\n", m.rpc.c_str(), Median(m.echo_qps),
+        m.in_process_qps.empty() ? "" : absl::StrFormat("in process %8.0f/s  ", Median(m.in_process_qps)).c_str(),
+        Median(m.service_qps), m.ratio());
   }
   std::printf("buffer consumer acked %lld groups\n", static_cast<long long>(fleet->consumed_groups.load()));
   std::printf("control_plane_qps_ratio_vs_echo=%.3f\n", lowest);
@@ -544,6 +634,11 @@ int Main() {
 }  // namespace rlfleet::loadtest
 
 int main(int argc, char** argv) {
+  // The rollout's model as rlfleet-rollout runs it: OpenBLAS single-threaded under
+  // torch's threads, its kernels picked for this CPU (an OpenBLAS pool spinning beside
+  // torch's took a core's eighth and Generate's capacity fell by a third).
+  rlfleet::model::ConfigureBlas(argv);
   absl::ParseCommandLine(argc, argv);
+  rlfleet::model::SetComputeThreads(absl::GetFlag(FLAGS_threads));
   return rlfleet::loadtest::Main();
 }
