@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -42,67 +45,208 @@ absl::Status SerializeReply(const v1::PutExperiencesResponse& reply, grpc::ByteB
 }
 
 // One stream, driven by its callbacks (no thread of its own, none waiting for the
-// store): read a message, apply it (PutAsync), and only then read the next, so a full
-// buffer holds the producer back (flow control). While the buffer is full the message
-// is retried every 100 ms (a gRPC alarm) for up to `full_wait`. Finish is called from
-// that chain only, with no read, Put or alarm outstanding; OnDone deletes the reactor.
+// store). Messages are applied in order, one Put at a time; those read while a Put is
+// in flight are merged into the next Put (same producer and run, up to
+// kMaxExperiencesPerPut experiences), so a producer streaming small messages pays one
+// store commit per batch, not per message. Reading pauses while kMaxPendingBytes are
+// waiting (flow control: a full buffer holds the producer back). A merged Put that
+// fails is applied again one message at a time, so what is accepted and the error
+// (naming the message) are as if each message were put alone. While the buffer is full
+// a message is retried every 100 ms (a gRPC alarm) for up to `full_wait`. Finish is
+// called once, with no Put or alarm outstanding; OnDone deletes the reactor.
+// StartRead, Finish, PutAsync and the alarm are never started holding mu_ (a Put may
+// answer inline).
 class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
+  static constexpr uint64_t kMaxPendingBytes = 4 << 20;
+
   IngestReactor(BufferCore* core, grpc::ByteBuffer* response, absl::Duration full_wait)
       : core_(core), response_(response), full_wait_(full_wait) {
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = true;
+    }
     StartRead(&message_);
   }
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the producer closed its side (or the call is gone: then Finish goes nowhere)
-      return Finish(rpc::ToGrpcStatus(SerializeReply(total_, response_)));
+    Next next;
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+      if (!ok) {  // the producer closed its side (or the call is gone: then Finish goes nowhere)
+        reads_done_ = true;
+      } else {
+        const uint64_t bytes = message_.Length();
+        v1::PutExperiencesRequestWire wire;
+        if (absl::Status s = ParseWire(&message_, &wire, absl::StrCat("message ", read_, " of the stream")); !s.ok()) {
+          if (error_.ok()) error_ = s;  // (after the messages before it are applied)
+        } else {
+          QueueLocked(std::move(wire), bytes);
+        }
+        ++read_;
+      }
+      next = NextLocked();
     }
-    request_.Clear();
-    if (absl::Status s = ParseWire(&message_, &request_, absl::StrCat("message ", index_, " of the stream")); !s.ok()) {
-      return Finish(rpc::ToGrpcStatus(s));
-    }
-    give_up_ = absl::Now() + full_wait_;
-    Apply();
+    Run(next);
   }
   void OnCancel() override { cancelled_ = true; }
   void OnDone() override { delete this; }
 
  private:
+  // Messages applied by one Put.
+  struct Batch {
+    v1::PutExperiencesRequestWire request;
+    std::vector<int> sizes;  // each message's experiences, in order
+    int first = 0;           // its first message's index in the stream
+    uint64_t bytes = 0;      // counted in pending_bytes_ while it waits
+    bool mergeable = true;   // (not one split off a failed merged Put, nor empty)
+  };
+  // What to start once mu_ is released.
+  struct Next {
+    bool read = false;
+    bool apply = false;
+    bool retry = false;  // the Put in flight again after 100 ms (Applied only)
+    std::optional<grpc::Status> finish;
+  };
+
+  void QueueLocked(v1::PutExperiencesRequestWire wire, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int n = wire.experiences_size();
+    pending_bytes_ += bytes;
+    if (n > 0 && !pending_.empty()) {
+      Batch& last = pending_.back();
+      if (last.mergeable && last.request.producer_id() == wire.producer_id() &&
+          last.request.run_id() == wire.run_id() && last.request.experiences_size() + n <= kMaxExperiencesPerPut) {
+        for (std::string& e : *wire.mutable_experiences()) last.request.add_experiences(std::move(e));
+        last.sizes.push_back(n);
+        last.bytes += bytes;
+        return;
+      }
+    }
+    Batch b;
+    b.request = std::move(wire);
+    b.sizes = {n};
+    b.first = read_;
+    b.bytes = bytes;
+    b.mergeable = n > 0;  // (an empty message gets Put's own error, naming it)
+    pending_.push_back(std::move(b));
+  }
+
+  // The next Put when none is in flight, the end once nothing is left to apply, and
+  // another read while there is room.
+  Next NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Next next;
+    if (finished_) return next;
+    if (!applying_ && !pending_.empty()) {
+      inflight_ = std::move(pending_.front());
+      pending_.pop_front();
+      pending_bytes_ -= inflight_.bytes;
+      give_up_ = absl::Now() + full_wait_;
+      applying_ = true;
+      next.apply = true;
+    } else if (!applying_ && (reads_done_ || !error_.ok())) {
+      finished_ = true;
+      next.finish = rpc::ToGrpcStatus(error_.ok() ? SerializeReply(total_, response_) : error_);
+      return next;
+    }
+    if (!reading_ && !reads_done_ && error_.ok() && pending_bytes_ < kMaxPendingBytes) {
+      reading_ = true;
+      next.read = true;
+    }
+    return next;
+  }
+
+  void Run(Next& next) {
+    if (next.finish) return Finish(std::move(*next.finish));
+    if (next.read) StartRead(&message_);
+    if (next.apply) Apply();
+  }
+
   void Apply() {
     one_.Clear();
-    core_->PutAsync(&request_, &one_, [this](absl::Status s) { Applied(s); });
+    core_->PutAsync(&inflight_.request, &one_, [this](absl::Status s) { Applied(s); });
   }
-  // Message index_ is applied (OK), or failed: the buffer full (retried until give_up_;
-  // nothing of it was taken) or any other error (ends the stream).
+
+  // inflight_ is applied (OK), or failed: a merged Put is split into its messages and
+  // they are applied one by one; a full buffer retries a message until give_up_ (nothing
+  // of it was taken); any other error ends the stream.
   void Applied(const absl::Status& s) {
-    if (s.ok()) {
-      Sum(one_, &total_);
-      ++index_;
-      StartRead(&message_);
+    Next next;
+    {
+      absl::MutexLock lock(&mu_);
+      if (s.ok()) {
+        Sum(one_, &total_);
+        applying_ = false;
+      } else if (inflight_.sizes.size() > 1) {
+        SplitInflightLocked();
+        applying_ = false;
+      } else if (absl::IsResourceExhausted(s) && absl::Now() < give_up_ && !cancelled_) {
+        next.retry = true;  // (the alarm is the one operation of this chain now)
+      } else {
+        error_ = absl::Status(s.code(), absl::StrCat("message ", inflight_.first, " of the stream: ", s.message()));
+        pending_.clear();  // (the stream ends here: what follows is not applied)
+        applying_ = false;
+      }
+      if (!next.retry) next = NextLocked();
+    }
+    if (next.retry) {
+      retry_.Set(std::chrono::system_clock::now() + std::chrono::milliseconds(100), [this](bool) { Retry(); });
       return;
     }
-    if (absl::IsResourceExhausted(s) && absl::Now() < give_up_ && !cancelled_) {
-      retry_.Set(std::chrono::system_clock::now() + std::chrono::milliseconds(100), [this](bool) {
-        if (cancelled_) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
-        Apply();
-      });
-      return;
+    Run(next);
+  }
+
+  void Retry() {
+    if (!cancelled_) return Apply();
+    Next next;
+    {
+      absl::MutexLock lock(&mu_);
+      error_ = absl::CancelledError("stream cancelled");
+      pending_.clear();
+      applying_ = false;
+      next = NextLocked();
     }
-    Finish(
-        rpc::ToGrpcStatus(absl::Status(s.code(), absl::StrCat("message ", index_, " of the stream: ", s.message()))));
+    Run(next);
+  }
+
+  // The failed merged Put (which took nothing and still holds every experience) back at
+  // the front of the queue, one batch per message.
+  void SplitInflightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<Batch> singles(inflight_.sizes.size());
+    int at = 0;
+    for (size_t m = 0; m < singles.size(); ++m) {
+      Batch& b = singles[m];
+      b.request.set_producer_id(inflight_.request.producer_id());
+      b.request.set_run_id(inflight_.request.run_id());
+      for (int k = 0; k < inflight_.sizes[m]; ++k)
+        b.request.add_experiences(std::move(*inflight_.request.mutable_experiences(at++)));
+      b.sizes = {inflight_.sizes[m]};
+      b.first = inflight_.first + static_cast<int>(m);
+      b.mergeable = false;
+    }
+    for (auto it = singles.rbegin(); it != singles.rend(); ++it) pending_.push_front(std::move(*it));
   }
 
   BufferCore* const core_;
   grpc::ByteBuffer* const response_;
   const absl::Duration full_wait_;
-  // One operation at a time touches these (read, Put, alarm: each starts the next).
-  grpc::ByteBuffer message_;
-  v1::PutExperiencesRequestWire request_;  // the message being applied
-  v1::PutExperiencesResponse one_;         // its reply
-  v1::PutExperiencesResponse total_;
-  int index_ = 0;
+  grpc::ByteBuffer message_;  // the read in flight's (one at a time)
+  // The Put in flight's (one at a time; the chain of Put, alarm and retry owns them).
+  Batch inflight_;
+  v1::PutExperiencesResponse one_;
   absl::Time give_up_;
   grpc::Alarm retry_;
   std::atomic<bool> cancelled_{false};
+
+  absl::Mutex mu_;
+  std::deque<Batch> pending_ ABSL_GUARDED_BY(mu_);  // read, waiting for the Put in flight
+  uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int read_ ABSL_GUARDED_BY(mu_) = 0;  // messages read
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool applying_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);  // what the stream ends with, once nothing is applying
+  v1::PutExperiencesResponse total_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -5,12 +5,15 @@
 // bytes as they were sent, and a Put is answered when the store has it, with no gRPC
 // thread waiting for Redis meanwhile.
 //
-// StreamExperiences applies each message as a PutExperiences when read, one message at
-// a time: while the buffer is full (RESOURCE_EXHAUSTED) it retries the message and does
-// not read the next (flow control) for up to `full_wait`, then ends the stream with
-// RESOURCE_EXHAUSTED; any other error ends it at once. The reply sums every message.
-// The stream is served raw: each message is read as a PutExperiencesRequestWire (the
-// same bytes), so the buffer keeps every experience's bytes as they were sent.
+// StreamExperiences applies the messages in order, one Put at a time, those read while
+// a Put is in flight merged into the next (one store commit for many small messages);
+// what is accepted and the errors are as if each message were put alone (a merged Put
+// that fails is applied again message by message). While the buffer is full
+// (RESOURCE_EXHAUSTED) a message is retried for up to `full_wait` and reading stops once
+// 4 MiB wait (flow control), then the stream ends with RESOURCE_EXHAUSTED naming the
+// message; any other error ends it at once. The reply sums every message. The stream
+// is served raw: each message is read as a PutExperiencesRequestWire (the same bytes),
+// so the buffer keeps every experience's bytes as they were sent.
 #ifndef RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 #define RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 

@@ -4,10 +4,12 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <numeric>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -544,6 +546,121 @@ TEST(BufferService, PutSampleAckOverGrpc) {
   grpc::Status status = stub->SampleBatch(&c4, bad, &sampled);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(status.error_message(), "num_groups"));
+}
+
+// A store whose asynchronous commits are held until the test opens it (then answer as
+// they come), recording how many experiences each commit carried.
+class HeldCommitsStore : public FailingStore {
+ public:
+  void AddedAsync(const std::vector<ExperienceBytes>& e, std::function<void(absl::StatusOr<uint64_t>)> done) override {
+    absl::StatusOr<uint64_t> result = Added(e);
+    {
+      absl::MutexLock lock(&mu_);
+      commits_.push_back(static_cast<int>(e.size()));
+      if (!open_) {
+        held_.push_back([done = std::move(done), result] { done(result); });
+        return;
+      }
+    }
+    done(result);
+  }
+  // Opens the gate: the held commits answer now (on this thread).
+  void Open() {
+    std::vector<std::function<void()>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      open_ = true;
+      held.swap(held_);
+    }
+    for (auto& answer : held) answer();
+  }
+  std::vector<int> commits() {
+    absl::MutexLock lock(&mu_);
+    return commits_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> commits_ ABSL_GUARDED_BY(mu_);
+};
+
+class BufferStreamMerging : public ::testing::Test {
+ protected:
+  void Start(uint64_t capacity_bytes, absl::Duration full_wait) {
+    core_ = std::make_unique<BufferCore>(common::Clock::Real(), &store_);
+    v1::ConfigureRequest config;
+    config.set_group_size(1);
+    config.set_capacity_bytes(capacity_bytes);
+    v1::ConfigureResponse configured;
+    ASSERT_TRUE(core_->Configure(config, &configured).ok());
+    service_ = std::make_unique<BufferServiceImpl>(core_.get(), rpc::CallAuth{}, full_wait);
+    runner_ = std::make_unique<rpc::ServerRunner>(rpc::ServerOptions{});
+    runner_->AddService(service_.get());
+    ASSERT_TRUE(runner_->Start().ok());
+    stub_ = v1::BufferService::NewStub(grpc::CreateChannel(runner_->address(), grpc::InsecureChannelCredentials()));
+  }
+  // Streams `messages` (one experience each, `tokens` long) while the store's first
+  // commit is held, then opens the gate; the stream's status and reply.
+  grpc::Status Stream(int messages, int per_message, int tokens, v1::PutExperiencesResponse* total) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto writer = stub_->StreamExperiences(&context, total);
+    for (int m = 0; m < messages; ++m) {
+      v1::PutExperiencesRequest message;
+      for (int k = 0; k < per_message; ++k) {
+        const std::string id = absl::StrCat("e", m, "-", k);
+        *message.add_experiences() = Exp(id, "g" + id, 1, 1, tokens);
+      }
+      if (!writer->Write(message)) break;  // (the server ended the stream)
+    }
+    writer->WritesDone();
+    store_.Open();
+    return writer->Finish();
+  }
+  HeldCommitsStore store_;
+  std::unique_ptr<BufferCore> core_;
+  std::unique_ptr<BufferServiceImpl> service_;
+  std::unique_ptr<rpc::ServerRunner> runner_;
+  std::unique_ptr<v1::BufferService::Stub> stub_;
+};
+
+// Messages read while a Put waits for the store go into the next Put together: 50
+// one-experience messages take a handful of commits, not 50, in order.
+TEST_F(BufferStreamMerging, MessagesReadWhileAPutIsInFlightShareTheNextPut) {
+  Start(uint64_t{64} << 20, absl::Seconds(1));
+  v1::PutExperiencesResponse total;
+  grpc::Status s = Stream(50, 1, 4, &total);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(total.accepted(), 50u);
+  const std::vector<int> commits = store_.commits();
+  EXPECT_EQ(std::accumulate(commits.begin(), commits.end(), 0), 50);
+  EXPECT_LE(commits.size(), 10u) << "one commit per message: nothing was merged";
+  v1::SampleBatchRequest sample;
+  sample.set_num_groups(50);
+  v1::SampleBatchResponse sampled;
+  ASSERT_TRUE(core_->SampleBatch(sample, &sampled).ok());
+  ASSERT_EQ(sampled.groups_size(), 50);
+}
+
+// A merged Put the buffer cannot hold is applied again message by message: what fits
+// is accepted, and the stream ends naming the first message that does not, as if each
+// had been put alone.
+TEST_F(BufferStreamMerging, AMergedPutThatDoesNotFitIsAppliedMessageByMessage) {
+  // 1 MiB holds five messages of three ~62 KB experiences (each under capacity / 16).
+  const uint64_t size = Exp("e0-0", "ge0-0", 1, 1, 8900).ByteSizeLong();
+  ASSERT_LT(size, (1u << 20) / 16);
+  ASSERT_LE(15 * size, 1u << 20);
+  ASSERT_GT(18 * size, 1u << 20);
+  Start(1 << 20, absl::Milliseconds(300));
+  v1::PutExperiencesResponse total;
+  grpc::Status s = Stream(10, 3, 8900, &total);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "message 5 of the stream")) << s.error_message();
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(core_->GetStats(&stats).ok());
+  EXPECT_EQ(stats.depth_experiences(), 15u);
 }
 
 }  // namespace
