@@ -10,9 +10,13 @@
 // Then for each RPC (rollout Generate, reward Score, buffer PutExperiences and
 // StreamExperiences, trainer GetState, registry Heartbeat) it finds the highest arrival
 // rate each target sustains (open loop: every call OK, answers keeping up, p99 under
-// --max_p99), echo and service alternately, and prints service / echo.
+// --max_p99), echo and service alternately, and prints service / echo. Generate, whose
+// work is the model's, is also driven into the rollout's core in process (no gRPC),
+// and its bound is what gRPC and that model could sustain together on these cores
+// (Measured::bound).
 //
-// The last line is `control_plane_qps_ratio_vs_echo=R`, the lowest ratio over the RPCs.
+// The last line is `control_plane_qps_ratio_vs_echo=R`, the lowest service / bound over
+// the RPCs.
 // Tables (Markdown, CSV of every level) and a plot (gnuplot, when installed) go to
 // --out.* (relative paths resolve in the workspace under `bazel run`).
 #include <grpcpp/grpcpp.h>
