@@ -60,8 +60,9 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   static constexpr uint64_t kMaxPendingBytes = 4 << 20;
 
-  IngestReactor(BufferCore* core, grpc::ByteBuffer* response, absl::Duration full_wait)
-      : core_(core), response_(response), full_wait_(full_wait) {
+  IngestReactor(BufferCore* core, grpc::ByteBuffer* response, absl::Duration full_wait,
+                std::atomic<uint64_t>* messages_read)
+      : core_(core), response_(response), full_wait_(full_wait), messages_read_(messages_read) {
     {
       absl::MutexLock lock(&mu_);
       reading_ = true;
@@ -84,6 +85,7 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           QueueLocked(std::move(wire), bytes);
         }
         ++read_;
+        ++*messages_read_;
       }
       next = NextLocked();
     }
@@ -229,7 +231,8 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   BufferCore* const core_;
   grpc::ByteBuffer* const response_;
   const absl::Duration full_wait_;
-  grpc::ByteBuffer message_;  // the read in flight's (one at a time)
+  std::atomic<uint64_t>* const messages_read_;  // the service's count
+  grpc::ByteBuffer message_;                    // the read in flight's (one at a time)
   // The Put in flight's (one at a time; the chain of Put, alarm and retry owns them).
   Batch inflight_;
   v1::PutExperiencesResponse one_;
@@ -273,7 +276,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::StreamExperiences(
   if (absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "StreamExperiences"); !s.ok()) {
     return new rpc::FinishedStream<grpc::ServerReadReactor<grpc::ByteBuffer>>(rpc::ToGrpcStatus(s));
   }
-  return new IngestReactor(core_, resp, full_wait_);
+  return new IngestReactor(core_, resp, full_wait_, &stream_messages_read_);
 }
 
 }  // namespace rlfleet::buffer

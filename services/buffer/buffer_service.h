@@ -17,6 +17,9 @@
 #ifndef RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 #define RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 
+#include <atomic>
+#include <cstdint>
+
 #include "absl/time/time.h"
 #include "libs/rpc/server_call.h"
 #include "rlfleet/v1/buffer.grpc.pb.h"
@@ -33,6 +36,8 @@ class BufferServiceImpl final
 
   grpc::ServerReadReactor<grpc::ByteBuffer>* StreamExperiences(grpc::CallbackServerContext* c,
                                                                grpc::ByteBuffer* resp) override;
+  // Messages the streams have read so far (applied or waiting to be).
+  uint64_t stream_messages_read() const { return stream_messages_read_.load(); }
 
   // Served raw too (read as a PutExperiencesRequestWire, as the stream is), and answered
   // when the store has the experiences, without holding a gRPC thread meanwhile.
@@ -64,6 +69,7 @@ class BufferServiceImpl final
   BufferCore* const core_;
   const rpc::CallAuth auth_;
   const absl::Duration full_wait_;
+  std::atomic<uint64_t> stream_messages_read_{0};
 };
 
 }  // namespace rlfleet::buffer

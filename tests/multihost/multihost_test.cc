@@ -6,8 +6,8 @@
 //   hosts c, d: one rollout replica each (bound to 0.0.0.0)
 // with UCX over tcp between hosts. A run completes; a replica cut off mid-run leaves
 // and comes back; the controller's autoscaler, acted on by this harness as
-// deploy/local acts on it, takes the rollout replicas from one host to two and back. Needs CAP_NET_ADMIN (root): a machine without it skips the test
-// saying so.
+// deploy/local acts on it, takes the rollout replicas from one host to two and back. Needs CAP_NET_ADMIN (root): a
+// machine without it skips the test saying so.
 #include <sys/wait.h>
 #include <unistd.h>
 

@@ -601,8 +601,9 @@ class BufferStreamMerging : public ::testing::Test {
     ASSERT_TRUE(runner_->Start().ok());
     stub_ = v1::BufferService::NewStub(grpc::CreateChannel(runner_->address(), grpc::InsecureChannelCredentials()));
   }
-  // Streams `messages` (one experience each, `tokens` long) while the store's first
-  // commit is held, then opens the gate; the stream's status and reply.
+  // Streams `messages` (`per_message` experiences each, `tokens` long) while the
+  // store's first commit is held, opens the gate once the service has read them all (or
+  // ended the stream), and returns the stream's status and reply.
   grpc::Status Stream(int messages, int per_message, int tokens, v1::PutExperiencesResponse* total) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -616,6 +617,10 @@ class BufferStreamMerging : public ::testing::Test {
       if (!writer->Write(message)) break;  // (the server ended the stream)
     }
     writer->WritesDone();
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (service_->stream_messages_read() < static_cast<uint64_t>(messages) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));  // (polls a counter: no condition to await across gRPC)
+    }
     store_.Open();
     return writer->Finish();
   }
