@@ -1,6 +1,7 @@
 #include "services/buffer/buffer_core.h"
 
 #include <grpcpp/create_channel.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -666,6 +667,40 @@ TEST_F(BufferStreamMerging, AMergedPutThatDoesNotFitIsAppliedMessageByMessage) {
   v1::GetStatsResponse stats;
   ASSERT_TRUE(core_->GetStats(&stats).ok());
   EXPECT_EQ(stats.depth_experiences(), 15u);
+}
+
+// A message that does not parse ends the stream naming it, after the messages before
+// it (read while a Put was in flight) are applied.
+TEST_F(BufferStreamMerging, AMessageThatDoesNotParseEndsTheStreamAfterTheOnesBeforeIt) {
+  Start(uint64_t{64} << 20, absl::Seconds(1));
+  auto channel = grpc::CreateChannel(runner_->address(), grpc::InsecureChannelCredentials());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::ByteBuffer reply;
+  const grpc::internal::RpcMethod method("/rlfleet.v1.BufferService/StreamExperiences",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &context, &reply));
+  auto bytes = [](const std::string& s) {
+    grpc::Slice slice(s);
+    return grpc::ByteBuffer(&slice, 1);
+  };
+  for (int m = 0; m < 2; ++m) {
+    v1::PutExperiencesRequest message;
+    *message.add_experiences() = Exp(absl::StrCat("p", m), absl::StrCat("gp", m), 1);
+    ASSERT_TRUE(writer->Write(bytes(message.SerializeAsString())));
+  }
+  ASSERT_TRUE(writer->Write(bytes(std::string("\x0a\x05ab", 4))));  // (field 1 cut short)
+  writer->WritesDone();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (service_->stream_messages_read() < 3 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  store_.Open();
+  grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "message 2 of the stream")) << s.error_message();
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(core_->GetStats(&stats).ok());
+  EXPECT_EQ(stats.depth_experiences(), 2u);
 }
 
 }  // namespace
