@@ -514,9 +514,8 @@ int Main() {
           cpu_per_call[level.offered_qps] = cpu / std::max<int64_t>(1, level.ok);
           const std::string note = model_bound ? absl::StrFormat("  rollout busy %.0f%%", 100 * busy()) : "";
           std::printf(
-              "  %-17s %-7s offered %8.0f/s answered %8.0f/s  p50 %7.2f ms  p99 %7.2f ms  cpu %.2f cores, %.0f us/call "
-              " "
-              "errors: %s%s%s\n",
+              "  %-17s %-7s offered %8.0f/s answered %8.0f/s  p50 %7.2f ms  p99 %7.2f ms  "
+              "cpu %.2f cores, %.0f us/call  errors: %s%s%s\n",
               target.rpc.c_str(), who.c_str(), level.offered_qps, level.achieved_qps, Ms(level.p50), Ms(level.p99),
               cpu / std::max(wall, 1e-3), 1e6 * cpu_per_call[level.offered_qps], Errors(level.errors).c_str(),
               note.c_str(), ok ? "" : "  (not sustained)");
@@ -543,7 +542,7 @@ int Main() {
     if (m.in_process_qps.empty()) {
       std::printf("%s: service / echo = %.3f\n", m.rpc.c_str(), m.ratio());
     } else {
-      std::printf("%s: service / min(echo, in-process) = %.3f (service / echo %.3f)\n", m.rpc.c_str(), m.ratio(),
+      std::printf("%s: service / bound (%.0f/s) = %.3f (service / echo %.3f)\n", m.rpc.c_str(), m.bound(), m.ratio(),
                   m.ratio_vs_echo());
     }
     measured.push_back(std::move(m));

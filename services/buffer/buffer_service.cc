@@ -184,9 +184,7 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       } else if (absl::IsResourceExhausted(s) && absl::Now() < give_up_ && !cancelled_) {
         next.retry = true;  // (the alarm is the one operation of this chain now)
       } else {
-        error_ = absl::Status(s.code(), absl::StrCat("message ", inflight_.first, " of the stream: ", s.message()));
-        pending_.clear();  // (the stream ends here: what follows is not applied)
-        applying_ = false;
+        FailLocked(absl::Status(s.code(), absl::StrCat("message ", inflight_.first, " of the stream: ", s.message())));
       }
       if (!next.retry) next = NextLocked();
     }
@@ -202,12 +200,18 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Next next;
     {
       absl::MutexLock lock(&mu_);
-      error_ = absl::CancelledError("stream cancelled");
-      pending_.clear();
-      applying_ = false;
+      FailLocked(absl::CancelledError("stream cancelled"));
       next = NextLocked();
     }
     Run(next);
+  }
+
+  // The Put in flight failed for good: the stream ends with `error` (what follows it
+  // is not applied).
+  void FailLocked(absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    error_ = std::move(error);
+    pending_.clear();
+    applying_ = false;
   }
 
   // The failed merged Put (which took nothing and still holds every experience) back at

@@ -6,13 +6,14 @@
 //   hosts c, d: one rollout replica each (bound to 0.0.0.0)
 // with UCX over tcp between hosts. A run completes; a replica cut off mid-run leaves
 // and comes back; the controller's autoscaler, acted on by this harness as
-// deploy/local acts on it, takes the rollout replicas from one host to two and back. Needs CAP_NET_ADMIN (root): a
-// machine without it skips the test saying so.
+// deploy/local acts on it, takes the rollout replicas from one host to two and back.
+// Needs CAP_NET_ADMIN (root): a machine without it skips the test saying so.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -349,15 +350,20 @@ TEST_F(MultiHost, TheAutoscalerTakesRolloutsOnAnotherHostFromOneToTwoAndBack) {
     absl::StrAppendFormat(&trace, "%.0fs: desired %d, replicas %d\n", absl::ToDoubleSeconds(absl::Now() - start),
                           desired, replicas);
   };
+  // Acts on the desired count every second (deploy/local's period) until `done` or
+  // `limit` has passed.
+  auto follow_until = [&](const std::function<bool()>& done, absl::Duration limit) {
+    const absl::Time deadline = absl::Now() + limit;
+    while (!done() && absl::Now() < deadline && !HasFatalFailure()) {
+      if (std::optional<Status> status = ReadStatus()) act(status->desired);
+      absl::SleepFor(absl::Seconds(1));
+    }
+  };
   auto run_over = [&] {
     const std::string out = run.output();
     return absl::StrContains(out, "RUN_STATE_COMPLETED") || absl::StrContains(out, "RUN_STATE_FAILED");
   };
-  const absl::Time run_deadline = absl::Now() + absl::Minutes(6);
-  while (!run_over() && absl::Now() < run_deadline && !HasFatalFailure()) {
-    if (std::optional<Status> status = ReadStatus()) act(status->desired);
-    absl::SleepFor(absl::Seconds(1));  // (deploy/local's period)
-  }
+  follow_until(run_over, absl::Minutes(6));
   ASSERT_TRUE(run_over()) << run.output() << "\n" << trace << Tail(controller);
   auto exited = run.Wait(absl::Seconds(30));
   ASSERT_TRUE(exited.ok()) << exited.status();
@@ -365,14 +371,9 @@ TEST_F(MultiHost, TheAutoscalerTakesRolloutsOnAnotherHostFromOneToTwoAndBack) {
   EXPECT_EQ(peak, 2) << "the autoscaler never asked for a second replica:\n"
                      << trace << Tail(controller) << run.output();
   // Back to one once the run is over.
-  std::optional<Status> last;
-  const absl::Time idle_deadline = absl::Now() + absl::Seconds(90);
-  while (d != nullptr && absl::Now() < idle_deadline && !HasFatalFailure()) {
-    if ((last = ReadStatus())) act(last->desired);
-    absl::SleepFor(absl::Seconds(1));
-  }
+  follow_until([&] { return d == nullptr; }, absl::Seconds(90));
   EXPECT_EQ(d, nullptr) << "not back to one replica 90 s after the run:\n" << trace << Tail(controller);
-  last = ReadStatus();
+  std::optional<Status> last = ReadStatus();
   ASSERT_TRUE(last.has_value());
   EXPECT_EQ(last->accepted, kSteps * kPrompts * kSamples) << "experiences lost";
   const std::string log = controller->output();

@@ -618,12 +618,17 @@ class BufferStreamMerging : public ::testing::Test {
       if (!writer->Write(message)) break;  // (the server ended the stream)
     }
     writer->WritesDone();
+    OpenOnceRead(messages);
+    return writer->Finish();
+  }
+  // Opens the store's gate once the service has read `messages` stream messages (or
+  // after 20 s).
+  void OpenOnceRead(int messages) {
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (service_->stream_messages_read() < static_cast<uint64_t>(messages) && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(1));  // (polls a counter: no condition to await across gRPC)
     }
     store_.Open();
-    return writer->Finish();
   }
   HeldCommitsStore store_;
   std::unique_ptr<BufferCore> core_;
@@ -692,9 +697,7 @@ TEST_F(BufferStreamMerging, AMessageThatDoesNotParseEndsTheStreamAfterTheOnesBef
   }
   ASSERT_TRUE(writer->Write(bytes(std::string("\x0a\x05ab", 4))));  // (field 1 cut short)
   writer->WritesDone();
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (service_->stream_messages_read() < 3 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-  store_.Open();
+  OpenOnceRead(3);
   grpc::Status s = writer->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_TRUE(absl::StrContains(s.error_message(), "message 2 of the stream")) << s.error_message();
