@@ -77,10 +77,14 @@ fi
 # Cases whose point is a deadline that TSan's 5-15x slowdown misses (a 16 MB /metrics
 # exposition rendered twice within 4 s); not run here (so not counted), run by
 # tools/test.sh and under ASan.
-# Also left out: cases that serve gRPC (BufferService.*, MetricsBindFlag.*): gRPC's own
-# threads pass an absl::Status between them through synchronisation TSan cannot see
-# (Debian's gRPC is uninstrumented): a race reported inside gRPC, once in two CI runs.
-LEFT_OUT="MetricsServer.AClientThatDoesNotReadDoesNotBlockAScrape:BufferService.*:MetricsBindFlag.*"
+# Also left out: cases that serve gRPC (BufferService.*, BufferStreamMerging.*,
+# MetricsBindFlag.*): gRPC's own threads pass an absl::Status, a call's op set and a
+# callback tag between them through synchronisation TSan cannot see (Debian's gRPC is
+# uninstrumented). Tried for BufferStreamMerging: suppressing each in turn
+# (grpc_core::Status*, CallOpSet::FillOps / FinalizeResult) only moved the report to the
+# next hand-off (CallbackWithSuccessTag::Run, under which our reactors run and so cannot
+# be suppressed); about 1 run in 8 reported one.
+LEFT_OUT="MetricsServer.AClientThatDoesNotReadDoesNotBlockAScrape:BufferService.*:BufferStreamMerging.*:MetricsBindFlag.*"
 
 set +e
 bazel test --config=tsan --disk_cache="$HOME/.cache/rlfleet-bazel-disk" --test_env=LD_LIBRARY_PATH="$LIB" \

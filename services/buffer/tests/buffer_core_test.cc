@@ -695,7 +695,10 @@ TEST_F(BufferStreamMerging, AMessageThatDoesNotParseEndsTheStreamAfterTheOnesBef
     *message.add_experiences() = Exp(absl::StrCat("p", m), absl::StrCat("gp", m), 1);
     ASSERT_TRUE(writer->Write(bytes(message.SerializeAsString())));
   }
-  ASSERT_TRUE(writer->Write(bytes(std::string("\x0a\x05ab", 4))));  // (field 1 cut short)
+  ASSERT_TRUE(
+      writer->Write(bytes(std::string("\x0a\x05"
+                                      "ab",
+                                      4))));  // (field 1 cut short)
   writer->WritesDone();
   OpenOnceRead(3);
   grpc::Status s = writer->Finish();
