@@ -695,10 +695,8 @@ TEST_F(BufferStreamMerging, AMessageThatDoesNotParseEndsTheStreamAfterTheOnesBef
     *message.add_experiences() = Exp(absl::StrCat("p", m), absl::StrCat("gp", m), 1);
     ASSERT_TRUE(writer->Write(bytes(message.SerializeAsString())));
   }
-  ASSERT_TRUE(
-      writer->Write(bytes(std::string("\x0a\x05"
-                                      "ab",
-                                      4))));  // (field 1 cut short)
+  const std::string cut_short = {'\x0a', '\x05', 'a', 'b'};  // (field 1: 5 bytes promised, 2 sent)
+  ASSERT_TRUE(writer->Write(bytes(cut_short)));
   writer->WritesDone();
   OpenOnceRead(3);
   grpc::Status s = writer->Finish();
