@@ -181,7 +181,7 @@ std::unique_ptr<Fleet> StartFleet(int redis_port) {
       sample.set_current_policy_version(1);
       sample.set_wait_ms(50);
       sample.set_consumer_id("loadtest-trainer");
-      v1::SampleBatchResponse batch;
+      v1::SampleBatchResponseWire batch;  // (what the service sends a trainer: the stored bytes, unparsed)
       absl::Status s = f->buffer->SampleBatch(sample, &batch);
       if (!s.ok() || batch.lease_id().empty()) continue;
       v1::AckBatchRequest ack;
@@ -506,6 +506,22 @@ int Main() {
         absl::Time wall_mark = absl::Now();
         std::map<double, double> cpu_per_call;  // offered rate -> CPU seconds per call
         SearchOptions options = search;
+        // Each level starts with the buffer drained: an overloaded level leaves groups
+        // queued for the simulated trainer, which would otherwise still be taking them
+        // (and CPU) in the next level, a state the echo never has.
+        options.before_level = [&] {
+          const absl::Time give_up = absl::Now() + absl::Seconds(30);
+          v1::GetStatsResponse stats;
+          while (fleet->buffer->GetStats(&stats).ok() && stats.depth_experiences() > 0 && absl::Now() < give_up) {
+            absl::SleepFor(absl::Milliseconds(5));  // (polls the buffer's depth: the condition awaited)
+          }
+          if (stats.depth_experiences() > 0) {
+            std::printf("  (the buffer still holds %llu experiences after 30 s)\n",
+                        static_cast<unsigned long long>(stats.depth_experiences()));
+          }
+          cpu_mark = ProcessCpuSeconds();
+          wall_mark = absl::Now();
+        };
         options.on_level = [&](const LevelResult& level, bool ok) {
           const double cpu = ProcessCpuSeconds() - cpu_mark;
           const double wall = absl::ToDoubleSeconds(absl::Now() - wall_mark);

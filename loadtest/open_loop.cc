@@ -171,6 +171,7 @@ SearchResult SearchCapacity(const SearchOptions& options, const IssueFn& issue) 
     level.qps = qps;
     level.duration = options.level_duration;
     level.max_outstanding = options.max_outstanding;
+    if (options.before_level) options.before_level();
     LevelResult r = RunLevel(level, issue);
     const bool ok = Sustained(r, options);
     if (options.on_level) options.on_level(r, ok);

@@ -96,6 +96,9 @@ struct SearchOptions {
   // sustained and the first failing one.
   int refinements = 4;
   int max_outstanding = 8192;
+  // Called before each level (e.g. to let the target work off what an overloaded
+  // level left queued, so that each level starts from the same state); may be empty.
+  std::function<void()> before_level;
   // Told each level's result as it ends (progress output); may be empty.
   std::function<void(const LevelResult&, bool sustained)> on_level;
 };

@@ -497,6 +497,16 @@ void BufferCore::ReleaseEarlierIncarnationsLocked(const std::string& consumer, c
 }
 
 absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request, v1::SampleBatchResponse* response) {
+  v1::SampleBatchResponseWire wire;
+  RETURN_IF_ERROR(SampleBatch(request, &wire));
+  // (the same field numbers; each experience parsed at Put: cannot fail)
+  if (!response->ParseFromString(wire.SerializeAsString()))
+    return absl::InternalError("a stored experience does not parse");
+  return absl::OkStatus();
+}
+
+absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request, v1::SampleBatchResponseWire* response) {
+  response->Clear();
   if (request.num_groups() < 1 || request.num_groups() > kMaxGroupsPerSample) {
     return absl::InvalidArgumentError(absl::StrCat("num_groups ", request.num_groups(), " is outside 1..1024"));
   }
@@ -588,12 +598,11 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request, v1::
       continue;
     }
     staleness_[std::min<uint64_t>(current - std::min(current, oldest), kHistogramBuckets - 1)] += group.members.size();
-    v1::ExperienceGroup* out = response->add_groups();
+    v1::ExperienceGroupWire* out = response->add_groups();
     out->set_group_id(id);
     out->set_prompt_id(group.prompt_id);
-    for (const Member& m : group.members) {
-      (void)out->add_experiences()->ParseFromString(m.bytes);  // (parsed at Put: cannot fail)
-    }
+    out->mutable_experiences()->Reserve(static_cast<int>(group.members.size()));
+    for (const Member& m : group.members) out->add_experiences()->assign(m.bytes);
     out->set_reward_mean(static_cast<float>(mean));
     out->set_reward_std(static_cast<float>(stddev));
     out->set_min_policy_version(oldest);

@@ -100,6 +100,9 @@ class BufferCore {
   // knows. Fewer groups than min_groups after wait_ms is not an error: the response
   // holds what there was (an empty lease id if none). The reply holds fewer groups than
   // asked when the next would take it over kMaxReplyBytes.
+  // The reply in wire form: each experience the bytes the buffer keeps (no parse; what
+  // the gRPC handler sends). The typed overload parses them.
+  absl::Status SampleBatch(const v1::SampleBatchRequest& request, v1::SampleBatchResponseWire* response);
   absl::Status SampleBatch(const v1::SampleBatchRequest& request, v1::SampleBatchResponse* response);
 
   // INVALID_ARGUMENT for an empty lease_id; NOT_FOUND for an unknown or expired lease

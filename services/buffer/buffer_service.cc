@@ -6,12 +6,16 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "libs/common/status_macros.h"
 #include "libs/rpc/status_conversion.h"
 
 namespace rlfleet::buffer {
@@ -44,25 +48,41 @@ absl::Status SerializeReply(const v1::PutExperiencesResponse& reply, grpc::ByteB
   return rpc::ToAbslStatus(grpc::SerializationTraits<v1::PutExperiencesResponse>::Serialize(reply, out, &own));
 }
 
+// Sets a new gRPC callback alarm in `*alarm` to call `f` after `after`. A new one each
+// time: Set on an alarm whose callback is still running (the chain that re-sets it may
+// run inside it) would replace the callback in use; the old alarm's destruction
+// cancels nothing that has fired, and its running callback holds its own reference.
+void SetAlarm(std::unique_ptr<grpc::Alarm>* alarm, absl::Duration after, std::function<void(bool)> f) {
+  *alarm = std::make_unique<grpc::Alarm>();
+  (*alarm)->Set(absl::ToChronoTime(absl::Now() + after), std::move(f));
+}
+
 // One stream, driven by its callbacks (no thread of its own, none waiting for the
-// store). Messages are applied in order, one Put at a time; those read while a Put is
-// in flight are merged into the next Put (same producer and run, up to
-// kMaxExperiencesPerPut experiences), so a producer streaming small messages pays one
-// store commit per batch, not per message. Reading pauses while kMaxPendingBytes are
+// store). Messages are applied in order, one Put at a time; consecutive ones are merged
+// into one Put (same producer and run, up to kMaxExperiencesPerPut experiences), so a
+// producer streaming small messages pays one store commit per batch, not per message:
+// a batch that could still grow waits up to `linger` (a gRPC alarm) for more unless
+// the stream's reads have ended or it holds kApplyBytes, and what is read while a Put
+// is in flight goes in the next Put. Reading pauses while kMaxPendingBytes are
 // waiting (flow control: a full buffer holds the producer back). A merged Put that
 // fails is applied again one message at a time, so what is accepted and the error
 // (naming the message) are as if each message were put alone. While the buffer is full
 // a message is retried every 100 ms (a gRPC alarm) for up to `full_wait`. Finish is
-// called once, with no Put or alarm outstanding; OnDone deletes the reactor.
+// called once, with no Put or retry alarm outstanding (a set linger alarm is cancelled);
+// the last of OnDone and the linger alarm's callback deletes the reactor.
 // StartRead, Finish, PutAsync and the alarm are never started holding mu_ (a Put may
 // answer inline).
 class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   static constexpr uint64_t kMaxPendingBytes = 4 << 20;
 
-  IngestReactor(BufferCore* core, grpc::ByteBuffer* response, absl::Duration full_wait,
+  // A batch that can still grow is applied when it is this big (or when the stream's
+  // reads end, or when it has waited `linger`).
+  static constexpr uint64_t kApplyBytes = 1 << 20;
+
+  IngestReactor(BufferCore* core, grpc::ByteBuffer* response, absl::Duration full_wait, absl::Duration linger,
                 std::atomic<uint64_t>* messages_read)
-      : core_(core), response_(response), full_wait_(full_wait), messages_read_(messages_read) {
+      : core_(core), response_(response), full_wait_(full_wait), linger_(linger), messages_read_(messages_read) {
     {
       absl::MutexLock lock(&mu_);
       reading_ = true;
@@ -92,7 +112,16 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Run(next);
   }
   void OnCancel() override { cancelled_ = true; }
-  void OnDone() override { delete this; }
+  // The last of OnDone and a set linger alarm's callback deletes the reactor.
+  void OnDone() override {
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      last = !lingering_;
+    }
+    if (last) delete this;
+  }
 
  private:
   // Messages applied by one Put.
@@ -107,7 +136,9 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   struct Next {
     bool read = false;
     bool apply = false;
-    bool retry = false;  // the Put in flight again after 100 ms (Applied only)
+    bool retry = false;   // the Put in flight again after 100 ms (Applied only)
+    bool linger = false;  // set the linger alarm
+    bool cancel_linger = false;
     std::optional<grpc::Status> finish;
   };
 
@@ -133,20 +164,37 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     pending_.push_back(std::move(b));
   }
 
-  // The next Put when none is in flight, the end once nothing is left to apply, and
-  // another read while there is room.
+  // Whether the batch at the front goes now: it cannot grow (another batch follows it,
+  // it is full, nothing more will be read) or it is big enough or has lingered.
+  bool FrontReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Batch& front = pending_.front();
+    return pending_.size() > 1 || reads_done_ || !error_.ok() || !front.mergeable ||
+           front.request.experiences_size() >= static_cast<int>(kMaxExperiencesPerPut) || front.bytes >= kApplyBytes ||
+           lingered_;
+  }
+
+  // The next Put when none is in flight (after the linger when the batch could still
+  // grow), the end once nothing is left to apply and no alarm is set, and another read
+  // while there is room.
   Next NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Next next;
     if (finished_) return next;
-    if (!applying_ && !pending_.empty()) {
+    if (!applying_ && !pending_.empty() && FrontReadyLocked()) {
       inflight_ = std::move(pending_.front());
       pending_.pop_front();
       pending_bytes_ -= inflight_.bytes;
       give_up_ = absl::Now() + full_wait_;
       applying_ = true;
+      lingered_ = false;
       next.apply = true;
+    } else if (!applying_ && !pending_.empty()) {
+      if (!lingering_) {
+        lingering_ = true;
+        next.linger = true;
+      }
     } else if (!applying_ && (reads_done_ || !error_.ok())) {
       finished_ = true;
+      next.cancel_linger = lingering_;
       next.finish = rpc::ToGrpcStatus(error_.ok() ? SerializeReply(total_, response_) : error_);
       return next;
     }
@@ -158,9 +206,34 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   void Run(Next& next) {
-    if (next.finish) return Finish(std::move(*next.finish));
+    if (next.finish) {
+      if (next.cancel_linger) linger_alarm_->Cancel();  // (before Finish: OnDone cannot have run)
+      return Finish(std::move(*next.finish));
+    }
+    // (a linger is only set from OnReadDone, before the read that follows it: nothing
+    // can finish the stream, and so cancel the alarm, before it is set)
+    if (next.linger) SetAlarm(&linger_alarm_, linger_, [this](bool) { Lingered(); });
     if (next.read) StartRead(&message_);
     if (next.apply) Apply();
+  }
+
+  // The linger alarm went off (or was cancelled as the stream finished): the batch
+  // waiting goes now.
+  void Lingered() {
+    Next next;
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      lingering_ = false;
+      lingered_ = !pending_.empty();
+      next = NextLocked();
+      last = done_;
+    }
+    if (last) {
+      delete this;
+      return;
+    }
+    Run(next);
   }
 
   void Apply() {
@@ -178,6 +251,7 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (s.ok()) {
         Sum(one_, &total_);
         applying_ = false;
+        lingered_ = !pending_.empty();  // (what was read meanwhile has waited a Put's time)
       } else if (inflight_.sizes.size() > 1) {
         SplitInflightLocked();
         applying_ = false;
@@ -189,7 +263,7 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (!next.retry) next = NextLocked();
     }
     if (next.retry) {
-      retry_.Set(std::chrono::system_clock::now() + std::chrono::milliseconds(100), [this](bool) { Retry(); });
+      SetAlarm(&retry_, absl::Milliseconds(100), [this](bool) { Retry(); });
       return;
     }
     Run(next);
@@ -235,13 +309,15 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   BufferCore* const core_;
   grpc::ByteBuffer* const response_;
   const absl::Duration full_wait_;
+  const absl::Duration linger_;
   std::atomic<uint64_t>* const messages_read_;  // the service's count
   grpc::ByteBuffer message_;                    // the read in flight's (one at a time)
   // The Put in flight's (one at a time; the chain of Put, alarm and retry owns them).
   Batch inflight_;
   v1::PutExperiencesResponse one_;
   absl::Time give_up_;
-  grpc::Alarm retry_;
+  std::unique_ptr<grpc::Alarm> retry_;
+  std::unique_ptr<grpc::Alarm> linger_alarm_;
   std::atomic<bool> cancelled_{false};
 
   absl::Mutex mu_;
@@ -252,7 +328,10 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool applying_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);  // what the stream ends with, once nothing is applying
+  bool done_ ABSL_GUARDED_BY(mu_) = false;       // OnDone has run
+  bool lingering_ ABSL_GUARDED_BY(mu_) = false;  // the linger alarm is set
+  bool lingered_ ABSL_GUARDED_BY(mu_) = false;   // the front batch has waited enough
+  absl::Status error_ ABSL_GUARDED_BY(mu_);      // what the stream ends with, once nothing is applying
   v1::PutExperiencesResponse total_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -275,12 +354,30 @@ grpc::ServerUnaryReactor* BufferServiceImpl::PutExperiences(grpc::CallbackServer
   });
 }
 
+grpc::ServerUnaryReactor* BufferServiceImpl::SampleBatch(grpc::CallbackServerContext* c, const grpc::ByteBuffer* req,
+                                                         grpc::ByteBuffer* resp) {
+  return rpc::HandleUnary(c, auth_, rpc::Role::kFleet, "SampleBatch", [&]() -> absl::Status {
+    v1::SampleBatchRequest request;
+    grpc::ByteBuffer copy(*req);  // (Deserialize consumes its buffer; this shares the slices)
+    const grpc::Status parsed = grpc::SerializationTraits<v1::SampleBatchRequest>::Deserialize(&copy, &request);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request is not a SampleBatchRequest: ",
+                       parsed.error_message().empty() ? "its bytes do not parse" : parsed.error_message()));
+    }
+    v1::SampleBatchResponseWire reply;
+    RETURN_IF_ERROR(core_->SampleBatch(request, &reply));
+    bool own = false;
+    return rpc::ToAbslStatus(grpc::SerializationTraits<v1::SampleBatchResponseWire>::Serialize(reply, resp, &own));
+  });
+}
+
 grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::StreamExperiences(grpc::CallbackServerContext* c,
                                                                                 grpc::ByteBuffer* resp) {
   if (absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "StreamExperiences"); !s.ok()) {
     return new rpc::FinishedStream<grpc::ServerReadReactor<grpc::ByteBuffer>>(rpc::ToGrpcStatus(s));
   }
-  return new IngestReactor(core_, resp, full_wait_, &stream_messages_read_);
+  return new IngestReactor(core_, resp, full_wait_, linger_, &stream_messages_read_);
 }
 
 }  // namespace rlfleet::buffer

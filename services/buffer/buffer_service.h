@@ -1,19 +1,20 @@
 // gRPC adapter for BufferCore (BufferService). Thread-safe.
 //
-// PutExperiences and StreamExperiences are served raw: each message is read as a
-// PutExperiencesRequestWire (the same bytes), so the buffer keeps every experience's
-// bytes as they were sent, and a Put is answered when the store has it, with no gRPC
-// thread waiting for Redis meanwhile.
+// PutExperiences, StreamExperiences and SampleBatch are served raw: each Put message is
+// read as a PutExperiencesRequestWire (the same bytes), so the buffer keeps every
+// experience's bytes as they were sent and SampleBatch sends those bytes back unparsed;
+// a Put is answered when the store has it, with no gRPC thread waiting for Redis
+// meanwhile.
 //
-// StreamExperiences applies the messages in order, one Put at a time, those read while
-// a Put is in flight merged into the next (one store commit for many small messages);
-// what is accepted and the errors are as if each message were put alone (a merged Put
-// that fails is applied again message by message). While the buffer is full
-// (RESOURCE_EXHAUSTED) a message is retried for up to `full_wait` and reading stops once
-// 4 MiB wait (flow control), then the stream ends with RESOURCE_EXHAUSTED naming the
-// message; any other error ends it at once. The reply sums every message. The stream
-// is served raw: each message is read as a PutExperiencesRequestWire (the same bytes),
-// so the buffer keeps every experience's bytes as they were sent.
+// StreamExperiences applies the messages in order, one Put at a time, consecutive ones
+// merged (one store commit for many small messages): a message waits up to `linger`
+// for the next ones unless the stream's reads have ended, and those read while a Put
+// is in flight go in the next. What is accepted and the errors are as if each message
+// were put alone (a merged Put that fails is applied again message by message). While
+// the buffer is full (RESOURCE_EXHAUSTED) a message is retried for up to `full_wait`
+// and reading stops once 4 MiB wait (flow control), then the stream ends with
+// RESOURCE_EXHAUSTED naming the message; any other error ends it at once. The reply
+// sums every message.
 #ifndef RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 #define RLFLEET_SERVICES_BUFFER_BUFFER_SERVICE_H_
 
@@ -28,11 +29,15 @@
 namespace rlfleet::buffer {
 
 class BufferServiceImpl final
-    : public v1::BufferService::WithRawCallbackMethod_StreamExperiences<
-          v1::BufferService::WithRawCallbackMethod_PutExperiences<v1::BufferService::CallbackService>> {
+    : public v1::BufferService::WithRawCallbackMethod_SampleBatch<
+          v1::BufferService::WithRawCallbackMethod_StreamExperiences<
+              v1::BufferService::WithRawCallbackMethod_PutExperiences<v1::BufferService::CallbackService>>> {
  public:
-  BufferServiceImpl(BufferCore* core, rpc::CallAuth auth, absl::Duration full_wait = absl::Seconds(30))
-      : core_(core), auth_(std::move(auth)), full_wait_(full_wait) {}
+  // `linger`: how long a stream's message may wait to be merged with the next ones (the
+  // delay before a producer's experience can be sampled, at most).
+  BufferServiceImpl(BufferCore* core, rpc::CallAuth auth, absl::Duration full_wait = absl::Seconds(30),
+                    absl::Duration linger = absl::Milliseconds(2))
+      : core_(core), auth_(std::move(auth)), full_wait_(full_wait), linger_(linger) {}
 
   grpc::ServerReadReactor<grpc::ByteBuffer>* StreamExperiences(grpc::CallbackServerContext* c,
                                                                grpc::ByteBuffer* resp) override;
@@ -43,11 +48,11 @@ class BufferServiceImpl final
   // when the store has the experiences, without holding a gRPC thread meanwhile.
   grpc::ServerUnaryReactor* PutExperiences(grpc::CallbackServerContext* c, const grpc::ByteBuffer* req,
                                            grpc::ByteBuffer* resp) override;
-  grpc::ServerUnaryReactor* SampleBatch(grpc::CallbackServerContext* c, const v1::SampleBatchRequest* req,
-                                        v1::SampleBatchResponse* resp) override {
-    // May wait up to wait_ms for groups; the caller's deadline should exceed it.
-    return rpc::HandleUnary(c, auth_, [&] { return core_->SampleBatch(*req, resp); });
-  }
+  // Answered raw: the experiences' stored bytes spliced into the reply's wire form (a
+  // SampleBatchResponse to the caller), none parsed. May wait up to wait_ms for groups;
+  // the caller's deadline should exceed it.
+  grpc::ServerUnaryReactor* SampleBatch(grpc::CallbackServerContext* c, const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* AckBatch(grpc::CallbackServerContext* c, const v1::AckBatchRequest* req,
                                      v1::AckBatchResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->Ack(*req, resp); });
@@ -69,6 +74,7 @@ class BufferServiceImpl final
   BufferCore* const core_;
   const rpc::CallAuth auth_;
   const absl::Duration full_wait_;
+  const absl::Duration linger_;
   std::atomic<uint64_t> stream_messages_read_{0};
 };
 

@@ -47,6 +47,10 @@ ABSL_FLAG(std::string, run_dir, "",
           "loop: folder for metrics.csv and reward_curve.png (created); empty: ./rlfleet-runs/<start time>.");
 ABSL_FLAG(double, lr, 5e-4, "loop: AdamW learning rate.");
 ABSL_FLAG(int, ppo_epochs, 2, "loop: PPO epochs per batch.");
+ABSL_FLAG(double, clip_ratio, 0.2, "loop: PPO clip epsilon, in (0, 1).");
+ABSL_FLAG(double, clip_ratio_high, 0.0,
+          "loop: upper PPO clip epsilon, in [0, 10]; 0 = --clip_ratio (e.g. 0.28: DAPO's clip-higher, against "
+          "entropy collapse).");
 ABSL_FLAG(double, entropy_coef, 0.0, "loop: entropy bonus weight.");
 ABSL_FLAG(double, temperature, 1.0, "loop: sampling temperature of the training rollouts.");
 ABSL_FLAG(int, max_staleness, 0,
@@ -99,6 +103,8 @@ v1::RunConfig RunConfigFromFlags() {
   c.set_eval_interval_steps(absl::GetFlag(FLAGS_eval_every));
   c.set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
   c.set_ppo_epochs(absl::GetFlag(FLAGS_ppo_epochs));
+  c.set_clip_ratio(static_cast<float>(absl::GetFlag(FLAGS_clip_ratio)));
+  c.set_clip_ratio_high(static_cast<float>(absl::GetFlag(FLAGS_clip_ratio_high)));
   c.set_entropy_coef(static_cast<float>(absl::GetFlag(FLAGS_entropy_coef)));
   c.set_stop_at_exact_match(static_cast<float>(absl::GetFlag(FLAGS_stop_at)));
   c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
@@ -210,6 +216,8 @@ int RunLoop(const rpc::ClientOptions& base) {
   config.stop_at = absl::GetFlag(FLAGS_stop_at);
   config.lr = absl::GetFlag(FLAGS_lr);
   config.ppo_epochs = absl::GetFlag(FLAGS_ppo_epochs);
+  config.clip_ratio = absl::GetFlag(FLAGS_clip_ratio);
+  config.clip_ratio_high = absl::GetFlag(FLAGS_clip_ratio_high);
   config.entropy_coef = absl::GetFlag(FLAGS_entropy_coef);
   config.temperature = absl::GetFlag(FLAGS_temperature);
   config.max_staleness = absl::GetFlag(FLAGS_max_staleness);

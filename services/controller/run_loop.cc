@@ -201,6 +201,7 @@ v1::TrainStepRequest TrainRequest(const LoopConfig& config) {
   train.mutable_params()->set_algorithm(v1::ALGORITHM_GRPO);
   train.mutable_params()->set_ppo_epochs(config.ppo_epochs);
   train.mutable_params()->set_clip_ratio(static_cast<float>(config.clip_ratio));
+  train.mutable_params()->set_clip_ratio_high(static_cast<float>(config.clip_ratio_high));
   train.mutable_params()->set_entropy_coef(static_cast<float>(config.entropy_coef));
   train.mutable_params()->mutable_optimizer()->set_learning_rate(static_cast<float>(config.lr));
   train.mutable_params()->mutable_optimizer()->set_grad_clip_norm(1.0f);
@@ -513,6 +514,7 @@ absl::Status ValidateLoopConfig(const LoopConfig& c) {
   RETURN_IF_ERROR(common::CheckFiniteInRange("entropy_coef", c.entropy_coef, 0, 10));
   RETURN_IF_ERROR(common::CheckFiniteInRange("temperature", c.temperature, 0, 10));
   RETURN_IF_ERROR(common::CheckFiniteInRange("clip_ratio", c.clip_ratio, 0, 1));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("clip_ratio_high", c.clip_ratio_high, 0, 10));
   if (std::isnan(c.stop_at)) return absl::InvalidArgumentError("stop_at: is nan");
   if (c.max_staleness < 0 || c.max_staleness > 64) {
     return absl::InvalidArgumentError("max_staleness: must be in 0..64");

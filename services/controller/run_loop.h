@@ -211,8 +211,9 @@ struct LoopConfig {
   // max_staleness steps ahead of the trainer; each step trains once its groups are in
   // the buffer and its new version installs on the replicas mid-generation.
   bool fully_async = false;
-  int max_new_tokens = 0;   // response cap of the training rollouts; 0 = max_len + 3
-  double clip_ratio = 0.2;  // PPO clip epsilon
+  int max_new_tokens = 0;        // response cap of the training rollouts; 0 = max_len + 3
+  double clip_ratio = 0.2;       // PPO clip epsilon
+  double clip_ratio_high = 0.0;  // upper clip epsilon (clip-higher); 0 = clip_ratio
   // Checkpoints: to checkpoint_dir/<run id or tag>-step-<N> on the trainer every
   // checkpoint_every steps and, when the run completes, after its last step; 0 = none
   // from the loop (RunManager saves one at StopRun when asked). Empty dir = none.

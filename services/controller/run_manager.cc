@@ -105,6 +105,7 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c, const std::
   RETURN_IF_ERROR(common::CheckFiniteInRange("config.temperature", c.temperature(), 0, 10));
   RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.ppo_epochs", c.ppo_epochs(), 0, 16));
   RETURN_IF_ERROR(common::CheckFiniteInRange("config.clip_ratio", c.clip_ratio(), 0, 1));
+  RETURN_IF_ERROR(common::CheckFiniteInRange("config.clip_ratio_high", c.clip_ratio_high(), 0, 10));
   RETURN_IF_ERROR(
       common::CheckInRange<uint32_t>("config.checkpoint_interval_steps", c.checkpoint_interval_steps(), 0, kMaxSteps));
   RETURN_IF_ERROR(common::CheckFiniteInRange("config.entropy_coef", c.entropy_coef(), 0, 10));
@@ -124,6 +125,7 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c, const std::
   if (c.temperature() != 0) loop.temperature = c.temperature();
   if (c.ppo_epochs() != 0) loop.ppo_epochs = static_cast<int>(c.ppo_epochs());
   if (c.clip_ratio() != 0) loop.clip_ratio = c.clip_ratio();
+  loop.clip_ratio_high = c.clip_ratio_high();
   loop.entropy_coef = c.entropy_coef();
   loop.stop_at = c.stop_at_exact_match() > 0 ? c.stop_at_exact_match() : 2.0;
   if (!c.checkpoint_dir().empty()) RETURN_IF_ERROR(ValidateCheckpointDir(c.checkpoint_dir()));

@@ -589,14 +589,14 @@ class HeldCommitsStore : public FailingStore {
 
 class BufferStreamMerging : public ::testing::Test {
  protected:
-  void Start(uint64_t capacity_bytes, absl::Duration full_wait) {
+  void Start(uint64_t capacity_bytes, absl::Duration full_wait, absl::Duration linger = absl::Milliseconds(2)) {
     core_ = std::make_unique<BufferCore>(common::Clock::Real(), &store_);
     v1::ConfigureRequest config;
     config.set_group_size(1);
     config.set_capacity_bytes(capacity_bytes);
     v1::ConfigureResponse configured;
     ASSERT_TRUE(core_->Configure(config, &configured).ok());
-    service_ = std::make_unique<BufferServiceImpl>(core_.get(), rpc::CallAuth{}, full_wait);
+    service_ = std::make_unique<BufferServiceImpl>(core_.get(), rpc::CallAuth{}, full_wait, linger);
     runner_ = std::make_unique<rpc::ServerRunner>(rpc::ServerOptions{});
     runner_->AddService(service_.get());
     ASSERT_TRUE(runner_->Start().ok());
@@ -653,6 +653,44 @@ TEST_F(BufferStreamMerging, MessagesReadWhileAPutIsInFlightShareTheNextPut) {
   v1::SampleBatchResponse sampled;
   ASSERT_TRUE(core_->SampleBatch(sample, &sampled).ok());
   ASSERT_EQ(sampled.groups_size(), 50);
+}
+
+// A burst of messages that the linger outlasts is one Put when the stream's reads end
+// (the linger alarm, still set, is cancelled: the stream does not wait for it).
+TEST_F(BufferStreamMerging, ABurstWithinTheLingerIsOneCommit) {
+  Start(uint64_t{64} << 20, absl::Seconds(1), /*linger=*/absl::Seconds(60));
+  const absl::Time start = absl::Now();
+  v1::PutExperiencesResponse total;
+  grpc::Status s = Stream(8, 1, 4, &total);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(total.accepted(), 8u);
+  EXPECT_EQ(store_.commits(), std::vector<int>{8});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the stream waited for its linger alarm";
+}
+
+// A message the producer does not follow up is applied after the linger, while the
+// stream is still open: lingering delays an experience, it does not hold it back.
+TEST_F(BufferStreamMerging, AMessageWithNoSuccessorIsAppliedAfterTheLinger) {
+  Start(uint64_t{64} << 20, absl::Seconds(1), /*linger=*/absl::Milliseconds(20));
+  store_.Open();
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::PutExperiencesResponse total;
+  auto writer = stub_->StreamExperiences(&context, &total);
+  v1::PutExperiencesRequest message;
+  *message.add_experiences() = Exp("alone", "galone", 1);
+  ASSERT_TRUE(writer->Write(message));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  v1::GetStatsResponse stats;
+  do {
+    absl::SleepFor(absl::Milliseconds(1));  // (polls the buffer's depth: the condition awaited)
+    ASSERT_TRUE(core_->GetStats(&stats).ok());
+  } while (stats.depth_experiences() < 1 && absl::Now() < deadline);
+  EXPECT_EQ(stats.depth_experiences(), 1u) << "the message waited for the stream's end";
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(total.accepted(), 1u);
 }
 
 // A merged Put the buffer cannot hold is applied again message by message: what fits

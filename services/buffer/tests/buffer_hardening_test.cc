@@ -6,6 +6,7 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -103,33 +104,48 @@ class BufferOverGrpc : public ::testing::Test {
   std::unique_ptr<v1::BufferService::Stub> stub_;
 };
 
-// An experience claiming version 2^64-1 (or far ahead of any version the buffer knows)
-// is refused by name, and does not make every later group stale.
-// PutExperiences is served raw (read as the wire form): bytes that are not a request
-// are INVALID_ARGUMENT saying so, and the buffer serves on.
+// PutExperiences and SampleBatch are served raw (read and answered in wire form): bytes
+// that are not a request are INVALID_ARGUMENT saying so, the buffer serves on, and what
+// SampleBatch answers reads as a SampleBatchResponse holding the experience as put.
 TEST_F(BufferOverGrpc, BytesThatAreNotARequestAreRefusedByName) {
   grpc::GenericStub generic(grpc::CreateChannel(runner_->address(), grpc::InsecureChannelCredentials()));
-  for (const std::string& bytes : {std::string("\xff\xff\xff\xff", 4), std::string("\x0a\x7f\x01", 3)}) {
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer request(&slice, 1);
-    grpc::ByteBuffer reply;
-    grpc::ClientContext context;
-    absl::Notification done;
-    grpc::Status status;
-    generic.UnaryCall(&context, "/rlfleet.v1.BufferService/PutExperiences", grpc::StubOptions(), &request, &reply,
-                      [&](grpc::Status s) {
-                        status = std::move(s);
-                        done.Notify();
-                      });
-    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_TRUE(absl::StrContains(status.error_message(), "not a PutExperiencesRequest")) << status.error_message();
+  for (const char* method : {"PutExperiences", "SampleBatch"}) {
+    for (const std::string& bytes : {std::string("\xff\xff\xff\xff", 4), std::string("\x0a\x7f\x01", 3)}) {
+      grpc::Slice slice(bytes);
+      grpc::ByteBuffer request(&slice, 1);
+      grpc::ByteBuffer reply;
+      grpc::ClientContext context;
+      absl::Notification done;
+      grpc::Status status;
+      generic.UnaryCall(&context, absl::StrCat("/rlfleet.v1.BufferService/", method), grpc::StubOptions(), &request,
+                        &reply, [&](grpc::Status s) {
+                          status = std::move(s);
+                          done.Notify();
+                        });
+      ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+      EXPECT_TRUE(absl::StrContains(status.error_message(), absl::StrCat("not a ", method, "Request")))
+          << status.error_message();
+    }
   }
+  const v1::Experience sent = Exp("after-garbage", "", 1, 1);
   v1::PutExperiencesResponse r;
-  EXPECT_TRUE(Put({Exp("after-garbage", "", 1, 1)}, &r).ok());
+  EXPECT_TRUE(Put({sent}, &r).ok());
   EXPECT_EQ(r.accepted(), 1u);
+  v1::SampleBatchRequest sample;
+  sample.set_num_groups(1);
+  v1::SampleBatchResponse batch;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ASSERT_TRUE(stub_->SampleBatch(&context, sample, &batch).ok());
+  ASSERT_EQ(batch.groups_size(), 1);
+  ASSERT_EQ(batch.groups(0).experiences_size(), 1);
+  EXPECT_EQ(batch.groups(0).experiences(0).SerializeAsString(), sent.SerializeAsString());
+  EXPECT_FALSE(batch.lease_id().empty());
 }
 
+// An experience claiming version 2^64-1 (or far ahead of any version the buffer knows)
+// is refused by name, and does not make every later group stale.
 TEST_F(BufferOverGrpc, AnAbsurdExperienceVersionPoisonsNothing) {
   ASSERT_TRUE(Configure(1, /*max_staleness=*/2).ok());
   v1::PutExperiencesResponse r;

@@ -174,6 +174,8 @@ TEST_F(ControllerServiceTest, EveryRunFieldIsHonouredOrRefusedNamingIt) {
       {"config.learning_rate", [&](v1::RunConfig& c) { c.set_learning_rate(nan); }},
       {"config.learning_rate", [&](v1::RunConfig& c) { c.set_learning_rate(-inf); }},
       {"config.clip_ratio", [&](v1::RunConfig& c) { c.set_clip_ratio(nan); }},
+      {"config.clip_ratio_high", [&](v1::RunConfig& c) { c.set_clip_ratio_high(nan); }},
+      {"config.clip_ratio_high", [&](v1::RunConfig& c) { c.set_clip_ratio_high(11); }},
       {"config.stop_at_exact_match", [&](v1::RunConfig& c) { c.set_stop_at_exact_match(nan); }},
       {"config.group_size", [&](v1::RunConfig& c) { c.set_group_size(4294967295u); }},
       {"config.group_size", [&](v1::RunConfig& c) { c.set_group_size(1); }},
@@ -209,6 +211,7 @@ TEST_F(ControllerServiceTest, EveryRunFieldIsHonouredOrRefusedNamingIt) {
   c.set_rollout_replicas(1);
   c.set_temperature(0.7f);
   c.set_clip_ratio(0.25f);
+  c.set_clip_ratio_high(0.28f);
   c.set_max_new_tokens(12);
   c.set_seed(5);
   c.set_checkpoint_dir("ckpt");

@@ -583,10 +583,12 @@ TEST(RunLoop, RunFieldsReachThePeers) {
   LoopConfig c = Small();
   c.run_id = "run-fields";
   c.clip_ratio = 0.3;
+  c.clip_ratio_high = 0.4;
   c.checkpoint_dir = "ckpt";
   c.checkpoint_every = 2;
   ASSERT_TRUE(run.Run(c).ok());
   EXPECT_FLOAT_EQ(run.trainer.last_params.clip_ratio(), 0.3f);
+  EXPECT_FLOAT_EQ(run.trainer.last_params.clip_ratio_high(), 0.4f);
   ASSERT_EQ(run.buffer.configured.size(), 1u);
   EXPECT_EQ(run.buffer.configured[0].run_id(), "run-fields");
   // Every 2 steps, and at the end (step 3).
