@@ -170,7 +170,7 @@ class IngestReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     const Batch& front = pending_.front();
     return pending_.size() > 1 || reads_done_ || !error_.ok() || !front.mergeable ||
            front.request.experiences_size() >= static_cast<int>(kMaxExperiencesPerPut) || front.bytes >= kApplyBytes ||
-           lingered_;
+           lingered_ || linger_ <= absl::ZeroDuration();
   }
 
   // The next Put when none is in flight (after the linger when the batch could still

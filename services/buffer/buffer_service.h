@@ -33,8 +33,8 @@ class BufferServiceImpl final
           v1::BufferService::WithRawCallbackMethod_StreamExperiences<
               v1::BufferService::WithRawCallbackMethod_PutExperiences<v1::BufferService::CallbackService>>> {
  public:
-  // `linger`: how long a stream's message may wait to be merged with the next ones (the
-  // delay before a producer's experience can be sampled, at most).
+  // `linger`: how long a stream's message may wait to be merged with the next ones (0:
+  // none), the most an experience's sampling is delayed by.
   BufferServiceImpl(BufferCore* core, rpc::CallAuth auth, absl::Duration full_wait = absl::Seconds(30),
                     absl::Duration linger = absl::Milliseconds(2))
       : core_(core), auth_(std::move(auth)), full_wait_(full_wait), linger_(linger) {}

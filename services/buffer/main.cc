@@ -17,6 +17,10 @@
 ABSL_FLAG(absl::Duration, stream_full_wait, absl::Seconds(30),
           "StreamExperiences: how long a message waits for room in a full buffer before the "
           "stream ends with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(absl::Duration, stream_linger, absl::Milliseconds(2),
+          "StreamExperiences: how long a message may wait for the stream's next ones, to be stored "
+          "with them in one commit (0: each at once); in 0..1s. The most an experience's sampling is "
+          "delayed by.");
 ABSL_FLAG(std::string, payload_dir, "",
           "FILE payload descriptors may name files under this directory only; empty: FILE descriptors refused.");
 ABSL_FLAG(uint64_t, dedupe_ids, rlfleet::buffer::BufferCore::kDefaultRememberedRemovedIds,
@@ -40,6 +44,11 @@ int main(int argc, char** argv) {
   auto options = rlfleet::service::ServerOptionsFromFlags();
   if (!options.ok()) {
     std::cerr << "rlfleet-buffer: " << options.status() << "\n";
+    return 2;
+  }
+  const absl::Duration linger = absl::GetFlag(FLAGS_stream_linger);
+  if (linger < absl::ZeroDuration() || linger > absl::Seconds(1)) {
+    std::cerr << "rlfleet-buffer: --stream_linger=" << linger << " is outside 0..1s\n";
     return 2;
   }
   auto store = rlfleet::buffer::OpenBufferStore(absl::GetFlag(FLAGS_store), absl::GetFlag(FLAGS_keep_retired_segments));
@@ -73,7 +82,7 @@ int main(int argc, char** argv) {
   // Prometheus: the buffer's stats, read at each scrape (core outlives the runner).
   rlfleet::buffer::RegisterBufferMetrics(&core, rlfleet::metrics::Global(), skipped.size());
   rlfleet::buffer::BufferServiceImpl service(&core, rlfleet::rpc::CallAuthFrom(options->auth),
-                                             absl::GetFlag(FLAGS_stream_full_wait));
+                                             absl::GetFlag(FLAGS_stream_full_wait), linger);
   rlfleet::rpc::ServerRunner runner(*options);
   runner.AddService(&service);
   rlfleet::service::ServeSpec spec;
