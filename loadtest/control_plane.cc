@@ -315,6 +315,21 @@ struct Measured {
   LevelResult echo_at, service_at;                // at capacity, the last repeat's
   std::map<std::string, int64_t> service_errors;  // over the levels that failed
   std::map<std::string, int64_t> echo_errors;
+  // CPU seconds per call of every sustained level, by offered rate (this process:
+  // client, servers and, for Generate, the model; Redis is another process).
+  std::map<double, std::vector<double>> echo_cpu_at, service_cpu_at;
+  // Service / echo CPU per call at the highest rate both sustained (medians over the
+  // levels at that rate), and that rate; {0, 0} when they share none. Steadier than the
+  // capacities, whose edge moves with the machine's noise: what the service costs
+  // beyond gRPC at one load.
+  std::pair<double, double> CpuRatio() const {
+    for (auto it = service_cpu_at.rbegin(); it != service_cpu_at.rend(); ++it) {
+      auto echo = echo_cpu_at.find(it->first);
+      if (echo == echo_cpu_at.end() || Median(echo->second) <= 0) continue;
+      return {Median(it->second) / Median(echo->second), it->first};
+    }
+    return {0, 0};
+  }
   // What a control plane costing nothing beyond gRPC would sustain: the echo's rate;
   // for a call that also does work (Generate's model step, measured in process), at
   // most the work's own rate, and, the work and gRPC sharing these cores, at most
@@ -540,6 +555,9 @@ int Main() {
                                  level.achieved_qps, Ms(level.p50), Ms(level.p99), Ms(level.p999), level.error_count(),
                                  ok ? 1 : 0);
           curves[target.rpc + "/" + who].push_back(level);
+          if (ok && w != kInProcess) {
+            (is_echo ? m.echo_cpu_at : m.service_cpu_at)[level.offered_qps].push_back(cpu_per_call[level.offered_qps]);
+          }
           if (!ok && w != kInProcess) {
             for (const auto& [name, n] : level.errors) (is_echo ? m.echo_errors : m.service_errors)[name] += n;
           }
@@ -580,15 +598,19 @@ int Main() {
      << "calls made into the rollout's core in process (its scheduler and model, no gRPC), and, gRPC and the "
      << "model sharing this machine's " << std::thread::hardware_concurrency() << " cores, cores / (the echo's CPU "
      << "per call + the in-process calls' CPU per call), each at its capacity.\n\n"
+     << "CPU per call: this process's (client, servers, for Generate the model), service over echo at the "
+     << "highest offered rate both sustained.\n\n"
      << "| RPC | echo calls/s | in process calls/s | service calls/s | service / bound | service / echo "
-        "| service p50 / p99 / p999 at capacity (ms) | echo p99 (ms) | errors above capacity (service) |\n"
-     << "|---|---:|---:|---:|---:|---:|---|---:|---|\n";
+        "| service p50 / p99 / p999 at capacity (ms) | echo p99 (ms) | errors above capacity (service) "
+        "| CPU per call, service / echo (at calls/s) |\n"
+     << "|---|---:|---:|---:|---:|---:|---|---:|---|---:|\n";
   for (const Measured& m : measured) {
     const std::string in_process = m.in_process_qps.empty() ? "-" : absl::StrFormat("%.0f", Median(m.in_process_qps));
-    md << absl::StrFormat("| %s | %.0f | %s | %.0f | %.3f | %.3f | %.2f / %.2f / %.2f | %.2f | %s |\n", m.rpc,
-                          Median(m.echo_qps), in_process, Median(m.service_qps), m.ratio(), m.ratio_vs_echo(),
+    const auto [cpu_ratio, cpu_at] = m.CpuRatio();
+    md << absl::StrFormat("| %s | %.0f | %s | %.0f | %.3f | %.3f | %.2f / %.2f / %.2f | %.2f | %s | %.2f (%.0f) |\n",
+                          m.rpc, Median(m.echo_qps), in_process, Median(m.service_qps), m.ratio(), m.ratio_vs_echo(),
                           Ms(m.service_at.p50), Ms(m.service_at.p99), Ms(m.service_at.p999), Ms(m.echo_at.p99),
-                          Errors(m.service_errors));
+                          Errors(m.service_errors), cpu_ratio, cpu_at);
     if (m.ratio() < lowest) {
       lowest = m.ratio();
       lowest_rpc = m.rpc;
@@ -639,10 +661,12 @@ int Main() {
               plotted ? absl::StrCat(", plot: ", out, ".png").c_str() : " (no plot: gnuplot missing or failed)");
   if (!heartbeat_line.empty()) std::printf("heartbeats: %s\n", heartbeat_line.c_str());
   for (const Measured& m : measured) {
+    const auto [cpu_ratio, cpu_at] = m.CpuRatio();
     std::printf(
-        "%-17s echo %8.0f/s  %sservice %8.0f/s  ratio %.3f\n", m.rpc.c_str(), Median(m.echo_qps),
+        "%-17s echo %8.0f/s  %sservice %8.0f/s  ratio %.3f  CPU per call %.2f x the echo's at %.0f/s\n", m.rpc.c_str(),
+        Median(m.echo_qps),
         m.in_process_qps.empty() ? "" : absl::StrFormat("in process %8.0f/s  ", Median(m.in_process_qps)).c_str(),
-        Median(m.service_qps), m.ratio());
+        Median(m.service_qps), m.ratio(), cpu_ratio, cpu_at);
   }
   std::printf("buffer consumer acked %lld groups\n", static_cast<long long>(fleet->consumed_groups.load()));
   std::printf("control_plane_qps_ratio_vs_echo=%.3f\n", lowest);

@@ -1,6 +1,9 @@
 #include "services/reward/reward_core.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -181,6 +184,48 @@ absl::Status RewardCore::Register(v1::RewardFunctionInfo info, RewardFn fn, bool
   return absl::OkStatus();
 }
 
+absl::Status RewardCore::ResolveLocked(const v1::ScoreItem& item, int index, std::string* name, RewardFn* fn) {
+  const std::string where = absl::StrCat("items[", index, "]");
+  if (item.prompt_text().empty() || item.response_text().size() > kMaxTextBytes ||
+      item.prompt_text().size() > kMaxTextBytes || item.reference_answer().size() > kMaxTextBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": prompt_text is required (token ids need the shared tokenizer) and texts are at most ",
+                     kMaxTextBytes, " bytes"));
+  }
+  if (item.item_id().size() > common::kMaxIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".item_id is ", item.item_id().size(), " bytes; the limit is ", common::kMaxIdBytes));
+  }
+  if (item.metadata_size() > kMaxMetadataEntries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".metadata has ", item.metadata_size(), " entries; the limit is ", kMaxMetadataEntries));
+  }
+  // The functions score text: token ids alone would be scored as an empty response.
+  if (item.response_text().empty() && item.response_token_ids_size() > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        where, ".response_token_ids: this reward service scores text; send response_text (it does not detokenize)"));
+  }
+  *name = item.reward_function();
+  if (name->empty()) {
+    auto d = default_for_task_.find(item.task());
+    if (d == default_for_task_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".task `", item.task(), "` has no default reward function"));
+    }
+    *name = d->second;
+  }
+  auto f = functions_.find(*name);
+  if (f == functions_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".reward_function `", *name, "` is unknown"));
+  }
+  const auto& tasks = f->second.info.tasks();
+  if (!tasks.empty() && std::find(tasks.begin(), tasks.end(), item.task()) == tasks.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": `", *name, "` does not score task `", item.task(), "`"));
+  }
+  *fn = f->second.fn;
+  return absl::OkStatus();
+}
+
 absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) {
   const absl::Time start = absl::Now();
   if (request.items_size() == 0) return absl::InvalidArgumentError("items is empty");
@@ -188,51 +233,20 @@ absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreRespons
     return absl::InvalidArgumentError(
         absl::StrCat("items has ", request.items_size(), " entries; the limit is ", kMaxItemsPerRequest));
   }
+  // Every item checked and its function found under one reader lock (not one lock per
+  // item: the gRPC threads scoring at once would queue on it), then scored outside it.
+  std::vector<std::pair<std::string, RewardFn>> functions(request.items_size());  // name, function
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (int i = 0; i < request.items_size(); ++i) {
+      RETURN_IF_ERROR(ResolveLocked(request.items(i), i, &functions[i].first, &functions[i].second));
+    }
+  }
   for (int i = 0; i < request.items_size(); ++i) {
     const v1::ScoreItem& item = request.items(i);
     const std::string where = absl::StrCat("items[", i, "]");
-    if (item.prompt_text().empty() || item.response_text().size() > kMaxTextBytes ||
-        item.prompt_text().size() > kMaxTextBytes || item.reference_answer().size() > kMaxTextBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": prompt_text is required (token ids need the shared tokenizer) and texts are at most ",
-                       kMaxTextBytes, " bytes"));
-    }
-    if (item.item_id().size() > common::kMaxIdBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ".item_id is ", item.item_id().size(), " bytes; the limit is ", common::kMaxIdBytes));
-    }
-    if (item.metadata_size() > kMaxMetadataEntries) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ".metadata has ", item.metadata_size(), " entries; the limit is ", kMaxMetadataEntries));
-    }
-    // The functions score text: token ids alone would be scored as an empty response.
-    if (item.response_text().empty() && item.response_token_ids_size() > 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          where, ".response_token_ids: this reward service scores text; send response_text (it does not detokenize)"));
-    }
-    RewardFn fn;
-    std::string name = item.reward_function();
-    {
-      absl::MutexLock lock(&mu_);
-      if (name.empty()) {
-        auto d = default_for_task_.find(item.task());
-        if (d == default_for_task_.end()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ".task `", item.task(), "` has no default reward function"));
-        }
-        name = d->second;
-      }
-      auto f = functions_.find(name);
-      if (f == functions_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ".reward_function `", name, "` is unknown"));
-      }
-      const auto& tasks = f->second.info.tasks();
-      if (!tasks.empty() && std::find(tasks.begin(), tasks.end(), item.task()) == tasks.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": `", name, "` does not score task `", item.task(), "`"));
-      }
-      fn = f->second.fn;
-    }
+    const std::string& name = functions[i].first;
+    const RewardFn& fn = functions[i].second;
     v1::ScoreResult* result = response->add_results();
     result->set_item_id(item.item_id());
     result->set_reward_function(name);
@@ -241,9 +255,14 @@ absl::Status RewardCore::Score(const v1::ScoreRequest& request, v1::ScoreRespons
     // A NaN reward passes every `<` check downstream and turns every advantage of its
     // group into NaN: a function (a diverged reward model) that produced one fails the
     // call, naming the item and the field, instead of answering with it.
-    absl::Status finite = common::CheckFinite(absl::StrCat(where, ".reward"), result->reward());
+    // (the field's name built only for a value that is not finite: Score's hot path)
+    absl::Status finite;
+    if (!std::isfinite(result->reward())) {
+      finite = common::CheckFinite(absl::StrCat(where, ".reward"), result->reward());
+    }
     for (const auto& [component, value] : result->components()) {
       if (!finite.ok()) break;
+      if (std::isfinite(value)) continue;
       finite = common::CheckFinite(absl::StrCat(where, ".components[\"", component, "\"]"), value);
     }
     if (!finite.ok()) {

@@ -49,6 +49,11 @@ class RewardCore {
     v1::RewardFunctionInfo info;
     RewardFn fn;
   };
+  // Checks items[index] and finds the function that scores it (its name, its function),
+  // or INVALID_ARGUMENT / UNIMPLEMENTED naming the item.
+  absl::Status ResolveLocked(const v1::ScoreItem& item, int index, std::string* name, RewardFn* fn)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
   absl::Mutex mu_;
   std::map<std::string, Entry> functions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> default_for_task_ ABSL_GUARDED_BY(mu_);
