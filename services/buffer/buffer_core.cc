@@ -500,8 +500,9 @@ absl::Status BufferCore::SampleBatch(const v1::SampleBatchRequest& request, v1::
   v1::SampleBatchResponseWire wire;
   RETURN_IF_ERROR(SampleBatch(request, &wire));
   // (the same field numbers; each experience parsed at Put: cannot fail)
-  if (!response->ParseFromString(wire.SerializeAsString()))
+  if (!response->ParseFromString(wire.SerializeAsString())) {
     return absl::InternalError("a stored experience does not parse");
+  }
   return absl::OkStatus();
 }
 

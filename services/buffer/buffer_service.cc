@@ -32,20 +32,26 @@ void Sum(const v1::PutExperiencesResponse& one, v1::PutExperiencesResponse* tota
   total->set_capacity_bytes(one.capacity_bytes());
 }
 
-// `bytes` (consumed) read as the wire form of a PutExperiencesRequest; INVALID_ARGUMENT
-// naming `what` when they are not one.
-absl::Status ParseWire(grpc::ByteBuffer* bytes, v1::PutExperiencesRequestWire* request, absl::string_view what) {
-  const grpc::Status parsed = grpc::SerializationTraits<v1::PutExperiencesRequestWire>::Deserialize(bytes, request);
+// `bytes` (consumed) read as `*message`, the form (or the wire form) of the request
+// `type` names; INVALID_ARGUMENT naming `what` when they are not one.
+template <typename Message>
+absl::Status ParseRaw(grpc::ByteBuffer* bytes, Message* message, absl::string_view what, absl::string_view type) {
+  const grpc::Status parsed = grpc::SerializationTraits<Message>::Deserialize(bytes, message);
   if (parsed.ok()) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(what, " is not a PutExperiencesRequest: ",
+      absl::StrCat(what, " is not a ", type, ": ",
                    parsed.error_message().empty() ? "its bytes do not parse" : parsed.error_message()));
 }
 
+absl::Status ParseWire(grpc::ByteBuffer* bytes, v1::PutExperiencesRequestWire* request, absl::string_view what) {
+  return ParseRaw(bytes, request, what, "PutExperiencesRequest");
+}
+
 // `reply` serialized into the raw call's response.
-absl::Status SerializeReply(const v1::PutExperiencesResponse& reply, grpc::ByteBuffer* out) {
+template <typename Message>
+absl::Status SerializeReply(const Message& reply, grpc::ByteBuffer* out) {
   bool own = false;
-  return rpc::ToAbslStatus(grpc::SerializationTraits<v1::PutExperiencesResponse>::Serialize(reply, out, &own));
+  return rpc::ToAbslStatus(grpc::SerializationTraits<Message>::Serialize(reply, out, &own));
 }
 
 // Sets a new gRPC callback alarm in `*alarm` to call `f` after `after`. A new one each
@@ -359,16 +365,10 @@ grpc::ServerUnaryReactor* BufferServiceImpl::SampleBatch(grpc::CallbackServerCon
   return rpc::HandleUnary(c, auth_, rpc::Role::kFleet, "SampleBatch", [&]() -> absl::Status {
     v1::SampleBatchRequest request;
     grpc::ByteBuffer copy(*req);  // (Deserialize consumes its buffer; this shares the slices)
-    const grpc::Status parsed = grpc::SerializationTraits<v1::SampleBatchRequest>::Deserialize(&copy, &request);
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request is not a SampleBatchRequest: ",
-                       parsed.error_message().empty() ? "its bytes do not parse" : parsed.error_message()));
-    }
+    RETURN_IF_ERROR(ParseRaw(&copy, &request, "request", "SampleBatchRequest"));
     v1::SampleBatchResponseWire reply;
     RETURN_IF_ERROR(core_->SampleBatch(request, &reply));
-    bool own = false;
-    return rpc::ToAbslStatus(grpc::SerializationTraits<v1::SampleBatchResponseWire>::Serialize(reply, resp, &own));
+    return SerializeReply(reply, resp);
   });
 }
 
