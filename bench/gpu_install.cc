@@ -7,9 +7,11 @@
 // 1.98 GB) and exports it; then runs itself (`install ...`) once per destination dtype
 // (fp32, bf16): that child installs it --repeats times with and without the digest
 // check (the first install maps the image, the rest reuse the mapping, as a replica
-// does), each timed whole, and times cudaMemcpy of the same bytes between two buffers
-// of its own (CUDA events, median). Medians of each go to
-// the table (--out); last lines, the ratios (reference time over install time):
+// does), each timed whole, and times cudaMemcpy of as many bytes between two buffers
+// of its own (CUDA events, median), the source holding random weight-like floats as
+// the image does (a constant pattern, the reference before 2026-12-04, is timed too:
+// it may copy faster than weights do). Medians of each go to the table (--out); last lines, the ratios (reference time
+// over install time):
 //   gpu_install_ratio_vs_d2d=<fp32, an install as the replica does it by default: the
 //                             mapping kept from the first, version stamps checked>
 //   gpu_install_verified_ratio_vs_d2d=<the same with the digest checked too>
@@ -21,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -71,13 +74,33 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// cudaMemcpy device-to-device of `bytes` between two buffers of this process: microseconds, median.
-double ReferenceCopyMicros(uint64_t bytes, int device, int repeats) {
+// Weight-like bytes: float32 uniform in +-0.05, every mantissa bit random (what an image
+// holds; a constant pattern may copy faster than real weights).
+std::vector<float> RandomWeights(uint64_t bytes) {
+  std::vector<float> v(bytes / sizeof(float));
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (float& f : v) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    f = static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 * 0.1 - 0.05);
+  }
+  return v;
+}
+
+// cudaMemcpy device-to-device of `bytes` between two buffers of this process, the
+// source holding random weight-like bytes (`constant`: a 0x5a pattern instead):
+// microseconds, median.
+double ReferenceCopyMicros(uint64_t bytes, int device, int repeats, bool constant) {
   CUDA_OR_DIE(cudaSetDevice(device));
   void *a = nullptr, *b = nullptr;
   CUDA_OR_DIE(cudaMalloc(&a, bytes));
   CUDA_OR_DIE(cudaMalloc(&b, bytes));
-  CUDA_OR_DIE(cudaMemset(a, 0x5a, bytes));  // (not zeros: METHOD.md)
+  if (constant) {
+    CUDA_OR_DIE(cudaMemset(a, 0x5a, bytes));
+  } else {
+    const std::vector<float> weights = RandomWeights(bytes);
+    CUDA_OR_DIE(cudaMemcpy(a, weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  CUDA_OR_DIE(cudaMemset(b, 0, bytes));
   cudaEvent_t start, stop;
   CUDA_OR_DIE(cudaEventCreate(&start));
   CUDA_OR_DIE(cudaEventCreate(&stop));
@@ -93,6 +116,35 @@ double ReferenceCopyMicros(uint64_t bytes, int device, int repeats) {
   }
   CUDA_OR_DIE(cudaFree(a));
   CUDA_OR_DIE(cudaFree(b));
+  return Median(us);
+}
+
+// cudaMemcpy device-to-device of `bytes` from the exporter's image itself (its IPC
+// handle opened again: the driver counts the opens and returns the same mapping) into a
+// buffer of this process: microseconds, median. Tells a slow source from a slow
+// destination when an install's copy runs slower than the reference.
+double MappedCopyMicros(const std::string& handle_bytes, uint64_t bytes, int device, int repeats) {
+  CUDA_OR_DIE(cudaSetDevice(device));
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, handle_bytes.data(), sizeof(handle));
+  void *src = nullptr, *dst = nullptr;
+  CUDA_OR_DIE(cudaIpcOpenMemHandle(&src, handle, cudaIpcMemLazyEnablePeerAccess));
+  CUDA_OR_DIE(cudaMalloc(&dst, bytes));
+  cudaEvent_t start, stop;
+  CUDA_OR_DIE(cudaEventCreate(&start));
+  CUDA_OR_DIE(cudaEventCreate(&stop));
+  std::vector<double> us;
+  for (int i = 0; i < repeats + 2; ++i) {
+    CUDA_OR_DIE(cudaEventRecord(start));
+    CUDA_OR_DIE(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    CUDA_OR_DIE(cudaEventRecord(stop));
+    CUDA_OR_DIE(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_OR_DIE(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 2) us.push_back(ms * 1000.0);
+  }
+  CUDA_OR_DIE(cudaFree(dst));
+  CUDA_OR_DIE(cudaIpcCloseMemHandle(src));
   return Median(us);
 }
 
@@ -117,8 +169,9 @@ int InstallChild(const std::vector<char*>& argv) {
   const int repeats = absl::GetFlag(FLAGS_repeats);
   // Each install timed whole on this host's clock (map when not mapped yet, stamp
   // checks, the copy, the digest when asked); the first one maps the image.
-  std::vector<double> copy, verify, whole, unverified;
+  std::vector<double> copy, copy_gpu, verify, whole, unverified;
   double first_map = 0;
+  bool one_copy = true;
   for (int i = 0; i < repeats + 1; ++i) {
     for (bool check : {false, true}) {
       rlfleet::model::DeviceInstallReport report;
@@ -135,6 +188,8 @@ int InstallChild(const std::vector<char*>& argv) {
         whole.push_back(us);
       } else {
         copy.push_back(report.copy_us);
+        copy_gpu.push_back(report.copy_gpu_us);
+        one_copy = one_copy && report.one_copy;
         unverified.push_back(us);
       }
     }
@@ -142,9 +197,13 @@ int InstallChild(const std::vector<char*>& argv) {
   const int index = device.find(':') == std::string::npos ? 0 : std::stoi(device.substr(device.find(':') + 1));
   cudaDeviceProp prop{};
   CUDA_OR_DIE(cudaGetDeviceProperties(&prop, index));
-  const double reference = ReferenceCopyMicros(ref.length_bytes, index, repeats);
-  std::printf("result %s %.1f %.1f %.1f %.1f %.1f %.1f gpu=%s\n", dtype.c_str(), first_map, Median(copy),
-              Median(verify), Median(whole), Median(unverified), reference, prop.name);
+  const double reference = ReferenceCopyMicros(ref.length_bytes, index, repeats, /*constant=*/false);
+  const double constant = ReferenceCopyMicros(ref.length_bytes, index, repeats, /*constant=*/true);
+  std::printf("diagnostic %s: the image -> a cudaMalloc buffer %.1f us (events)\n", dtype.c_str(),
+              MappedCopyMicros(ref.ipc_handle, ref.length_bytes, index, repeats));
+  std::printf("result %s %.1f %.1f %.1f %.1f %.1f %.1f %.1f %.1f %d gpu=%s\n", dtype.c_str(), first_map, Median(copy),
+              Median(verify), Median(whole), Median(unverified), reference, constant, Median(copy_gpu),
+              one_copy ? 1 : 0, prop.name);
   return 0;
 }
 
@@ -173,10 +232,12 @@ int main(int argc, char** argv) {
       "CPU: ", rlfleet::bench::CpuModel(), "\n", "model: qwen2, ", absl::GetFlag(FLAGS_layers),
       " layers, d 896, vocabulary 151936: ", (*policy)->num_parameters(), " parameters, ", ref.length_bytes,
       " bytes (F32 image); medians of ", absl::GetFlag(FLAGS_repeats), " installs\n\n",
-      "| destination | first map us | copy us | digest us | install us (digest checked) | install us (stamps "
-      "only: the default) | cudaMemcpy D2D us | ratio with digest | ratio (default) | ratio copy alone |\n",
-      "|---|---|---|---|---|---|---|---|---|---|\n");
-  std::string gpu, ratio_lines;
+      "| destination | first map us | copy us | copy us on the GPU's clock | digest us | install us (digest checked) | "
+      "install us (stamps "
+      "only: the default) | cudaMemcpy D2D us (weight-like bytes: the reference) | cudaMemcpy D2D us (a constant "
+      "pattern) | ratio with digest | ratio (default) | ratio copy alone |\n",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::string gpu, ratio_lines, diagnostics;
   for (const char* dtype : {"fp32", "bf16"}) {
     const rlfleet::testing::Exited child = rlfleet::testing::RunToExit(
         {"/proc/self/exe", "install", dtype, absl::BytesToHexString(ref.ipc_handle), ref.pci_bus_id,
@@ -190,18 +251,24 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::vector<std::string> f = absl::StrSplit(child.output.substr(at, child.output.find('\n', at) - at), ' ');
-    double open = 0, copy = 0, verify = 0, whole = 0, unverified = 0, reference = 0;
-    if (f.size() < 9 || !absl::SimpleAtod(f[2], &open) || !absl::SimpleAtod(f[3], &copy) ||
+    double open = 0, copy = 0, verify = 0, whole = 0, unverified = 0, reference = 0, constant = 0, copy_gpu = 0;
+    int one_copy = 0;
+    if (f.size() < 12 || !absl::SimpleAtod(f[8], &constant) || !absl::SimpleAtod(f[9], &copy_gpu) ||
+        !absl::SimpleAtoi(f[10], &one_copy) || !absl::SimpleAtod(f[2], &open) || !absl::SimpleAtod(f[3], &copy) ||
         !absl::SimpleAtod(f[4], &verify) || !absl::SimpleAtod(f[5], &whole) || !absl::SimpleAtod(f[6], &unverified) ||
         !absl::SimpleAtod(f[7], &reference)) {
       std::cerr << "cannot read: " << child.output << std::endl;
       return 1;
     }
+    if (size_t d = child.output.find("diagnostic "); d != std::string::npos) {
+      absl::StrAppend(&diagnostics, child.output.substr(d, child.output.find('\n', d) - d), "\n");
+    }
     gpu = child.output.substr(child.output.find("gpu=", at) + 4);
     gpu = gpu.substr(0, gpu.find('\n'));
-    absl::StrAppendFormat(&table, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |\n", dtype,
-                          open, copy, verify, whole, unverified, reference, reference / whole, reference / unverified,
-                          reference / copy);
+    absl::StrAppendFormat(&table,
+                          "| %s | %.0f | %.0f | %.0f (%s) | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |\n",
+                          dtype, open, copy, copy_gpu, one_copy ? "one copy" : "per parameter", verify, whole,
+                          unverified, reference, constant, reference / whole, reference / unverified, reference / copy);
     if (std::string(dtype) == "fp32") {
       ratio_lines = absl::StrFormat(
           "gpu_install_ratio_vs_d2d=%.3f\ngpu_install_verified_ratio_vs_d2d=%.3f\ngpu_install_copy_ratio_vs_d2d=%.3f\n",
@@ -210,7 +277,7 @@ int main(int argc, char** argv) {
       absl::StrAppendFormat(&ratio_lines, "gpu_install_bf16_ratio_vs_d2d=%.3f\n", reference / unverified);
     }
   }
-  absl::StrAppend(&table, "\nGPU: ", gpu, "\n\n", ratio_lines);
+  absl::StrAppend(&table, "\nGPU: ", gpu, "\n\n", diagnostics, "\n", ratio_lines);
   std::ofstream(absl::GetFlag(FLAGS_out)) << table;
   std::cout << table;
   return 0;

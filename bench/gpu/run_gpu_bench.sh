@@ -38,7 +38,7 @@ echo "== decode, fp32, without CUDA graphs (for the table)" >&2
   --rounds=1 --jsonl="$out/decode_eager.jsonl" --out=/dev/null >&2
 for precision in fp32 bf16; do
   echo "== train step, $precision: ours vs PyTorch eager" >&2
-  .carry/bin/bench/train_step --device=cuda --precision="$precision" --out="$out/train_step_gpu_$precision.md" >&2
+  .carry/bin/bench/train_step --device=cuda --precision="$precision" --steps=20 --rounds=3 --out="$out/train_step_gpu_$precision.md" >&2
 done
 echo "== weight install GPU to GPU between processes vs cudaMemcpy D2D" >&2
 nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)

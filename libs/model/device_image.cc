@@ -34,6 +34,14 @@ namespace {
 // stamp: the version it holds once written, 0 while being written.
 uint64_t StampOffset(uint64_t length) { return (length + 255) / 256 * 256; }
 
+// The allocation behind an image of `length` bytes: the image and its stamp, rounded up
+// to whole 2 MiB pages. (An importer reads an allocation of another size, mapped through
+// CUDA IPC, ~25% slower: on an H200, 1.98 GB in 1178 us against 932 us.)
+uint64_t AllocationBytes(uint64_t length) {
+  constexpr uint64_t kPage = uint64_t{2} << 20;
+  return (StampOffset(length) + sizeof(uint64_t) + kPage - 1) / kPage * kPage;
+}
+
 int64_t MicrosSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
 }
@@ -186,6 +194,27 @@ absl::StatusOr<uint64_t*> StampSlots(Policy::Impl& impl) {
   return static_cast<uint64_t*>(impl.stamps.get());
 }
 
+// Two CUDA events for timing `impl`'s install copies (made at the first install).
+absl::StatusOr<cudaEvent_t*> CopyEvents(Policy::Impl& impl) {
+  if (impl.copy_events == nullptr) {
+    auto* events = new cudaEvent_t[2]{};
+    for (int i = 0; i < 2; ++i) {
+      if (cudaError_t e = cudaEventCreate(&events[i]); e != cudaSuccess) {
+        if (i == 1) (void)cudaEventDestroy(events[0]);
+        delete[] events;
+        return CudaError("InstallDeviceImage: cudaEventCreate", e);
+      }
+    }
+    impl.copy_events = std::shared_ptr<void>(events, [](void* p) {
+      auto* ev = static_cast<cudaEvent_t*>(p);
+      (void)cudaEventDestroy(ev[0]);
+      (void)cudaEventDestroy(ev[1]);
+      delete[] ev;
+    });
+  }
+  return static_cast<cudaEvent_t*>(impl.copy_events.get());
+}
+
 // The mapping of `handle` (another process's memory) for `impl`, kept from an earlier
 // install or made now (*mapped); the two most recently used are kept.
 absl::StatusOr<char*> MapImage(Policy::Impl& impl, const std::string& handle_bytes, bool* mapped) {
@@ -241,7 +270,7 @@ absl::StatusOr<DeviceImage> Policy::ExportDeviceImage(uint64_t version, DeviceIm
       image = DeviceImage();
       auto rep = std::make_unique<DeviceImage::Rep>();
       rep->device = impl_->device.index();
-      if (cudaError_t e = cudaMalloc(&rep->ptr, StampOffset(length) + sizeof(uint64_t)); e != cudaSuccess) {
+      if (cudaError_t e = cudaMalloc(&rep->ptr, AllocationBytes(length)); e != cudaSuccess) {
         rep->ptr = nullptr;
         (void)cudaGetLastError();
         return absl::ResourceExhaustedError(
@@ -351,8 +380,11 @@ absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref& ref, bool verify
                                                 absl::Hex(ref.digest, absl::kZeroPad16), "); nothing was installed"));
       }
     }
+    ASSIGN_OR_RETURN(cudaEvent_t* const events, CopyEvents(*impl_));
     start = std::chrono::steady_clock::now();
     report->weights_changed = true;
+    report->one_copy = impl_->flat.defined();
+    (void)cudaEventRecord(events[0], stream);
     if (impl_->flat.defined() && impl_->flat.scalar_type() == torch::kFloat32) {  // (one plain copy)
       if (cudaError_t e =
               cudaMemcpyAsync(impl_->flat.data_ptr(), ptr, ref.length_bytes, cudaMemcpyDeviceToDevice, stream);
@@ -362,8 +394,14 @@ absl::Status Policy::InstallDeviceImage(const DeviceImage::Ref& ref, bool verify
     } else {
       ReadImage(*impl_, src);
     }
+    (void)cudaEventRecord(events[1], stream);
     RETURN_IF_ERROR(read_stamp(1, /*sync=*/true));  // (after the copy, on its stream: one wait for both)
     report->copy_us = MicrosSince(start);
+    if (float ms = 0; cudaEventElapsedTime(&ms, events[0], events[1]) == cudaSuccess) {
+      report->copy_gpu_us = static_cast<int64_t>(ms * 1000);
+    } else {
+      (void)cudaGetLastError();
+    }
     ++impl_->weights_generation;
     RETURN_IF_ERROR(check_stamp(1, "after the copy"));
     report->bytes = ref.length_bytes;

@@ -246,11 +246,13 @@ class DeviceImage {
 
 // An install from a DeviceImage: where the time went, in microseconds.
 struct DeviceInstallReport {
-  int64_t open_us = 0;    // mapping the exporter's memory (cudaIpcOpenMemHandle)
-  int64_t verify_us = 0;  // the image's digest, checked before the copy (0 without verify)
-  int64_t copy_us = 0;    // the copy into this policy's weights (with a cast for bf16 / fp16)
-  uint64_t bytes = 0;     // bytes read from the exporter
-  bool mapped = false;    // the exporter's memory was mapped by this install (not kept from an earlier one)
+  int64_t open_us = 0;       // mapping the exporter's memory (cudaIpcOpenMemHandle)
+  int64_t verify_us = 0;     // the image's digest, checked before the copy (0 without verify)
+  int64_t copy_us = 0;       // the copy into this policy's weights (with a cast for bf16 / fp16)
+  int64_t copy_gpu_us = -1;  // the same copy on the GPU's clock (CUDA events); -1: not measured
+  bool one_copy = false;     // the copy was one operation (the parameters are one flat buffer)
+  uint64_t bytes = 0;        // bytes read from the exporter
+  bool mapped = false;       // the exporter's memory was mapped by this install (not kept from an earlier one)
   // The copy began, so on an error these weights are neither the old nor the new ones
   // (the exporter rewrote the image during the copy): the caller must not serve them.
   bool weights_changed = false;

@@ -500,8 +500,9 @@ class Policy::Impl : public torch::nn::Module {
   // Other processes' DeviceImages this policy mapped (IPC handle bytes, the mapping;
   // unmapped when dropped), the most recently used last (device_image.cc).
   std::deque<std::pair<std::string, std::shared_ptr<void>>> device_mappings;
-  uint64_t layout_fingerprint = 0;  // (computed once: shapes never change)
-  std::shared_ptr<void> stamps;     // two uint64 in pinned host memory: an install's stamp reads
+  uint64_t layout_fingerprint = 0;    // (computed once: shapes never change)
+  std::shared_ptr<void> stamps;       // two uint64 in pinned host memory: an install's stamp reads
+  std::shared_ptr<void> copy_events;  // two CUDA events: an install's copy on the GPU's clock
   DecodeWeights decode_cache;
   // KV caches kept between DecodeBatches on CUDA with the decode graphs captured
   // against them (decode_batch.cc; a graph replays fixed addresses).
