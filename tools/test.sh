@@ -83,6 +83,9 @@ fi
 #                   binary (tools/check_k8s.sh)
 #   cmake-sources   the CMake lists built outside Bazel (deploy/gpu) against the Bazel
 #                   targets they mirror (tools/check_cmake_sources.sh)
+#   cuda-paths      the model backend's CUDA-only code (RLFLEET_TORCH_CUDA) compiles here,
+#                   syntax only, against libtorch's c10/cuda and CUDA's headers
+#                   (tools/check_cuda_paths.sh)
 #   cmake-backends  deploy/gpu's CMake build of the model backends, here against Debian's
 #                   libtorch, loaded by Bazel-built tests and rlfleet-rollout
 #                   (tools/check_cmake_backends.sh)
@@ -126,6 +129,7 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   echo "== fuzzing (clang libFuzzer, ASan + UBSan)"
   extra fuzz-sources bash tools/check_fuzz_sources.sh
   extra cmake-sources bash tools/check_cmake_sources.sh
+  extra cuda-paths bash tools/check_cuda_paths.sh
   extra layers bash tools/check_layers.sh
   extra format bash tools/check_format.sh
   FUZZ_OUT_LOG=$(bash tools/fuzz.sh --ci 2000 2>&1)
