@@ -2,6 +2,7 @@
 // to the replicas from memory over UCX, or as the trainer's file). Flags + wiring only.
 #include <algorithm>
 #include <iostream>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "libs/common/config.h"
@@ -23,6 +24,12 @@ ABSL_FLAG(bool, push, true,
 ABSL_FLAG(int, keep_versions, 2,
           "The newest this many versions stay in memory for syncs (2..8); older ones give their memory to the "
           "next version pulled from the trainer, so that no publish faults in fresh memory.");
+
+ABSL_FLAG(std::string, host_copy, "on_demand",
+          "A version the trainer publishes with its GPU copy (CUDA IPC; replicas on CUDA devices of its host "
+          "install from that): on_demand pulls its bytes here only when a destination needs them (another host, "
+          "a CPU replica, a fallback, a push round), from the trainer's memory while it holds the version; "
+          "always pulls every version at publish, as for versions without a GPU copy.");
 
 ABSL_FLAG(int64_t, prefault_mib, 0,
           "Fault in this much memory at start for each of the first --keep_versions versions pulled from the "
@@ -72,6 +79,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   core.SetKeepVersions(absl::GetFlag(FLAGS_keep_versions));
+  if (const std::string host_copy = absl::GetFlag(FLAGS_host_copy); host_copy != "on_demand" && host_copy != "always") {
+    std::cerr << "rlfleet-weights: --host_copy: want on_demand or always, got `" << host_copy << "`\n";
+    return 2;
+  }
+  core.SetDeferHostCopy(absl::GetFlag(FLAGS_host_copy) == "on_demand");
   core.SetLogger([](const std::string& line) { std::cout << "rlfleet-weights: " << line << std::endl; });
   if (absl::GetFlag(FLAGS_prefault_mib) > 0) {
     core.PrefaultVersionMemory(static_cast<uint64_t>(absl::GetFlag(FLAGS_prefault_mib)) << 20);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -53,6 +54,38 @@ std::vector<reshard::TensorSpec> TensorsOf(const std::string& bytes) {
     out.push_back(std::move(spec));
   }
   return out;
+}
+
+// What a sync of a version whose bytes were given up is told.
+absl::Status NoLongerHeld(uint64_t version, int keep_versions) {
+  return absl::FailedPreconditionError(absl::StrCat("version ", version, " is no longer held here (only the newest ",
+                                                    keep_versions, " are, --keep_versions): sync a newer one"));
+}
+
+// The record of a version published by `request` from `where`: its tensors and layout
+// from the manifest's layout, else from the image's header (`bytes`; null while the
+// image is not pulled: none known yet).
+absl::StatusOr<std::shared_ptr<VersionInfo>> NewInfo(const v1::PublishVersionRequest& request,
+                                                     const v1::TransferDescriptor& where, const std::string* bytes) {
+  auto info = std::make_shared<VersionInfo>();
+  info->number = request.manifest().version().version();
+  info->manifest = request.manifest();
+  info->location = where;
+  info->device_image = request.device_image();
+  info->trainer_pause_us = request.trainer_pause_us();
+  const v1::ShardLayout& published_layout = request.manifest().layout();
+  if (published_layout.tensors_size() > 0) {
+    // (checked by CheckPublishVersion: at most 1024 ranks, 4096 tensors, shapes bounded)
+    ASSIGN_OR_RETURN(reshard::ModelLayout model,
+                     reshard::ModelLayoutFromProto(published_layout, "manifest.layout", kMaxSourceRanks));
+    info->tensors = std::move(model.tensors);
+    info->layout = std::move(model.layout);
+  } else {
+    if (bytes != nullptr) info->tensors = TensorsOf(*bytes);  // (the trainer's one rank holds all of it)
+    info->layout =
+        reshard::Layout::Tp(1, std::vector<reshard::Split>(info->tensors.size(), reshard::Split::kReplicated));
+  }
+  return info;
 }
 
 // A version sharded over the trainer's ranks: the manifest's layout (world_size ranks,
@@ -285,36 +318,29 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
     }
     int newer = 1;
     for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
-      if (++newer > keep_versions_ && it->second.image != nullptr) given_up.push_back(std::move(it->second.image));
+      if (++newer <= keep_versions_) continue;
+      if (it->second.image != nullptr) given_up.push_back(std::move(it->second.image));
+      it->second.deferred.reset();  // (the trainer lets it go too)
     }
   }
   given_up.clear();  // (outside the lock: each deregisters, its memory goes to the pool)
 
   // Read or pull, and verify, before anyone sees the version (the trainer's file may be
-  // anywhere on this host: PublishVersion is the trainer's call, not a producer's).
+  // anywhere on this host: PublishVersion is the trainer's call, not a producer's); or,
+  // for a version with the trainer's GPU copy, nothing yet (PullDeferred).
+  const bool defer = defer_host_copy_ && !sharded && !file && !request.device_image().ipc_handle().empty() &&
+                     !request.device_image().host_id().empty();
   const absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(common::HostBuffer bytes, Read(request, sharded, &where));
-  auto info = std::make_shared<VersionInfo>();
-  info->number = version;
-  info->manifest = request.manifest();
-  info->location = where;
-  info->device_image = request.device_image();
-  info->trainer_pause_us = request.trainer_pause_us();
-  const v1::ShardLayout& published_layout = request.manifest().layout();
-  if (published_layout.tensors_size() > 0) {
-    // (checked by CheckPublishVersion: at most 1024 ranks, 4096 tensors, shapes bounded)
-    ASSIGN_OR_RETURN(reshard::ModelLayout model,
-                     reshard::ModelLayoutFromProto(published_layout, "manifest.layout", kMaxSourceRanks));
-    info->tensors = std::move(model.tensors);
-    info->layout = std::move(model.layout);
-  } else {
-    info->tensors = TensorsOf(bytes.str());  // (the trainer's one rank holds all of it)
-    info->layout =
-        reshard::Layout::Tp(1, std::vector<reshard::Split>(info->tensors.size(), reshard::Split::kReplicated));
+  std::optional<common::HostBuffer> bytes;
+  if (!defer) {
+    ASSIGN_OR_RETURN(common::HostBuffer read, Read(request, sharded, &where));
+    bytes.emplace(std::move(read));
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<VersionInfo> info,
+                   NewInfo(request, where, bytes.has_value() ? &bytes->str() : nullptr));
   std::shared_ptr<VersionImage> image;
-  if (data_plane_ != nullptr) {  // served from memory: the replicas pull it over the data plane
-    image = std::make_shared<VersionImage>(std::move(bytes), data_plane_);
+  if (data_plane_ != nullptr && bytes.has_value()) {  // served from memory: the replicas pull it over the data plane
+    image = std::make_shared<VersionImage>(std::move(*bytes), data_plane_);
     RETURN_IF_ERROR(image->Stage(version, where.digest()));
   }
   info->read_us = absl::ToInt64Microseconds(absl::Now() - start);
@@ -327,6 +353,7 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
     Record& record = records_[version];
     record.info = info;
     record.image = std::move(image);
+    if (defer) record.deferred = std::make_shared<const v1::PublishVersionRequest>(request);
     for (const std::string& id : destinations) {
       v1::DestinationSyncStatus& s = record.status[id];
       s.set_replica_id(id);
@@ -341,13 +368,20 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
     }
   }
   retired.clear();
-  Log(absl::StrFormat("version %d published by %s: %.1f MB %s in %.1f ms, digest verified", version,
-                      request.publisher_id().empty() ? "(unnamed)" : request.publisher_id(), where.length_bytes() / 1e6,
-                      file ? "read from the trainer's file" : "pulled from the trainer",
-                      absl::ToDoubleMilliseconds(absl::Now() - start)));
+  const std::string publisher = request.publisher_id().empty() ? "(unnamed)" : request.publisher_id();
+  if (defer) {
+    Log(
+        absl::StrFormat("version %d published by %s: %.1f MB, in the trainer's GPU copy for same-host CUDA replicas; "
+                        "its host copy is pulled here when a destination needs it",
+                        version, publisher, where.length_bytes() / 1e6));
+  } else {
+    Log(absl::StrFormat("version %d published by %s: %.1f MB %s in %.1f ms, digest verified", version, publisher,
+                        where.length_bytes() / 1e6, file ? "read from the trainer's file" : "pulled from the trainer",
+                        absl::ToDoubleMilliseconds(absl::Now() - start)));
+  }
   *response->mutable_version() = request.manifest().version();
   response->set_destinations(destinations.size());
-  response->set_bytes_read(where.length_bytes());
+  response->set_bytes_read(defer ? 0 : where.length_bytes());
   response->set_read_us(absl::ToInt64Microseconds(absl::Now() - start));
   return absl::OkStatus();
 }
@@ -376,15 +410,69 @@ absl::StatusOr<std::shared_ptr<const VersionInfo>> VersionStore::Info(uint64_t v
   return record->info;
 }
 
-absl::StatusOr<Lease> VersionStore::Acquire(uint64_t version) const {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(const Record* record, FindLocked(version));
-  if (data_plane_ != nullptr && record->image == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("version ", record->info->number,
-                                                      " is no longer held here (only the newest ", keep_versions_,
-                                                      " are, --keep_versions): sync a newer one"));
+absl::StatusOr<Lease> VersionStore::Acquire(uint64_t version, Bytes bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(const Record* record, FindLocked(version));
+    if (data_plane_ == nullptr || record->image != nullptr) return Lease{record->info, record->image};
+    if (record->deferred == nullptr) {
+      return NoLongerHeld(record->info->number, keep_versions_);
+    }
+    if (bytes == Bytes::kNotNeeded) return Lease{record->info, nullptr};  // (its Source(): the trainer's memory)
+    version = record->info->number;
   }
-  return Lease{record->info, record->image};
+  return PullDeferred(version);
+}
+
+bool VersionStore::HostCopyDeferred(uint64_t version) const {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<const Record*> record = FindLocked(version);
+  return record.ok() && (*record)->deferred != nullptr;
+}
+
+absl::StatusOr<Lease> VersionStore::PullDeferred(uint64_t version) {
+  absl::MutexLock pulling(&pull_mu_);  // (a second sync needing it waits for this pull)
+  std::shared_ptr<const v1::PublishVersionRequest> request;
+  std::shared_ptr<const VersionInfo> published;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(const Record* record, FindLocked(version));
+    if (record->image != nullptr) return Lease{record->info, record->image};  // (pulled while this one waited)
+    if (record->deferred == nullptr) {
+      return NoLongerHeld(version, keep_versions_);
+    }
+    request = record->deferred;
+    published = record->info;
+  }
+  const absl::Time start = absl::Now();
+  v1::TransferDescriptor where = published->location;
+  absl::StatusOr<common::HostBuffer> bytes = Read(*request, /*sharded=*/false, &where);
+  if (!bytes.ok()) {
+    return common::Annotate(bytes.status(),
+                            absl::StrCat("version ", version,
+                                         "'s host copy (pulled when a destination first needs it; the trainer keeps "
+                                         "its latest two versions)"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<VersionInfo> info, NewInfo(*request, where, &bytes->str()));
+  info->trainer_pause_us = published->trainer_pause_us;
+  auto image = std::make_shared<VersionImage>(std::move(*bytes), data_plane_);
+  RETURN_IF_ERROR(image->Stage(version, where.digest()));
+  info->read_us = absl::ToInt64Microseconds(absl::Now() - start);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = records_.find(version);
+    if (it == records_.end() || it->second.deferred == nullptr) {  // (given up while it was pulled)
+      return NoLongerHeld(version, keep_versions_);
+    }
+    it->second.info = info;
+    it->second.image = image;
+    it->second.deferred.reset();
+  }
+  Log(
+      absl::StrFormat("version %d: its host copy pulled from the trainer for a destination that needs it: %.1f MB in "
+                      "%.1f ms, digest verified",
+                      version, where.length_bytes() / 1e6, absl::ToDoubleMilliseconds(absl::Now() - start)));
+  return Lease{info, image};
 }
 
 void VersionStore::SetStatus(uint64_t version, const v1::DestinationSyncStatus& status) {

@@ -8,6 +8,13 @@
 // A sync takes a Lease on a version's bytes. A version that falls out of the kept ones
 // is refused to new syncs at once (FAILED_PRECONDITION naming --keep_versions); its
 // memory goes back to the pool, for the next version's pull, when its last lease ends.
+//
+// A version published with the trainer's GPU copy (a device image) is, by default, not
+// pulled at publish: replicas on CUDA devices of the trainer's host install from that
+// copy, and its bytes come here only when a sync needs them (a destination that does
+// not take the device image, or a push round), from the trainer's memory while the
+// trainer holds the version (its latest two). So the host copy is kept only where a
+// destination needs it, and the trainer's publish does not wait for a pull no one uses.
 // Its own lock; thread-safe.
 #ifndef RLFLEET_SERVICES_WEIGHTS_VERSION_STORE_H_
 #define RLFLEET_SERVICES_WEIGHTS_VERSION_STORE_H_
@@ -97,6 +104,9 @@ class VersionStore {
   void SetLogger(Logger logger) { logger_ = std::move(logger); }
   // Where FILE descriptors may point (the trainer's --publish_dir); empty: refused.
   void SetFileRoot(std::string root) { file_root_ = std::move(root); }
+  // Whether versions published with a device image wait for a destination that needs
+  // their bytes before they are pulled (default), or are pulled at publish (false).
+  void SetDeferHostCopy(bool defer) { defer_host_copy_ = defer; }
   // The largest version accepted, checked before anything is allocated.
   void SetMaxVersionBytes(uint64_t bytes) { max_version_bytes_ = bytes; }
   uint64_t max_version_bytes() const { return max_version_bytes_; }
@@ -119,8 +129,15 @@ class VersionStore {
   absl::StatusOr<std::shared_ptr<const VersionInfo>> Info(uint64_t version) const;
   // A version with its bytes, held until the lease is dropped (0: the latest); NOT_FOUND
   // for one never published or whose record is gone, FAILED_PRECONDITION for one whose
-  // bytes were given up (older than the kept ones).
-  absl::StatusOr<Lease> Acquire(uint64_t version) const;
+  // bytes were given up (older than the kept ones). A version whose host copy was
+  // deferred is pulled from the trainer now (the data plane's error, annotated, when the
+  // trainer no longer holds it); with Bytes::kNotNeeded (a sync to a replica that takes
+  // the device image) it is not, and the lease's Source() is the trainer's memory.
+  enum class Bytes { kNeeded, kNotNeeded };
+  absl::StatusOr<Lease> Acquire(uint64_t version, Bytes bytes = Bytes::kNeeded);
+  // Whether `version` (0: the latest) was published without its host copy and has not
+  // been pulled since (false for one without a record).
+  bool HostCopyDeferred(uint64_t version) const;
 
   // Each destination's sync status of a version: SetStatus replaces one (nothing when
   // the version's record is gone); StatusOf reads one; Statuses all of them (NOT_FOUND
@@ -134,9 +151,15 @@ class VersionStore {
  private:
   struct Record {
     std::shared_ptr<const VersionInfo> info;
-    std::shared_ptr<const VersionImage> image;                // null once given up
+    std::shared_ptr<const VersionImage> image;  // null once given up, or while its host copy is deferred
+    // The trainer's request, while the host copy is deferred: what the pull on demand
+    // reads (null once pulled or given up).
+    std::shared_ptr<const v1::PublishVersionRequest> deferred;
     std::map<std::string, v1::DestinationSyncStatus> status;  // by replica_id
   };
+  // Pulls a deferred version's bytes from the trainer (one pull at a time), records
+  // them and returns a lease on them.
+  absl::StatusOr<Lease> PullDeferred(uint64_t version);
   // Reads (or pulls, or assembles) the version's bytes into memory from the pool, and
   // checks them; fills `where` with the image's descriptor.
   absl::StatusOr<common::HostBuffer> Read(const v1::PublishVersionRequest& request, bool sharded,
@@ -153,6 +176,8 @@ class VersionStore {
   std::string file_root_;
   uint64_t max_version_bytes_ = uint64_t{16} << 30;
   int keep_versions_ = 2;
+  bool defer_host_copy_ = true;
+  absl::Mutex pull_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // held by a deferred version's pull
   mutable absl::Mutex mu_;
   std::map<uint64_t, Record> records_ ABSL_GUARDED_BY(mu_);
 };

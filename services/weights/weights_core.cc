@@ -1,6 +1,7 @@
 #include "services/weights/weights_core.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <thread>
@@ -87,10 +88,41 @@ absl::StatusOr<uint64_t> WeightsCore::ResolveSync(uint64_t version, const std::v
   return version;
 }
 
+std::vector<std::string> WeightsCore::DeviceImageTakers(uint64_t version, const std::vector<std::string>& ids,
+                                                        absl::Time deadline) {
+  std::vector<std::string> out;
+  if (!store_.HostCopyDeferred(version)) return out;
+  absl::StatusOr<std::shared_ptr<const VersionInfo>> info = store_.Info(version);
+  if (!info.ok()) return out;
+  for (const std::string& id : ids) {
+    std::shared_ptr<Destination> destination;
+    {
+      absl::MutexLock lock(&mu_);
+      auto d = destinations_.find(id);
+      if (d != destinations_.end()) destination = d->second.destination;
+    }
+    if (destination == nullptr) continue;
+    absl::StatusOr<v1::GetInfoResponse> replica = destination->Info(std::min(deadline, absl::Now() + absl::Seconds(5)));
+    if (replica.ok() && TakesDeviceImage(**info, *replica)) out.push_back(id);
+  }
+  return out;
+}
+
 absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Pull(const std::string& replica_id, uint64_t version,
-                                                            absl::Duration timeout) {
+                                                            absl::Duration timeout, VersionStore::Bytes bytes) {
   const absl::Time deadline = absl::Now() + timeout;
-  ASSIGN_OR_RETURN(const Lease lease, store_.Acquire(version));
+  absl::StatusOr<Lease> leased = store_.Acquire(version, bytes);
+  if (!leased.ok()) {  // (given up, or a deferred host copy the trainer no longer holds)
+    v1::DestinationSyncStatus s;
+    s.set_replica_id(replica_id);
+    s.set_version(version);
+    s.set_phase(v1::SYNC_PHASE_FAILED);
+    s.set_error(leased.status().ToString());
+    s.set_error_code(static_cast<int32_t>(leased.status().code()));
+    if (version != 0) store_.SetStatus(version, s);
+    return leased.status();
+  }
+  const Lease lease = *std::move(leased);
   version = lease.info->number;
   const bool relaying = relay_.fanout() > 0 && lease.image != nullptr && lease.image->staged();
   for (int attempt = 0;; ++attempt) {
@@ -258,6 +290,12 @@ absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1:
   }
   const absl::Time deadline = absl::Now() + timeout;
   ASSIGN_OR_RETURN(const uint64_t version, ResolveSync(request.version(), {request.replica_id()}));
+  if (!DeviceImageTakers(version, {request.replica_id()}, deadline).empty()) {  // (no host copy needed)
+    ASSIGN_OR_RETURN(*response->mutable_status(),
+                     Pull(request.replica_id(), version, std::max(deadline - absl::Now(), absl::Milliseconds(1)),
+                          VersionStore::Bytes::kNotNeeded));
+    return absl::OkStatus();
+  }
   if (push_ != nullptr) {
     absl::StatusOr<Lease> lease = store_.Acquire(version);
     if (lease.ok() && PushChain(*lease, {request.replica_id()}, deadline).empty()) {
@@ -286,15 +324,22 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncSome(uin
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   ASSIGN_OR_RETURN(version, ResolveSync(version, ids));
   const absl::Time deadline = absl::Now() + timeout;
-  std::vector<std::string> pull = ids;
-  const absl::StatusOr<Lease> lease = store_.Acquire(version);  // (held for the whole round)
-  if (push_ != nullptr && lease.ok() && !ids.empty()) {
+  // Replicas that install the trainer's GPU copy of a version whose host copy is
+  // deferred sync without it; the others (if any) need the bytes, pulled now if not yet.
+  const std::vector<std::string> device_takers = DeviceImageTakers(version, ids, deadline);
+  std::vector<std::string> need_bytes;
+  std::set_difference(ids.begin(), ids.end(), device_takers.begin(), device_takers.end(),
+                      std::back_inserter(need_bytes));
+  std::vector<std::string> pull = need_bytes;
+  absl::StatusOr<Lease> lease = absl::FailedPreconditionError("no destination needs the version's bytes");
+  if (!need_bytes.empty()) lease = store_.Acquire(version);  // (held for the whole round)
+  if (push_ != nullptr && lease.ok() && !need_bytes.empty()) {
     // Chains of replicas (--relay_fanout of them; 0: each replica its own), each pushed
     // in one round; the replicas a push missed pull the version instead.
     std::vector<std::pair<std::string, bool>> relays;
     {
       absl::MutexLock lock(&mu_);
-      for (const std::string& id : ids) {
+      for (const std::string& id : need_bytes) {
         auto d = destinations_.find(id);
         relays.push_back({id, d != destinations_.end() && d->second.can_relay});
       }
@@ -311,11 +356,14 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncSome(uin
     pull.clear();
     for (const auto& m : missed) pull.insert(pull.end(), m.begin(), m.end());
   }
+  std::vector<std::pair<std::string, VersionStore::Bytes>> syncs;
+  for (const std::string& id : pull) syncs.push_back({id, VersionStore::Bytes::kNeeded});
+  for (const std::string& id : device_takers) syncs.push_back({id, VersionStore::Bytes::kNotNeeded});
   std::vector<std::thread> threads;
   absl::Status spawned = absl::OkStatus();
-  for (size_t i = 0; i < pull.size() && spawned.ok(); ++i) {
-    spawned = Spawn(&threads, "a replica's sync", [this, id = pull[i], version, deadline] {
-      (void)Pull(id, version, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+  for (size_t i = 0; i < syncs.size() && spawned.ok(); ++i) {
+    spawned = Spawn(&threads, "a replica's sync", [this, sync = syncs[i], version, deadline] {
+      (void)Pull(sync.first, version, std::max(deadline - absl::Now(), absl::Milliseconds(1)), sync.second);
     });
   }
   for (auto& t : threads) t.join();

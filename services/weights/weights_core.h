@@ -86,6 +86,12 @@ class WeightsCore {
   // while the next is pulled); set before serving.
   void SetKeepVersions(int versions) { store_.SetKeepVersions(versions); }
 
+  // Whether a version published with the trainer's GPU copy waits for a destination that
+  // needs its bytes before this service pulls them (true, the default: replicas on CUDA
+  // devices of the trainer's host install from that copy, and no host copy is kept for
+  // them) or is pulled at publish (false). Set before serving.
+  void SetDeferHostCopy(bool defer) { store_.SetDeferHostCopy(defer); }
+
   // Faults in `bytes` of memory now for each of the next keep_versions versions pulled
   // (see --prefault_mib); set SetKeepVersions first.
   void PrefaultVersionMemory(uint64_t bytes) {
@@ -148,8 +154,16 @@ class WeightsCore {
   };
   class PushObserver;
   // One replica's pull of `version` (0: the latest), relayed where the tree says.
+  // Bytes::kNotNeeded: the replica installs the trainer's GPU copy (its fallback chunk
+  // is the trainer's memory), so a deferred host copy is not pulled for it.
   absl::StatusOr<v1::DestinationSyncStatus> Pull(const std::string& replica_id, uint64_t version,
-                                                 absl::Duration timeout);
+                                                 absl::Duration timeout,
+                                                 VersionStore::Bytes bytes = VersionStore::Bytes::kNeeded);
+  // Of `ids`, the replicas that install `version` from the trainer's GPU copy
+  // (TakesDeviceImage, from each one's GetInfo; one that does not answer is not among
+  // them) when its host copy is deferred; none otherwise.
+  std::vector<std::string> DeviceImageTakers(uint64_t version, const std::vector<std::string>& ids,
+                                             absl::Time deadline);
   // Pushes `version` along `chain`; returns the replicas it did not install on.
   std::vector<std::string> PushChain(const Lease& version, const std::vector<std::string>& chain, absl::Time deadline);
   // The version a sync of `ids` means (0: the latest). NOT_FOUND for a version not

@@ -4,9 +4,12 @@
 // records of the newest 8 and their statuses.
 #include "services/weights/version_store.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -126,6 +129,49 @@ TEST(VersionStore, ALeaseKeepsARetiredVersionsBytesAndTheirMemoryGoesToTheNextPu
   const char* memory5 = store.Acquire(5)->image->bytes().data();
   EXPECT_TRUE(memory5 == memory || memory5 == memory2);
   EXPECT_NE(memory5, memory4);
+}
+
+// A version published with the trainer's GPU copy keeps no bytes here until a sync
+// needs them; syncs that need them at once share one pull; one that does not (a
+// replica taking the GPU copy) gets the trainer's memory as its source.
+TEST(VersionStore, ADeferredHostCopyIsPulledOnceWhenFirstNeeded) {
+  auto data_plane = transport::LoopbackTransport::Create();
+  VersionStore store(data_plane.get());
+  std::atomic<int> pulls{0};
+  store.SetLogger([&pulls](const std::string& line) {
+    if (absl::StrContains(line, "host copy pulled")) ++pulls;
+  });
+  Trainer trainer;
+  v1::PublishVersionRequest request = trainer.Publish(1, 1 << 16);
+  v1::CudaIpcImage* gpu = request.mutable_device_image();
+  gpu->set_ipc_handle(std::string(64, 'h'));
+  gpu->set_host_id("host-a");
+  gpu->set_length_bytes(1 << 18);
+  gpu->set_version(1);
+  gpu->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_BLOCKSUM32_XXH64);
+  v1::PublishVersionResponse out;
+  ASSERT_TRUE(store.Publish(request, {"r"}, &out).ok());
+  EXPECT_EQ(out.bytes_read(), 0u);
+  EXPECT_TRUE(store.HostCopyDeferred(1));
+  absl::StatusOr<Lease> gpu_lease = store.Acquire(1, VersionStore::Bytes::kNotNeeded);
+  ASSERT_TRUE(gpu_lease.ok()) << gpu_lease.status();
+  EXPECT_EQ(gpu_lease->image, nullptr);
+  EXPECT_EQ(gpu_lease->Source().segment().worker_address(),
+            request.sources(0).shards(0).location().segment().worker_address());
+  EXPECT_TRUE(gpu_lease->info->tensors.empty());  // (not known until the image is read)
+  EXPECT_TRUE(store.HostCopyDeferred(1));
+  std::vector<absl::StatusOr<Lease>> leases(4, absl::UnknownError("not run"));
+  std::vector<std::thread> syncs;
+  for (auto& lease : leases) syncs.emplace_back([&store, &lease] { lease = store.Acquire(1); });
+  for (auto& t : syncs) t.join();
+  for (const auto& lease : leases) {
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_EQ(lease->image, leases[0]->image);
+    EXPECT_EQ(lease->image->bytes(), trainer.images[1]);
+    ASSERT_EQ(lease->info->tensors.size(), 1u);
+  }
+  EXPECT_EQ(pulls.load(), 1);
+  EXPECT_FALSE(store.HostCopyDeferred(1));
 }
 
 TEST(VersionStore, TheNewestEightRecordsAndTheirStatusesAreKept) {

@@ -232,6 +232,133 @@ TEST(WeightsCore, VersionsAreServedFromMemoryOverTheDataPlane) {
   EXPECT_EQ(pulled, file);
 }
 
+// A replica on `host_id` and `device` that reports them in its info, and installs the
+// trainer's GPU copy when it may (a CUDA device of the copy's host; recorded, nothing
+// read) or else pulls the chunk over its own loopback transport.
+struct GpuOrCpuReplica : Destination {
+  GpuOrCpuReplica(std::string host_id, std::string device) : host_id(std::move(host_id)), device(std::move(device)) {}
+  absl::StatusOr<v1::GetInfoResponse> Info(absl::Time) override {
+    v1::GetInfoResponse info;
+    info.set_host_id(host_id);
+    info.set_device(device);
+    return info;
+  }
+  absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
+                                                    absl::Time deadline) override {
+    requests.push_back(request);
+    if (request.device_image().host_id() != host_id || !absl::StartsWith(device, "cuda")) {
+      absl::StatusOr<std::string> bytes =
+          transport::DescriptorFetcher(transport.get()).Fetch(request.chunks(0).source(), deadline);
+      if (!bytes.ok()) return bytes.status();
+      pulled = *bytes;
+    }
+    v1::CommitWeightsResponse r;
+    *r.mutable_installed_version() = request.manifest().version();
+    return r;
+  }
+  const std::string host_id, device;
+  std::unique_ptr<transport::Transport> transport = transport::LoopbackTransport::Create();
+  std::vector<v1::PrepareWeightsRequest> requests;
+  std::string pulled;
+};
+
+// A version published with the trainer's GPU copy is not pulled at publish: a sync to a
+// CUDA replica of the trainer's host moves no host bytes (its fallback chunk is the
+// trainer's memory); the first replica that needs the bytes (a CPU one) has them pulled
+// then, from the trainer, and gets them from this service; once the trainer has let a
+// version go, that pull fails by name and the replica's status says so. With the host
+// copy always kept (--host_copy=always) the version is pulled at publish.
+TEST(WeightsCore, AVersionWithTheTrainersGpuCopyIsPulledHereOnlyForAReplicaThatNeedsItsBytes) {
+  auto trainer = transport::LoopbackTransport::Create();
+  auto service_side = transport::LoopbackTransport::Create();
+  std::map<std::string, GpuOrCpuReplica*> made;
+  WeightsCore core(
+      [&made](const std::string& address) -> std::unique_ptr<Destination> {
+        auto d = std::make_unique<GpuOrCpuReplica>("host-a", absl::StartsWith(address, "gpu") ? "cuda:0" : "cpu");
+        made[address] = d.get();
+        return d;
+      },
+      service_side.get());
+  core.EnablePush(true);
+  std::vector<std::string> log;
+  core.SetLogger([&log](const std::string& line) { log.push_back(line); });
+  std::map<uint64_t, std::string> images;
+  std::map<uint64_t, transport::MemoryHandle> handles;
+  auto publish = [&](uint64_t version) {
+    std::map<std::string, model::TensorView> views;
+    const std::string w(4096, static_cast<char>(version));
+    views["w"] = {"F32", {1024}, w};
+    std::string& image = images[version] = model::SerializeSafetensors(views);
+    handles[version] = *trainer->RegisterMemory(image.data(), image.size(), transport::MemoryKind::kHost, 0);
+    v1::PublishVersionRequest r;
+    r.mutable_manifest()->mutable_version()->set_version(version);
+    v1::TransferDescriptor* where = r.add_sources()->add_shards()->mutable_location();
+    *where->mutable_segment() = *trainer->Describe(handles[version]);
+    where->set_length_bytes(image.size());
+    where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
+    where->mutable_digest()->set_value(common::Xxh64(image));
+    v1::CudaIpcImage* gpu = r.mutable_device_image();
+    gpu->set_ipc_handle(std::string(64, 'h'));
+    gpu->set_host_id("host-a");
+    gpu->set_length_bytes(4096);
+    gpu->set_version(version);
+    gpu->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_BLOCKSUM32_XXH64);
+    v1::PublishVersionResponse out;
+    EXPECT_TRUE(core.PublishVersion(r, &out).ok());
+    return out;
+  };
+  auto sync = [&](uint64_t version, const std::vector<std::string>& ids) {
+    for (const std::string& id : ids) {
+      v1::RegisterDestinationRequest reg;
+      reg.set_replica_id(id);
+      reg.set_grpc_address(id + ":1");
+      v1::RegisterDestinationResponse registered;
+      EXPECT_TRUE(core.RegisterDestination(reg, &registered).ok());
+    }
+    return *core.SyncSome(version, ids, absl::Seconds(20));
+  };
+  EXPECT_EQ(publish(1).bytes_read(), 0u);  // (nothing pulled at publish)
+  std::vector<v1::DestinationSyncStatus> done = sync(1, {"gpu"});
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].phase(), v1::SYNC_PHASE_INSTALLED) << done[0].error();
+  ASSERT_EQ(made["gpu:1"]->requests.size(), 1u);
+  const v1::PrepareWeightsRequest& to_gpu = made["gpu:1"]->requests[0];
+  EXPECT_EQ(to_gpu.device_image().host_id(), "host-a");
+  // Its fallback chunk is the trainer's memory, not a copy here.
+  EXPECT_EQ(to_gpu.chunks(0).source().segment().worker_address(), trainer->Describe(handles[1])->worker_address());
+  EXPECT_FALSE(to_gpu.serve_relay());
+  for (const std::string& line : log) EXPECT_FALSE(absl::StrContains(line, "pulled from the trainer")) << line;
+
+  // A CPU replica needs the bytes: pulled here now, and served from here.
+  done = sync(1, {"cpu", "gpu"});
+  ASSERT_EQ(done.size(), 2u);
+  for (const auto& d : done) EXPECT_EQ(d.phase(), v1::SYNC_PHASE_INSTALLED) << d.replica_id() << ": " << d.error();
+  EXPECT_EQ(made["cpu:1"]->pulled, images[1]);
+  ASSERT_FALSE(made["cpu:1"]->requests.empty());
+  EXPECT_NE(made["cpu:1"]->requests.back().chunks(0).source().segment().worker_address(),
+            trainer->Describe(handles[1])->worker_address());
+  EXPECT_EQ(
+      std::count_if(log.begin(), log.end(),
+                    [](const std::string& l) { return absl::StrContains(l, "host copy pulled from the trainer"); }),
+      1);
+
+  // Version 2: the trainer lets it go before anyone needs its bytes; the CPU replica's
+  // sync fails naming the deferred host copy, the GPU one installs.
+  publish(2);
+  ASSERT_TRUE(trainer->DeregisterMemory(handles[2]).ok());
+  done = sync(2, {"cpu", "gpu"});
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].replica_id(), "cpu");
+  EXPECT_EQ(done[0].phase(), v1::SYNC_PHASE_FAILED);
+  EXPECT_TRUE(absl::StrContains(done[0].error(), "host copy")) << done[0].error();
+  EXPECT_EQ(done[1].phase(), v1::SYNC_PHASE_INSTALLED) << done[1].error();
+
+  // --host_copy=always: pulled at publish.
+  core.SetDeferHostCopy(false);
+  const uint64_t read_at_publish = publish(3).bytes_read();
+  EXPECT_EQ(read_at_publish, images[3].size());
+}
+
 // A replica that pulls over its own loopback transport and, when asked, serves its copy.
 struct RelayingReplica : Destination {
   std::unique_ptr<transport::Transport> transport = transport::LoopbackTransport::Create();
