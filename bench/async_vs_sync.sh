@@ -18,7 +18,8 @@
 #   bash bench/async_vs_sync.sh [DEVICE]      (cpu, default; cuda:0 on a GPU host)
 # Binaries from $RLFLEET_BIN (default: bazel-bin/services, built here). STEPS (30),
 # WARMUP (3), PROMPTS (64), SAMPLES (8), ROLLOUTS (2), K (2), TASK_FLAGS and
-# MODEL_FLAGS pick the workload.
+# MODEL_FLAGS pick the workload; KEEP_WORK=1 keeps each mode's fleet logs (the path is
+# printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 device="${1:-cpu}"
@@ -130,4 +131,4 @@ mkdir -p "$(dirname "$OUT")"
   echo "async_over_sync=$async_ratio"
 } >"$OUT"
 cat "$OUT"
-rm -rf "$WORK"
+if [[ -n "${KEEP_WORK:-}" ]]; then echo "fleet logs kept under $WORK" >&2; else rm -rf "$WORK"; fi

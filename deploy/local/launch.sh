@@ -28,10 +28,10 @@
 # "interrupt trap: unexpected EOF while looking for matching `)'", and the fleet then
 # ignored Ctrl-C. Helpers write to files under DIR and `read` them instead.)
 # RLFLEET_PEER_TIMEOUT (default 120s) is the deadline of each call a run makes (a hung
-# replica is dropped after it); RLFLEET_CONTROLLER_FLAGS, RLFLEET_BUFFER_FLAGS and
-# RLFLEET_ROLLOUT_FLAGS, extra flags for rlfleet-controller (e.g. --data_root=DIR), for
-# rlfleet-buffer and for each rollout replica (e.g. --dtype=bf16)
-# (e.g. --dedupe_ids=N).
+# replica is dropped after it); RLFLEET_CONTROLLER_FLAGS, RLFLEET_BUFFER_FLAGS,
+# RLFLEET_WEIGHTS_FLAGS and RLFLEET_ROLLOUT_FLAGS, extra flags for rlfleet-controller
+# (e.g. --data_root=DIR), rlfleet-buffer (e.g. --dedupe_ids=N), rlfleet-weights (e.g.
+# --host_copy=always) and each rollout replica (e.g. --dtype=bf16).
 # Binaries come from $RLFLEET_BIN (default bazel-bin/services; build them first with
 # `bazel build //services/...`). MODEL FLAGS go to the rollout replicas and the
 # trainer (e.g. -- --d_model=64 --n_layers=2).
@@ -218,8 +218,9 @@ registered trainer || fail "trainer"
 # Versions are pushed to the replicas in two relay chains (each replica passing every
 # chunk on to the next as it arrives), so rlfleet-weights sends each at most twice
 # however many replicas there are.
+# shellcheck disable=SC2086  # (RLFLEET_WEIGHTS_FLAGS: extra flags, split on spaces)
 start weights "$BIN/weights/rlfleet-weights" "${CONFIG[@]}" --registry_address="$CONTROLLER" \
-  --relay_fanout="${RLFLEET_RELAY_FANOUT:-2}" || fail "weights"
+  --relay_fanout="${RLFLEET_RELAY_FANOUT:-2}" ${RLFLEET_WEIGHTS_FLAGS:-} || fail "weights"
 CORE_PIDS+=("$PID"); CORE_NAMES+=(weights)
 registered weights || fail "weights"
 GATEWAY_FLAGS=()  # (of the model flags, the tokenizer's directory)

@@ -876,6 +876,22 @@ absl::StatusOr<TrainStats> Policy::TrainStep(const std::vector<TrainSequence>& b
 std::string Policy::SafetensorsBytes() const { return SafetensorsImage(nullptr).Release(); }
 
 common::HostBuffer Policy::SafetensorsImage(const std::shared_ptr<common::BufferPool>& pool) const {
+  if (impl_->flat.defined() && impl_->flat.scalar_type() == torch::kFloat32) {
+    // Every parameter is a view of `flat`, in named_parameters() order (FlattenParameters):
+    // the image lists them in that order and its data is flat's bytes, one copy (one
+    // device-to-host copy on a GPU, into memory from the pool).
+    std::vector<TensorSlot> slots;
+    for (const auto& item : impl_->named_parameters()) {
+      const torch::Tensor& p = item.value();
+      slots.push_back({item.key(), "F32", p.sizes().vec(), static_cast<uint64_t>(p.numel()) * sizeof(float)});
+    }
+    char* data = nullptr;
+    common::HostBuffer image = AllocateSafetensors(slots, pool, &data);
+    torch::NoGradGuard no_grad;
+    torch::from_blob(data, {impl_->flat.numel()}, torch::TensorOptions().dtype(torch::kFloat32))
+        .copy_(impl_->flat.detach());
+    return image;
+  }
   // Views of the parameters where they are (a CPU f32 parameter is not copied; others
   // are converted into `kept` first): the image is written with one copy per byte.
   std::vector<torch::Tensor> kept;

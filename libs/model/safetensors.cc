@@ -148,26 +148,36 @@ std::string Quoted(absl::string_view s) {
   return out;
 }
 
-template <typename Tensor>
-common::HostBuffer Serialize(const std::map<std::string, Tensor>& tensors,
-                             const std::shared_ptr<common::BufferPool>& pool) {
+// An image of `slots` in their order with its header written: *data, where the data
+// region (the slots' bytes back to back) begins.
+common::HostBuffer Allocate(const std::vector<TensorSlot>& slots, const std::shared_ptr<common::BufferPool>& pool,
+                            char** data) {
   std::string header = "{";
   uint64_t offset = 0;
   bool first = true;
-  for (const auto& [name, t] : tensors) {
-    absl::StrAppend(&header, first ? "" : ",", Quoted(name), ":{\"dtype\":", Quoted(t.dtype), ",\"shape\":[",
-                    absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",", offset + t.bytes.size(), "]}");
-    offset += t.bytes.size();
+  for (const TensorSlot& t : slots) {
+    absl::StrAppend(&header, first ? "" : ",", Quoted(t.name), ":{\"dtype\":", Quoted(t.dtype), ",\"shape\":[",
+                    absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",", offset + t.bytes, "]}");
+    offset += t.bytes;
     first = false;
   }
   header += "}";
   while (header.size() % 8 != 0) header += ' ';  // keeps the data 8-byte aligned
   common::HostBuffer out = common::HostBuffer::Allocate(pool, 8 + header.size() + offset);
   const uint64_t n = header.size();
-  char* at = out.data();
-  std::memcpy(at, &n, 8);
-  std::memcpy(at + 8, header.data(), header.size());
-  at += 8 + header.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, header.data(), header.size());
+  *data = out.data() + 8 + header.size();
+  return out;
+}
+
+template <typename Tensor>
+common::HostBuffer Serialize(const std::map<std::string, Tensor>& tensors,
+                             const std::shared_ptr<common::BufferPool>& pool) {
+  std::vector<TensorSlot> slots;
+  for (const auto& [name, t] : tensors) slots.push_back({name, t.dtype, t.shape, t.bytes.size()});
+  char* at = nullptr;
+  common::HostBuffer out = Allocate(slots, pool, &at);
   for (const auto& [name, t] : tensors) {
     std::memcpy(at, t.bytes.data(), t.bytes.size());
     at += t.bytes.size();
@@ -176,6 +186,11 @@ common::HostBuffer Serialize(const std::map<std::string, Tensor>& tensors,
 }
 
 }  // namespace
+
+common::HostBuffer AllocateSafetensors(const std::vector<TensorSlot>& tensors,
+                                       const std::shared_ptr<common::BufferPool>& pool, char** data) {
+  return Allocate(tensors, pool, data);
+}
 
 std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors) {
   return Serialize(tensors, nullptr).Release();

@@ -48,6 +48,19 @@ std::string SerializeSafetensors(const std::map<std::string, TensorView>& tensor
 // faulted in already instead of a fresh buffer each time.
 common::HostBuffer SerializeSafetensors(const std::map<std::string, TensorView>& tensors,
                                         const std::shared_ptr<common::BufferPool>& pool);
+// A tensor of an image whose data the caller writes (AllocateSafetensors).
+struct TensorSlot {
+  std::string name;
+  std::string dtype = "F32";
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;  // dtype size x shape
+};
+// An image of `tensors` in the order listed (the format allows any order: readers go
+// by each tensor's data_offsets), in memory from `pool`, its data region left for the
+// caller to fill: `*data` points at it, the slots' bytes back to back. A publisher
+// whose parameters are one buffer in that order writes the data with one copy.
+common::HostBuffer AllocateSafetensors(const std::vector<TensorSlot>& tensors,
+                                       const std::shared_ptr<common::BufferPool>& pool, char** data);
 // At least the size of the f32 safetensors image of a model with `parameters`
 // parameters (their bytes and a header of at most 1 MiB): memory to fault in for one.
 inline uint64_t F32ImageBytesBound(uint64_t parameters) { return parameters * 4 + (uint64_t{1} << 20); }

@@ -202,8 +202,11 @@ v1::DestinationSyncStatus WeightsCore::RecordInstalled(v1::DestinationSyncStatus
   s.set_bytes_moved(s.bytes_needed());
   s.set_relayed_from(from);
   s.set_pushed(pushed);
-  // (a replica reading the trainer's file reports no pull: its install is the transfer)
-  s.set_transfer_us(installed.pull_us() > 0 ? installed.pull_us() : installed.install_us());
+  s.set_from_device_image(installed.from_device_image());
+  // (a replica reading the trainer's file, or copying its GPU copy, reports no pull: its
+  // install is the transfer)
+  s.set_transfer_us(installed.pull_us() > 0 && !installed.from_device_image() ? installed.pull_us()
+                                                                              : installed.install_us());
   s.set_pull_allocate_us(installed.pull_allocate_us());
   s.set_pull_verify_us(installed.pull_verify_us());
   s.set_pause_us(installed.pause_us());
@@ -211,6 +214,14 @@ v1::DestinationSyncStatus WeightsCore::RecordInstalled(v1::DestinationSyncStatus
   s.set_round_trip_us(absl::ToInt64Microseconds(took));
   if (s.transfer_us() > 0) s.set_throughput_gb_per_s(s.bytes_moved() / (s.transfer_us() * 1e3));
   store_.SetStatus(s.version(), s);
+  if (s.from_device_image()) {
+    Log(
+        absl::StrFormat("version %d -> %s (GPU to GPU from the trainer's copy): installed, %.1f MB, install %.1f ms "
+                        "(%.2f GB/s), decode pause %.2f ms, round trip %.1f ms",
+                        s.version(), s.replica_id(), s.bytes_moved() / 1e6, s.install_us() / 1e3,
+                        s.throughput_gb_per_s(), s.pause_us() / 1e3, s.round_trip_us() / 1e3));
+    return s;
+  }
   Log(
       absl::StrFormat("version %d -> %s (%s %s): installed, %.1f MB, %s %.1f ms (%.2f GB/s; memory %.1f ms, "
                       "digest %.1f ms), install %.1f ms, decode pause %.2f ms, round trip %.1f ms",

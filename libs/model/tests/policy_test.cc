@@ -299,6 +299,21 @@ TEST(Policy, SafetensorsRoundTripRestoresTheSameModel) {
   auto blobs = ReadSafetensors(path);
   ASSERT_TRUE(blobs.ok());
   EXPECT_EQ(blobs->at("tok_emb.weight").shape, (std::vector<int64_t>{32, 32}));
+  // The image holds the parameters in their own order, back to back (their one buffer,
+  // copied once), and what it holds loads into another policy as the file did.
+  const std::string image = (*a)->SafetensorsBytes();
+  auto views = ParseSafetensorsViews(image, "image");
+  ASSERT_TRUE(views.ok()) << views.status();
+  const char* next = nullptr;
+  for (const std::string& name : (*a)->ParameterNames()) {
+    ASSERT_TRUE(views->count(name)) << name;
+    if (next != nullptr) EXPECT_EQ(views->at(name).bytes.data(), next) << name;
+    next = views->at(name).bytes.data() + views->at(name).bytes.size();
+  }
+  EXPECT_EQ(next, image.data() + image.size());
+  auto d = Policy::Create(Small(), TestDevice(), 3);
+  ASSERT_TRUE((*d)->LoadSafetensorsBytes(image, "image").ok());
+  EXPECT_EQ(MaxAbsDiff(*(*a)->Logits(tokens), *(*d)->Logits(tokens)), 0.0f);
   // A model of another shape refuses the file, naming the tensor.
   PolicyConfig other = Small();
   other.d_model = 64;

@@ -246,13 +246,14 @@ struct GpuOrCpuReplica : Destination {
   absl::StatusOr<v1::CommitWeightsResponse> Install(const v1::PrepareWeightsRequest& request,
                                                     absl::Time deadline) override {
     requests.push_back(request);
-    if (request.device_image().host_id() != host_id || !absl::StartsWith(device, "cuda")) {
+    v1::CommitWeightsResponse r;
+    r.set_from_device_image(request.device_image().host_id() == host_id && absl::StartsWith(device, "cuda"));
+    if (!r.from_device_image()) {
       absl::StatusOr<std::string> bytes =
           transport::DescriptorFetcher(transport.get()).Fetch(request.chunks(0).source(), deadline);
       if (!bytes.ok()) return bytes.status();
       pulled = *bytes;
     }
-    v1::CommitWeightsResponse r;
     *r.mutable_installed_version() = request.manifest().version();
     return r;
   }
@@ -321,6 +322,7 @@ TEST(WeightsCore, AVersionWithTheTrainersGpuCopyIsPulledHereOnlyForAReplicaThatN
   std::vector<v1::DestinationSyncStatus> done = sync(1, {"gpu"});
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].phase(), v1::SYNC_PHASE_INSTALLED) << done[0].error();
+  EXPECT_TRUE(done[0].from_device_image());
   ASSERT_EQ(made["gpu:1"]->requests.size(), 1u);
   const v1::PrepareWeightsRequest& to_gpu = made["gpu:1"]->requests[0];
   EXPECT_EQ(to_gpu.device_image().host_id(), "host-a");
@@ -333,6 +335,7 @@ TEST(WeightsCore, AVersionWithTheTrainersGpuCopyIsPulledHereOnlyForAReplicaThatN
   done = sync(1, {"cpu", "gpu"});
   ASSERT_EQ(done.size(), 2u);
   for (const auto& d : done) EXPECT_EQ(d.phase(), v1::SYNC_PHASE_INSTALLED) << d.replica_id() << ": " << d.error();
+  EXPECT_FALSE(done[0].from_device_image());  // (cpu: sorted first)
   EXPECT_EQ(made["cpu:1"]->pulled, images[1]);
   ASSERT_FALSE(made["cpu:1"]->requests.empty());
   EXPECT_NE(made["cpu:1"]->requests.back().chunks(0).source().segment().worker_address(),
