@@ -371,12 +371,13 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
   const std::string publisher = request.publisher_id().empty() ? "(unnamed)" : request.publisher_id();
   if (defer) {
     Log(
-        absl::StrFormat("version %d published by %s: %.1f MB, in the trainer's GPU copy for same-host CUDA replicas; "
-                        "its host copy is pulled here when a destination needs it",
-                        version, publisher, where.length_bytes() / 1e6));
+        absl::StrFormat("version %d published by %s (its pause %.1f ms): %.1f MB, in the trainer's GPU copy for "
+                        "same-host CUDA replicas; its host copy is pulled here when a destination needs it",
+                        version, publisher, request.trainer_pause_us() / 1e3, where.length_bytes() / 1e6));
   } else {
-    Log(absl::StrFormat("version %d published by %s: %.1f MB %s in %.1f ms, digest verified", version, publisher,
-                        where.length_bytes() / 1e6, file ? "read from the trainer's file" : "pulled from the trainer",
+    Log(absl::StrFormat("version %d published by %s (its pause %.1f ms): %.1f MB %s in %.1f ms, digest verified",
+                        version, publisher, request.trainer_pause_us() / 1e3, where.length_bytes() / 1e6,
+                        file ? "read from the trainer's file" : "pulled from the trainer",
                         absl::ToDoubleMilliseconds(absl::Now() - start)));
   }
   *response->mutable_version() = request.manifest().version();
