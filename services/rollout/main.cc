@@ -42,6 +42,10 @@ ABSL_FLAG(std::string, weights, "",
           "(or serve the random init with --serve_initial_weights).");
 ABSL_FLAG(uint64_t, weights_version, 1, "Policy version of --weights / the initial weights.");
 ABSL_FLAG(int, max_batch, 256, "Sequences decoded together at most (continuous batching).");
+ABSL_FLAG(int, join_group, 0,
+          "While the batch decodes, queued sequences join it in groups of at least this many (or as many as there "
+          "are free rows), one prefill pass per group; 0: --max_batch / 8; 1: each as soon as it arrives.");
+ABSL_FLAG(int, join_wait_steps, 8, "A queued sequence joins after at most this many decode steps (0..1000).");
 ABSL_FLAG(bool, serve_initial_weights, false, "Serve the randomly initialised model as --weights_version.");
 ABSL_FLAG(bool, prefault_staging, true,
           "Fault in memory for one pulled weight version at start (the model's f32 size), so that the first "
@@ -94,6 +98,14 @@ int main(int argc, char** argv) {
   config.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   rlfleet::rollout::RolloutLimits limits;
   limits.max_batch = absl::GetFlag(FLAGS_max_batch);
+  limits.join_group = absl::GetFlag(FLAGS_join_group);
+  limits.join_wait_steps = absl::GetFlag(FLAGS_join_wait_steps);
+  if (limits.join_group < 0 || limits.join_group > limits.max_batch || limits.join_wait_steps < 0 ||
+      limits.join_wait_steps > 1000) {
+    std::cerr << "rlfleet-rollout: --join_group wants 0..--max_batch (" << limits.max_batch << "), got "
+              << limits.join_group << "; --join_wait_steps 0..1000, got " << limits.join_wait_steps << "\n";
+    return 2;
+  }
   if (!model_dir.empty()) {
     auto eos = rlfleet::model::ReadHfEosIds(model_dir);
     if (!eos.ok()) {

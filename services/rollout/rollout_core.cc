@@ -34,6 +34,7 @@ class RolloutCore::Job {
   absl::Time arrival, deadline;
   JobSink sink;
   size_t next_sample = 0;         // (mu_) first sample not yet in the batch
+  uint64_t queued_at_step = 0;    // (mu_) the scheduler's step count when it was queued
   bool cancel_requested = false;  // (mu_)
   absl::Status cancel_status;     // (mu_) why, when cancel_requested
   std::vector<Sample> samples;
@@ -322,6 +323,7 @@ absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Submit(std::vecto
                                                      ": retry later or on another replica"));
   }
   queued_sequences_ += n;
+  job->queued_at_step = steps_;
   waiting_.push_back(job);
   jobs_[job.get()] = job;
   return job;
@@ -333,6 +335,14 @@ void RolloutCore::Cancel(const std::shared_ptr<Job>& job) {
   job->cancel_requested = true;
   job->cancel_status = absl::CancelledError("cancelled by the client");
   cancelled_.push_back(job);
+}
+
+bool RolloutCore::JoinNowLocked() const {
+  const int live = batch_->size(), capacity = batch_->capacity();
+  if (live == 0 || 2 * live < capacity) return true;
+  const int group = limits_.join_group > 0 ? limits_.join_group : std::max(1, limits_.max_batch / 8);
+  if (queued_sequences_ >= std::min(group, capacity - live)) return true;
+  return steps_ - waiting_.front()->queued_at_step >= static_cast<uint64_t>(std::max(0, limits_.join_wait_steps));
 }
 
 void RolloutCore::Run() {
@@ -359,8 +369,10 @@ void RolloutCore::Run() {
         }
       }
       // Admit queued sequences in FIFO order while they fit (after a pending install,
-      // so they start on the new version).
-      while (install == nullptr && !waiting_.empty()) {
+      // so they start on the new version); into a running batch, a group at a time
+      // (RolloutLimits::join_group).
+      const bool join = !waiting_.empty() && JoinNowLocked();
+      while (install == nullptr && join && !waiting_.empty()) {
         std::shared_ptr<Job> job = waiting_.front();
         if (job->cancel_requested) {
           queued_sequences_ -= job->prompts.size() - job->next_sample;
@@ -497,18 +509,19 @@ void RolloutCore::Dispatch(const std::vector<model::DecodeBatch::Token>& tokens)
     version = version_;
   }
   const absl::Time now = absl::Now();
-  std::map<Job*, JobEvents> events;
+  absl::flat_hash_map<Job*, JobEvents> events;
   std::vector<std::shared_ptr<Job>> touched;
   for (const model::DecodeBatch::Token& t : tokens) {
     auto it = live_.find(t.id);
     if (it == live_.end()) continue;
-    const std::shared_ptr<Job> job = it->second.first;
+    Job* const job = it->second.first.get();
     const uint32_t sample = it->second.second;
     Job::Sample& s = job->samples[sample];
     if (s.tokens++ == 0) s.first_token = now;
     s.last_token = now;
-    if (events.count(job.get()) == 0) touched.push_back(job);
-    JobEvents& e = events[job.get()];
+    auto [slot, first] = events.try_emplace(job);
+    if (first) touched.push_back(it->second.first);
+    JobEvents& e = slot->second;
     e.tokens.push_back({sample, t.token, t.logprob, version});
     if (t.finished) {
       s.finished = true;
@@ -532,7 +545,7 @@ void RolloutCore::Dispatch(const std::vector<model::DecodeBatch::Token>& tokens)
   for (const auto& job : touched) job->sink(std::move(events[job.get()]));
 }
 
-void RolloutCore::FinishJobIfDone(const std::shared_ptr<Job>& job, std::map<Job*, JobEvents>* events) {
+void RolloutCore::FinishJobIfDone(const std::shared_ptr<Job>& job, absl::flat_hash_map<Job*, JobEvents>* events) {
   if (job->unfinished > 0 || job->done) return;
   job->done = true;
   (*events)[job.get()].done = true;
@@ -546,7 +559,7 @@ void RolloutCore::Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason
   for (auto it = live_.begin(); it != live_.end();) {
     if (it->second.first == job) {
       batch_->Remove(it->first);
-      it = live_.erase(it);
+      live_.erase(it++);
     } else {
       ++it;
     }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -45,6 +46,14 @@ struct RolloutLimits {
   int max_batch = 256;    // sequences decoded together
   int max_queued = 4096;  // sequences waiting to join the batch (RESOURCE_EXHAUSTED beyond)
   int max_samples = 64;   // Generate num_samples
+  // While the batch is decoding, queued sequences join it in groups of at least this
+  // many (or as many as there are free rows, if fewer), or once the oldest has waited
+  // join_wait_steps decode steps: a joiner's prompt is prefilled in a forward pass of
+  // its own, so under a steady trickle of requests one pass per few joiners instead of
+  // one per joiner. 0: max_batch / 8. An idle batch (or one under half full) takes what
+  // is queued at once.
+  int join_group = 0;
+  int join_wait_steps = 8;
   // The model's end-of-sequence tokens (a sequence ends on any; sampling.ignore_eos
   // turns them off): the built-in tokenizer's EOS, or what a model directory names
   // (hf_model.h ReadHfEosIds; none: sequences end at max_new_tokens or a stop id).
@@ -170,9 +179,11 @@ class RolloutCore {
                                               const v1::SamplingParams& sampling, uint64_t min_policy_version,
                                               absl::Time deadline, JobSink sink);
   void Run();  // the scheduler thread
+  // Whether queued sequences join the batch at this step boundary (join_group).
+  bool JoinNowLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Dispatch(const std::vector<model::DecodeBatch::Token>& tokens);
   void Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason, const absl::Status& status);
-  void FinishJobIfDone(const std::shared_ptr<Job>& job, std::map<Job*, JobEvents>* events);
+  void FinishJobIfDone(const std::shared_ptr<Job>& job, absl::flat_hash_map<Job*, JobEvents>* events);
 
   const std::string device_;
   const RolloutLimits limits_;
@@ -182,7 +193,7 @@ class RolloutCore {
   // Owned by the scheduler thread (and by the constructor before it starts).
   std::unique_ptr<model::Policy> policy_;
   std::unique_ptr<model::DecodeBatch> batch_;
-  std::map<uint64_t, std::pair<std::shared_ptr<Job>, uint32_t>> live_;  // batch id -> job, sample
+  absl::flat_hash_map<uint64_t, std::pair<std::shared_ptr<Job>, uint32_t>> live_;  // batch id -> job, sample
   std::function<void()> fault_hook_;
 
   absl::Mutex mu_;

@@ -10,12 +10,15 @@
 # An argument that is an absolute path (a Debian program, e.g. /usr/bin/redis-server)
 # is copied to .carry/bin/system/ with its libraries.
 #   tools/device/pack.sh //libs/gpu/tests:gpu_probe_test [more targets or /paths...]
+# RLFLEET_PACK_BAZEL_FLAGS: flags for that build (e.g. "-c opt": bazel-bin then points
+# at the optimised outputs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ $# -gt 0 ]] || { echo "usage: $0 //bazel:target ..." >&2; exit 2; }
 targets=()
 for arg in "$@"; do [[ $arg == //* ]] && targets+=("$arg"); done
-((${#targets[@]} == 0)) || bazel build "${targets[@]}" >&2
+# shellcheck disable=SC2086  # (RLFLEET_PACK_BAZEL_FLAGS: e.g. "-c opt" for a benchmark; split on spaces)
+((${#targets[@]} == 0)) || bazel build ${RLFLEET_PACK_BAZEL_FLAGS:-} "${targets[@]}" >&2
 rm -rf .carry/bin .carry/lib && mkdir -p .carry/bin/system .carry/lib
 for target in "$@"; do
   if [[ $target != //* ]]; then

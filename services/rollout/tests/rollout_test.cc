@@ -294,6 +294,44 @@ TEST(RolloutCore, ARequestJoinsTheRunningBatchBetweenDecodeSteps) {
   EXPECT_EQ(finished, 2);
 }
 
+// Into a batch at least half full, queued sequences join a group at a time
+// (join_group) or after join_wait_steps: a lone short request queued behind a running
+// one waits for a partner (here: for the batch to empty), or for its steps.
+TEST(RolloutCore, ALoneJoinerWaitsForItsGroupOrItsStepsWhenTheBatchIsHalfFull) {
+  for (const int wait_steps : {1000, 3}) {
+    RolloutLimits limits;
+    limits.max_batch = 4;
+    limits.join_group = 2;
+    limits.join_wait_steps = wait_steps;
+    auto core = RolloutCore::Create(Long(), model::TestDevice(), limits);
+    ASSERT_TRUE((*core)->InstallInitial(1).ok());
+    auto first = std::make_shared<Recorded>();
+    auto second = std::make_shared<Recorded>();
+    absl::Notification first_event, second_queued;
+    auto a = (*core)->Generate(Stream("a", 2, 40), Record(first, [&] {
+                                 if (!first_event.HasBeenNotified()) {
+                                   first_event.Notify();
+                                   second_queued.WaitForNotificationWithTimeout(absl::Seconds(20));
+                                 }
+                               }));
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(first_event.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    auto b = (*core)->Generate(Stream("b", 1, 4), Record(second));
+    ASSERT_TRUE(b.ok()) << b.status();
+    second_queued.Notify();
+    ASSERT_TRUE(second->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    EXPECT_TRUE(second->status.ok()) << second->status;
+    if (wait_steps == 1000) {
+      EXPECT_TRUE(first->finished.HasBeenNotified()) << "the lone joiner did not wait for a group";
+    } else {
+      EXPECT_LT(first->tokens(), 2 * 40) << "the lone joiner waited past its " << wait_steps << " steps";
+    }
+    ASSERT_TRUE(first->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    EXPECT_EQ(first->tokens(), 2 * 40);
+    EXPECT_EQ(second->tokens(), 4);
+  }
+}
+
 TEST(RolloutCore, AWeightSwapMidDecodeTagsLaterTokensWithTheNewVersion) {
   auto core = RolloutCore::Create(Long(), model::TestDevice());
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
