@@ -40,6 +40,11 @@ class RolloutCore::Job {
   std::vector<Sample> samples;
   int unfinished = 0;
   bool done = false;
+  // The sink is told once, when the job ends, with every token (GenerateBatch: no one
+  // reads a batch's tokens before it ends); `collected` gathers them meanwhile. Else
+  // after every step that touched the job (Generate's stream).
+  bool whole = false;
+  JobEvents collected;
 };
 
 struct RolloutCore::Install {
@@ -297,8 +302,9 @@ bool RolloutCore::serving() {
 absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Submit(std::vector<std::vector<int32_t>> prompts,
                                                                       const v1::SamplingParams& sampling,
                                                                       uint64_t min_policy_version, absl::Time deadline,
-                                                                      JobSink sink) {
+                                                                      JobSink sink, bool whole) {
   auto job = std::make_shared<Job>();
+  job->whole = whole;
   uint64_t seed = 0;
   ASSIGN_OR_RETURN(job->options, ToOptions(sampling, limits_, config_, &seed));
   job->base_seed = seed;
@@ -510,7 +516,7 @@ void RolloutCore::Dispatch(const std::vector<model::DecodeBatch::Token>& tokens)
   }
   const absl::Time now = absl::Now();
   absl::flat_hash_map<Job*, JobEvents> events;
-  std::vector<std::shared_ptr<Job>> touched;
+  std::vector<std::shared_ptr<Job>> touched;  // (a whole job only in the step it ends)
   for (const model::DecodeBatch::Token& t : tokens) {
     auto it = live_.find(t.id);
     if (it == live_.end()) continue;
@@ -519,15 +525,19 @@ void RolloutCore::Dispatch(const std::vector<model::DecodeBatch::Token>& tokens)
     Job::Sample& s = job->samples[sample];
     if (s.tokens++ == 0) s.first_token = now;
     s.last_token = now;
-    auto [slot, first] = events.try_emplace(job);
-    if (first) touched.push_back(it->second.first);
-    JobEvents& e = slot->second;
-    e.tokens.push_back({sample, t.token, t.logprob, version});
+    JobEvents* e = &job->collected;
+    if (!job->whole) {
+      auto [slot, first] = events.try_emplace(job);
+      if (first) touched.push_back(it->second.first);
+      e = &slot->second;
+    }
+    e->tokens.push_back({sample, t.token, t.logprob, version});
     if (t.finished) {
       s.finished = true;
       --job->unfinished;
-      e.finished.push_back({sample, t.stopped_by_eos ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH, s.tokens,
-                            Ms(s.first_token - job->arrival), Ms(s.last_token - s.first_token)});
+      e->finished.push_back({sample, t.stopped_by_eos ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH, s.tokens,
+                             Ms(s.first_token - job->arrival), Ms(s.last_token - s.first_token)});
+      if (job->whole && job->unfinished == 0) touched.push_back(it->second.first);
       live_.erase(it);
     }
   }
@@ -541,14 +551,17 @@ void RolloutCore::Dispatch(const std::vector<model::DecodeBatch::Token>& tokens)
       window_start_ = now;
     }
   }
-  for (const auto& job : touched) FinishJobIfDone(job, &events);
-  for (const auto& job : touched) job->sink(std::move(events[job.get()]));
+  auto events_of = [&](const std::shared_ptr<Job>& job) -> JobEvents& {
+    return job->whole ? job->collected : events[job.get()];
+  };
+  for (const auto& job : touched) FinishJobIfDone(job, &events_of(job));
+  for (const auto& job : touched) job->sink(std::move(events_of(job)));
 }
 
-void RolloutCore::FinishJobIfDone(const std::shared_ptr<Job>& job, absl::flat_hash_map<Job*, JobEvents>* events) {
+void RolloutCore::FinishJobIfDone(const std::shared_ptr<Job>& job, JobEvents* events) {
   if (job->unfinished > 0 || job->done) return;
   job->done = true;
-  (*events)[job.get()].done = true;
+  events->done = true;
   absl::MutexLock lock(&mu_);
   finished_sequences_ += job->samples.size();
   jobs_.erase(job.get());
@@ -564,7 +577,7 @@ void RolloutCore::Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason
       ++it;
     }
   }
-  JobEvents e;
+  JobEvents e = job->whole ? std::move(job->collected) : JobEvents();  // (a whole job: with its tokens so far)
   const absl::Time now = absl::Now();
   uint64_t aborted = 0, finished = 0;
   for (uint32_t i = 0; i < job->samples.size(); ++i) {
@@ -707,7 +720,8 @@ absl::Status RolloutCore::GenerateBatch(const v1::GenerateBatchRequest& request,
     }
   };
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                   Submit(std::move(rows), request.sampling(), request.min_policy_version(), deadline, sink));
+                   Submit(std::move(rows), request.sampling(), request.min_policy_version(), deadline, sink,
+                          /*whole=*/true));
   // The scheduler aborts the job at its deadline; the margin covers one decode step.
   if (!result->done.WaitForNotificationWithDeadline(deadline + absl::Seconds(30))) {
     Cancel(job);

@@ -175,15 +175,17 @@ class RolloutCore {
   RolloutCore(std::unique_ptr<model::Policy> policy, std::string device, RolloutLimits limits);
 
   // Validates and queues a job of `prompts` (one per sample). Errors as Generate.
+  // `whole`: the sink is told once, when the job ends (Job::whole).
   absl::StatusOr<std::shared_ptr<Job>> Submit(std::vector<std::vector<int32_t>> prompts,
                                               const v1::SamplingParams& sampling, uint64_t min_policy_version,
-                                              absl::Time deadline, JobSink sink);
+                                              absl::Time deadline, JobSink sink, bool whole = false);
   void Run();  // the scheduler thread
   // Whether queued sequences join the batch at this step boundary (join_group).
   bool JoinNowLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Dispatch(const std::vector<model::DecodeBatch::Token>& tokens);
   void Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason, const absl::Status& status);
-  void FinishJobIfDone(const std::shared_ptr<Job>& job, absl::flat_hash_map<Job*, JobEvents>* events);
+  // Marks `job` done (and `events`, what its sink is told next) when no sample is left.
+  void FinishJobIfDone(const std::shared_ptr<Job>& job, JobEvents* events);
 
   const std::string device_;
   const RolloutLimits limits_;
