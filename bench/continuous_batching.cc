@@ -15,6 +15,7 @@
 //   on the GPU host: continuous_batching --device=cuda:0 --clients=256 --requests=2048 --max_new=256 ...
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -174,7 +175,8 @@ int main(int argc, char** argv) {
   for (int& l : lengths) l = absl::Uniform<int>(absl::IntervalClosed, gen, min_new, max_new);
   const int mean = static_cast<int>(std::lround(std::accumulate(lengths.begin(), lengths.end(), 0.0) / requests));
   std::fill(equal.begin(), equal.end(), mean);
-  // (a warm-up: the decode graphs of every batch-size bucket captured, memory in place)
+  // (a warm-up: the full batch's decode graph captured, memory in place; smaller buckets
+  // are captured in the first round, alike for every mode)
   Result warm;
   if (!Run(**core, std::vector<int>(clients, min_new), clients, false, prompt_tokens, &warm)) return 1;
   absl::SleepFor(absl::Seconds(1));  // (so that the first mode's GetInfo window starts after the warm-up)

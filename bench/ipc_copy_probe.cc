@@ -251,6 +251,10 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--mib=", 6) == 0) mib = std::strtoull(argv[i] + 6, nullptr, 10);
     if (std::strncmp(argv[i], "--repeats=", 10) == 0) repeats = std::atoi(argv[i] + 10);
   }
+  if (mib < 2 || mib % 2 != 0 || repeats < 1) {
+    std::fprintf(stderr, "ipc_copy_probe: --mib wants an even number >= 2 (whole 2 MiB pages), --repeats >= 1\n");
+    return 2;
+  }
   const size_t bytes = mib << 20;
   CUDA_OR_DIE(cudaSetDevice(0));
   cudaDeviceProp dev{};

@@ -240,15 +240,15 @@ void VersionStore::PrefaultMemory(uint64_t bytes) {
 }
 
 absl::StatusOr<common::HostBuffer> VersionStore::Read(const v1::PublishVersionRequest& request, bool sharded,
-                                                      v1::TransferDescriptor* where) const {
+                                                      v1::TransferDescriptor* where, absl::Time deadline) const {
   const uint64_t version = request.manifest().version().version();
   const transport::DescriptorFetcher::Options fetch = TrainerFetch(file_root_, max_version_bytes_);
   const bool file = where->segment().backend() == v1::TRANSFER_BACKEND_FILE;
+  deadline = std::min(deadline, absl::Now() + fetch.timeout);
   // Either way the digest is checked.
   absl::StatusOr<common::HostBuffer> fetched =
-      sharded ? AssembleSharded(request, data_plane_, fetch, absl::Now() + fetch.timeout, pool_)
-              : transport::DescriptorFetcher(file ? nullptr : data_plane_, fetch)
-                    .Fetch(*where, absl::Now() + fetch.timeout, pool_);
+      sharded ? AssembleSharded(request, data_plane_, fetch, deadline, pool_)
+              : transport::DescriptorFetcher(file ? nullptr : data_plane_, fetch).Fetch(*where, deadline, pool_);
   if (!fetched.ok()) {
     return common::Annotate(fetched.status(),
                             absl::StrCat("version ", version, sharded ? "" : ": sources[0].shards[0].location"));
@@ -318,9 +318,10 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
     }
     int newer = 1;
     for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
-      if (++newer <= keep_versions_) continue;
-      if (it->second.image != nullptr) given_up.push_back(std::move(it->second.image));
-      it->second.deferred.reset();  // (the trainer lets it go too)
+      ++newer;
+      // (a deferred host copy only while the trainer still holds it)
+      if (newer > std::min(keep_versions_, kTrainerKeeps)) it->second.deferred.reset();
+      if (newer > keep_versions_ && it->second.image != nullptr) given_up.push_back(std::move(it->second.image));
     }
   }
   given_up.clear();  // (outside the lock: each deregisters, its memory goes to the pool)
@@ -411,7 +412,7 @@ absl::StatusOr<std::shared_ptr<const VersionInfo>> VersionStore::Info(uint64_t v
   return record->info;
 }
 
-absl::StatusOr<Lease> VersionStore::Acquire(uint64_t version, Bytes bytes) {
+absl::StatusOr<Lease> VersionStore::Acquire(uint64_t version, Bytes bytes, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(const Record* record, FindLocked(version));
@@ -422,7 +423,7 @@ absl::StatusOr<Lease> VersionStore::Acquire(uint64_t version, Bytes bytes) {
     if (bytes == Bytes::kNotNeeded) return Lease{record->info, nullptr};  // (its Source(): the trainer's memory)
     version = record->info->number;
   }
-  return PullDeferred(version);
+  return PullDeferred(version, deadline);
 }
 
 bool VersionStore::HostCopyDeferred(uint64_t version) const {
@@ -431,49 +432,66 @@ bool VersionStore::HostCopyDeferred(uint64_t version) const {
   return record.ok() && (*record)->deferred != nullptr;
 }
 
-absl::StatusOr<Lease> VersionStore::PullDeferred(uint64_t version) {
-  absl::MutexLock pulling(&pull_mu_);  // (a second sync needing it waits for this pull)
+absl::StatusOr<Lease> VersionStore::PullDeferred(uint64_t version, absl::Time deadline) {
   std::shared_ptr<const v1::PublishVersionRequest> request;
   std::shared_ptr<const VersionInfo> published;
   {
     absl::MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(const Record* record, FindLocked(version));
-    if (record->image != nullptr) return Lease{record->info, record->image};  // (pulled while this one waited)
-    if (record->deferred == nullptr) {
-      return NoLongerHeld(version, keep_versions_);
+    // One pull per version at a time: a second sync needing it waits for that pull
+    // (until its own deadline) and then takes what it brought.
+    auto not_pulling = [this, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = records_.find(version);
+      return it == records_.end() || !it->second.pulling;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&not_pulling), deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("version ", version, "'s host copy is still being pulled from the trainer"));
     }
-    request = record->deferred;
-    published = record->info;
+    ASSIGN_OR_RETURN(const Record* found, FindLocked(version));
+    if (found->image != nullptr) return Lease{found->info, found->image};  // (pulled while this one waited)
+    if (found->deferred == nullptr) return NoLongerHeld(version, keep_versions_);
+    Record& record = records_[version];
+    record.pulling = true;
+    request = record.deferred;
+    published = record.info;
   }
   const absl::Time start = absl::Now();
   v1::TransferDescriptor where = published->location;
-  absl::StatusOr<common::HostBuffer> bytes = Read(*request, /*sharded=*/false, &where);
-  if (!bytes.ok()) {
-    return common::Annotate(bytes.status(),
-                            absl::StrCat("version ", version,
-                                         "'s host copy (pulled when a destination first needs it; the trainer keeps "
-                                         "its latest two versions)"));
+  absl::StatusOr<std::shared_ptr<VersionImage>> image = [&]() -> absl::StatusOr<std::shared_ptr<VersionImage>> {
+    absl::StatusOr<common::HostBuffer> bytes = Read(*request, /*sharded=*/false, &where, deadline);
+    if (!bytes.ok()) {
+      return common::Annotate(bytes.status(),
+                              absl::StrCat("version ", version,
+                                           "'s host copy (pulled when a destination first needs it; the trainer "
+                                           "keeps its latest two versions)"));
+    }
+    auto staged = std::make_shared<VersionImage>(std::move(*bytes), data_plane_);
+    RETURN_IF_ERROR(staged->Stage(version, where.digest()));
+    return staged;
+  }();
+  absl::StatusOr<std::shared_ptr<VersionInfo>> info =
+      image.ok() ? NewInfo(*request, where, &(*image)->bytes()) : image.status();
+  if (info.ok()) {
+    (*info)->trainer_pause_us = published->trainer_pause_us;
+    (*info)->read_us = absl::ToInt64Microseconds(absl::Now() - start);
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<VersionInfo> info, NewInfo(*request, where, &bytes->str()));
-  info->trainer_pause_us = published->trainer_pause_us;
-  auto image = std::make_shared<VersionImage>(std::move(*bytes), data_plane_);
-  RETURN_IF_ERROR(image->Stage(version, where.digest()));
-  info->read_us = absl::ToInt64Microseconds(absl::Now() - start);
   {
     absl::MutexLock lock(&mu_);
     auto it = records_.find(version);
+    if (it != records_.end()) it->second.pulling = false;
+    RETURN_IF_ERROR(info.status());
     if (it == records_.end() || it->second.deferred == nullptr) {  // (given up while it was pulled)
       return NoLongerHeld(version, keep_versions_);
     }
-    it->second.info = info;
-    it->second.image = image;
+    it->second.info = *info;
+    it->second.image = *image;
     it->second.deferred.reset();
   }
   Log(
       absl::StrFormat("version %d: its host copy pulled from the trainer for a destination that needs it: %.1f MB in "
                       "%.1f ms, digest verified",
                       version, where.length_bytes() / 1e6, absl::ToDoubleMilliseconds(absl::Now() - start)));
-  return Lease{info, image};
+  return Lease{*info, *image};
 }
 
 void VersionStore::SetStatus(uint64_t version, const v1::DestinationSyncStatus& status) {

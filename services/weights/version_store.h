@@ -133,8 +133,10 @@ class VersionStore {
   // deferred is pulled from the trainer now (the data plane's error, annotated, when the
   // trainer no longer holds it); with Bytes::kNotNeeded (a sync to a replica that takes
   // the device image) it is not, and the lease's Source() is the trainer's memory.
+  // A pull on demand gives up at `deadline` (the sync's).
   enum class Bytes { kNeeded, kNotNeeded };
-  absl::StatusOr<Lease> Acquire(uint64_t version, Bytes bytes = Bytes::kNeeded);
+  absl::StatusOr<Lease> Acquire(uint64_t version, Bytes bytes = Bytes::kNeeded,
+                                absl::Time deadline = absl::InfiniteFuture());
   // Whether `version` (0: the latest) was published without its host copy and has not
   // been pulled since (false for one without a record).
   bool HostCopyDeferred(uint64_t version) const;
@@ -147,6 +149,9 @@ class VersionStore {
   absl::StatusOr<std::vector<v1::DestinationSyncStatus>> Statuses(uint64_t version) const;
 
   static constexpr int kRecords = 8;  // versions whose records are kept
+  // Versions a trainer keeps in its memory (its latest two): a deferred host copy older
+  // than that can no longer be pulled.
+  static constexpr int kTrainerKeeps = 2;
 
  private:
   struct Record {
@@ -155,15 +160,17 @@ class VersionStore {
     // The trainer's request, while the host copy is deferred: what the pull on demand
     // reads (null once pulled or given up).
     std::shared_ptr<const v1::PublishVersionRequest> deferred;
+    bool pulling = false;                                     // a sync is pulling the deferred host copy now
     std::map<std::string, v1::DestinationSyncStatus> status;  // by replica_id
   };
-  // Pulls a deferred version's bytes from the trainer (one pull at a time), records
-  // them and returns a lease on them.
-  absl::StatusOr<Lease> PullDeferred(uint64_t version);
+  // Pulls a deferred version's bytes from the trainer (one pull per version at a time,
+  // the others waiting for it until their deadline), records them and returns a lease.
+  absl::StatusOr<Lease> PullDeferred(uint64_t version, absl::Time deadline);
   // Reads (or pulls, or assembles) the version's bytes into memory from the pool, and
   // checks them; fills `where` with the image's descriptor.
   absl::StatusOr<common::HostBuffer> Read(const v1::PublishVersionRequest& request, bool sharded,
-                                          v1::TransferDescriptor* where) const;
+                                          v1::TransferDescriptor* where,
+                                          absl::Time deadline = absl::InfiniteFuture()) const;
   // The record of `version` (0: the latest); NOT_FOUND when it has none.
   absl::StatusOr<const Record*> FindLocked(uint64_t version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Log(const std::string& line) const {
@@ -177,7 +184,6 @@ class VersionStore {
   uint64_t max_version_bytes_ = uint64_t{16} << 30;
   int keep_versions_ = 2;
   bool defer_host_copy_ = true;
-  absl::Mutex pull_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // held by a deferred version's pull
   mutable absl::Mutex mu_;
   std::map<uint64_t, Record> records_ ABSL_GUARDED_BY(mu_);
 };

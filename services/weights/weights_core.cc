@@ -94,32 +94,40 @@ std::vector<std::string> WeightsCore::DeviceImageTakers(uint64_t version, const 
   if (!store_.HostCopyDeferred(version)) return out;
   absl::StatusOr<std::shared_ptr<const VersionInfo>> info = store_.Info(version);
   if (!info.ok()) return out;
-  for (const std::string& id : ids) {
-    std::shared_ptr<Destination> destination;
-    {
-      absl::MutexLock lock(&mu_);
-      auto d = destinations_.find(id);
-      if (d != destinations_.end()) destination = d->second.destination;
+  std::vector<std::shared_ptr<Destination>> destinations(ids.size());
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto d = destinations_.find(ids[i]);
+      if (d != destinations_.end()) destinations[i] = d->second.destination;
     }
-    if (destination == nullptr) continue;
-    absl::StatusOr<v1::GetInfoResponse> replica = destination->Info(std::min(deadline, absl::Now() + absl::Seconds(5)));
-    if (replica.ok() && TakesDeviceImage(**info, *replica)) out.push_back(id);
+  }
+  // Asked at once (a replica that does not answer costs its 5 s once, not per replica).
+  std::vector<char> takes(ids.size(), 0);
+  const absl::Time asked_by = std::min(deadline, absl::Now() + absl::Seconds(5));
+  std::vector<std::thread> asking;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (destinations[i] == nullptr) continue;
+    auto ask = [&, i] {
+      absl::StatusOr<v1::GetInfoResponse> replica = destinations[i]->Info(asked_by);
+      takes[i] = replica.ok() && TakesDeviceImage(**info, *replica);
+    };
+    if (!Spawn(&asking, "a replica's info", ask).ok()) ask();  // (no thread: asked here)
+  }
+  for (auto& t : asking) t.join();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (takes[i]) out.push_back(ids[i]);
   }
   return out;
 }
 
 absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Pull(const std::string& replica_id, uint64_t version,
-                                                            absl::Duration timeout, VersionStore::Bytes bytes) {
+                                                            absl::Duration timeout, VersionStore::Bytes bytes,
+                                                            const absl::StatusOr<Lease>* acquired) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::StatusOr<Lease> leased = store_.Acquire(version, bytes);
+  absl::StatusOr<Lease> leased = acquired != nullptr ? *acquired : store_.Acquire(version, bytes, deadline);
   if (!leased.ok()) {  // (given up, or a deferred host copy the trainer no longer holds)
-    v1::DestinationSyncStatus s;
-    s.set_replica_id(replica_id);
-    s.set_version(version);
-    s.set_phase(v1::SYNC_PHASE_FAILED);
-    s.set_error(leased.status().ToString());
-    s.set_error_code(static_cast<int32_t>(leased.status().code()));
-    if (version != 0) store_.SetStatus(version, s);
+    RecordFailed(replica_id, version, leased.status());
     return leased.status();
   }
   const Lease lease = *std::move(leased);
@@ -191,6 +199,19 @@ absl::StatusOr<v1::DestinationSyncStatus> WeightsCore::Pull(const std::string& r
     }
     return RecordInstalled(std::move(s), from, *installed, took, /*pushed=*/false);
   }
+}
+
+void WeightsCore::RecordFailed(const std::string& replica_id, uint64_t version, const absl::Status& why) {
+  if (version == 0) return;  // (no record to write into)
+  std::optional<v1::DestinationSyncStatus> s = store_.StatusOf(version, replica_id);
+  if (s.has_value() && s->phase() == v1::SYNC_PHASE_INSTALLED) return;  // (it runs the version already)
+  if (!s.has_value()) s.emplace();
+  s->set_replica_id(replica_id);
+  s->set_version(version);
+  s->set_phase(v1::SYNC_PHASE_FAILED);
+  s->set_error(why.ToString());
+  s->set_error_code(static_cast<int32_t>(why.code()));
+  store_.SetStatus(version, *s);
 }
 
 v1::DestinationSyncStatus WeightsCore::RecordInstalled(v1::DestinationSyncStatus s, const std::string& from,
@@ -307,16 +328,14 @@ absl::Status WeightsCore::SyncVersion(const v1::SyncVersionRequest& request, v1:
                           VersionStore::Bytes::kNotNeeded));
     return absl::OkStatus();
   }
-  if (push_ != nullptr) {
-    absl::StatusOr<Lease> lease = store_.Acquire(version);
-    if (lease.ok() && PushChain(*lease, {request.replica_id()}, deadline).empty()) {
-      *response->mutable_status() =
-          store_.StatusOf(version, request.replica_id()).value_or(v1::DestinationSyncStatus());
-      return absl::OkStatus();
-    }
+  const absl::StatusOr<Lease> lease = store_.Acquire(version, VersionStore::Bytes::kNeeded, deadline);
+  if (push_ != nullptr && lease.ok() && PushChain(*lease, {request.replica_id()}, deadline).empty()) {
+    *response->mutable_status() = store_.StatusOf(version, request.replica_id()).value_or(v1::DestinationSyncStatus());
+    return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(*response->mutable_status(),
-                   Pull(request.replica_id(), version, std::max(deadline - absl::Now(), absl::Milliseconds(1))));
+                   Pull(request.replica_id(), version, std::max(deadline - absl::Now(), absl::Milliseconds(1)),
+                        VersionStore::Bytes::kNeeded, &lease));
   return absl::OkStatus();
 }
 
@@ -343,7 +362,9 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncSome(uin
                       std::back_inserter(need_bytes));
   std::vector<std::string> pull = need_bytes;
   absl::StatusOr<Lease> lease = absl::FailedPreconditionError("no destination needs the version's bytes");
-  if (!need_bytes.empty()) lease = store_.Acquire(version);  // (held for the whole round)
+  if (!need_bytes.empty()) {
+    lease = store_.Acquire(version, VersionStore::Bytes::kNeeded, deadline);  // (held for the whole round)
+  }
   if (push_ != nullptr && lease.ok() && !need_bytes.empty()) {
     // Chains of replicas (--relay_fanout of them; 0: each replica its own), each pushed
     // in one round; the replicas a push missed pull the version instead.
@@ -373,8 +394,10 @@ absl::StatusOr<std::vector<v1::DestinationSyncStatus>> WeightsCore::SyncSome(uin
   std::vector<std::thread> threads;
   absl::Status spawned = absl::OkStatus();
   for (size_t i = 0; i < syncs.size() && spawned.ok(); ++i) {
-    spawned = Spawn(&threads, "a replica's sync", [this, sync = syncs[i], version, deadline] {
-      (void)Pull(sync.first, version, std::max(deadline - absl::Now(), absl::Milliseconds(1)), sync.second);
+    spawned = Spawn(&threads, "a replica's sync", [this, sync = syncs[i], version, deadline, &lease] {
+      // (those needing bytes share the round's lease: a pull that failed is not tried again per replica)
+      (void)Pull(sync.first, version, std::max(deadline - absl::Now(), absl::Milliseconds(1)), sync.second,
+                 sync.second == VersionStore::Bytes::kNeeded ? &lease : nullptr);
     });
   }
   for (auto& t : threads) t.join();
@@ -398,6 +421,11 @@ absl::Status WeightsCore::GetPlan(const v1::GetPlanRequest& request, v1::GetPlan
   }
   const uint64_t max_ranges = request.max_ranges() == 0 ? 10000 : request.max_ranges();
   ASSIGN_OR_RETURN(std::shared_ptr<const VersionInfo> info, store_.Info(request.version()));
+  if (store_.HostCopyDeferred(info->number)) {  // (its tensors are known once its bytes are here)
+    ASSIGN_OR_RETURN(const Lease lease,
+                     store_.Acquire(info->number, VersionStore::Bytes::kNeeded, absl::Now() + absl::Minutes(1)));
+    info = lease.info;
+  }
   const VersionInfo& ver = *info;
   const uint64_t version = ver.number;
   v1::ShardLayout wanted;

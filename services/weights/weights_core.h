@@ -156,9 +156,14 @@ class WeightsCore {
   // One replica's pull of `version` (0: the latest), relayed where the tree says.
   // Bytes::kNotNeeded: the replica installs the trainer's GPU copy (its fallback chunk
   // is the trainer's memory), so a deferred host copy is not pulled for it.
+  // `acquired`: the lease the caller already took (its error, if it failed), not taken again.
   absl::StatusOr<v1::DestinationSyncStatus> Pull(const std::string& replica_id, uint64_t version,
                                                  absl::Duration timeout,
-                                                 VersionStore::Bytes bytes = VersionStore::Bytes::kNeeded);
+                                                 VersionStore::Bytes bytes = VersionStore::Bytes::kNeeded,
+                                                 const absl::StatusOr<Lease>* acquired = nullptr);
+  // Records a sync of `version` to `replica_id` that could not start as FAILED with `why`
+  // (a replica already INSTALLED at it keeps that).
+  void RecordFailed(const std::string& replica_id, uint64_t version, const absl::Status& why);
   // Of `ids`, the replicas that install `version` from the trainer's GPU copy
   // (TakesDeviceImage, from each one's GetInfo; one that does not answer is not among
   // them) when its host copy is deferred; none otherwise.

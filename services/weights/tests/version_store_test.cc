@@ -174,6 +174,34 @@ TEST(VersionStore, ADeferredHostCopyIsPulledOnceWhenFirstNeeded) {
   EXPECT_FALSE(store.HostCopyDeferred(1));
 }
 
+// A deferred host copy is pullable only while the trainer holds the version (its
+// latest two), whatever --keep_versions says: an older one is refused by name.
+TEST(VersionStore, ADeferredHostCopyOlderThanTheTrainersTwoIsRefused) {
+  auto data_plane = transport::LoopbackTransport::Create();
+  VersionStore store(data_plane.get());
+  store.SetKeepVersions(4);
+  Trainer trainer;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    v1::PublishVersionRequest request = trainer.Publish(v, 1024);
+    v1::CudaIpcImage* gpu = request.mutable_device_image();
+    gpu->set_ipc_handle(std::string(64, 'h'));
+    gpu->set_host_id("host-a");
+    gpu->set_length_bytes(4096);
+    gpu->set_version(v);
+    gpu->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_BLOCKSUM32_XXH64);
+    v1::PublishVersionResponse out;
+    ASSERT_TRUE(store.Publish(request, {}, &out).ok()) << v;
+  }
+  EXPECT_FALSE(store.HostCopyDeferred(1));
+  absl::StatusOr<Lease> old = store.Acquire(1);
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition) << old.status();
+  EXPECT_TRUE(absl::StrContains(old.status().message(), "sync a newer one")) << old.status();
+  EXPECT_TRUE(store.HostCopyDeferred(2));
+  absl::StatusOr<Lease> two = store.Acquire(2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->image->bytes(), trainer.images[2]);
+}
+
 TEST(VersionStore, TheNewestEightRecordsAndTheirStatusesAreKept) {
   VersionStore store(nullptr);
   store.SetFileRoot(std::getenv("TEST_TMPDIR"));

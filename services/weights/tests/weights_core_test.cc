@@ -356,10 +356,31 @@ TEST(WeightsCore, AVersionWithTheTrainersGpuCopyIsPulledHereOnlyForAReplicaThatN
   EXPECT_TRUE(absl::StrContains(done[0].error(), "host copy")) << done[0].error();
   EXPECT_EQ(done[1].phase(), v1::SYNC_PHASE_INSTALLED) << done[1].error();
 
+  // A plan needs the version's tensors: asked for one of a deferred version, the
+  // service pulls its bytes then.
+  publish(3);
+  {
+    v1::RegisterDestinationRequest reg;
+    reg.set_replica_id("planned");
+    reg.set_grpc_address("cpu-planned:1");
+    v1::RegisterDestinationResponse registered;
+    ASSERT_TRUE(core.RegisterDestination(reg, &registered).ok());
+    v1::GetPlanRequest ask;
+    ask.set_version(3);
+    ask.set_replica_id("planned");
+    v1::GetPlanResponse plan;
+    absl::Status planned = core.GetPlan(ask, &plan);
+    EXPECT_TRUE(planned.ok()) << planned;
+    v1::UnregisterDestinationRequest gone;
+    gone.set_replica_id("planned");
+    v1::UnregisterDestinationResponse unregistered;
+    ASSERT_TRUE(core.UnregisterDestination(gone, &unregistered).ok());
+  }
+
   // --host_copy=always: pulled at publish.
   core.SetDeferHostCopy(false);
-  const uint64_t read_at_publish = publish(3).bytes_read();
-  EXPECT_EQ(read_at_publish, images[3].size());
+  const uint64_t read_at_publish = publish(4).bytes_read();
+  EXPECT_EQ(read_at_publish, images[4].size());
 }
 
 // A replica that pulls over its own loopback transport and, when asked, serves its copy.
