@@ -38,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/cpu_model.h"
 #include "bench/cuda_check.h"
+#include "bench/cuda_copy.h"
 #include "libs/model/policy.h"
 #include "tests/util/subprocess.h"
 
@@ -47,6 +48,10 @@ ABSL_FLAG(int, repeats, 20, "Installs (and reference copies) per destination dty
 ABSL_FLAG(int, layers, 24, "Layers of the model (24: Qwen2.5-0.5B's shape).");
 
 namespace {
+
+using rlfleet::bench::Median;
+using rlfleet::bench::RandomWeights;
+using rlfleet::bench::TimedCopyMicros;
 
 using rlfleet::model::DeviceImage;
 using rlfleet::model::Policy;
@@ -69,23 +74,6 @@ PolicyConfig Qwen05B(const std::string& dtype) {
   return c;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Weight-like bytes: float32 uniform in +-0.05, every mantissa bit random (what an image
-// holds; a constant pattern may copy faster than real weights).
-std::vector<float> RandomWeights(uint64_t bytes) {
-  std::vector<float> v(bytes / sizeof(float));
-  uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (float& f : v) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    f = static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 * 0.1 - 0.05);
-  }
-  return v;
-}
-
 // cudaMemcpy device-to-device of `bytes` between two buffers of this process, the
 // source holding random weight-like bytes (`constant`: a 0x5a pattern instead):
 // microseconds, median.
@@ -101,22 +89,10 @@ double ReferenceCopyMicros(uint64_t bytes, int device, int repeats, bool constan
     CUDA_OR_DIE(cudaMemcpy(a, weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
   CUDA_OR_DIE(cudaMemset(b, 0, bytes));
-  cudaEvent_t start, stop;
-  CUDA_OR_DIE(cudaEventCreate(&start));
-  CUDA_OR_DIE(cudaEventCreate(&stop));
-  std::vector<double> us;
-  for (int i = 0; i < repeats + 2; ++i) {
-    CUDA_OR_DIE(cudaEventRecord(start));
-    CUDA_OR_DIE(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CUDA_OR_DIE(cudaEventRecord(stop));
-    CUDA_OR_DIE(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_OR_DIE(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 2) us.push_back(ms * 1000.0);  // (two warm-ups)
-  }
+  const double us = TimedCopyMicros(b, a, bytes, repeats);
   CUDA_OR_DIE(cudaFree(a));
   CUDA_OR_DIE(cudaFree(b));
-  return Median(us);
+  return us;
 }
 
 // cudaMemcpy device-to-device of `bytes` from the exporter's image itself (its IPC
@@ -130,22 +106,10 @@ double MappedCopyMicros(const std::string& handle_bytes, uint64_t bytes, int dev
   void *src = nullptr, *dst = nullptr;
   CUDA_OR_DIE(cudaIpcOpenMemHandle(&src, handle, cudaIpcMemLazyEnablePeerAccess));
   CUDA_OR_DIE(cudaMalloc(&dst, bytes));
-  cudaEvent_t start, stop;
-  CUDA_OR_DIE(cudaEventCreate(&start));
-  CUDA_OR_DIE(cudaEventCreate(&stop));
-  std::vector<double> us;
-  for (int i = 0; i < repeats + 2; ++i) {
-    CUDA_OR_DIE(cudaEventRecord(start));
-    CUDA_OR_DIE(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    CUDA_OR_DIE(cudaEventRecord(stop));
-    CUDA_OR_DIE(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_OR_DIE(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 2) us.push_back(ms * 1000.0);
-  }
+  const double us = TimedCopyMicros(dst, src, bytes, repeats);
   CUDA_OR_DIE(cudaFree(dst));
   CUDA_OR_DIE(cudaIpcCloseMemHandle(src));
-  return Median(us);
+  return us;
 }
 
 // The child: `install DTYPE HANDLE_HEX PCI LENGTH DIGEST LAYOUT` (and the flags). Prints

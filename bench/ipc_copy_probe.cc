@@ -29,8 +29,13 @@
 
 #include "bench/cpu_model.h"
 #include "bench/cuda_check.h"
+#include "bench/cuda_copy.h"
 
 namespace {
+
+using rlfleet::bench::Median;
+using rlfleet::bench::RandomWeights;
+using rlfleet::bench::TimedCopyMicros;
 
 #define CU_OR_DIE(call)                                                                 \
   do {                                                                                  \
@@ -98,42 +103,6 @@ void* MapVmm(const Driver& d, CUmemGenericAllocationHandle handle, size_t bytes,
 }
 
 size_t RoundUp(size_t bytes, size_t granule) { return (bytes + granule - 1) / granule * granule; }
-
-// Random float32 weights-like bytes (uniform in +-0.05: every mantissa bit random).
-std::vector<float> RandomWeights(size_t n) {
-  std::vector<float> v(n);
-  uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (float& f : v) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    f = static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 * 0.1 - 0.05);
-  }
-  return v;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// cudaMemcpy D2D of `bytes` from `src` to `dst`: microseconds, median of `repeats`.
-double CopyMicros(void* dst, const void* src, size_t bytes, int repeats) {
-  cudaEvent_t start, stop;
-  CUDA_OR_DIE(cudaEventCreate(&start));
-  CUDA_OR_DIE(cudaEventCreate(&stop));
-  std::vector<double> us;
-  for (int i = 0; i < repeats + 2; ++i) {
-    CUDA_OR_DIE(cudaEventRecord(start));
-    CUDA_OR_DIE(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    CUDA_OR_DIE(cudaEventRecord(stop));
-    CUDA_OR_DIE(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_OR_DIE(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 2) us.push_back(ms * 1000.0);
-  }
-  CUDA_OR_DIE(cudaEventDestroy(start));
-  CUDA_OR_DIE(cudaEventDestroy(stop));
-  return Median(us);
-}
 
 // The copy as an install does it, timed on the host's clock: cudaMemcpyAsync, then an
 // 8-byte read of the source's last word into pinned memory, then cudaStreamSynchronize.
@@ -217,7 +186,7 @@ int Child(char** argv) {
   std::vector<std::pair<std::string, double>> results;
   for (int pass = 0; pass < 2; ++pass) {  // (two passes: an order effect would show)
     for (const Row& r : rows) {
-      const double us = CopyMicros(dst, r.src, bytes, repeats);
+      const double us = TimedCopyMicros(dst, r.src, bytes, repeats);
       results.emplace_back(std::string(r.name) + (pass ? "_pass2" : ""), us);
     }
   }
@@ -262,7 +231,7 @@ int main(int argc, char** argv) {
   std::printf("# ipc_copy_probe: %zu MiB per copy, median of %d; GPU %s; CPU %s\n\n", mib, repeats, dev.name,
               rlfleet::bench::CpuModel().c_str());
   const Driver d = LoadDriver();
-  const std::vector<float> weights = RandomWeights(bytes / sizeof(float));
+  const std::vector<float> weights = RandomWeights(bytes);
   void *random = nullptr, *constant = nullptr, *odd = nullptr;
   CUDA_OR_DIE(cudaMalloc(&random, bytes));
   CUDA_OR_DIE(cudaMalloc(&constant, bytes));
