@@ -258,27 +258,33 @@ bool AwaitInfo(RolloutCore* core, std::function<bool(const v1::GetInfoResponse&)
   return false;
 }
 
+// Job "a" (2 samples x 40 tokens) into `first`, and job "b" (1 x 4) into `second`,
+// queued while a is mid-decode: a's first event holds the scheduler until b is queued.
+// Returns once b finished (OK).
+void ShortBehindLong(RolloutCore* core, std::shared_ptr<Recorded> first, std::shared_ptr<Recorded> second) {
+  // (shared with a's sink, which outlives this call)
+  auto first_event = std::make_shared<absl::Notification>(), second_queued = std::make_shared<absl::Notification>();
+  auto a = core->Generate(Stream("a", 2, 40), Record(first, [first_event, second_queued] {
+                            if (!first_event->HasBeenNotified()) {
+                              first_event->Notify();
+                              second_queued->WaitForNotificationWithTimeout(absl::Seconds(20));
+                            }
+                          }));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(first_event->WaitForNotificationWithTimeout(absl::Seconds(20)));
+  auto b = core->Generate(Stream("b", 1, 4), Record(second));
+  ASSERT_TRUE(b.ok()) << b.status();
+  second_queued->Notify();
+  ASSERT_TRUE(second->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_TRUE(second->status.ok()) << second->status;
+}
+
 TEST(RolloutCore, ARequestJoinsTheRunningBatchBetweenDecodeSteps) {
   auto core = RolloutCore::Create(Long(), model::TestDevice());
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
   auto first = std::make_shared<Recorded>();
   auto second = std::make_shared<Recorded>();
-  // The first job's first event holds the scheduler until the second job is queued,
-  // so the second one must join while the first is mid-decode.
-  absl::Notification first_event, second_queued;
-  auto a = (*core)->Generate(Stream("a", 2, 40), Record(first, [&] {
-                               if (!first_event.HasBeenNotified()) {
-                                 first_event.Notify();
-                                 second_queued.WaitForNotificationWithTimeout(absl::Seconds(20));
-                               }
-                             }));
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(first_event.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  auto b = (*core)->Generate(Stream("b", 1, 4), Record(second));
-  ASSERT_TRUE(b.ok()) << b.status();
-  second_queued.Notify();
-  ASSERT_TRUE(second->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  EXPECT_TRUE(second->status.ok()) << second->status;
+  ASSERT_NO_FATAL_FAILURE(ShortBehindLong(core->get(), first, second));
   // The short request finished while the long one was still decoding.
   EXPECT_LT(first->tokens(), 2 * 40) << "the second request waited for the first to finish";
   ASSERT_TRUE(first->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
@@ -307,20 +313,7 @@ TEST(RolloutCore, ALoneJoinerWaitsForItsGroupOrItsStepsWhenTheBatchIsHalfFull) {
     ASSERT_TRUE((*core)->InstallInitial(1).ok());
     auto first = std::make_shared<Recorded>();
     auto second = std::make_shared<Recorded>();
-    absl::Notification first_event, second_queued;
-    auto a = (*core)->Generate(Stream("a", 2, 40), Record(first, [&] {
-                                 if (!first_event.HasBeenNotified()) {
-                                   first_event.Notify();
-                                   second_queued.WaitForNotificationWithTimeout(absl::Seconds(20));
-                                 }
-                               }));
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(first_event.WaitForNotificationWithTimeout(absl::Seconds(20)));
-    auto b = (*core)->Generate(Stream("b", 1, 4), Record(second));
-    ASSERT_TRUE(b.ok()) << b.status();
-    second_queued.Notify();
-    ASSERT_TRUE(second->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
-    EXPECT_TRUE(second->status.ok()) << second->status;
+    ASSERT_NO_FATAL_FAILURE(ShortBehindLong(core->get(), first, second));
     if (wait_steps == 1000) {
       EXPECT_TRUE(first->finished.HasBeenNotified()) << "the lone joiner did not wait for a group";
     } else {

@@ -17,6 +17,7 @@
 #include "libs/common/checksum.h"
 #include "libs/model/safetensors.h"
 #include "libs/transport/loopback/loopback_transport.h"
+#include "services/weights/tests/fake_trainer.h"
 
 namespace rlfleet::weights {
 namespace {
@@ -40,28 +41,6 @@ v1::PublishVersionRequest PublishFile(uint64_t version, size_t floats = 4096, ui
   where->mutable_digest()->set_value(common::Xxh64(image) ^ digest_xor);
   return r;
 }
-
-// A trainer that serves its versions from memory over a loopback data plane.
-struct Trainer {
-  std::unique_ptr<transport::LoopbackTransport> transport = transport::LoopbackTransport::Create();
-  std::map<uint64_t, std::string> images;
-  v1::PublishVersionRequest Publish(uint64_t version, size_t floats) {
-    std::map<std::string, model::TensorView> views;
-    const std::string w(floats * 4, static_cast<char>(version));
-    views["w"] = {"F32", {static_cast<int64_t>(floats)}, w};
-    std::string& image = images[version] = model::SerializeSafetensors(views);
-    auto handle = transport->RegisterMemory(image.data(), image.size(), transport::MemoryKind::kHost, 0);
-    EXPECT_TRUE(handle.ok()) << handle.status();
-    v1::PublishVersionRequest r;
-    r.mutable_manifest()->mutable_version()->set_version(version);
-    v1::TransferDescriptor* where = r.add_sources()->add_shards()->mutable_location();
-    *where->mutable_segment() = *transport->Describe(*handle);
-    where->set_length_bytes(image.size());
-    where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
-    where->mutable_digest()->set_value(common::Xxh64(image));
-    return r;
-  }
-};
 
 TEST(VersionStore, AVersionWhoseBytesDoNotMatchIsNotKept) {
   VersionStore store(nullptr);
@@ -92,7 +71,7 @@ TEST(VersionStore, ALeaseKeepsARetiredVersionsBytesAndTheirMemoryGoesToTheNextPu
   store.SetFileRoot(std::getenv("TEST_TMPDIR"));
   store.SetKeepVersions(2);
   constexpr size_t kFloats = 1 << 20;  // 4 MiB images, pulled from the trainer's memory
-  Trainer trainer;
+  FakeTrainer trainer;
   v1::PublishVersionResponse out;
   ASSERT_TRUE(store.Publish(trainer.Publish(1, kFloats), {}, &out).ok());
   absl::StatusOr<Lease> held = store.Acquire(1);
@@ -141,14 +120,8 @@ TEST(VersionStore, ADeferredHostCopyIsPulledOnceWhenFirstNeeded) {
   store.SetLogger([&pulls](const std::string& line) {
     if (absl::StrContains(line, "host copy pulled")) ++pulls;
   });
-  Trainer trainer;
-  v1::PublishVersionRequest request = trainer.Publish(1, 1 << 16);
-  v1::CudaIpcImage* gpu = request.mutable_device_image();
-  gpu->set_ipc_handle(std::string(64, 'h'));
-  gpu->set_host_id("host-a");
-  gpu->set_length_bytes(1 << 18);
-  gpu->set_version(1);
-  gpu->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_BLOCKSUM32_XXH64);
+  FakeTrainer trainer;
+  v1::PublishVersionRequest request = trainer.Publish(1, 1 << 16, "host-a");
   v1::PublishVersionResponse out;
   ASSERT_TRUE(store.Publish(request, {"r"}, &out).ok());
   EXPECT_EQ(out.bytes_read(), 0u);
@@ -180,17 +153,10 @@ TEST(VersionStore, ADeferredHostCopyOlderThanTheTrainersTwoIsRefused) {
   auto data_plane = transport::LoopbackTransport::Create();
   VersionStore store(data_plane.get());
   store.SetKeepVersions(4);
-  Trainer trainer;
+  FakeTrainer trainer;
   for (uint64_t v = 1; v <= 3; ++v) {
-    v1::PublishVersionRequest request = trainer.Publish(v, 1024);
-    v1::CudaIpcImage* gpu = request.mutable_device_image();
-    gpu->set_ipc_handle(std::string(64, 'h'));
-    gpu->set_host_id("host-a");
-    gpu->set_length_bytes(4096);
-    gpu->set_version(v);
-    gpu->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_BLOCKSUM32_XXH64);
     v1::PublishVersionResponse out;
-    ASSERT_TRUE(store.Publish(request, {}, &out).ok()) << v;
+    ASSERT_TRUE(store.Publish(trainer.Publish(v, 1024, "host-a"), {}, &out).ok()) << v;
   }
   EXPECT_FALSE(store.HostCopyDeferred(1));
   absl::StatusOr<Lease> old = store.Acquire(1);

@@ -20,6 +20,7 @@
 #include "libs/reshard/round.h"
 #include "libs/transport/descriptor_fetcher.h"
 #include "libs/transport/loopback/loopback_transport.h"
+#include "services/weights/tests/fake_trainer.h"
 
 namespace rlfleet::weights {
 namespace {
@@ -270,7 +271,6 @@ struct GpuOrCpuReplica : Destination {
 // version go, that pull fails by name and the replica's status says so. With the host
 // copy always kept (--host_copy=always) the version is pulled at publish.
 TEST(WeightsCore, AVersionWithTheTrainersGpuCopyIsPulledHereOnlyForAReplicaThatNeedsItsBytes) {
-  auto trainer = transport::LoopbackTransport::Create();
   auto service_side = transport::LoopbackTransport::Create();
   std::map<std::string, GpuOrCpuReplica*> made;
   WeightsCore core(
@@ -283,29 +283,11 @@ TEST(WeightsCore, AVersionWithTheTrainersGpuCopyIsPulledHereOnlyForAReplicaThatN
   core.EnablePush(true);
   std::vector<std::string> log;
   core.SetLogger([&log](const std::string& line) { log.push_back(line); });
-  std::map<uint64_t, std::string> images;
-  std::map<uint64_t, transport::MemoryHandle> handles;
+  FakeTrainer trainer;
+  std::map<uint64_t, std::string>& images = trainer.images;
   auto publish = [&](uint64_t version) {
-    std::map<std::string, model::TensorView> views;
-    const std::string w(4096, static_cast<char>(version));
-    views["w"] = {"F32", {1024}, w};
-    std::string& image = images[version] = model::SerializeSafetensors(views);
-    handles[version] = *trainer->RegisterMemory(image.data(), image.size(), transport::MemoryKind::kHost, 0);
-    v1::PublishVersionRequest r;
-    r.mutable_manifest()->mutable_version()->set_version(version);
-    v1::TransferDescriptor* where = r.add_sources()->add_shards()->mutable_location();
-    *where->mutable_segment() = *trainer->Describe(handles[version]);
-    where->set_length_bytes(image.size());
-    where->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_XXHASH64);
-    where->mutable_digest()->set_value(common::Xxh64(image));
-    v1::CudaIpcImage* gpu = r.mutable_device_image();
-    gpu->set_ipc_handle(std::string(64, 'h'));
-    gpu->set_host_id("host-a");
-    gpu->set_length_bytes(4096);
-    gpu->set_version(version);
-    gpu->mutable_digest()->set_algorithm(v1::DIGEST_ALGORITHM_BLOCKSUM32_XXH64);
     v1::PublishVersionResponse out;
-    EXPECT_TRUE(core.PublishVersion(r, &out).ok());
+    EXPECT_TRUE(core.PublishVersion(trainer.Publish(version, 1024, "host-a"), &out).ok());
     return out;
   };
   auto sync = [&](uint64_t version, const std::vector<std::string>& ids) {
@@ -327,7 +309,8 @@ TEST(WeightsCore, AVersionWithTheTrainersGpuCopyIsPulledHereOnlyForAReplicaThatN
   const v1::PrepareWeightsRequest& to_gpu = made["gpu:1"]->requests[0];
   EXPECT_EQ(to_gpu.device_image().host_id(), "host-a");
   // Its fallback chunk is the trainer's memory, not a copy here.
-  EXPECT_EQ(to_gpu.chunks(0).source().segment().worker_address(), trainer->Describe(handles[1])->worker_address());
+  EXPECT_EQ(to_gpu.chunks(0).source().segment().worker_address(),
+            trainer.transport->Describe(trainer.handles[1])->worker_address());
   EXPECT_FALSE(to_gpu.serve_relay());
   for (const std::string& line : log) EXPECT_FALSE(absl::StrContains(line, "pulled from the trainer")) << line;
 
@@ -339,7 +322,7 @@ TEST(WeightsCore, AVersionWithTheTrainersGpuCopyIsPulledHereOnlyForAReplicaThatN
   EXPECT_EQ(made["cpu:1"]->pulled, images[1]);
   ASSERT_FALSE(made["cpu:1"]->requests.empty());
   EXPECT_NE(made["cpu:1"]->requests.back().chunks(0).source().segment().worker_address(),
-            trainer->Describe(handles[1])->worker_address());
+            trainer.transport->Describe(trainer.handles[1])->worker_address());
   EXPECT_EQ(
       std::count_if(log.begin(), log.end(),
                     [](const std::string& l) { return absl::StrContains(l, "host copy pulled from the trainer"); }),
@@ -348,7 +331,7 @@ TEST(WeightsCore, AVersionWithTheTrainersGpuCopyIsPulledHereOnlyForAReplicaThatN
   // Version 2: the trainer lets it go before anyone needs its bytes; the CPU replica's
   // sync fails naming the deferred host copy, the GPU one installs.
   publish(2);
-  ASSERT_TRUE(trainer->DeregisterMemory(handles[2]).ok());
+  ASSERT_TRUE(trainer.transport->DeregisterMemory(trainer.handles[2]).ok());
   done = sync(2, {"cpu", "gpu"});
   ASSERT_EQ(done.size(), 2u);
   EXPECT_EQ(done[0].replica_id(), "cpu");
