@@ -319,8 +319,8 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
     int newer = 1;
     for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
       ++newer;
-      // (a deferred host copy only while the trainer still holds it)
-      if (newer > std::min(keep_versions_, kTrainerKeeps)) it->second.deferred.reset();
+      // (a deferred host copy only while the trainer still holds it; keep_versions_ >= 2)
+      if (newer > kTrainerKeeps) it->second.deferred.reset();
       if (newer > keep_versions_ && it->second.image != nullptr) given_up.push_back(std::move(it->second.image));
     }
   }
@@ -329,8 +329,8 @@ absl::Status VersionStore::Publish(const v1::PublishVersionRequest& request,
   // Read or pull, and verify, before anyone sees the version (the trainer's file may be
   // anywhere on this host: PublishVersion is the trainer's call, not a producer's); or,
   // for a version with the trainer's GPU copy, nothing yet (PullDeferred).
-  const bool defer = defer_host_copy_ && !sharded && !file && !request.device_image().ipc_handle().empty() &&
-                     !request.device_image().host_id().empty();
+  // (a device image in the request is whole: CheckPublishVersion checked its fields)
+  const bool defer = defer_host_copy_ && !sharded && !file && request.has_device_image();
   const absl::Time start = absl::Now();
   std::optional<common::HostBuffer> bytes;
   if (!defer) {
