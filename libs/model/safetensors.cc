@@ -148,10 +148,24 @@ std::string Quoted(absl::string_view s) {
   return out;
 }
 
-// An image of `slots` in their order with its header written: *data, where the data
-// region (the slots' bytes back to back) begins.
-common::HostBuffer Allocate(const std::vector<TensorSlot>& slots, const std::shared_ptr<common::BufferPool>& pool,
-                            char** data) {
+template <typename Tensor>
+common::HostBuffer Serialize(const std::map<std::string, Tensor>& tensors,
+                             const std::shared_ptr<common::BufferPool>& pool) {
+  std::vector<TensorSlot> slots;
+  for (const auto& [name, t] : tensors) slots.push_back({name, t.dtype, t.shape, t.bytes.size()});
+  char* at = nullptr;
+  common::HostBuffer out = AllocateSafetensors(slots, pool, &at);
+  for (const auto& [name, t] : tensors) {
+    std::memcpy(at, t.bytes.data(), t.bytes.size());
+    at += t.bytes.size();
+  }
+  return out;
+}
+
+}  // namespace
+
+common::HostBuffer AllocateSafetensors(const std::vector<TensorSlot>& slots,
+                                       const std::shared_ptr<common::BufferPool>& pool, char** data) {
   std::string header = "{";
   uint64_t offset = 0;
   bool first = true;
@@ -169,27 +183,6 @@ common::HostBuffer Allocate(const std::vector<TensorSlot>& slots, const std::sha
   std::memcpy(out.data() + 8, header.data(), header.size());
   *data = out.data() + 8 + header.size();
   return out;
-}
-
-template <typename Tensor>
-common::HostBuffer Serialize(const std::map<std::string, Tensor>& tensors,
-                             const std::shared_ptr<common::BufferPool>& pool) {
-  std::vector<TensorSlot> slots;
-  for (const auto& [name, t] : tensors) slots.push_back({name, t.dtype, t.shape, t.bytes.size()});
-  char* at = nullptr;
-  common::HostBuffer out = Allocate(slots, pool, &at);
-  for (const auto& [name, t] : tensors) {
-    std::memcpy(at, t.bytes.data(), t.bytes.size());
-    at += t.bytes.size();
-  }
-  return out;
-}
-
-}  // namespace
-
-common::HostBuffer AllocateSafetensors(const std::vector<TensorSlot>& tensors,
-                                       const std::shared_ptr<common::BufferPool>& pool, char** data) {
-  return Allocate(tensors, pool, data);
 }
 
 std::string SerializeSafetensors(const std::map<std::string, TensorBlob>& tensors) {
