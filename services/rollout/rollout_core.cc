@@ -99,6 +99,8 @@ RolloutCore::RolloutCore(std::unique_ptr<model::Policy> policy, std::string devi
       num_parameters_(policy->num_parameters()),
       parameter_names_(policy->ParameterNames()),
       policy_(std::move(policy)),
+      queued_("rlfleet_rollout_queued_sequences", "Sequences waiting to join the batch."),
+      active_("rlfleet_rollout_active_sequences", "Sequences in the running decode batch."),
       tokens_metric_(metrics::Global().AddCounter("rlfleet_rollout_tokens_total",
                                                   "Response tokens decoded (and prefilled first tokens).", {})),
       step_metric_(metrics::Global().AddHistogram("rlfleet_rollout_decode_step_seconds",
@@ -110,10 +112,6 @@ RolloutCore::RolloutCore(std::unique_ptr<model::Policy> policy, std::string devi
                                                   "Weight sync: reading and verifying a version on the replica.", {})),
       load_bytes_metric_(metrics::Global().AddCounter("rlfleet_weight_load_bytes_total",
                                                       "Weight sync: bytes of the versions the replica loaded.", {})),
-      active_metric_(
-          metrics::Global().AddGauge("rlfleet_rollout_active_sequences", "Sequences in the running decode batch.", {})),
-      queued_metric_(
-          metrics::Global().AddGauge("rlfleet_rollout_queued_sequences", "Sequences waiting to join the batch.", {})),
       version_metric_(
           metrics::Global().AddGauge("rlfleet_policy_version", "Installed policy version.", {{"service", "rollout"}})) {
   // (Gauges the scheduler sets, not callbacks: the registry outlives this core.)
@@ -250,12 +248,12 @@ absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Submit(std::vecto
         absl::StrCat("installed version ", version_, " is below min_policy_version ", min_policy_version));
   }
   const int n = job->prompts.size();
-  if (queued_sequences_ + n > limits_.max_queued) {
-    return absl::ResourceExhaustedError(absl::StrCat(queued_sequences_, " sequences are queued; ", n,
+  if (queued_.value() + n > limits_.max_queued) {
+    return absl::ResourceExhaustedError(absl::StrCat(queued_.value(), " sequences are queued; ", n,
                                                      " more would pass the limit of ", limits_.max_queued,
                                                      ": retry later or on another replica"));
   }
-  queued_sequences_ += n;
+  queued_.Add(n);
   job->queued_at_step = steps_;
   waiting_.push_back(job);
   jobs_[job.get()] = job;
@@ -274,7 +272,7 @@ bool RolloutCore::JoinNowLocked() const {
   const int live = batch_->size(), capacity = batch_->capacity();
   if (live == 0 || 2 * live < capacity) return true;
   const int group = limits_.join_group > 0 ? limits_.join_group : std::max(1, limits_.max_batch / 8);
-  if (queued_sequences_ >= std::min(group, capacity - live)) return true;
+  if (queued_.value() >= std::min(group, capacity - live)) return true;
   return steps_ - waiting_.front()->queued_at_step >= static_cast<uint64_t>(std::max(0, limits_.join_wait_steps));
 }
 
@@ -307,8 +305,8 @@ void RolloutCore::Run() {
       const bool join = !waiting_.empty() && JoinNowLocked();
       while (install == nullptr && join && !waiting_.empty()) {
         std::shared_ptr<Job> job = waiting_.front();
-        if (job->cancel_requested) {
-          queued_sequences_ -= job->prompts.size() - job->next_sample;
+        if (job->cancel_requested) {  // (Abort, below, finds nothing left to retire)
+          LeaveQueueLocked(job.get(), job->prompts.size());
           waiting_.pop_front();
           continue;
         }
@@ -325,8 +323,8 @@ void RolloutCore::Run() {
         }
         owners.emplace_back(job, sample);
         ++next_sequence_id_;
-        --queued_sequences_;
-        if (++job->next_sample == job->prompts.size()) waiting_.pop_front();
+        LeaveQueueLocked(job.get(), sample + 1);
+        if (job->next_sample == job->prompts.size()) waiting_.pop_front();
       }
     }
     if (install != nullptr) {
@@ -416,9 +414,7 @@ void RolloutCore::Run() {
     }
     absl::MutexLock lock(&mu_);
     if (prefills || had_batch) busy_seconds_ += absl::ToDoubleSeconds(absl::Now() - work_start);
-    active_sequences_ = batch_->size();
-    active_metric_->Set(active_sequences_);
-    queued_metric_->Set(queued_sequences_);
+    active_.Set(batch_->size());
     version_metric_->Set(version_);
   }
   // Stopping: everything unfinished is aborted.
@@ -485,6 +481,12 @@ void RolloutCore::Dispatch(const std::vector<model::DecodeBatch::Token>& tokens)
   for (const auto& job : touched) job->sink(std::move(events_of(job)));
 }
 
+void RolloutCore::LeaveQueueLocked(Job* job, size_t next) {
+  if (next <= job->next_sample) return;  // (already retired: a cancel seen by the admission loop, then Abort)
+  queued_.Remove(next - job->next_sample);
+  job->next_sample = next;
+}
+
 void RolloutCore::FinishJobIfDone(const std::shared_ptr<Job>& job, JobEvents* events) {
   if (job->unfinished > 0 || job->done) return;
   job->done = true;
@@ -525,14 +527,13 @@ void RolloutCore::Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason
   {
     absl::MutexLock lock(&mu_);
     if (job->next_sample < job->prompts.size()) {
-      queued_sequences_ -= job->prompts.size() - job->next_sample;
-      job->next_sample = job->prompts.size();
+      LeaveQueueLocked(job.get(), job->prompts.size());
       waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), job), waiting_.end());
     }
     aborted_sequences_ += aborted;
     finished_sequences_ += finished;
     jobs_.erase(job.get());
-    active_sequences_ = batch_->size();
+    active_.Set(batch_->size());
   }
   job->sink(std::move(e));
 }
@@ -702,7 +703,7 @@ absl::Status RolloutCore::GetInfo(v1::GetInfoResponse* response) {
   }
   load->set_utilization(utilization_);
   load->set_tokens_per_s(tokens_per_s_);
-  load->set_active_sequences(active_sequences_);
+  load->set_active_sequences(active_.value());
   load->set_queued_requests(waiting_.size());
   load->set_inflight_requests(jobs_.size());
   response->set_device(device_);

@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "libs/common/host_buffer.h"
+#include "libs/metrics/inflight_gauge.h"
 #include "libs/metrics/metrics.h"
 #include "libs/model/policy.h"
 #include "libs/model/safetensors.h"
@@ -184,6 +185,11 @@ class RolloutCore {
   bool JoinNowLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Dispatch(const std::vector<model::DecodeBatch::Token>& tokens);
   void Abort(const std::shared_ptr<Job>& job, v1::FinishReason reason, const absl::Status& status);
+  // The one place sequences leave the queue: `job`'s samples [next_sample, next) were
+  // admitted to the batch or retired (cancel, client gone, deadline, drain, error,
+  // shutdown), and next_sample moves to `next`. A sample leaves once whichever paths
+  // retire its job (next_sample never moves back), so queued_ returns to exactly 0.
+  void LeaveQueueLocked(Job* job, size_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `job` done (and `events`, what its sink is told next) when no sample is left.
   void FinishJobIfDone(const std::shared_ptr<Job>& job, JobEvents* events);
 
@@ -208,8 +214,11 @@ class RolloutCore {
   std::map<Job*, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);  // every unfinished job
   std::vector<std::shared_ptr<Job>> cancelled_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Install> install_ ABSL_GUARDED_BY(mu_);
-  int queued_sequences_ ABSL_GUARDED_BY(mu_) = 0;
-  int active_sequences_ ABSL_GUARDED_BY(mu_) = 0;
+  // In-flight gauges (rlfleet_rollout_queued_sequences / _active_sequences), one owner
+  // each: queued_ rises in Submit and falls only in LeaveQueueLocked (both under mu_);
+  // active_ follows the batch's size after every change to the batch.
+  metrics::InflightGauge queued_;
+  metrics::InflightGauge active_;
   uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t finished_sequences_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t aborted_sequences_ ABSL_GUARDED_BY(mu_) = 0;
@@ -229,8 +238,6 @@ class RolloutCore {
   metrics::Histogram* const swap_metric_;
   metrics::Histogram* const load_metric_;
   metrics::Counter* const load_bytes_metric_;
-  metrics::Gauge* const active_metric_;
-  metrics::Gauge* const queued_metric_;
   metrics::Gauge* const version_metric_;
   std::thread scheduler_;
 };

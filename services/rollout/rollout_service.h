@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "libs/common/status_macros.h"
+#include "libs/metrics/inflight_gauge.h"
 #include "libs/rpc/server_call.h"
 #include "libs/transport/descriptor_fetcher.h"
 #include "libs/transport/transport.h"
@@ -37,6 +38,8 @@ inline absl::Time CallDeadline(const grpc::CallbackServerContext& context,
 // reactor writes them one at a time; a client that goes away cancels the job.
 // StartWrite and Finish are never called with the lock held (gRPC may run
 // OnWriteDone inline), and OnDone waits for any pusher still inside Pump.
+// It counts itself in `open_streams` from construction to OnDone (which gRPC calls
+// once per reactor, however the call ended: finished, cancelled, client gone, deadline).
 class GenerateStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   // The state the job's sink shares with the reactor (the sink may outlive it).
@@ -71,7 +74,10 @@ class GenerateStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     };
   }
 
-  GenerateStream(RolloutCore* core, std::shared_ptr<Shared> shared) : core_(core), shared_(std::move(shared)) {}
+  GenerateStream(RolloutCore* core, std::shared_ptr<Shared> shared, metrics::InflightGauge* open_streams)
+      : core_(core), shared_(std::move(shared)), open_streams_(open_streams) {
+    open_streams_->Add();
+  }
 
   // Starts writing (call once the job exists).
   void Start(std::shared_ptr<RolloutCore::Job> job) {
@@ -117,6 +123,7 @@ class GenerateStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_->mu) { return shared_->pushers == 0; };
       shared_->mu.Await(absl::Condition(&idle));
     }
+    open_streams_->Remove();
     delete this;
   }
 
@@ -149,6 +156,7 @@ class GenerateStream : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
   RolloutCore* const core_;
   const std::shared_ptr<Shared> shared_;
+  metrics::InflightGauge* const open_streams_;
   std::shared_ptr<RolloutCore::Job> job_;
   v1::GenerateResponse current_;
 };
@@ -180,7 +188,7 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
     absl::StatusOr<std::shared_ptr<RolloutCore::Job>> job =
         core_->Generate(*req, GenerateStream::SinkFor(shared), CallDeadline(*c));
     if (!job.ok()) return new Failed(rpc::ToGrpcStatus(job.status()));
-    auto* stream = new GenerateStream(core_, shared);
+    auto* stream = new GenerateStream(core_, shared, &open_streams_);
     stream->Start(std::move(*job));
     return stream;
   }
@@ -244,6 +252,9 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   const rpc::CallAuth auth_;
   std::function<void(bool)> on_state_change_;
   WeightIntake intake_;
+  // Generate streams between their reactor's construction and its OnDone.
+  metrics::InflightGauge open_streams_{"rlfleet_rollout_open_streams",
+                                       "Generate streams open (from the call's start to gRPC's OnDone)."};
 };
 
 }  // namespace rlfleet::rollout
