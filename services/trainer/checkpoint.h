@@ -11,8 +11,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -60,6 +62,52 @@ absl::Status CheckIsCheckpoint(const std::filesystem::path& dir);
 // Removes a directory that CheckIsCheckpoint accepts: its files by name, then the
 // directory (never a recursive remove).
 absl::Status RemoveCheckpoint(const std::filesystem::path& dir);
+
+// A save's working directories beside its checkpoint `dir`: `<dir>.tmp-<owner>-<n>`,
+// which it writes into and renames to `dir`, and `<dir>.old-<owner>-<n>`, where an
+// overwrite moves the checkpoint it replaces until the new one has its name. `owner`
+// tags them with the trainer that saves (--checkpoint_owner), so that a trainer cleans
+// up only after its own saves; `n` is the save's start (Unix nanoseconds).
+inline constexpr char kDefaultCheckpointOwner[] = "trainer";
+std::filesystem::path SaveDir(const std::filesystem::path& dir, absl::string_view kind /* "tmp" or "old" */,
+                              absl::string_view owner, uint64_t n);
+// OK for an owner tag: 1..40 characters of [A-Za-z0-9_]; INVALID_ARGUMENT otherwise.
+absl::Status ValidateCheckpointOwner(absl::string_view owner);
+
+// Best effort: removes what a save wrote into `dir` (checkpoint files and the `.tmp`
+// files a write leaves, by name) and then `dir` if that left it empty.
+void RemovePartialCheckpoint(const std::filesystem::path& dir);
+
+// The steps of a save, for tests that stop one where a kill would (SaveFault).
+enum class SavePhase {
+  kTmpCreated,      // the .tmp- directory exists, empty
+  kWeightsWritten,  // the weights are in it
+  kFilesWritten,    // every file, state.txt last, not yet synced
+  kOldMovedAside,   // (overwrite) the checkpoint it replaces is at .old-, nothing at `dir`
+  kRenamed,         // the new checkpoint has its name; (overwrite) .old- not yet removed
+};
+// Returns true to stop the save at that phase as a kill would: nothing undone.
+using SaveFault = std::function<bool(SavePhase)>;
+
+// Puts the checkpoint written into `tmp` (complete: state.txt written last) at `dir`:
+// syncs tmp's files and tmp itself, moves an existing `dir` aside to `old` (when `old`
+// is not empty), renames `tmp` to `dir`, syncs the parent directory, and removes `old`
+// (RemoveCheckpoint) and syncs the parent again. INTERNAL on a failed sync or rename,
+// with `tmp` removed and `dir` as it was. ABORTED when `fault` stopped it.
+absl::Status CommitCheckpointDir(const std::filesystem::path& tmp, const std::filesystem::path& dir,
+                                 const std::filesystem::path& old, const SaveFault& fault = {});
+
+// Cleans up after saves by `owner` that did not finish (killed, or failed on a full
+// disk), anywhere under `root` (at most `max_depth` directories down, links not
+// followed): a `.tmp-<owner>-` directory is an unfinished save and is removed; an
+// `.old-<owner>-` one is removed when its checkpoint's name holds a checkpoint again,
+// and renamed back to that name when nothing is there (killed between the two renames
+// of an overwrite: the checkpoint as it was before that save). Directories are removed
+// file by file, and only files a save writes (checkpoint.h's names and the `.tmp` files
+// a write leaves): one holding anything else, a directory of another owner, and every
+// complete checkpoint stay. Returns a line per directory removed, restored or left.
+std::vector<std::string> CleanInterruptedSaves(const std::filesystem::path& root, absl::string_view owner,
+                                               int max_depth = 4);
 
 // The checkpoint under `root` (at most `max_depth` directories down, links not
 // followed) whose state.txt was written last; nullopt when there is none. Directories

@@ -58,6 +58,11 @@ ABSL_FLAG(std::string, checkpoint_root, "checkpoints",
           "SaveCheckpoint / LoadCheckpoint paths (absolute, or relative to this directory) must lie inside this "
           "directory (relative: to the working directory; made at the first save); empty: no checkpoints. "
           "Overwrite replaces only checkpoints this trainer wrote.");
+ABSL_FLAG(std::string, checkpoint_owner, rlfleet::trainer::kDefaultCheckpointOwner,
+          "Tags the directories a save works in (<checkpoint>.tmp-<owner>-<n>, .old-<owner>-<n>; [A-Za-z0-9_], at "
+          "most 40): at start and after every save the trainer removes those its own interrupted saves left (a "
+          "kill, a full disk) and no one else's. Trainers that share a --checkpoint_root need different owners "
+          "(e.g. the run's name); a restarted trainer keeps its own.");
 ABSL_FLAG(std::string, resume, "none",
           "At start: \"latest\" loads the checkpoint written last under --checkpoint_root (a trainer "
           "restarted by its supervisor goes on from there; none yet: it starts fresh), \"none\" starts from "
@@ -155,9 +160,9 @@ int main(int argc, char** argv) {
     publish_plane = std::move(*plane);
     publish.data_plane = publish_plane.get();
   }
-  auto core = rlfleet::trainer::TrainerCore::Create(config, absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_seed),
-                                                    buffer.get(), data_parallel->group.get(),
-                                                    absl::GetFlag(FLAGS_checkpoint_root));
+  auto core = rlfleet::trainer::TrainerCore::Create(
+      config, absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_seed), buffer.get(), data_parallel->group.get(),
+      absl::GetFlag(FLAGS_checkpoint_root), absl::GetFlag(FLAGS_checkpoint_owner));
   if (!core.ok()) {
     std::cerr << "rlfleet-trainer: " << core.status() << "\n";
     return 2;
@@ -173,6 +178,9 @@ int main(int argc, char** argv) {
               << " layers, d_model " << config.d_model << ", vocabulary " << config.vocab_size << ")\n";
   }
 
+  // What saves of this trainer that a kill (or a full disk) interrupted left behind, before
+  // the newest checkpoint is looked for (each removal is logged).
+  if (world <= 1 || rank == 0) (*core)->CleanCheckpointRoot();
   if (const std::string resume = absl::GetFlag(FLAGS_resume); resume == "latest" && (world <= 1 || rank == 0)) {
     // (rank 0 loads and the other ranks follow it, as for LoadCheckpoint)
     rlfleet::v1::LoadCheckpointResponse loaded;

@@ -188,23 +188,26 @@ absl::Status DecodeStep(absl::string_view in, std::vector<model::TrainSequence>*
 absl::StatusOr<std::unique_ptr<TrainerCore>> TrainerCore::Create(const model::PolicyConfig& config,
                                                                  const std::string& device, uint64_t seed,
                                                                  BufferSource* buffer, dist::GradientGroup* group,
-                                                                 fs::path checkpoint_root) {
+                                                                 fs::path checkpoint_root,
+                                                                 std::string checkpoint_owner) {
+  RETURN_IF_ERROR(ValidateCheckpointOwner(checkpoint_owner));
   ASSIGN_OR_RETURN(auto policy, model::Policy::Create(config, device, seed));
   if (!checkpoint_root.empty()) {
     std::error_code ec;
     checkpoint_root = fs::absolute(checkpoint_root, ec).lexically_normal();
     if (ec) return absl::InvalidArgumentError(absl::StrCat("checkpoint root: ", ec.message()));
   }
-  return std::unique_ptr<TrainerCore>(
-      new TrainerCore(std::move(policy), buffer, device, group, std::move(checkpoint_root)));
+  return std::unique_ptr<TrainerCore>(new TrainerCore(std::move(policy), buffer, device, group,
+                                                      std::move(checkpoint_root), std::move(checkpoint_owner)));
 }
 
 TrainerCore::TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
-                         dist::GradientGroup* group, fs::path checkpoint_root)
+                         dist::GradientGroup* group, fs::path checkpoint_root, std::string checkpoint_owner)
     : policy_(std::move(policy)),
       buffer_(buffer),
       device_(std::move(device)),
       checkpoint_root_(std::move(checkpoint_root)),
+      checkpoint_owner_(std::move(checkpoint_owner)),
       // The optimizer's two moments and step counts, plus headers, at most.
       num_parameters_(policy_->num_parameters()),
       max_checkpoint_file_bytes_(2 * model::F32ImageBytesBound(static_cast<uint64_t>(num_parameters_)) +
@@ -534,16 +537,6 @@ std::string ConfigLine(const model::PolicyConfig& c) {
   return line;
 }
 
-// Best effort: removes a half-written checkpoint directory of ours (known names only).
-void RemovePartial(const fs::path& dir) {
-  std::error_code ec;
-  for (const char* name : {kWeightsFile, kOptimizerFile, kStateFile, kHfWeightsFile, kHfConfigFile}) {
-    fs::remove(dir / name, ec);
-  }
-  for (const char* name : kHfTokenizerFiles) fs::remove(dir / name, ec);
-  fs::remove(dir, ec);
-}
-
 }  // namespace
 
 absl::StatusOr<fs::path> TrainerCore::CheckpointPath(const std::string& path) const {
@@ -576,12 +569,15 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   if (exists) RETURN_IF_ERROR(CheckIsCheckpoint(dir));
   // Written into a sibling directory, then renamed: a crash mid-write never leaves a
   // checkpoint that loads wrong.
-  const std::string nanos = std::to_string(absl::ToUnixNanos(absl::Now()));
-  const fs::path tmp = dir.string() + ".tmp-" + nanos;
+  const uint64_t nanos = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  const fs::path tmp = SaveDir(dir, "tmp", checkpoint_owner_, nanos);
   fs::create_directories(dir.parent_path(), ec);
   if (!fs::create_directory(tmp, ec) || ec) {
     return absl::InternalError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
   }
+  bool stopped = false;  // (by the test fault: left as a kill leaves it)
+  auto stop_at = [&](SavePhase phase) { return stopped = save_fault_ && save_fault_(phase); };
+  if (stop_at(SavePhase::kTmpCreated)) return absl::AbortedError("save stopped by a test fault");
   if (request.dry_run()) {  // (the folder takes a checkpoint: that is all a dry run asks)
     fs::remove(tmp, ec);
     response->set_path(dir.string());
@@ -596,6 +592,7 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
     const bool hf = policy_->config().arch != "gpt";
     const char* weights_file = hf ? kHfWeightsFile : kWeightsFile;
     RETURN_IF_ERROR(model::WriteFileAtomically((tmp / weights_file).string(), weights));
+    if (stop_at(SavePhase::kWeightsWritten)) return absl::AbortedError("save stopped by a test fault");
     if (hf) RETURN_IF_ERROR(model::WriteHfModelFiles(policy_->config(), tmp.string(), tokenizer_dir_.string()));
     std::string state =
         absl::StrCat(kFormatLine, "\nstep ", step_, "\nversion ", version_, "\nconfig ", ConfigLine(policy_->config()),
@@ -613,32 +610,31 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
     return size;
   }();
   if (!written.ok()) {
-    RemovePartial(tmp);
+    if (!stopped) RemovePartialCheckpoint(tmp);
     return written.status();
   }
-  if (exists) {
-    // The old checkpoint steps aside, the new one takes its name, the old one goes.
-    const fs::path old = dir.string() + ".old-" + nanos;
-    fs::rename(dir, old, ec);
-    if (ec) {
-      RemovePartial(tmp);
-      return absl::InternalError(absl::StrCat("cannot move the old checkpoint aside: ", ec.message()));
-    }
-    fs::rename(tmp, dir, ec);
-    if (!ec) (void)RemoveCheckpoint(old);
-  } else {
-    fs::rename(tmp, dir, ec);
-  }
-  if (ec) {
-    RemovePartial(tmp);
-    return absl::InternalError(absl::StrCat("cannot rename into ", dir.string(), ": ", ec.message()));
-  }
+  // The old checkpoint steps aside, the new one takes its name, the old one goes.
+  RETURN_IF_ERROR(
+      CommitCheckpointDir(tmp, dir, exists ? SaveDir(dir, "old", checkpoint_owner_, nanos) : fs::path(), save_fault_));
+  CleanCheckpointRootLocked();  // (what earlier saves of ours left)
   response->set_path(dir.string());
   response->set_step(step_);
   response->mutable_policy_version()->set_version(version_);
   response->set_size_bytes(*written);
   response->set_elapsed_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
   return absl::OkStatus();
+}
+
+std::vector<std::string> TrainerCore::CleanCheckpointRoot() {
+  absl::MutexLock lock(&mu_);  // (no save of ours runs meanwhile)
+  return CleanCheckpointRootLocked();
+}
+
+std::vector<std::string> TrainerCore::CleanCheckpointRootLocked() {
+  if (checkpoint_root_.empty()) return {};
+  std::vector<std::string> lines = CleanInterruptedSaves(checkpoint_root_, checkpoint_owner_);
+  for (const std::string& line : lines) std::cerr << "rlfleet-trainer: checkpoint root: " << line << "\n";
+  return lines;
 }
 
 absl::Status TrainerCore::LoadModelDir(const std::string& dir) {

@@ -60,11 +60,15 @@ class TrainerCore {
   // `buffer` may be null (inline batches only); `group` may be null (one rank); neither
   // is owned. `checkpoint_root`: the directory every checkpoint path resolves under
   // (created at the first save); empty: SaveCheckpoint and LoadCheckpoint are refused.
+  // `checkpoint_owner` tags this trainer's save directories (checkpoint.h SaveDir;
+  // INVALID_ARGUMENT unless ValidateCheckpointOwner accepts it): trainers that share a
+  // root need different owners, and a restarted trainer the same one.
   static absl::StatusOr<std::unique_ptr<TrainerCore>> Create(const model::PolicyConfig& config,
                                                              const std::string& device, uint64_t seed,
                                                              BufferSource* buffer = nullptr,
                                                              dist::GradientGroup* group = nullptr,
-                                                             std::filesystem::path checkpoint_root = {});
+                                                             std::filesystem::path checkpoint_root = {},
+                                                             std::string checkpoint_owner = kDefaultCheckpointOwner);
   ~TrainerCore();  // rank 0 of a group tells the workers to stop
 
   // Ranks > 0: runs what rank 0 broadcasts (steps, checkpoint loads, keepalives)
@@ -104,6 +108,15 @@ class TrainerCore {
   // tokenizer files and keep its config.json's other keys. Errors as model::LoadHfWeights (nothing changes). Every rank
   // of a group loads the directory itself.
   absl::Status LoadModelDir(const std::string& dir);
+  // Cleans up after this trainer's saves that did not finish (killed, a full disk):
+  // CleanInterruptedSaves under the checkpoint root with this trainer's owner, each
+  // line logged to stderr and returned. Call at start, before ResumeLatest (an overwrite
+  // stopped between its renames has its checkpoint restored first); SaveCheckpoint
+  // calls it after every save that succeeds. Nothing without a root.
+  std::vector<std::string> CleanCheckpointRoot();
+  // Test hook: stops every save at the phase where `fault` returns true, as a kill
+  // there would (ABORTED, nothing cleaned up). Set before any call.
+  void SetSaveFaultForTest(SaveFault fault) { save_fault_ = std::move(fault); }
   // Loads the checkpoint written last under the checkpoint root (FindLatestCheckpoint),
   // as LoadCheckpoint would (`response`: its step and version), and returns its path.
   // NOT_FOUND when there is none (or no root); LoadCheckpoint's errors otherwise.
@@ -142,7 +155,8 @@ class TrainerCore {
 
  private:
   TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
-              dist::GradientGroup* group, std::filesystem::path checkpoint_root);
+              dist::GradientGroup* group, std::filesystem::path checkpoint_root, std::string checkpoint_owner);
+  std::vector<std::string> CleanCheckpointRootLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank 0: broadcasts a command; ranks > 0 receive it in ServeWorker.
   absl::Status BroadcastLocked(std::string command) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Trains this rank's part of `seqs` (all of it without a group).
@@ -200,6 +214,8 @@ class TrainerCore {
   BufferSource* const buffer_;
   const std::string device_;
   const std::filesystem::path checkpoint_root_;               // absolute; empty: no checkpoints
+  const std::string checkpoint_owner_;                        // tags this trainer's save directories
+  SaveFault save_fault_;                                      // (tests)
   const int64_t num_parameters_;                              // the policy's (its shape never changes)
   const uint64_t max_checkpoint_file_bytes_;                  // (from the model's size)
   std::filesystem::path tokenizer_dir_ ABSL_GUARDED_BY(mu_);  // --model_dir: its config, tokenizer into checkpoints
