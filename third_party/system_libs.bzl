@@ -41,6 +41,7 @@ _PKG_CONFIG_LIBS = {
     "benchmark": ["benchmark"],
     "crypto": ["libcrypto"],
     "icu": ["icu-uc", "icu-i18n"],
+    "httplib": ["cpp-httplib"],
 }
 
 def _pkg_config(ctx, args):

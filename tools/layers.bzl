@@ -16,7 +16,7 @@ package declares its layer and that a dependency that reaches up is refused.
 
 # Lowest first. A library may depend only on libraries of lower layers.
 LAYERS = [
-    ["common", "metrics", "rl", "tasks", "nccl_tuning"],
+    ["common", "http", "metrics", "rl", "tasks", "nccl_tuning"],
     ["redis", "gpu", "transport", "rpc"],
     ["dist", "reshard", "registry"],
     ["model"],

@@ -13,6 +13,7 @@ PACKAGES=(
   python3-torch gnuplot-nox prometheus libssl-dev nlohmann-json3-dev libicu-dev
   libyaml-cpp-dev python3-venv python3-protobuf python3-setuptools
   clang-14 libclang-rt-14-dev clang-format-14 clang-tidy-14 cmake curl
+  libcpp-httplib-dev
 )
 
 missing=()

@@ -4,8 +4,11 @@
 #include <map>
 
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "libs/model/chat_template.h"
 #include "libs/model/hf_tokenizer.h"
@@ -44,7 +47,12 @@ class ModelDir : public TextCodec {
     if (chat_ == nullptr) {
       return absl::UnimplementedError("the model directory has no chat template: use /v1/completions");
     }
-    return chat_->Apply(messages, /*add_generation_prompt=*/true, tools);
+    try {  // (the template engine's own errors are statuses; this is a backstop)
+      return chat_->Apply(messages, /*add_generation_prompt=*/true, tools);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the chat template could not render this conversation: ", e.what()));
+    }
   }
   std::string Decode(const std::vector<int32_t>& ids) const override {
     absl::StatusOr<std::string> text = tokenizer_->Decode(ids, /*skip_special_tokens=*/true);
@@ -60,10 +68,6 @@ class ModelDir : public TextCodec {
   const std::unique_ptr<model::HfTokenizer> tokenizer_;
   const std::unique_ptr<model::ChatTemplate> chat_;
 };
-
-void SendError(HttpResponder* responder, const ApiError& error) {
-  responder->Send(error.status, kJson, ErrorBody(error));
-}
 
 ApiError Simple(int status, std::string message, std::string type = "invalid_request_error") {
   ApiError e;
@@ -84,6 +88,22 @@ std::string FinishReasonName(v1::FinishReason reason) {
   }
 }
 
+http::Reply ErrorReply(const ApiError& error) {
+  http::Reply r;
+  r.status = error.status;
+  r.body = ErrorBody(error);
+  if (error.status == 429 || error.status == 503) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+// Whether a Host header names this machine: localhost or 127.x, with any port.
+bool LocalHost(absl::string_view host) {
+  if (absl::ConsumePrefix(&host, "[")) return absl::StartsWith(host, "::1]");
+  const size_t colon = host.rfind(':');
+  if (colon != absl::string_view::npos) host = host.substr(0, colon);
+  return host == "localhost" || (http::IsLoopbackHost(host) && !host.empty());
+}
+
 }  // namespace
 
 std::unique_ptr<TextCodec> BuiltinCodec() { return std::make_unique<Builtin>(); }
@@ -96,38 +116,108 @@ absl::StatusOr<std::unique_ptr<TextCodec>> ModelDirCodec(const std::string& dir)
   return std::make_unique<ModelDir>(*std::move(tokenizer), chat.ok() ? *std::move(chat) : nullptr);
 }
 
+std::vector<std::string> GatewayPaths() { return {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions"}; }
+
+// One generation's place in the bounds; released when the last holder (the stream
+// function, or the handler) lets go.
+struct Gateway::Slot {
+  Gateway* gateway;
+  std::string client;
+  ~Slot() {
+    absl::MutexLock lock(&gateway->mu_);
+    --gateway->running_;
+    if (--gateway->per_client_[client] <= 0) gateway->per_client_.erase(client);
+  }
+};
+
+// One generation request as it runs.
+struct Gateway::Job {
+  GenerationRequest request;
+  ResponseMeta meta;
+  v1::GenerateRequest generate;
+  std::shared_ptr<Slot> slot;
+};
+
 Gateway::Gateway(GatewayOptions options, std::unique_ptr<TextCodec> codec, GenerateBackend* backend)
     : options_(std::move(options)), codec_(std::move(codec)), backend_(backend) {}
 
-void Gateway::Handle(const HttpRequest& request, HttpResponder* responder) {
-  const std::string& path = request.head.path;
-  const std::string& method = request.head.method;
-  if (path == "/health") {
-    if (method != "GET") return SendError(responder, Simple(405, "GET /health"));
-    return responder->Send(200, kJson, R"({"status":"ok"})");
-  }
+int Gateway::generations() const {
+  absl::MutexLock lock(&mu_);
+  return running_;
+}
+
+std::optional<http::Reply> Gateway::CheckHead(const http::Request& request) const {
+  if (request.path == "/health") return std::nullopt;
   if (!options_.api_key.empty()) {
-    const std::optional<std::string> auth = request.head.Header("authorization");
-    if (!auth.has_value() || *auth != absl::StrCat("Bearer ", options_.api_key)) {
+    const std::optional<std::string> auth = request.Header("authorization");
+    if (!auth.has_value() || !absl::StartsWith(*auth, "Bearer ") ||
+        !http::ConstantTimeEquals(absl::string_view(*auth).substr(7), options_.api_key)) {
       ApiError e = Simple(401, auth.has_value() ? "Incorrect API key provided"
                                                 : "You didn't provide an API key (Authorization: Bearer KEY)");
       e.code = "invalid_api_key";
-      return SendError(responder, e);
+      return ErrorReply(e);
+    }
+    return std::nullopt;
+  }
+  if (options_.local_origin_only) {
+    const std::optional<std::string> host = request.Header("host");
+    if (!host.has_value() || !LocalHost(*host)) {
+      return ErrorReply(Simple(400, absl::StrCat("Host `", host.value_or(""),
+                                                 "` does not name this machine: a gateway without an API key answers "
+                                                 "only requests addressed to localhost / 127.0.0.1")));
+    }
+    const std::optional<std::string> type = request.Header("content-type");
+    if (request.method == "POST" &&
+        (!type.has_value() || !absl::StartsWith(absl::AsciiStrToLower(*type), "application/json"))) {
+      return ErrorReply(Simple(415, "send the body as Content-Type: application/json"));
     }
   }
+  return std::nullopt;
+}
+
+http::Reply Gateway::Handle(const http::Request& request) {
+  const std::string& path = request.path;
+  const std::string& method = request.method;
+  if (path == "/health") {
+    if (method != "GET") return ErrorReply(Simple(405, "GET /health"));
+    http::Reply r;
+    r.body = R"({"status":"ok"})";
+    return r;
+  }
   if (path == "/v1/models") {
-    if (method != "GET") return SendError(responder, Simple(405, "GET /v1/models"));
+    if (method != "GET") return ErrorReply(Simple(405, "GET /v1/models"));
     Json model = {{"id", options_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "rlfleet"}};
-    return responder->Send(200, kJson, Json({{"object", "list"}, {"data", Json::array({model})}}).dump());
+    http::Reply r;
+    r.body =
+        Json({{"object", "list"}, {"data", Json::array({model})}}).dump(-1, ' ', false, Json::error_handler_t::replace);
+    return r;
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    if (method != "POST") return SendError(responder, Simple(405, absl::StrCat("POST ", path)));
-    return Generate(path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat, request, responder);
+    if (method != "POST") return ErrorReply(Simple(405, absl::StrCat("POST ", path)));
+    return Generate(path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat, request);
   }
-  ApiError e = Simple(404, absl::StrCat("Unknown path ", path,
+  ApiError e = Simple(404, absl::StrCat("Unknown path ", path.substr(0, 200),
                                         ": this gateway serves /v1/completions, /v1/chat/completions, /v1/models"));
   e.code = "unknown_url";
-  SendError(responder, e);
+  return ErrorReply(e);
+}
+
+absl::StatusOr<std::shared_ptr<Gateway::Slot>> Gateway::TakeSlot(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  if (running_ >= options_.max_generations) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the gateway is running its limit of ", options_.max_generations, " generations; retry later"));
+  }
+  int& mine = per_client_[client];
+  if (mine >= options_.max_generations_per_client) {
+    if (mine == 0) per_client_.erase(client);
+    return absl::ResourceExhaustedError(absl::StrCat("this client is running its limit of ",
+                                                     options_.max_generations_per_client,
+                                                     " generations at once; retry when one ends"));
+  }
+  ++mine;
+  ++running_;
+  return std::shared_ptr<Slot>(new Slot{this, client});
 }
 
 absl::StatusOr<std::vector<int32_t>> Gateway::PromptIds(const GenerationRequest& request, ApiError* error) const {
@@ -150,27 +240,37 @@ absl::StatusOr<std::vector<int32_t>> Gateway::PromptIds(const GenerationRequest&
   return ids;
 }
 
-void Gateway::Generate(Endpoint endpoint, const HttpRequest& http, HttpResponder* responder) {
-  GenerationRequest request;
+http::Reply Gateway::Generate(Endpoint endpoint, const http::Request& http) {
+  auto job = std::make_shared<Job>();
+  GenerationRequest& request = job->request;
   if (std::optional<ApiError> e = ParseGenerationRequest(endpoint, http.body, options_.model_name, &request)) {
-    return SendError(responder, *e);
+    return ErrorReply(*e);
   }
+  // (the key when there is one: it names the client; else the peer's address)
+  const std::string client = options_.api_key.empty() ? http.remote_addr : http.Header("authorization").value_or("");
+  absl::StatusOr<std::shared_ptr<Slot>> slot = TakeSlot(client);
+  if (!slot.ok()) {
+    ApiError e = ApiErrorFromStatus(slot.status());
+    e.code = "rate_limit_exceeded";
+    return ErrorReply(e);
+  }
+  job->slot = *std::move(slot);
   ApiError prompt_error;
   absl::StatusOr<std::vector<int32_t>> prompt = PromptIds(request, &prompt_error);
   if (!prompt.ok()) {
     prompt_error.message = absl::StrCat(prompt_error.param, ": ", prompt.status().message());
-    return SendError(responder, prompt_error);
+    return ErrorReply(prompt_error);
   }
-  if (prompt->empty()) return SendError(responder, Simple(400, "the prompt has no tokens"));
+  if (prompt->empty()) return ErrorReply(Simple(400, "the prompt has no tokens"));
 
-  ResponseMeta meta;
+  ResponseMeta& meta = job->meta;
   meta.id = absl::StrFormat("%s%016x", endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-",
                             absl::Uniform<uint64_t>(absl::BitGen()));
   meta.created = absl::ToUnixSeconds(absl::Now());
   meta.model = options_.model_name;
   meta.prompt_ids = *prompt;
 
-  v1::GenerateRequest g;
+  v1::GenerateRequest& g = job->generate;
   g.set_request_id(meta.id);
   g.set_prompt_id(meta.id);
   g.set_task("openai");
@@ -186,6 +286,16 @@ void Gateway::Generate(Endpoint endpoint, const HttpRequest& http, HttpResponder
   g.set_min_policy_version(request.min_policy_version);
   g.set_chunk_tokens(request.stream ? 1 : 64);
 
+  if (!request.stream) return Run(*job, nullptr, http.connected);
+  http::Reply reply;
+  reply.content_type = "text/event-stream";
+  reply.stream = [this, job](http::StreamWriter& out) { Run(*job, &out, [] { return true; }); };
+  return reply;
+}
+
+http::Reply Gateway::Run(Job& job, http::StreamWriter* out, const std::function<bool()>& connected) {
+  const GenerationRequest& request = job.request;
+  const ResponseMeta& meta = job.meta;
   std::vector<ChoiceState> choices(request.n);
   const auto token_text = [this](int32_t id) { return codec_->TokenText(id); };
   bool client_gone = false;
@@ -202,24 +312,24 @@ void Gateway::Generate(Endpoint endpoint, const HttpRequest& http, HttpResponder
         ready = std::max(c.sent_chars, std::min(ready, c.text.find(kToolCallOpen)));  // (the calls go as tool_calls)
       }
     }
-    if (!request.stream) return;
+    if (out == nullptr) {
+      if (!connected()) client_gone = true;
+      return;
+    }
     if (ready == c.sent_chars && c.sent_tokens == c.token_ids.size() && !done) return;
     const Json chunk =
         StreamChunk(request, meta, index, c, c.sent_chars, ready, c.sent_tokens, c.token_ids.size(), done, token_text);
     c.sent_chars = ready;
     c.sent_tokens = c.token_ids.size();
-    if (!responder->Write(SseEvent(chunk))) client_gone = true;
+    if (!out->Write(SseEvent(chunk))) client_gone = true;
   };
-  if (request.stream) {
-    if (!responder->StartStream(200, "text/event-stream")) return;
-    if (endpoint == Endpoint::kChat) {
-      for (uint32_t i = 0; i < request.n && !client_gone; ++i) {
-        if (!responder->Write(SseEvent(ChatRoleChunk(meta, i)))) client_gone = true;
-      }
+  if (out != nullptr && request.endpoint == Endpoint::kChat) {
+    for (uint32_t i = 0; i < request.n && !client_gone; ++i) {
+      if (!out->Write(SseEvent(ChatRoleChunk(meta, i)))) client_gone = true;
     }
   }
   const absl::Status status =
-      backend_->Generate(g, absl::Now() + options_.request_timeout, [&](const v1::GenerateResponse& m) {
+      backend_->Generate(job.generate, absl::Now() + options_.request_timeout, [&](const v1::GenerateResponse& m) {
         if (m.has_chunk()) {
           const v1::TokenChunk& chunk = m.chunk();
           if (chunk.sample_index() >= choices.size()) return !client_gone;
@@ -247,7 +357,7 @@ void Gateway::Generate(Endpoint endpoint, const HttpRequest& http, HttpResponder
         }
         return !client_gone && finished < request.n;
       });
-  if (client_gone) return;
+  if (client_gone) return ErrorReply(Simple(499, "the client closed the request"));
   const bool complete = finished == request.n;
   std::optional<ApiError> failure;
   if (!complete) {
@@ -258,18 +368,20 @@ void Gateway::Generate(Endpoint endpoint, const HttpRequest& http, HttpResponder
       if (c.finish_reason == "abort") failure = Simple(503, "the replica aborted the generation", "server_error");
     }
   }
-  if (!request.stream) {
-    if (failure.has_value()) return SendError(responder, *failure);
-    return responder->Send(
-        200, kJson,
-        CompletionResponse(request, meta, choices, token_text).dump(-1, ' ', false, Json::error_handler_t::replace));
+  if (out == nullptr) {
+    if (failure.has_value()) return ErrorReply(*failure);
+    http::Reply r;
+    r.body =
+        CompletionResponse(request, meta, choices, token_text).dump(-1, ' ', false, Json::error_handler_t::replace);
+    return r;
   }
   if (failure.has_value()) {
-    responder->Write(absl::StrCat("data: ", ErrorBody(*failure), "\n\n"));
-    return;
+    out->Write(absl::StrCat("data: ", ErrorBody(*failure), "\n\n"));
+  } else {
+    if (request.include_usage) out->Write(SseEvent(UsageChunk(request, meta, choices)));
+    out->Write("data: [DONE]\n\n");
   }
-  if (request.include_usage) responder->Write(SseEvent(UsageChunk(request, meta, choices)));
-  responder->Write("data: [DONE]\n\n");
+  return {};
 }
 
 }  // namespace rlfleet::gateway

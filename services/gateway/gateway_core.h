@@ -6,8 +6,15 @@
 // Routes: GET /v1/models, GET /health, POST /v1/completions, POST
 // /v1/chat/completions. A stream that has begun and then fails ends with an error
 // event ({"error": {...}}); before that, errors are HTTP errors in OpenAI's shape. A
-// client that goes away cancels its generation. Thread-safe: one Handle per connection
-// thread.
+// client that goes away cancels its generation, streamed or not.
+//
+// Admission (CheckHead, before a body is read): the API key, compared in constant
+// time; without a key on loopback, a Host naming this machine and JSON bodies only (a
+// web page cannot post to it). Generations at once are bounded in all
+// (max_generations) and per client (its key, or its address without one): past
+// either, 429 with Retry-After, so that /health and /v1/models are always answered.
+//
+// Thread-safe: CheckHead and Handle are called concurrently, one per connection thread.
 #ifndef RLFLEET_SERVICES_GATEWAY_GATEWAY_CORE_H_
 #define RLFLEET_SERVICES_GATEWAY_GATEWAY_CORE_H_
 
@@ -17,10 +24,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/http/http_server.h"
 #include "rlfleet/v1/rollout.pb.h"
-#include "services/gateway/http_server.h"
 #include "services/gateway/openai_api.h"
 
 namespace rlfleet::model {
@@ -65,21 +75,43 @@ struct GatewayOptions {
   std::string model_name = "rlfleet";
   std::string api_key;  // "" = none required
   absl::Duration request_timeout = absl::Minutes(5);
+  int max_generations = 192;            // generation requests at once, all clients
+  int max_generations_per_client = 64;  // at once, per API key (or per address without a key)
+  // Without a key: refuse a Host that does not name this machine and a POST body that
+  // is not application/json (DNS rebinding and cross-site posts from a browser).
+  bool local_origin_only = false;
 };
+
+// The paths the gateway serves (for http::Server::Options::paths).
+std::vector<std::string> GatewayPaths();
 
 class Gateway {
  public:
   Gateway(GatewayOptions options, std::unique_ptr<TextCodec> codec, GenerateBackend* backend);
-  // HttpServer's handler.
-  void Handle(const HttpRequest& request, HttpResponder* responder);
+  // http::Server's head check: 401 / 400 / 415 for a request refused before its body.
+  std::optional<http::Reply> CheckHead(const http::Request& request) const;
+  // http::Server's handler. A streamed generation runs in the reply's stream function.
+  http::Reply Handle(const http::Request& request);
+  // Generations running now (their slots), for tests and metrics.
+  int generations() const;
 
  private:
-  void Generate(Endpoint endpoint, const HttpRequest& request, HttpResponder* responder);
+  struct Slot;
+  struct Job;
+  http::Reply Generate(Endpoint endpoint, const http::Request& request);
   absl::StatusOr<std::vector<int32_t>> PromptIds(const GenerationRequest& request, ApiError* error) const;
+  // A slot for one generation of `client`, or the 429 that refuses it.
+  absl::StatusOr<std::shared_ptr<Slot>> TakeSlot(const std::string& client);
+  // Runs `job`: chunks to `out` when streaming (nullptr: whole); `connected` false
+  // cancels. Returns the whole reply when not streaming.
+  http::Reply Run(Job& job, http::StreamWriter* out, const std::function<bool()>& connected);
 
   const GatewayOptions options_;
   const std::unique_ptr<TextCodec> codec_;
   GenerateBackend* const backend_;
+  mutable absl::Mutex mu_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, int> per_client_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rlfleet::gateway

@@ -11,11 +11,11 @@
 #include "absl/strings/strip.h"
 #include "libs/common/config.h"
 #include "libs/common/files.h"
+#include "libs/http/http_server.h"
 #include "libs/registry/registrar.h"
 #include "libs/registry/registry_client.h"
 #include "libs/rpc/client.h"
 #include "services/gateway/gateway_core.h"
-#include "services/gateway/http_server.h"
 #include "services/gateway/rollout_pool.h"
 
 ABSL_FLAG(std::string, http_host, "127.0.0.1", "IPv4 address the HTTP API listens on (0.0.0.0: every interface).");
@@ -33,7 +33,15 @@ ABSL_FLAG(std::string, model_name, "",
 ABSL_FLAG(std::string, api_key_file, "",
           "File holding the API key clients must send (Authorization: Bearer KEY). Empty: none required.");
 ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(5), "Deadline of one generation request.");
-ABSL_FLAG(int, max_connections, 256, "Open HTTP connections at most (one more is answered 503).");
+ABSL_FLAG(int, max_connections, 256,
+          "HTTP connections served at once (a thread each); as many more are answered 503, then they wait.");
+ABSL_FLAG(int, max_generations, 0,
+          "Generation requests at once, all clients; past it 429. 0: --max_connections - 16 (room kept for /health "
+          "and /v1/models).");
+ABSL_FLAG(int, max_generations_per_client, 64,
+          "Generation requests at once per API key (per client address without a key); past it 429.");
+ABSL_FLAG(bool, insecure, false,
+          "Serve on a non-loopback --http_host without --api_key_file (anyone who reaches the port may generate).");
 
 int main(int argc, char** argv) {
   rlfleet::common::ParseFlagsWithConfig(argc, argv,
@@ -62,6 +70,31 @@ int main(int argc, char** argv) {
       std::cerr << "rlfleet-gateway: --api_key_file " << file << " is empty\n";
       return 2;
     }
+  }
+  const std::string http_host = absl::GetFlag(FLAGS_http_host);
+  const bool loopback = rlfleet::http::IsLoopbackHost(http_host);
+  if (gateway.api_key.empty() && !loopback && !absl::GetFlag(FLAGS_insecure)) {
+    std::cerr << "rlfleet-gateway: --http_host " << http_host
+              << " is reachable from other machines and no --api_key_file is set: give a key, or pass --insecure to "
+                 "serve anyone who reaches the port\n";
+    return 2;
+  }
+  gateway.local_origin_only = gateway.api_key.empty() && loopback;
+  const int max_connections = absl::GetFlag(FLAGS_max_connections);
+  if (max_connections < 2) {
+    std::cerr << "rlfleet-gateway: --max_connections must be at least 2\n";
+    return 2;
+  }
+  gateway.max_generations = absl::GetFlag(FLAGS_max_generations);
+  if (gateway.max_generations <= 0) gateway.max_generations = std::max(1, max_connections - 16);
+  if (gateway.max_generations >= max_connections) {
+    std::cerr << "rlfleet-gateway: --max_generations must be below --max_connections (room for /health)\n";
+    return 2;
+  }
+  gateway.max_generations_per_client = absl::GetFlag(FLAGS_max_generations_per_client);
+  if (gateway.max_generations_per_client < 1) {
+    std::cerr << "rlfleet-gateway: --max_generations_per_client must be at least 1\n";
+    return 2;
   }
   absl::StatusOr<std::unique_ptr<rlfleet::gateway::TextCodec>> codec =
       model_dir.empty() ? rlfleet::gateway::BuiltinCodec() : rlfleet::gateway::ModelDirCodec(model_dir);
@@ -93,11 +126,14 @@ int main(int argc, char** argv) {
   }
   rlfleet::gateway::RolloutPool pool(fixed, std::move(registry), *client);
   rlfleet::gateway::Gateway core(gateway, *std::move(codec), &pool);
-  rlfleet::gateway::HttpServer::Options http;
-  http.max_connections = absl::GetFlag(FLAGS_max_connections);
-  auto server = rlfleet::gateway::HttpServer::Start(
-      absl::GetFlag(FLAGS_http_host), absl::GetFlag(FLAGS_http_port),
-      [&core](const rlfleet::gateway::HttpRequest& r, rlfleet::gateway::HttpResponder* w) { core.Handle(r, w); }, http);
+  rlfleet::http::Server::Options http;
+  http.max_connections = max_connections;
+  http.paths = rlfleet::gateway::GatewayPaths();
+  http.read_timeout = absl::Seconds(15);
+  auto server = rlfleet::http::Server::Start(
+      http_host, absl::GetFlag(FLAGS_http_port), http,
+      [&core](const rlfleet::http::Request& r) { return core.Handle(r); },
+      [&core](const rlfleet::http::Request& r) { return core.CheckHead(r); });
   if (!server.ok()) {
     std::cerr << "rlfleet-gateway: " << server.status() << "\n";
     return 1;
@@ -108,9 +144,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::cout << "rlfleet-gateway: OpenAI-compatible API on http://" << absl::GetFlag(FLAGS_http_host) << ":"
-            << (*server)->port() << "/v1 (model \"" << gateway.model_name << "\""
-            << (gateway.api_key.empty() ? "" : ", API key required") << "), replicas "
+  std::cout << "rlfleet-gateway: OpenAI-compatible API on http://" << http_host << ":" << (*server)->port()
+            << "/v1 (model \"" << gateway.model_name << "\"" << (gateway.api_key.empty() ? "" : ", API key required")
+            << "), replicas "
             << (fixed.empty() ? "from the registry at " + registry_address : absl::StrJoin(fixed, ", ")) << std::endl;
 
   // (blocked before any thread starts, so that every thread inherits the mask)

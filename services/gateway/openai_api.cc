@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "libs/common/json_depth.h"
 
 namespace rlfleet::gateway {
 namespace {
@@ -118,6 +119,12 @@ std::optional<ApiError> RefuseUnlessNeutral(const Json& body, const char* key, c
   return Bad(key, absl::StrCat(key, ": not supported (", why, ")"));
 }
 
+// Whether json[key] is a string (equal to `value` when one is given).
+bool IsString(const Json& json, const char* key, const char* value = nullptr) {
+  if (!json.contains(key) || !json[key].is_string()) return false;
+  return value == nullptr || json[key].get_ref<const std::string&>() == value;
+}
+
 // Chat content: a string, or text parts joined.
 std::optional<ApiError> NormalizeContent(Json& message, size_t i) {
   if (!message.contains("content") || message["content"].is_null() || message["content"].is_string()) {
@@ -127,7 +134,7 @@ std::optional<ApiError> NormalizeContent(Json& message, size_t i) {
   if (!message["content"].is_array()) return Bad(param, param + ": expected a string or an array of text parts");
   std::string text;
   for (const Json& part : message["content"]) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+    if (!part.is_object() || !IsString(part, "type", "text") || !part.contains("text") || !part["text"].is_string()) {
       return Bad(param, param + ": only parts of type \"text\" are supported");
     }
     text += part["text"].get<std::string>();
@@ -192,7 +199,10 @@ std::optional<ApiError> ReadMessages(const Json& body, GenerationRequest* out) {
         }
         Json& f = call["function"];
         if (f.contains("arguments") && f["arguments"].is_string()) {
-          Json parsed = Json::parse(f["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          const std::string& text = f["arguments"].get_ref<const std::string&>();
+          Json parsed = common::CheckJsonDepth(text, "arguments").ok()
+                            ? Json::parse(text, nullptr, /*allow_exceptions=*/false)
+                            : Json(Json::value_t::discarded);
           if (!parsed.is_discarded()) f["arguments"] = std::move(parsed);
         }
       }
@@ -201,8 +211,8 @@ std::optional<ApiError> ReadMessages(const Json& body, GenerationRequest* out) {
   if (body.contains("tools") && !body["tools"].is_null()) {
     if (!body["tools"].is_array()) return Bad("tools", "tools: expected an array");
     for (const Json& t : body["tools"]) {
-      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
-          !t["function"].is_object() || !t["function"].contains("name")) {
+      if (!t.is_object() || !IsString(t, "type", "function") || !t.contains("function") || !t["function"].is_object() ||
+          !IsString(t["function"], "name")) {
         return Bad("tools", "tools: each tool is {\"type\": \"function\", \"function\": {\"name\": ...}}");
       }
     }
@@ -256,8 +266,13 @@ ApiError ApiErrorFromStatus(const absl::Status& status) {
   return e;
 }
 
-std::optional<ApiError> ParseGenerationRequest(Endpoint endpoint, absl::string_view text,
-                                               const std::string& served_model, GenerationRequest* out) {
+namespace {
+
+std::optional<ApiError> ParseChecked(Endpoint endpoint, absl::string_view text, const std::string& served_model,
+                                     GenerationRequest* out) {
+  if (absl::Status deep = common::CheckJsonDepth(text, "the body"); !deep.ok()) {
+    return Bad("", std::string(deep.message()));
+  }
   Json body = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Bad("", "the body is not valid JSON");
   if (!body.is_object()) return Bad("", "the body is not a JSON object");
@@ -366,6 +381,20 @@ std::optional<ApiError> ParseGenerationRequest(Endpoint endpoint, absl::string_v
   return std::nullopt;
 }
 
+}  // namespace
+
+std::optional<ApiError> ParseGenerationRequest(Endpoint endpoint, absl::string_view text,
+                                               const std::string& served_model, GenerationRequest* out) {
+  // Every field is checked by type before use; a use this code got wrong is still a
+  // 400 naming the request, never an exception past this function.
+  try {
+    return ParseChecked(endpoint, text, served_model, out);
+  } catch (const Json::exception& e) {
+    *out = GenerationRequest{};
+    return Bad("", absl::StrCat("the request could not be read: ", e.what()));
+  }
+}
+
 ParsedToolCalls ParseToolCalls(const std::string& text, const std::string& id_prefix) {
   ParsedToolCalls out;
   const size_t first = text.find(kToolCallOpen);
@@ -378,8 +407,10 @@ ParsedToolCalls ParseToolCalls(const std::string& text, const std::string& id_pr
   while (at != std::string::npos) {
     const size_t body = at + std::strlen(kToolCallOpen);
     const size_t close = text.find(kClose, body);
-    const Json call = Json::parse(text.substr(body, close == std::string::npos ? std::string::npos : close - body),
-                                  nullptr, /*allow_exceptions=*/false);
+    const std::string json = text.substr(body, close == std::string::npos ? std::string::npos : close - body);
+    const Json call = common::CheckJsonDepth(json, "a tool call").ok()
+                          ? Json::parse(json, nullptr, /*allow_exceptions=*/false)
+                          : Json(Json::value_t::discarded);
     if (call.is_discarded() || !call.is_object() || !call.contains("name") || !call["name"].is_string()) {
       return {text, {}};
     }
