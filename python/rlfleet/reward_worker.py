@@ -14,7 +14,11 @@ not a finite number, gives that item `error_reward` (0.0 by default), the compon
 worker goes on.
 
     python3 -m rlfleet.reward_worker --function my_rewards.py:reward --tasks mytask \\
-        --controller 127.0.0.1:7000 [--port 0] [--token_file F]
+        --controller 127.0.0.1:7000 [--port 0] [--token_file F] [--max_message_bytes N]
+
+A Score call carries at most --max_message_bytes (the fleet's flag of that name, 16 MiB
+by default as every rlfleet service's): the controller splits a step's batch into calls
+of at most that many bytes and MAX_ITEMS items, so give the worker the fleet's value.
 
 or from Python: RewardWorker(fn, ["mytask"]).serve(controller="127.0.0.1:7000").
 """
@@ -41,6 +45,7 @@ __all__ = ["RewardWorker", "load_function", "main"]
 
 TASKS_LABEL = "reward.tasks"  # (services/controller/reward_routes.h reads it)
 MAX_ITEMS = 1024  # per Score call, as the fleet's reward service
+DEFAULT_MAX_MESSAGE_BYTES = 16 << 20  # every rlfleet service's --max_message_bytes (libs/rpc/server_runner.h)
 
 
 def _log(message: str):
@@ -129,10 +134,14 @@ class RewardWorker:
     pass threads=1)."""
 
     def __init__(self, fn: Callable, tasks: Sequence[str], *, name: str = "", error_reward: float = 0.0,
-                 min_reward: float = 0.0, max_reward: float = 1.0, token: Optional[str] = None, threads: int = 4):
+                 min_reward: float = 0.0, max_reward: float = 1.0, token: Optional[str] = None, threads: int = 4,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         tasks = [t.strip() for t in tasks if t.strip()]
         if not tasks:
             raise ValueError("tasks: name at least one task this worker scores")
+        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or \
+                not 1 <= max_message_bytes <= (1 << 31) - 1:
+            raise ValueError(f"max_message_bytes: {max_message_bytes!r}; want 1..{(1 << 31) - 1}")
         if not math.isfinite(error_reward):
             raise ValueError(f"error_reward: {error_reward}; want a finite number")
         self.fn = fn
@@ -142,6 +151,7 @@ class RewardWorker:
         self.min_reward, self.max_reward = float(min_reward), float(max_reward)
         self.token = token
         self.threads = max(1, threads)
+        self.max_message_bytes = max_message_bytes
         self.replica_id = f"reward-py-{uuid.uuid4().hex[:16]}"
         self._lock = threading.Lock()
         self.scored = 0
@@ -177,14 +187,18 @@ class RewardWorker:
               advertise: Optional[str] = None, ttl_ms: int = 10000, ready: Optional[Callable[[str], None]] = None):
         """Serves until stop() (or SIGTERM / SIGINT when run by main()); registers with
         `controller` (its registry) when given, heartbeats, and deregisters at the end."""
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.threads))
+        # (gRPC's own default would refuse any request over 4 MiB: 1024 responses of 8 KiB)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.threads),
+                             options=[("grpc.max_receive_message_length", self.max_message_bytes),
+                                      ("grpc.max_send_message_length", self.max_message_bytes)])
         reward_pb2_grpc.add_RewardServiceServicer_to_server(_Servicer(self), server)
         bound = server.add_insecure_port(f"{host}:{port}")
         if bound == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         server.start()
         address = f"{advertise or host}:{bound}"
-        _log(f"serving {self.name} for task(s) {', '.join(self.tasks)} on {address}")
+        _log(f"serving {self.name} for task(s) {', '.join(self.tasks)} on {address} "
+             f"(messages up to {self.max_message_bytes} bytes)")
         registry = None
         try:
             if controller:
@@ -263,12 +277,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--token_file", default="", help="file with the fleet's bearer token")
     parser.add_argument("--error_reward", type=float, default=0.0, help="reward of an item the function failed on")
     parser.add_argument("--threads", type=int, default=4, help="items scored at once at most")
+    parser.add_argument("--max_message_bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
+                        help="largest Score request (and reply) in bytes: the fleet's --max_message_bytes "
+                             "(default 16 MiB, as every rlfleet service's)")
     args = parser.parse_args(argv)
     try:
         fn = load_function(args.function)
         token = open(args.token_file).read().strip() if args.token_file else None
         worker = RewardWorker(fn, args.tasks.split(","), error_reward=args.error_reward, token=token,
-                              threads=args.threads)
+                              threads=args.threads, max_message_bytes=args.max_message_bytes)
     except (ValueError, OSError) as e:
         print(f"rlfleet-reward-worker: {e}", file=sys.stderr)
         return 2

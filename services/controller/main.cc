@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
   rlfleet::rpc::ClientOptions client;  // to the run's peers: the controller's role when it holds the admin token
   client.auth.token = options->auth.token;
   client.auth.admin_token = options->auth.admin_token;
+  // The fleet's message limit on the peers' calls too (a reward batch is split to it).
+  client.max_message_bytes = options->max_message_bytes;
   rlfleet::controller::PeerAddresses addresses;
   addresses.rollout = absl::GetFlag(FLAGS_rollout);
   addresses.reward = absl::GetFlag(FLAGS_reward);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "google/protobuf/io/coded_stream.h"
 
 namespace rlfleet::controller {
 
@@ -57,6 +58,56 @@ absl::Status TaskRoutedReward::Score(const v1::ScoreRequest& request, v1::ScoreR
   }
   response->Clear();
   for (v1::ScoreResult& r : results) *response->add_results() = std::move(r);
+  response->set_elapsed_ms(elapsed_ms);
+  return absl::OkStatus();
+}
+
+SplitReward::SplitReward(std::unique_ptr<RewardPeer> inner, int max_items, size_t max_bytes)
+    : inner_(std::move(inner)), max_items_(std::max(1, max_items)), max_bytes_(max_bytes) {}
+
+absl::Status SplitReward::Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) {
+  // The parts: [begin, end) ranges of items, each within both bounds. An item costs its
+  // encoded size plus its field tag and length prefix in the request.
+  v1::ScoreRequest header = request;
+  header.clear_items();
+  const size_t fixed = header.ByteSizeLong();
+  std::vector<std::pair<int, int>> parts;
+  size_t bytes = fixed;
+  for (int i = 0; i < request.items_size(); ++i) {
+    const size_t size = request.items(i).ByteSizeLong();
+    const size_t cost = 1 + google::protobuf::io::CodedOutputStream::VarintSize64(size) + size;
+    if (fixed + cost > max_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat("items[", i, "] (", request.items(i).item_id(), ") is ", cost,
+                                                     " bytes: over the ", max_bytes_,
+                                                     " bytes one Score call carries (--max_message_bytes)"));
+    }
+    if (parts.empty() || parts.back().second - parts.back().first >= max_items_ || bytes + cost > max_bytes_) {
+      parts.emplace_back(i, i);
+      bytes = fixed;
+    }
+    ++parts.back().second;
+    bytes += cost;
+  }
+  if (parts.size() <= 1) return inner_->Score(request, response);
+  response->Clear();
+  double elapsed_ms = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const auto [begin, end] = parts[p];
+    v1::ScoreRequest part = header;
+    part.mutable_items()->Reserve(end - begin);
+    for (int i = begin; i < end; ++i) *part.add_items() = request.items(i);
+    v1::ScoreResponse scored;
+    if (absl::Status s = inner_->Score(part, &scored); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("part ", p + 1, " of ", parts.size(), " (items ", begin, "..", end - 1,
+                                                 "): ", s.message()));
+    }
+    if (scored.results_size() != end - begin) {
+      return absl::InternalError(absl::StrCat("part ", p + 1, " of ", parts.size(), ": ", scored.results_size(),
+                                              " results for ", end - begin, " items"));
+    }
+    for (v1::ScoreResult& r : *scored.mutable_results()) *response->add_results() = std::move(r);
+    elapsed_ms += scored.elapsed_ms();
+  }
   response->set_elapsed_ms(elapsed_ms);
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 #include "rlfleet/v1/rollout.grpc.pb.h"
 #include "rlfleet/v1/trainer.grpc.pb.h"
 #include "rlfleet/v1/weights.grpc.pb.h"
+#include "services/controller/reward_routes.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -254,7 +255,11 @@ absl::StatusOr<std::unique_ptr<RolloutReplica>> NewGrpcRolloutReplica(const rpc:
 
 absl::StatusOr<std::unique_ptr<RewardPeer>> NewGrpcRewardPeer(const rpc::ClientOptions& options,
                                                               const std::string& address, absl::Duration timeout) {
-  return Make<RewardPeer, GrpcRewardPeer>(options, address, timeout);
+  ASSIGN_OR_RETURN(std::unique_ptr<RewardPeer> peer, (Make<RewardPeer, GrpcRewardPeer>(options, address, timeout)));
+  // (a step's batch in calls that fit the peer's message limit: the fleet's --max_message_bytes)
+  const int limit = std::max(options.max_message_bytes, 2 * static_cast<int>(kScoreMessageMargin));
+  return std::unique_ptr<RewardPeer>(
+      std::make_unique<SplitReward>(std::move(peer), kMaxScoreItems, static_cast<size_t>(limit) - kScoreMessageMargin));
 }
 
 absl::StatusOr<std::unique_ptr<BufferPeer>> NewGrpcBufferPeer(const rpc::ClientOptions& options,

@@ -17,6 +17,8 @@ namespace rlfleet::controller {
 absl::StatusOr<std::unique_ptr<RolloutReplica>> NewGrpcRolloutReplica(const rpc::ClientOptions& options,
                                                                       const std::string& address,
                                                                       absl::Duration timeout);
+// A reward peer's calls are split to fit `options.max_message_bytes` and
+// kMaxScoreItems (reward_routes.h SplitReward).
 absl::StatusOr<std::unique_ptr<RewardPeer>> NewGrpcRewardPeer(const rpc::ClientOptions& options,
                                                               const std::string& address, absl::Duration timeout);
 absl::StatusOr<std::unique_ptr<BufferPeer>> NewGrpcBufferPeer(const rpc::ClientOptions& options,

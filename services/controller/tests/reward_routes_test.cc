@@ -88,5 +88,83 @@ TEST(RewardTaskRoutes, TheLabelNamesTheTasksAndTheFirstReplicaWins) {
   EXPECT_TRUE(ServesNamedTasksOnly(replicas[1]));
 }
 
+// Records each call's size and scores item i with its response's length.
+class SizedReward : public RewardPeer {
+ public:
+  absl::Status Score(const v1::ScoreRequest& request, v1::ScoreResponse* response) override {
+    calls.push_back({request.items_size(), request.ByteSizeLong()});
+    if (calls.size() == fail_at) return absl::UnavailableError("gone");
+    for (const v1::ScoreItem& item : request.items()) {
+      v1::ScoreResult* r = response->add_results();
+      r->set_item_id(item.item_id());
+      r->set_reward(static_cast<float>(item.response_text().size()));
+    }
+    response->set_elapsed_ms(1);
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<int, size_t>> calls;  // items, bytes
+  size_t fail_at = 0;                         // (1-based call that fails; 0: none)
+};
+
+v1::ScoreRequest Texts(int count, size_t bytes) {
+  v1::ScoreRequest request;
+  for (int i = 0; i < count; ++i) {
+    v1::ScoreItem* item = request.add_items();
+    item->set_item_id("e" + std::to_string(i));
+    item->set_task("reverse");
+    item->set_response_text(std::string(bytes + i, 'x'));
+  }
+  return request;
+}
+
+TEST(SplitReward, ABatchIsScoredInCallsWithinTheByteAndItemBoundsInOrder) {
+  constexpr size_t kMax = 100 << 10;
+  for (const auto& [count, bytes] : std::vector<std::pair<int, size_t>>{{1024, 8 << 10}, {64, 60 << 10}, {3000, 10}}) {
+    auto* inner = new SizedReward;
+    SplitReward split(std::unique_ptr<RewardPeer>(inner), kMaxScoreItems, kMax);
+    v1::ScoreResponse response;
+    ASSERT_TRUE(split.Score(Texts(count, bytes), &response).ok());
+    ASSERT_EQ(response.results_size(), count);
+    for (int i = 0; i < count; ++i) {
+      EXPECT_EQ(response.results(i).item_id(), "e" + std::to_string(i));
+      EXPECT_EQ(response.results(i).reward(), static_cast<float>(bytes + i));
+    }
+    int items = 0;
+    for (const auto& [n, size] : inner->calls) {
+      EXPECT_LE(n, kMaxScoreItems);
+      EXPECT_LE(size, kMax);
+      items += n;
+    }
+    EXPECT_EQ(items, count);
+    // As few calls as the bounds allow (each call but the last is full).
+    const size_t total = Texts(count, bytes).ByteSizeLong();
+    EXPECT_LE(inner->calls.size(),
+              std::max<size_t>((count + kMaxScoreItems - 1) / kMaxScoreItems, 2 * (total + kMax - 1) / kMax));
+    EXPECT_EQ(response.elapsed_ms(), static_cast<double>(inner->calls.size()));
+  }
+  // A batch within the bounds is one call, as it was.
+  auto* inner = new SizedReward;
+  SplitReward split(std::unique_ptr<RewardPeer>(inner), kMaxScoreItems, kMax);
+  v1::ScoreResponse response;
+  ASSERT_TRUE(split.Score(Texts(10, 100), &response).ok());
+  EXPECT_EQ(inner->calls.size(), 1u);
+}
+
+TEST(SplitReward, AnItemOverTheBoundAndAFailingPartFailTheBatch) {
+  auto* inner = new SizedReward;
+  SplitReward split(std::unique_ptr<RewardPeer>(inner), kMaxScoreItems, 4096);
+  v1::ScoreResponse response;
+  v1::ScoreRequest request = Texts(3, 100);
+  request.mutable_items(1)->set_response_text(std::string(5000, 'y'));
+  absl::Status s = split.Score(request, &response);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "items[1] (e1)")) << s;
+  EXPECT_TRUE(inner->calls.empty());
+  inner->fail_at = 2;
+  s = split.Score(Texts(100, 1000), &response);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(s.message(), "part 2 of ")) << s;
+}
+
 }  // namespace
 }  // namespace rlfleet::controller
