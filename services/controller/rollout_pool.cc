@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,20 @@ namespace {
 bool ReplicaFailure(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s);
 }
+
+// A replica too busy for a call now (its queue is full: inference traffic through the
+// gateway shares it). The chunk waits and is tried again, there or elsewhere.
+bool ReplicaBusy(const absl::Status& s) { return absl::IsResourceExhausted(s); }
+
+// A replica that failed to decode a chunk (INTERNAL: a libtorch error such as an out
+// of memory; ABORTED). The replica lives: the chunk is tried again, up to
+// kDecodeAttempts times in all, before the run fails with the error.
+bool DecodeFailure(const absl::Status& s) { return absl::IsInternal(s) || absl::IsAborted(s); }
+constexpr int kDecodeAttempts = 3;
+
+// How long a worker keeps finding its replica busy, with nothing else to do, before
+// the call fails RESOURCE_EXHAUSTED.
+constexpr absl::Duration kBusyPatience = absl::Minutes(10);
 
 // A replica's answer to installing `request`, FAILED_PRECONDITION included: that is
 // OK only when the replica reports serving exactly the version (it had it already);
@@ -93,10 +108,14 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::
   const int chunk = std::max<int>(
       {1, min_prompts_per_call,
        static_cast<int>((prompts + 2 * kCallsInFlight * live_peers - 1) / (2 * kCallsInFlight * live_peers))});
-  std::deque<std::vector<int>> queue;
+  struct Chunk {
+    std::vector<int> prompts;
+    int decode_failures = 0;
+  };
+  std::deque<Chunk> queue;
   for (int i = 0; i < prompts; i += chunk) {
-    std::vector<int>& c = queue.emplace_back();
-    for (int k = i; k < std::min(prompts, i + chunk); ++k) c.push_back(k);
+    Chunk& c = queue.emplace_back();
+    for (int k = i; k < std::min(prompts, i + chunk); ++k) c.prompts.push_back(k);
   }
   std::vector<v1::GenerateBatchResponse> per_prompt(prompts);
   absl::Mutex work_mu;
@@ -106,21 +125,24 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::
   std::vector<int> requeued(live_peers, 0);
   // Every live replica's first call is set before any is made: each gets work.
   // (starting at a replica that turns with each call: calls of one chunk spread too)
-  std::vector<std::vector<int>> first(live_peers);
+  std::vector<Chunk> first(live_peers);
   const size_t offset = next_first_.fetch_add(1) % live_peers;
   for (size_t j = 0; j < live_peers && !queue.empty(); ++j) {
     first[(offset + j) % live_peers] = std::move(queue.front());
     queue.pop_front();
     ++in_flight;
   }
+  int busy_retries = 0, decode_retries = 0;
   auto worker = [&](size_t k, bool starts) {
     RolloutReplica* peer = peers[k].get();
+    absl::Duration backoff = absl::Milliseconds(50);
+    std::optional<absl::Time> busy_since;
     while (true) {
-      std::vector<int> mine;
+      Chunk mine;
       v1::GenerateBatchRequest part = request;
       {
         absl::MutexLock work(&work_mu);
-        if (starts && !first[k].empty()) {
+        if (starts && !first[k].prompts.empty()) {
           mine = std::move(first[k]);
           starts = false;
         } else {
@@ -137,33 +159,65 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::
         part.set_request_id(absl::StrCat(request.request_id(), "-c", calls++));
       }
       part.clear_prompts();
-      for (int i : mine) *part.add_prompts() = request.prompts(i);
+      for (int i : mine.prompts) *part.add_prompts() = request.prompts(i);
       v1::GenerateBatchResponse reply;
       absl::Status s = peer->GenerateBatch(part, &reply);
-      if (s.ok() && reply.completions_size() != static_cast<int>(mine.size()) * samples) {
-        s = absl::InternalError(absl::StrCat("rollout replica ", peer->address(), " returned ",
-                                             reply.completions_size(), " completions for ", mine.size(), " prompts x ",
-                                             samples));
+      if (s.ok() && reply.completions_size() != static_cast<int>(mine.prompts.size()) * samples) {
+        s = absl::FailedPreconditionError(absl::StrCat("rollout replica ", peer->address(), " returned ",
+                                                       reply.completions_size(), " completions for ",
+                                                       mine.prompts.size(), " prompts x ", samples));
       }
       if (s.ok()) {  // each prompt belongs to one chunk: no two workers write one slot
-        for (size_t j = 0; j < mine.size(); ++j) {
+        for (size_t j = 0; j < mine.prompts.size(); ++j) {
           for (int x = 0; x < samples; ++x) {
-            *per_prompt[mine[j]].add_completions() =
+            *per_prompt[mine.prompts[j]].add_completions() =
                 std::move(*reply.mutable_completions(static_cast<int>(j) * samples + x));
           }
         }
       }
-      absl::MutexLock work(&work_mu);
-      --in_flight;
-      if (s.ok()) continue;
-      if (!ReplicaFailure(s)) {
-        if (fatal.ok()) fatal = s;
-        return;
+      bool wait = false;
+      {
+        absl::MutexLock work(&work_mu);
+        --in_flight;
+        if (s.ok()) {
+          busy_since.reset();
+          backoff = absl::Milliseconds(50);
+          continue;
+        }
+        if (ReplicaBusy(s) && !(busy_since.has_value() && absl::Now() - *busy_since > kBusyPatience)) {
+          // Busy: the chunk goes back for any replica; this one is asked again after a
+          // back-off (the queue it waits for drains as its sequences finish).
+          if (!busy_since.has_value()) busy_since = absl::Now();
+          ++busy_retries;
+          queue.push_front(std::move(mine));
+          wait = true;
+        } else if (DecodeFailure(s) && ++mine.decode_failures < kDecodeAttempts) {
+          if (log_) {
+            log_(absl::StrCat("rollout replica ", peer->address(), " failed to generate ", mine.prompts.size(),
+                              " prompts (", s.message(), "): tried again"));
+          }
+          ++decode_retries;
+          queue.push_back(std::move(mine));
+          wait = true;
+        } else if (ReplicaFailure(s)) {
+          if (failure[k].ok()) failure[k] = s;
+          requeued[k] += mine.prompts.size();
+          queue.push_back(std::move(mine));
+          return;
+        } else {
+          if (fatal.ok()) {
+            fatal = ReplicaBusy(s)
+                        ? common::Annotate(s, absl::StrCat("rollout replica ", peer->address(), " was busy for ",
+                                                           absl::FormatDuration(kBusyPatience)))
+                        : s;
+          }
+          return;
+        }
       }
-      if (failure[k].ok()) failure[k] = s;
-      requeued[k] += mine.size();
-      queue.push_back(std::move(mine));
-      return;
+      if (wait) {
+        absl::SleepFor(backoff);
+        backoff = std::min(backoff * 2, absl::Seconds(1));
+      }
     }
   };
   std::vector<std::thread> threads;
@@ -175,6 +229,10 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::
     if (!failure[k].ok()) {
       DropPeer(peers[k].get(), failure[k], absl::StrCat("; re-dispatching its ", requeued[k], " prompts"));
     }
+  }
+  if ((busy_retries > 0 || decode_retries > 0) && log_) {
+    log_(absl::StrCat("rollout: ", busy_retries, " calls found their replica busy and ", decode_retries,
+                      " failed to generate; their prompts were generated again"));
   }
   if (!fatal.ok()) return fatal;
   if (!queue.empty()) return absl::UnavailableError("no rollout replica left");

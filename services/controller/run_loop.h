@@ -85,8 +85,11 @@ class TrainerPeer {
 // The rollout replicas of a run. Prompts are split evenly over the live replicas and
 // generated concurrently; a replica that fails with UNAVAILABLE (dead),
 // DEADLINE_EXCEEDED (hung past its call deadline) or CANCELLED (its server stopping) is
-// dropped and its prompts go to the others, so a run survives losing replicas as long as one is left. Other errors (a
-// request the replica rejects) are returned as they are. A replica that refuses a
+// dropped and its prompts go to the others, so a run survives losing replicas as long as one is left. A replica
+// that is busy (RESOURCE_EXHAUSTED: its queue is full, e.g. of gateway traffic) is asked
+// again after a back-off while the others take the chunk; one that fails to decode a
+// chunk (INTERNAL, ABORTED: an out-of-memory) stays, and the chunk is tried again, three
+// times in all. Other errors (a request the replica rejects) are returned as they are. A replica that refuses a
 // version with FAILED_PRECONDITION counts as installed only if it reports serving
 // exactly that version; otherwise (a newer version from another run, another install
 // in progress, shutting down) it cannot serve this run's policy and is dropped.

@@ -178,6 +178,7 @@ void RunManager::Persist() {
 
 absl::Status RunManager::Recover(absl::Duration peers_within) {
   if (store_ == nullptr) return absl::OkStatus();
+  absl::MutexLock starting(&start_mu_);
   absl::StatusOr<std::optional<RunRecord>> loaded = store_->Load();
   if (!loaded.ok()) return common::Annotate(loaded.status(), "reading the run's record");
   if (!loaded->has_value()) return absl::OkStatus();
@@ -257,6 +258,7 @@ absl::Status RunManager::Recover(absl::Duration peers_within) {
 RunManager::~RunManager() {
   shutting_down_ = true;
   stop_ = true;
+  absl::MutexLock starting(&start_mu_);
   if (thread_.joinable()) thread_.join();
 }
 
@@ -266,6 +268,7 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
   if (!run_id.empty()) RETURN_IF_ERROR(common::ValidatePathId("run_id", run_id));
   absl::StatusOr<LoopConfig> loop = LoopConfigFromRun(config, data_root_);
   if (!loop.ok()) return loop.status();
+  absl::MutexLock starting(&start_mu_);  // (a concurrent Start waits here, then finds this run active)
   {
     absl::MutexLock lock(&mu_);
     if (!Terminal(state_)) {

@@ -107,7 +107,10 @@ class RunManager {
   bool store_failing_ ABSL_GUARDED_BY(store_mu_) = false;
   std::atomic<bool> stop_{false};
   std::atomic<bool> shutting_down_{false};  // the destructor: the run is left to resume
-  std::thread thread_;
+  // Start, Recover and the destructor one at a time: the check that no run is active,
+  // the id's reservation, the peers and the run's thread are one step.
+  absl::Mutex start_mu_ ABSL_ACQUIRED_BEFORE(store_mu_);
+  std::thread thread_ ABSL_GUARDED_BY(start_mu_);
   absl::Mutex mu_;
   std::string run_id_ ABSL_GUARDED_BY(mu_);
   v1::RunState state_ ABSL_GUARDED_BY(mu_) = v1::RUN_STATE_IDLE;

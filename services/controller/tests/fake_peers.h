@@ -38,6 +38,10 @@ class FakeRollout : public RolloutReplica {
     absl::SleepFor(latency_);  // a slow (or loaded) replica
     absl::MutexLock lock(&mu_);
     if (fail_from_ >= 0 && calls_ >= fail_from_) return failure_;
+    if (fail_next_ > 0) {
+      --fail_next_;
+      return next_failure_;
+    }
     ++calls_;
     for (int i = 0; i < request.prompts_size(); ++i) {
       const v1::BatchPrompt& p = request.prompts(i);
@@ -97,6 +101,12 @@ class FakeRollout : public RolloutReplica {
     absl::MutexLock lock(&mu_);
     version_ = version;
   }
+  // Its next `count` GenerateBatch calls answer `failure` (a transient one).
+  void FailNext(int count, absl::Status failure) {
+    absl::MutexLock lock(&mu_);
+    fail_next_ = count;
+    next_failure_ = std::move(failure);
+  }
   // Every UpdateWeights answers `failure` from now on.
   void FailUpdates(absl::Status failure) {
     absl::MutexLock lock(&mu_);
@@ -116,7 +126,8 @@ class FakeRollout : public RolloutReplica {
   const absl::Status failure_;
   const absl::Duration latency_;
   absl::Mutex mu_;
-  int calls_ = 0, prompts_ = 0, updates_ = 0;
+  int calls_ = 0, prompts_ = 0, updates_ = 0, fail_next_ = 0;
+  absl::Status next_failure_;
   uint64_t version_ = 0;
   absl::Status update_failure_;
   const std::shared_ptr<std::atomic<bool>> drained_ = std::make_shared<std::atomic<bool>>(false);

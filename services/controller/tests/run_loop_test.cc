@@ -92,6 +92,50 @@ TEST(RolloutPool, EveryReplicaGetsWorkAndAFasterOneTakesMore) {
   EXPECT_GT(f->prompts(), 2 * s->prompts()) << "fast " << f->prompts() << ", slow " << s->prompts();
 }
 
+// Gateway traffic fills a replica's queue (RESOURCE_EXHAUSTED) and a replica fails to
+// decode a chunk (INTERNAL, as an out-of-memory does): neither is fatal, nothing is
+// lost, no replica is dropped. A chunk that fails to decode three times fails the call.
+TEST(RolloutPool, BusyAndFailedDecodesAreTriedAgainNotFatal) {
+  auto busy = std::make_unique<FakeRollout>("busy");
+  auto flaky = std::make_unique<FakeRollout>("flaky");
+  FakeRollout* b = busy.get();
+  FakeRollout* f = flaky.get();
+  b->FailNext(5, absl::ResourceExhaustedError("400 sequences are queued"));
+  f->FailNext(2, absl::InternalError("CUDA out of memory"));
+  std::vector<std::string> logs;
+  absl::Mutex logs_mu;
+  RolloutPool pool(Pool(std::move(busy), std::move(flaky)), [&](const std::string& l) {
+    absl::MutexLock lock(&logs_mu);
+    logs.push_back(l);
+  });
+  v1::GenerateBatchRequest request;
+  request.set_num_samples(2);
+  for (int i = 0; i < 16; ++i) {
+    v1::BatchPrompt* p = request.add_prompts();
+    p->set_task("reverse");
+    p->set_prompt_id(absl::StrCat("reverse:", 100 + i));
+    p->set_group_id(absl::StrCat("g", i));
+  }
+  v1::GenerateBatchResponse response;
+  ASSERT_TRUE(pool.Generate(request, &response).ok());
+  ASSERT_EQ(response.completions_size(), 32);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(response.completions(2 * i).group_id(), absl::StrCat("g", i));
+  EXPECT_EQ(b->prompts() + f->prompts(), 16);
+  EXPECT_EQ(pool.live(), 2);
+  {
+    absl::MutexLock lock(&logs_mu);
+    ASSERT_FALSE(logs.empty());
+    EXPECT_NE(logs.back().find("found their replica busy"), std::string::npos) << logs.back();
+  }
+  // A chunk that fails everywhere, every time: the error, after three attempts.
+  auto broken = std::make_unique<FakeRollout>("broken", /*fail_from_call=*/0, absl::InternalError("bad kernel"));
+  RolloutPool one(Pool(std::move(broken)), nullptr);
+  response.Clear();
+  const absl::Status s = one.Generate(request, &response);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(one.live(), 1);
+}
+
 // Replicas whose route installs together (the weights service's one round) get one
 // call for all of them; a replica that round failed with UNAVAILABLE is dropped, the
 // others serve the version.
@@ -648,6 +692,41 @@ TEST(RunManager, RunConfigErrorsNameTheField) {
   ASSERT_TRUE(loop.ok()) << loop.status();
   EXPECT_EQ(loop->steps, 7);
   EXPECT_EQ(loop->prompts, 3);
+}
+
+// Concurrent StartRun calls (a retried CLI, two operators): exactly one run starts,
+// the others are refused FAILED_PRECONDITION, even when making peers takes a while.
+TEST(RunManager, ConcurrentStartsStartOneRun) {
+  std::atomic<int> factories{0};
+  RunManager runs(
+      [&]() -> absl::StatusOr<RunPeers> {
+        ++factories;
+        absl::SleepFor(absl::Milliseconds(50));  // (a slow registry lookup widens the window)
+        return OneReplicaFakePeers();
+      },
+      nullptr);
+  v1::RunConfig c;
+  c.set_total_steps(0);  // until stopped
+  c.set_batch_size(2);
+  c.set_group_size(2);
+  std::vector<absl::StatusOr<std::string>> results(6, absl::UnknownError("not run"));
+  std::vector<std::thread> callers;
+  for (size_t i = 0; i < results.size(); ++i) {
+    callers.emplace_back([&, i] { results[i] = runs.Start(c, ""); });
+  }
+  for (auto& t : callers) t.join();
+  int started = 0;
+  for (const auto& r : results) {
+    if (r.ok()) {
+      ++started;
+    } else {
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+    }
+  }
+  EXPECT_EQ(started, 1);
+  EXPECT_EQ(factories.load(), 1);  // (the others were refused before making peers)
+  v1::StopRunResponse stopped;
+  ASSERT_TRUE(runs.Stop("", false, absl::Seconds(30), &stopped).ok());
 }
 
 TEST(RunManager, StartRunsAndStopStops) {
