@@ -11,12 +11,17 @@
 // tokenizers does; an id with no token (past the vocabulary: a model's embedding
 // often has more rows) decodes to nothing, as there. Regexes and NFC run on ICU.
 //
+// Merging is the library's O(n log n) algorithm (a priority queue over merge ranks), with
+// a bounded cache of pre-tokenized words, so a 100,000-letter word costs milliseconds.
+// Loading streams the file's vocabulary and merges (one SAX pass, depth-bounded).
+//
 // A tokenizer.json using anything else (another model type, byte fallback, another
 // normalizer or pre-tokenizer, an added token with lstrip / rstrip / single_word) is
 // refused at load with an error naming it, never half-supported. Thread-safe after load.
 #ifndef RLFLEET_LIBS_MODEL_HF_TOKENIZER_H_
 #define RLFLEET_LIBS_MODEL_HF_TOKENIZER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -31,6 +36,9 @@ namespace rlfleet::model {
 
 class HfTokenizer {
  public:
+  // The longest text Encode takes (16 MiB: millions of tokens, past any context window).
+  static constexpr size_t kMaxEncodeBytes = size_t{16} << 20;
+
   // From tokenizer.json's text (`name` names it in errors). INVALID_ARGUMENT naming
   // what does not parse or is not supported.
   static absl::StatusOr<std::unique_ptr<HfTokenizer>> FromJson(absl::string_view json, const std::string& name);
@@ -40,8 +48,9 @@ class HfTokenizer {
   ~HfTokenizer();
 
   // The ids of `text`, as tokenizers' `encode(text, add_special_tokens=False).ids`.
-  // INVALID_ARGUMENT for text that is not UTF-8, or a byte-level piece the vocabulary
-  // cannot spell (a tokenizer.json without its byte alphabet).
+  // INVALID_ARGUMENT for text that is not UTF-8 or longer than kMaxEncodeBytes;
+  // RESOURCE_EXHAUSTED when a pre-tokenizer regex backtracks past ICU's per-match limit
+  // on this text (none of Qwen's, Llama 3's or GPT-2's patterns does).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const;
   // The text of `ids`, as tokenizers' `decode(ids, skip_special_tokens)`.
   // INVALID_ARGUMENT naming an id that is neither in the vocabulary nor added.
