@@ -63,6 +63,8 @@ ABSL_FLAG(bool, fully_async, false,
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "run: folder on the trainer's machine (under its checkpoint root) for the run's checkpoints; empty: none.");
 ABSL_FLAG(int, checkpoint_every, 0, "run: a checkpoint every this many steps (needs --checkpoint_dir); 0: at the end.");
+ABSL_FLAG(int, checkpoint_keep_last, 3,
+          "run: the trainer keeps the newest this many of the run's checkpoints (the one just saved always); 0: all.");
 ABSL_FLAG(bool, checkpoint, false, "stop: save a checkpoint before stopping (the run needs a --checkpoint_dir).");
 
 namespace rlfleet::controller {
@@ -111,6 +113,8 @@ v1::RunConfig RunConfigFromFlags() {
   c.set_fully_async(absl::GetFlag(FLAGS_fully_async));
   c.set_checkpoint_dir(absl::GetFlag(FLAGS_checkpoint_dir));
   c.set_checkpoint_interval_steps(absl::GetFlag(FLAGS_checkpoint_every));
+  // (a negative value wraps to one the controller refuses, naming the field)
+  c.set_checkpoint_keep_last(static_cast<uint32_t>(absl::GetFlag(FLAGS_checkpoint_keep_last)));
   return c;
 }
 

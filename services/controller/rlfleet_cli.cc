@@ -127,6 +127,10 @@ int Status(ControllerClient& client) {
             << "  policy version: " << status->policy_version().version() << "\n";
   if (!status->run_id().empty()) {
     std::cout << "  experiences accepted: " << status->metrics().experiences_accepted() << "\n";
+    if (status->metrics().failed_checkpoints() > 0) {
+      std::cout << "  periodic checkpoints failed: " << status->metrics().failed_checkpoints()
+                << " (the run went on; see the controller's log)\n";
+    }
   }
   if (status->replicas().empty()) std::cout << "replicas: none registered\n";
   for (const v1::RoleSummary& role : status->replicas()) {

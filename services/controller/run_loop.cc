@@ -37,6 +37,14 @@ metrics::Histogram* WeightSyncMetric() {
   return metric;
 }
 
+// Periodic checkpoints that failed, as the Prometheus counter.
+metrics::Counter* CheckpointFailureMetric() {
+  static metrics::Counter* metric =
+      metrics::Global().AddCounter("rlfleet_checkpoint_failures_total",
+                                   "Periodic checkpoints that failed (the run went on; the next interval saves).", {});
+  return metric;
+}
+
 // Calls `call` again while it answers UNAVAILABLE (a peer restarting: its supervisor
 // brings it back on the same address), with back-off, until config.unavailable_retry
 // has passed or `stop` is set; returns its last answer. *retried: whether it was called
@@ -261,6 +269,24 @@ struct StreamContext {
 // the trainer finished; step s trains once all of its groups are in the buffer (on up
 // to config.prompts groups, the oldest first: the buffer's order), and the version it
 // publishes installs on the replicas mid-generation.
+// A periodic checkpoint at `step`. One that fails (a full disk, a trainer that cannot
+// write) is logged and counted, and the run goes on: the next interval saves again,
+// and checkpointed_step stays as it was so that the save at the end is made.
+void PeriodicCheckpoint(TrainerPeer& trainer, const LoopConfig& config, const std::atomic<bool>& stop,
+                        const std::string& name, int step, LoopProgress& progress, int& checkpointed_step) {
+  const absl::StatusOr<std::string> saved = SaveStepCheckpoint(trainer, config, stop, name, step);
+  if (saved.ok()) {
+    progress.last_checkpoint = *saved;
+    checkpointed_step = step;
+    return;
+  }
+  ++progress.failed_checkpoints;
+  CheckpointFailureMetric()->Add();
+  std::cerr << "rlfleet-controller: step " << step << ": checkpoint failed (" << progress.failed_checkpoints
+            << " so far; the run goes on and saves again at the next interval): " << saved.status().message()
+            << std::endl;
+}
+
 absl::Status StreamSteps(const StreamContext& c, LoopProgress& progress, int& checkpointed_step, bool& reached_target) {
   const LoopConfig& config = c.config;
   const int64_t prompts = config.prompts;
@@ -453,10 +479,7 @@ absl::Status StreamSteps(const StreamContext& c, LoopProgress& progress, int& ch
       // this publish; the install itself overlaps the next step)
       progress.sync_seconds = absl::ToDoubleSeconds(absl::Now() - sync_begin);
       if (config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
-        absl::StatusOr<std::string> saved = SaveStepCheckpoint(c.trainer, config, c.stop, c.name, step);
-        if (!saved.ok()) return at_step(saved.status());
-        progress.last_checkpoint = *saved;
-        checkpointed_step = step;
+        PeriodicCheckpoint(c.trainer, config, c.stop, c.name, step, progress, checkpointed_step);
       }
     } else {
       ++progress.idle_steps;
@@ -525,6 +548,7 @@ absl::Status ValidateLoopConfig(const LoopConfig& c) {
   }
   RETURN_IF_ERROR(common::CheckInRange("max_new_tokens", c.max_new_tokens, 0, kMaxNewTokens));
   RETURN_IF_ERROR(common::CheckInRange("checkpoint_every", c.checkpoint_every, 0, std::numeric_limits<int>::max()));
+  RETURN_IF_ERROR(common::CheckInRange("checkpoint_keep_last", c.checkpoint_keep_last, 0, kMaxCheckpointKeepLast));
   if (c.checkpoint_every > 0 && c.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("checkpoint_every: set, but there is no checkpoint_dir");
   }
@@ -539,6 +563,7 @@ absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const LoopC
   v1::SaveCheckpointRequest request;
   request.set_path(absl::StrCat(dir, dir.empty() || dir.back() == '/' ? "" : "/", name, "-step-", step));
   request.set_dry_run(dry_run);
+  if (!dry_run) request.set_keep_last(static_cast<uint32_t>(config.checkpoint_keep_last));  // (validated)
   // (a retry finds the step's checkpoint written when the first attempt landed: the
   // same step's state, so it is replaced; a dry run wrote nothing to replace)
   v1::SaveCheckpointResponse response;
@@ -758,10 +783,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
       RETURN_IF_ERROR(at_step(publish(installed + 1)));
       progress.sync_seconds = sync_seconds;
       if (config.checkpoint_every > 0 && step % config.checkpoint_every == 0) {
-        absl::StatusOr<std::string> saved = SaveStepCheckpoint(trainer, config, stop, name, step);
-        if (!saved.ok()) return at_step(saved.status());
-        progress.last_checkpoint = *saved;
-        checkpointed_step = step;
+        PeriodicCheckpoint(trainer, config, stop, name, step, progress, checkpointed_step);
       }
     } else {
       ++progress.idle_steps;

@@ -165,6 +165,9 @@ struct LoopProgress {
   float approx_kl = 0;          // KL(behaviour || new) estimate, of the last step that trained
   float grad_norm = 0;          // before clipping, of the last step that trained
   std::string last_checkpoint;  // path of the last checkpoint written; empty = none
+  // Periodic checkpoints that failed (a full disk, a trainer that could not write): each
+  // logged, and the next interval tries again; the run goes on.
+  int failed_checkpoints = 0;
   // Experiences the buffer took from this run (accepted, and on a retried or resumed
   // put the duplicates of what an earlier attempt stored).
   uint64_t accepted_experiences = 0;
@@ -173,6 +176,10 @@ struct LoopProgress {
   std::string tag;
   uint64_t published_version = 0;
 };
+
+// RunConfig.checkpoint_keep_last when unset, and its largest value.
+inline constexpr int kDefaultCheckpointKeepLast = 3;
+inline constexpr int kMaxCheckpointKeepLast = 100000;
 
 struct LoopConfig {
   // The run's id, given to the buffer (Configure / PutExperiences run_id); empty = none.
@@ -219,9 +226,14 @@ struct LoopConfig {
   double clip_ratio_high = 0.0;  // upper clip epsilon (clip-higher); 0 = clip_ratio
   // Checkpoints: to checkpoint_dir/<run id or tag>-step-<N> on the trainer every
   // checkpoint_every steps and, when the run completes, after its last step; 0 = none
-  // from the loop (RunManager saves one at StopRun when asked). Empty dir = none.
+  // from the loop (RunManager saves one at StopRun when asked). Empty dir = none. A
+  // periodic save that fails is logged and counted (failed_checkpoints) and the next
+  // interval saves again; the save at the end fails the run.
   std::string checkpoint_dir;
   int checkpoint_every = 0;
+  // Retention: each save asks the trainer to keep only the newest this many of the
+  // run's checkpoints (SaveCheckpointRequest.keep_last); 0 = keep all.
+  int checkpoint_keep_last = kDefaultCheckpointKeepLast;
   // How long a peer may answer UNAVAILABLE (restarting: the trainer, buffer, reward or
   // weights service; Redis behind the buffer) before the run fails; TrainStep's for a
   // step whose batch had a learning signal (without one it means "nothing to learn").
@@ -237,9 +249,10 @@ struct LoopConfig {
 absl::Status ValidateLoopConfig(const LoopConfig& config);
 
 // Saves a checkpoint of `trainer` as config.checkpoint_dir/`name`-step-`step` and
-// returns its path (UNAVAILABLE retried as RunLoop does, until `stop`). The trainer's
-// error (annotated) when it cannot. With `dry_run` the trainer only checks that it
-// could (SaveCheckpointRequest.dry_run) and writes nothing.
+// returns its path (UNAVAILABLE retried as RunLoop does, until `stop`), the trainer
+// keeping config.checkpoint_keep_last of the run's checkpoints. The trainer's error
+// (annotated) when it cannot. With `dry_run` the trainer only checks that it could
+// (SaveCheckpointRequest.dry_run) and writes nothing.
 absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const LoopConfig& config,
                                                const std::atomic<bool>& stop, const std::string& name, int step,
                                                bool dry_run = false);

@@ -134,6 +134,11 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c, const std::
   }
   loop.checkpoint_dir = c.checkpoint_dir();
   loop.checkpoint_every = static_cast<int>(c.checkpoint_interval_steps());
+  if (c.has_checkpoint_keep_last()) {
+    RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.checkpoint_keep_last", c.checkpoint_keep_last(), 0,
+                                                   kMaxCheckpointKeepLast));
+    loop.checkpoint_keep_last = static_cast<int>(c.checkpoint_keep_last());
+  }
   if (absl::Status s = ValidateLoopConfig(loop); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", s.message()));
   }
@@ -506,6 +511,7 @@ void RunManager::Fill(v1::GetStatusResponse* response) {
   m->set_experiences_accepted(progress_.accepted_experiences);
   m->set_trained_sequences(progress_.trained_sequences);
   m->set_idle_steps(static_cast<uint32_t>(progress_.idle_steps));
+  m->set_failed_checkpoints(static_cast<uint32_t>(progress_.failed_checkpoints));
   if (progress_.policy_version > response->policy_version().version()) {
     response->mutable_policy_version()->set_version(progress_.policy_version);
   }

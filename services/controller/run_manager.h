@@ -65,7 +65,10 @@ class RunManager {
   // made. Checkpoints (config.checkpoint_dir, a folder on the trainer's machine): every
   // checkpoint_interval_steps steps and after the last one when the run completes
   // (interval 0: none), and at StopRun with checkpoint; each to
-  // <checkpoint_dir>/<run id>-step-<N>.
+  // <checkpoint_dir>/<run id>-step-<N>, the trainer keeping the newest
+  // config.checkpoint_keep_last of them (unset: 3; 0: all). A periodic one that fails
+  // is logged and counted (MetricsSummary.failed_checkpoints) and the run goes on; the
+  // one at completion and StopRun's report their failure.
   absl::StatusOr<std::string> Start(const v1::RunConfig& config, const std::string& run_id);
   // Asks the active run to stop after its current step (and, with `checkpoint`, to save
   // one then) and waits up to `grace`. NOT_FOUND for a run_id that is not the current

@@ -76,6 +76,7 @@ std::map<std::string, std::string> RunRecordFields(const RunRecord& r) {
       {"idle_steps", absl::StrCat(p.idle_steps)},
       {"trained_sequences", absl::StrCat(p.trained_sequences)},
       {"last_checkpoint", p.last_checkpoint},
+      {"failed_checkpoints", absl::StrCat(p.failed_checkpoints)},
       {"accepted_experiences", absl::StrCat(p.accepted_experiences)},
       {"tag", p.tag},
       {"published_version", absl::StrCat(p.published_version)},
@@ -109,10 +110,13 @@ absl::StatusOr<RunRecord> RunRecordFromFields(const std::map<std::string, std::s
   p.idle_steps = f.Number<int>("idle_steps");
   p.trained_sequences = f.Number<uint64_t>("trained_sequences");
   p.last_checkpoint = f.Str("last_checkpoint");
+  // (a record stored before the field was kept has none: 0)
+  if (!f.Str("failed_checkpoints").empty()) p.failed_checkpoints = f.Number<int>("failed_checkpoints");
   p.accepted_experiences = f.Number<uint64_t>("accepted_experiences");
   p.tag = f.Str("tag");
   p.published_version = f.Number<uint64_t>("published_version");
   if (p.step < 0 || p.idle_steps < 0 || p.idle_steps > p.step) f.Fail("step");
+  if (p.failed_checkpoints < 0) f.Fail("failed_checkpoints");
   RETURN_IF_ERROR(f.status());
   return r;
 }

@@ -354,4 +354,53 @@ std::optional<fs::path> FindLatestCheckpoint(const fs::path& root, int max_depth
   return best;
 }
 
+std::optional<SeriesName> ParseSeriesName(absl::string_view dir_name) {
+  constexpr absl::string_view kStep = "-step-";
+  const size_t at = dir_name.rfind(kStep);
+  if (at == absl::string_view::npos || at == 0) return std::nullopt;
+  const absl::string_view digits = dir_name.substr(at + kStep.size());
+  if (digits.empty() || digits.size() > 19) return std::nullopt;
+  for (char c : digits) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  SeriesName series;
+  if (!absl::SimpleAtoi(digits, &series.step)) return std::nullopt;
+  series.name = std::string(dir_name.substr(0, at));
+  return series;
+}
+
+absl::Status PruneCheckpointSeries(const fs::path& saved, uint32_t keep_last, std::vector<std::string>* removed,
+                                   std::vector<std::string>* errors) {
+  const std::optional<SeriesName> own = ParseSeriesName(saved.filename().string());
+  if (!own.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_last: ", saved.filename().string(), " is not a series checkpoint's name (<name>-step-<N>)"));
+  }
+  if (keep_last == 0) return absl::OkStatus();
+  std::error_code ec;
+  std::vector<std::pair<uint64_t, fs::path>> others;  // the series but `saved`
+  for (const fs::directory_entry& entry : fs::directory_iterator(saved.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::optional<SeriesName> series = ParseSeriesName(name);
+    if (!series.has_value() || series->name != own->name || name == saved.filename().string()) continue;
+    if (!entry.is_directory(ec) || entry.is_symlink(ec)) continue;
+    others.emplace_back(series->step, entry.path());
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", saved.parent_path().string(), ": ", ec.message()));
+  // The newest keep_last - 1 others stay beside `saved`; by step, then by name (a step
+  // written with leading zeros is another directory of the same step).
+  std::sort(others.begin(), others.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second.filename() > b.second.filename();
+  });
+  for (size_t i = keep_last - 1; i < others.size(); ++i) {
+    const absl::Status s = RemoveCheckpoint(others[i].second);
+    if (s.ok()) {
+      removed->push_back(others[i].second.string());
+    } else {
+      errors->push_back(std::string(s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace rlfleet::trainer

@@ -115,6 +115,28 @@ std::vector<std::string> CleanInterruptedSaves(const std::filesystem::path& root
 // writes into before it renames them, nor the `.old-` ones an overwrite moves aside.
 std::optional<std::filesystem::path> FindLatestCheckpoint(const std::filesystem::path& root, int max_depth = 4);
 
+// A checkpoint name of a series, `<name>-step-<N>` (as a run's checkpoints are named):
+// its name and N; nullopt for any other form (N: 1 to 19 decimal digits, no sign; the
+// name not empty).
+struct SeriesName {
+  std::string name;
+  uint64_t step = 0;
+};
+std::optional<SeriesName> ParseSeriesName(absl::string_view dir_name);
+
+// The largest SaveCheckpointRequest.keep_last.
+inline constexpr uint32_t kMaxKeepLast = 100000;
+
+// Retention of a series: after `saved` (`<folder>/<name>-step-<N>`) was written, removes
+// the checkpoints `<folder>/<name>-step-<M>` of the same folder and name beyond the
+// newest `keep_last` by M, `saved` always among those kept (it is what a resume loads).
+// Only directories of exactly that form (another name's series, a `.tmp-` or `.old-`
+// save directory never match) and only ones RemoveCheckpoint accepts are removed.
+// keep_last 0: nothing. INVALID_ARGUMENT when `saved`'s name is not of the form. The
+// paths removed go to `removed`, a line per checkpoint that could not be to `errors`.
+absl::Status PruneCheckpointSeries(const std::filesystem::path& saved, uint32_t keep_last,
+                                   std::vector<std::string>* removed, std::vector<std::string>* errors);
+
 }  // namespace rlfleet::trainer
 
 #endif  // RLFLEET_SERVICES_TRAINER_CHECKPOINT_H_

@@ -560,6 +560,10 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   std::error_code ec;
   if (!checkpoint_root_.empty()) fs::create_directories(checkpoint_root_, ec);  // (the first save makes it)
   ASSIGN_OR_RETURN(const fs::path dir, CheckpointPath(request.path()));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("keep_last", request.keep_last(), 0, kMaxKeepLast));
+  if (request.keep_last() > 0 && !ParseSeriesName(dir.filename().string()).has_value()) {
+    return absl::InvalidArgumentError("keep_last: set, but path's name is not of the form <name>-step-<N>");
+  }
   absl::MutexLock lock(&mu_);
   const bool exists = fs::symlink_status(dir, ec).type() != fs::file_type::not_found;
   if (exists && !request.overwrite()) {
@@ -617,6 +621,13 @@ absl::Status TrainerCore::SaveCheckpoint(const v1::SaveCheckpointRequest& reques
   RETURN_IF_ERROR(
       CommitCheckpointDir(tmp, dir, exists ? SaveDir(dir, "old", checkpoint_owner_, nanos) : fs::path(), save_fault_));
   CleanCheckpointRootLocked();  // (what earlier saves of ours left)
+  // Retention: the save stands whatever pruning finds (a checkpoint left is logged).
+  std::vector<std::string> pruned, prune_errors;
+  if (absl::Status s = PruneCheckpointSeries(dir, request.keep_last(), &pruned, &prune_errors); !s.ok()) {
+    prune_errors.push_back(std::string(s.message()));
+  }
+  for (const std::string& line : prune_errors) std::cerr << "rlfleet-trainer: keep_last: " << line << "\n";
+  for (std::string& path : pruned) response->add_pruned(std::move(path));
   response->set_path(dir.string());
   response->set_step(step_);
   response->mutable_policy_version()->set_version(version_);

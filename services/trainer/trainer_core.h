@@ -97,6 +97,10 @@ class TrainerCore {
   // root and not be the root itself: INVALID_ARGUMENT naming `path` otherwise, or
   // without a root. ALREADY_EXISTS unless overwrite; with overwrite, FAILED_PRECONDITION
   // unless what is there is a checkpoint this trainer wrote (nothing else is removed).
+  // With keep_last, after a save that succeeded, the series' older checkpoints beyond
+  // keep_last go (PruneCheckpointSeries; response.pruned); INVALID_ARGUMENT before
+  // anything is written for a keep_last over kMaxKeepLast or a path not named
+  // <name>-step-<N>. A checkpoint pruning cannot remove is logged; the save stands.
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request, v1::SaveCheckpointResponse* response);
   // Paths as SaveCheckpoint. NOT_FOUND for a missing checkpoint; FAILED_PRECONDITION
   // for one of another model shape; DATA_LOSS for a corrupt one; INVALID_ARGUMENT for

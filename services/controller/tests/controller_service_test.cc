@@ -188,6 +188,7 @@ TEST_F(ControllerServiceTest, EveryRunFieldIsHonouredOrRefusedNamingIt) {
       {"config.rollout_replicas", [&](v1::RunConfig& c) { c.set_rollout_replicas(4294967295u); }},
       {"config.checkpoint_interval_steps", [&](v1::RunConfig& c) { c.set_checkpoint_interval_steps(5); }},
       {"config.checkpoint_dir", [&](v1::RunConfig& c) { c.set_checkpoint_dir("ckpt/../../etc"); }},
+      {"config.checkpoint_keep_last", [&](v1::RunConfig& c) { c.set_checkpoint_keep_last(4294967295u); }},
       {"config.task_params[depth]", [&](v1::RunConfig& c) { (*c.mutable_task_params())["depth"] = "3"; }},
       {"task", [&](v1::RunConfig& c) { c.set_task("juggle"); }},
       {"config.model", [&](v1::RunConfig& c) { c.mutable_model()->set_d_model(64); }, grpc::StatusCode::UNIMPLEMENTED},

@@ -266,6 +266,12 @@ class FakeTrainer : public TrainerPeer {
       checked_checkpoints.push_back(request.path());
       return absl::OkStatus();
     }
+    if (fail_every_save || std::find(failing_checkpoints.begin(), failing_checkpoints.end(), request.path()) !=
+                               failing_checkpoints.end()) {
+      failed_checkpoints.push_back(request.path());
+      return absl::ResourceExhaustedError("no space left on device");
+    }
+    keep_last.push_back(request.keep_last());
     checkpoints.push_back(request.path());
     response->set_path(request.path());
     response->set_step(steps);
@@ -284,6 +290,11 @@ class FakeTrainer : public TrainerPeer {
   std::vector<std::string> checkpoints;
   std::vector<std::string> checked_checkpoints;  // dry runs
   absl::Status checkpoint_failure;
+  // Saves of these paths fail (a full disk), each attempt kept in failed_checkpoints.
+  std::vector<std::string> failing_checkpoints;
+  bool fail_every_save = false;  // (dry runs pass)
+  std::vector<std::string> failed_checkpoints;
+  std::vector<uint32_t> keep_last;  // of each save that succeeded
 
  private:
   FakeBuffer* const buffer_;
