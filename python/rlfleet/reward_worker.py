@@ -13,8 +13,16 @@ not a finite number, gives that item `error_reward` (0.0 by default), the compon
 {"error": 1.0} and parsed=False, and the reason is logged with the item's id: the
 worker goes on.
 
+The function runs in child processes (--threads of them, rlfleet/_reward_pool.py), not
+in the worker: an item that runs past --item_timeout_s (wall clock, 10 s by default;
+a catastrophic regex on a policy's output, say) scores the same way, its child is
+killed and a fresh one takes its place; children run with an address-space limit
+(--item_memory_mb) and a CPU-time limit per item. A Score call answers by its gRPC
+deadline: items not scored by then get error_reward too.
+
     python3 -m rlfleet.reward_worker --function my_rewards.py:reward --tasks mytask \\
-        --controller 127.0.0.1:7000 [--port 0] [--token_file F] [--max_message_bytes N]
+        --controller 127.0.0.1:7000 [--port 0] [--token_file F] [--max_message_bytes N] \\
+        [--item_timeout_s 10] [--item_memory_mb 4096]
 
 A Score call carries at most --max_message_bytes (the fleet's flag of that name, 16 MiB
 by default as every rlfleet service's): the controller splits a step's batch into calls
@@ -25,10 +33,8 @@ or from Python: RewardWorker(fn, ["mytask"]).serve(controller="127.0.0.1:7000").
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import math
-import os
+import pickle
 import signal
 import sys
 import threading
@@ -39,6 +45,8 @@ from typing import Callable, List, Optional, Sequence
 
 import grpc
 
+from rlfleet._reward_pool import (DEFAULT_ITEM_TIMEOUT_S, DEFAULT_MEMORY_MB, ScoringPool, evaluate,
+                                  load_function)
 from rlfleet.v1 import common_pb2, controller_pb2, controller_pb2_grpc, reward_pb2, reward_pb2_grpc
 
 __all__ = ["RewardWorker", "load_function", "main"]
@@ -50,30 +58,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 << 20  # every rlfleet service's --max_message_by
 
 def _log(message: str):
     print(f"rlfleet-reward-worker: {message}", flush=True)
-
-
-def load_function(spec: str) -> Callable:
-    """`spec` is MODULE:NAME (importable) or PATH.py:NAME; ValueError naming the problem."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise ValueError(f"--function {spec!r}: want MODULE:NAME or PATH.py:NAME")
-    try:
-        if where.endswith(".py"):
-            loader = importlib.util.spec_from_file_location(f"rlfleet_user_{uuid.uuid4().hex}", where)
-            if loader is None or not os.path.isfile(where):
-                raise ValueError(f"--function {spec!r}: no file {where}")
-            module = importlib.util.module_from_spec(loader)
-            loader.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except ValueError:
-        raise
-    except Exception as e:  # (the user's module failed to import: say how)
-        raise ValueError(f"--function {spec!r}: cannot load {where}: {type(e).__name__}: {e}") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"--function {spec!r}: {where} has no function {name}")
-    return fn
 
 
 class _Servicer(reward_pb2_grpc.RewardServiceServicer):
@@ -101,10 +85,19 @@ class _Servicer(reward_pb2_grpc.RewardServiceServicer):
             if item.reward_function and item.reward_function != self._w.name:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"items[{i}].reward_function: {item.reward_function!r}; this worker's is {self._w.name}")
+        # Answered by the call's deadline, less a margin for the reply to travel.
+        remaining = context.time_remaining()
+        deadline = None
+        if remaining is not None:
+            if remaining <= 0.01:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed before scoring began")
+            deadline = time.monotonic() + remaining - min(0.2, remaining * 0.1)
+        outcomes = self._w.score_items(request.items, deadline, context.is_active)
+        if not context.is_active():  # (the caller went away or its deadline passed: nobody reads a reply)
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call ended before its items were scored")
         response = reward_pb2.ScoreResponse()
-        for item in request.items:
+        for item, (value, error) in zip(request.items, outcomes):
             result = response.results.add(item_id=item.item_id, reward_function=self._w.name)
-            value, error = self._w.score_one(item)
             if error is None:
                 result.reward = value
                 result.parsed = True
@@ -129,16 +122,35 @@ class _Servicer(reward_pb2_grpc.RewardServiceServicer):
 
 
 class RewardWorker:
-    """Serves `fn` as the reward of `tasks`. Thread-safe: items are scored on the
-    server's threads (the function must be safe to call from several at once, or
-    pass threads=1)."""
+    """Serves `fn` as the reward of `tasks`. Thread-safe. By default (isolate=True)
+    items are scored in `threads` child processes, each item within item_timeout_s of
+    wall clock (a child past it is killed and replaced) and each child's address space
+    within memory_mb (0: no limit); the children get the function as `function_spec`
+    (MODULE:NAME or PATH.py:NAME, what main() passes) or else `fn` pickled (a module-level
+    function of an importable module). isolate=False scores on the server's threads, with
+    no timeout: the function must then be safe to call from several at once."""
 
     def __init__(self, fn: Callable, tasks: Sequence[str], *, name: str = "", error_reward: float = 0.0,
                  min_reward: float = 0.0, max_reward: float = 1.0, token: Optional[str] = None, threads: int = 4,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, item_timeout_s: float = DEFAULT_ITEM_TIMEOUT_S,
+                 memory_mb: int = DEFAULT_MEMORY_MB, isolate: bool = True, function_spec: Optional[str] = None):
         tasks = [t.strip() for t in tasks if t.strip()]
         if not tasks:
             raise ValueError("tasks: name at least one task this worker scores")
+        if isinstance(item_timeout_s, bool) or not isinstance(item_timeout_s, (int, float)) or \
+                not math.isfinite(item_timeout_s) or not 0.01 <= item_timeout_s <= 3600:
+            raise ValueError(f"item_timeout_s: {item_timeout_s!r}; want 0.01..3600 seconds")
+        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or not 0 <= memory_mb <= (1 << 30):
+            raise ValueError(f"memory_mb: {memory_mb!r}; want 0 (no limit) or a size in MiB")
+        if isolate and function_spec is None:
+            try:
+                if getattr(fn, "__module__", None) == "__main__":
+                    raise TypeError("it is defined in the main script, which the child processes do not run")
+                pickle.dumps(fn)
+            except Exception as e:
+                raise ValueError(f"the reward function cannot go to a child process ({type(e).__name__}: {e}): "
+                                 "pass function_spec='PATH.py:NAME', a module-level function of an importable "
+                                 "module, or isolate=False (no per-item timeout)") from None
         if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or \
                 not 1 <= max_message_bytes <= (1 << 31) - 1:
             raise ValueError(f"max_message_bytes: {max_message_bytes!r}; want 1..{(1 << 31) - 1}")
@@ -157,37 +169,69 @@ class RewardWorker:
         self.scored = 0
         self.errors = 0
         self._stop = threading.Event()
+        self.item_timeout_s = float(item_timeout_s)
+        self.timeouts = 0
+        self._pool = ScoringPool(spec=function_spec, fn=fn, size=self.threads, item_timeout_s=self.item_timeout_s,
+                                 memory_mb=memory_mb, log=_log) if isolate else None
 
-    def score_one(self, item):
-        """(reward, None), or (None, reason) when the function failed on `item`."""
+    @staticmethod
+    def _fields(item) -> dict:
         fields = dict(item.metadata)
         fields.update(task=item.task, answer=item.reference_answer, item_id=item.item_id)
-        error = None
-        try:
-            value = self.fn(item.prompt_text, item.response_text, **fields)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                error = f"returned {type(value).__name__} {value!r:.80}, not a number"
-            elif not math.isfinite(value):
-                error = f"returned {value}, not a finite number"
-        except Exception as e:  # (the user's code: its failure is one item's, never the worker's)
-            error = f"raised {type(e).__name__}: {e}"
+        return fields
+
+    def score_one(self, item):
+        """(reward, None), or (None, reason) when the function failed on `item`; on this
+        thread, with no timeout (score_items isolates)."""
+        value, error = evaluate(self.fn, item.prompt_text, item.response_text, self._fields(item))
+        self._count(item, error, "")
+        return value, error
+
+    def score_items(self, items, deadline: Optional[float] = None, active: Callable[[], bool] = lambda: True):
+        """A (reward, None) or (None, reason) per item, scored in the child processes
+        (see the class); by `deadline` (time.monotonic()), items not scored by then (or
+        once `active` says the call is gone) failing. Without isolation, on this thread."""
+        if self._pool is None:
+            out = []
+            for item in items:
+                if (deadline is not None and time.monotonic() >= deadline) or not active():
+                    out.append((None, "not scored before the call's deadline"))
+                    self._count(item, out[-1][1], "deadline")
+                else:
+                    out.append(self.score_one(item))
+            return out
+        outcomes = self._pool.score([(i.prompt_text, i.response_text, self._fields(i)) for i in items], deadline,
+                                    active)
+        out = []
+        for item, ((value, error), kind) in zip(items, outcomes):
+            self._count(item, error, kind)
+            out.append((value, error))
+        return out
+
+    def _count(self, item, error: Optional[str], kind: str):
+        """Counts an item scored and logs a failure (the first ones, then every 100th)."""
         with self._lock:
             self.scored += 1
-            if error is not None:
-                self.errors += 1
-                errors = self.errors
-        if error is not None:
-            if errors <= 20 or errors % 100 == 0:  # (the first ones, then every 100th)
-                _log(f"reward error #{errors}: item {item.item_id} (task {item.task}): {self.name} {error}; "
-                     f"scored {self.error_reward}")
-            return None, error
-        return float(value), None
+            if error is None:
+                return
+            self.errors += 1
+            errors = self.errors
+            if kind == "timeout":
+                self.timeouts += 1
+        if errors <= 20 or errors % 100 == 0:
+            what = {"timeout": "; its process was killed and replaced",
+                    "died": "; its process was replaced"}.get(kind, "")
+            _log(f"reward error #{errors}: item {item.item_id} (task {item.task}): {self.name} {error}{what}; "
+                 f"scored {self.error_reward}")
 
     def serve(self, controller: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 0,
               advertise: Optional[str] = None, ttl_ms: int = 10000, ready: Optional[Callable[[str], None]] = None):
         """Serves until stop() (or SIGTERM / SIGINT when run by main()); registers with
         `controller` (its registry) when given, heartbeats, and deregisters at the end."""
         # (gRPC's own default would refuse any request over 4 MiB: 1024 responses of 8 KiB)
+        if self._pool is not None:
+            self._pool.start()
+            self._pool.wait_started()  # ("serving" once the children have loaded the function)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.threads),
                              options=[("grpc.max_receive_message_length", self.max_message_bytes),
                                       ("grpc.max_send_message_length", self.max_message_bytes)])
@@ -197,8 +241,9 @@ class RewardWorker:
             raise OSError(f"cannot listen on {host}:{port}")
         server.start()
         address = f"{advertise or host}:{bound}"
+        isolation = f"{self.threads} processes, {self.item_timeout_s:g} s an item" if self._pool else "in process"
         _log(f"serving {self.name} for task(s) {', '.join(self.tasks)} on {address} "
-             f"(messages up to {self.max_message_bytes} bytes)")
+             f"(messages up to {self.max_message_bytes} bytes; {isolation})")
         registry = None
         try:
             if controller:
@@ -214,7 +259,9 @@ class RewardWorker:
             if registry:
                 registry.deregister()
             server.stop(grace=5).wait()
-            _log(f"stopped: scored {self.scored} items ({self.errors} errors)")
+            if self._pool is not None:
+                self._pool.close()
+            _log(f"stopped: scored {self.scored} items ({self.errors} errors, {self.timeouts} timed out)")
 
     def stop(self):
         self._stop.set()
@@ -276,7 +323,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--advertise", default="", help="address others reach this worker at (default: --host)")
     parser.add_argument("--token_file", default="", help="file with the fleet's bearer token")
     parser.add_argument("--error_reward", type=float, default=0.0, help="reward of an item the function failed on")
-    parser.add_argument("--threads", type=int, default=4, help="items scored at once at most")
+    parser.add_argument("--threads", type=int, default=4,
+                        help="items scored at once at most: the scoring processes (and the server's threads)")
+    parser.add_argument("--item_timeout_s", type=float, default=DEFAULT_ITEM_TIMEOUT_S,
+                        help="wall-clock limit of one item (0.01..3600 s): past it the item scores --error_reward "
+                             "and its process is replaced")
+    parser.add_argument("--item_memory_mb", type=int, default=DEFAULT_MEMORY_MB,
+                        help="address-space limit of each scoring process, in MiB (0: none)")
     parser.add_argument("--max_message_bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
                         help="largest Score request (and reply) in bytes: the fleet's --max_message_bytes "
                              "(default 16 MiB, as every rlfleet service's)")
@@ -285,7 +338,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         fn = load_function(args.function)
         token = open(args.token_file).read().strip() if args.token_file else None
         worker = RewardWorker(fn, args.tasks.split(","), error_reward=args.error_reward, token=token,
-                              threads=args.threads, max_message_bytes=args.max_message_bytes)
+                              threads=args.threads, max_message_bytes=args.max_message_bytes,
+                              item_timeout_s=args.item_timeout_s, memory_mb=args.item_memory_mb,
+                              function_spec=args.function)
     except (ValueError, OSError) as e:
         print(f"rlfleet-reward-worker: {e}", file=sys.stderr)
         return 2
