@@ -134,6 +134,9 @@ void WordCache::Insert(absl::string_view word, const int32_t* ids, size_t n) con
 
 using hf_internal::AddedToken;
 
+// Pieces up to this many bytes leave their merge scratch to the next on the thread.
+constexpr int32_t kKeptScratch = 4096;
+
 void HfTokenizer::Impl::MergeBytes(absl::string_view piece, std::vector<int32_t>* ids) const {
   struct Symbol {
     int32_t id;  // -1: merged into the symbol before it
@@ -175,6 +178,10 @@ void HfTokenizer::Impl::MergeBytes(absl::string_view piece, std::vector<int32_t>
     if (s.next >= 0) push_pair(top.pos);
   }
   for (int32_t i = 0; i >= 0 && i < n; i = symbols[i].next) ids->push_back(symbols[i].id);
+  if (n > kKeptScratch) {  // (a huge piece's scratch is not kept for the thread's life)
+    std::vector<Symbol>().swap(symbols);
+    std::vector<Candidate>().swap(heap);
+  }
 }
 
 absl::Status HfTokenizer::Impl::EncodePiece(absl::string_view piece, std::vector<int32_t>* ids) const {
