@@ -67,6 +67,15 @@ struct Value {
   double number() const { return kind == Kind::kFloat ? f : static_cast<double>(kind == Kind::kBool ? b : i); }
 };
 
+// How deeply lists and dicts may nest in a template's values. Values built deeper (a
+// loop wrapping a list in a list, a namespace that holds itself) are refused; what
+// walks values (repr, tojson, ==) stops there too, so no input recurses without bound.
+inline constexpr int kMaxValueDepth = 200;
+
+// Whether `v` nests deeper than `limit` levels, or holds `self` (a dict: an assignment
+// that would make a cycle), looking at no more than `budget` values (past it: true).
+bool NestsTooDeep(const Value& v, int limit, const ValueDict* self = nullptr, int64_t budget = 1'000'000);
+
 // Python's truth value.
 bool Truthy(const Value& v);
 // str(v) as Jinja prints it ("" for undefined, "None", "True", Python reprs inside lists).

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "libs/common/status_macros.h"
 #include "libs/model/jinja.h"
@@ -25,7 +26,8 @@ namespace {
 constexpr size_t kMaxOutputBytes = 64 << 20;
 constexpr int64_t kMaxRange = 250'000;
 constexpr int kMaxMacroDepth = 16;
-constexpr int64_t kMaxSteps = 250'000;  // statements run plus loop iterations
+constexpr int64_t kMaxSteps = 250'000;                       // statements run plus loop iterations
+constexpr absl::Duration kMaxRenderTime = absl::Seconds(2);  // wall clock, checked every 256 steps
 
 class Renderer {
  public:
@@ -73,11 +75,12 @@ class Renderer {
              }
              if (step == 0) return absl::InvalidArgumentError("range() step must not be zero");
              ValueList items;
-             for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+             for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
                if (static_cast<int64_t>(items.size()) >= kMaxRange) {
                  return absl::InvalidArgumentError(absl::StrCat("range() longer than ", kMaxRange));
                }
                items.push_back(Value::Int(i));
+               if (__builtin_add_overflow(i, step, &i)) break;  // (past 64 bits is past `stop`)
              }
              return Value::List(std::move(items));
            }));
@@ -132,7 +135,14 @@ class Renderer {
 
   absl::Status Step(int line) {
     if (++steps_ > kMaxSteps) return Error(line, absl::StrCat("the template runs over ", kMaxSteps, " steps"));
+    if (steps_ % 256 == 0 && absl::Now() > deadline_) {
+      return Error(line, absl::StrCat("the template runs over ", absl::FormatDuration(kMaxRenderTime)));
+    }
     return absl::OkStatus();
+  }
+
+  static std::string TooDeep() {
+    return absl::StrCat("a list or dict nested deeper than ", kMaxValueDepth, " (or too large to check)");
   }
 
   absl::StatusOr<Flow> ExecOne(const Stmt& stmt, std::string* out) {
@@ -174,6 +184,13 @@ class Renderer {
         Value ns = Lookup(stmt.targets[0]);
         if (ns.kind != Value::Kind::kDict || !ns.is_namespace) {
           return Error(stmt.line, absl::StrCat("cannot assign attribute on non-namespace object ", stmt.targets[0]));
+        }
+        // (a namespace that would hold itself, or values nested without bound, are refused:
+        // printing or freeing them would recurse without end)
+        if (NestsTooDeep(value, kMaxValueDepth - 1, ns.dict.get())) {
+          return Error(stmt.line,
+                       absl::StrCat("set ", stmt.targets[0], ".", stmt.attr,
+                                    ": the value holds the namespace itself or nests deeper than ", kMaxValueDepth));
         }
         ns.dict->Set(stmt.attr, std::move(value));
         return Flow::kNormal;
@@ -289,6 +306,7 @@ class Renderer {
         ValueList items;
         for (const auto& arg : e.args) {
           ASSIGN_OR_RETURN(Value v, Eval(*arg));
+          if (NestsTooDeep(v, kMaxValueDepth - 1)) return Error(e.line, TooDeep());
           items.push_back(std::move(v));
         }
         Value list = Value::List(std::move(items));
@@ -301,6 +319,7 @@ class Renderer {
           ASSIGN_OR_RETURN(Value key, Eval(*e.args[i]));
           if (!key.is_string()) return Error(e.line, "dict keys must be strings here");
           ASSIGN_OR_RETURN(Value value, Eval(*e.args[i + 1]));
+          if (NestsTooDeep(value, kMaxValueDepth - 1)) return Error(e.line, TooDeep());
           dict.dict->Set(key.s, std::move(value));
         }
         return dict;
@@ -409,6 +428,7 @@ class Renderer {
 
   const std::string& name_;
   const absl::Time now_;
+  const absl::Time deadline_ = absl::Now() + kMaxRenderTime;
   std::vector<Scope> scopes_;
   int depth_ = 0;
   int64_t steps_ = 0;

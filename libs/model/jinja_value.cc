@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -145,6 +146,7 @@ std::string JsonString(const std::string& s) {
 
 absl::Status Dump(const Value& v, int indent, int level, bool sort_keys, const std::string& item_sep,
                   const std::string& key_sep, std::string* out) {
+  if (level >= kMaxValueDepth) return TypeError(absl::StrCat("tojson: a value nested deeper than ", kMaxValueDepth));
   const std::string newline = indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent) * (level + 1), ' ') : "";
   const std::string close = indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent) * level, ' ') : "";
   switch (v.kind) {
@@ -299,34 +301,63 @@ Value Value::Function(std::string name, std::function<absl::StatusOr<Value>(Valu
   return v;
 }
 
-Value Value::FromJson(const nlohmann::ordered_json& json) {
+namespace {
+
+Value FromJsonAt(const nlohmann::ordered_json& json, int depth) {
+  if (depth > kMaxValueDepth) return Value::Undefined(absl::StrCat("a value nested deeper than ", kMaxValueDepth));
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null:
-      return None();
+      return Value::None();
     case nlohmann::ordered_json::value_t::boolean:
-      return Bool(json.get<bool>());
+      return Value::Bool(json.get<bool>());
     case nlohmann::ordered_json::value_t::number_integer:
-      return Int(json.get<int64_t>());
+      return Value::Int(json.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned:
-      return Int(static_cast<int64_t>(json.get<uint64_t>()));
+      return json.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+                 ? Value::Float(static_cast<double>(json.get<uint64_t>()))
+                 : Value::Int(static_cast<int64_t>(json.get<uint64_t>()));
     case nlohmann::ordered_json::value_t::number_float:
-      return Float(json.get<double>());
+      return Value::Float(json.get<double>());
     case nlohmann::ordered_json::value_t::string:
-      return String(json.get<std::string>());
+      return Value::String(json.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       ValueList items;
-      for (const auto& item : json) items.push_back(FromJson(item));
-      return List(std::move(items));
+      for (const auto& item : json) items.push_back(FromJsonAt(item, depth + 1));
+      return Value::List(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
-      Value v = Dict();
-      for (const auto& [key, item] : json.items()) v.dict->items.emplace_back(key, FromJson(item));
+      Value v = Value::Dict();
+      for (const auto& [key, item] : json.items()) v.dict->items.emplace_back(key, FromJsonAt(item, depth + 1));
       return v;
     }
     default:
-      return Undefined();
+      return Value::Undefined();
   }
 }
+
+bool NestsTooDeepAt(const Value& v, int depth, int limit, const ValueDict* self, int64_t* budget) {
+  if (v.kind != Value::Kind::kList && v.kind != Value::Kind::kDict) return false;
+  if (depth >= limit || --*budget < 0) return true;
+  if (v.kind == Value::Kind::kList) {
+    for (const Value& item : *v.list) {
+      if (NestsTooDeepAt(item, depth + 1, limit, self, budget)) return true;
+    }
+    return false;
+  }
+  if (v.dict.get() == self) return true;
+  for (const auto& [key, item] : v.dict->items) {
+    if (NestsTooDeepAt(item, depth + 1, limit, self, budget)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool NestsTooDeep(const Value& v, int limit, const ValueDict* self, int64_t budget) {
+  return NestsTooDeepAt(v, 0, limit, self, &budget);
+}
+
+Value Value::FromJson(const nlohmann::ordered_json& json) { return FromJsonAt(json, 0); }
 
 bool Truthy(const Value& v) {
   switch (v.kind) {
@@ -351,7 +382,18 @@ bool Truthy(const Value& v) {
   return false;
 }
 
-std::string Repr(const Value& v) {
+namespace {
+std::string ReprAt(const Value& v, int depth);
+}  // namespace
+
+std::string Repr(const Value& v) { return ReprAt(v, 0); }
+
+namespace {
+
+std::string ReprAt(const Value& v, int depth) {
+  if ((v.kind == Kind::kList || v.kind == Kind::kDict) && depth >= kMaxValueDepth) {
+    return v.kind == Kind::kList ? "[...]" : "{...}";  // (as Python prints a list that holds itself)
+  }
   switch (v.kind) {
     case Kind::kUndefined:
       return "";
@@ -367,13 +409,13 @@ std::string Repr(const Value& v) {
       return StringRepr(v.s);
     case Kind::kList: {
       std::vector<std::string> items;
-      for (const auto& item : *v.list) items.push_back(Repr(item));
+      for (const auto& item : *v.list) items.push_back(ReprAt(item, depth + 1));
       if (v.tuple) return "(" + absl::StrJoin(items, ", ") + (items.size() == 1 ? ",)" : ")");
       return "[" + absl::StrJoin(items, ", ") + "]";
     }
     case Kind::kDict: {
       std::vector<std::string> items;
-      for (const auto& [key, item] : v.dict->items) items.push_back(StringRepr(key) + ": " + Repr(item));
+      for (const auto& [key, item] : v.dict->items) items.push_back(StringRepr(key) + ": " + ReprAt(item, depth + 1));
       if (v.is_namespace) return "<Namespace " + absl::StrJoin(items, ", ") + ">";
       return "{" + absl::StrJoin(items, ", ") + "}";
     }
@@ -382,6 +424,8 @@ std::string Repr(const Value& v) {
   }
   return "";
 }
+
+}  // namespace
 
 std::string ToString(const Value& v) { return v.kind == Kind::kString ? v.s : Repr(v); }
 
@@ -394,7 +438,16 @@ absl::StatusOr<std::string> ToJson(const Value& v, int indent, bool sort_keys, c
   return out;
 }
 
-bool Equal(const Value& a, const Value& b) {
+namespace {
+bool EqualAt(const Value& a, const Value& b, int depth);
+}  // namespace
+
+bool Equal(const Value& a, const Value& b) { return EqualAt(a, b, 0); }
+
+namespace {
+
+bool EqualAt(const Value& a, const Value& b, int depth) {
+  if (depth >= kMaxValueDepth) return false;  // (too deep to compare: a value that holds itself)
   if ((a.is_number() || a.kind == Kind::kBool) && (b.is_number() || b.kind == Kind::kBool)) {
     if (a.kind == Kind::kFloat || b.kind == Kind::kFloat) return a.number() == b.number();
     return (a.kind == Kind::kBool ? a.b : a.i) == (b.kind == Kind::kBool ? b.b : b.i);
@@ -409,14 +462,14 @@ bool Equal(const Value& a, const Value& b) {
     case Kind::kList:
       if (a.list->size() != b.list->size()) return false;
       for (size_t i = 0; i < a.list->size(); ++i) {
-        if (!Equal((*a.list)[i], (*b.list)[i])) return false;
+        if (!EqualAt((*a.list)[i], (*b.list)[i], depth + 1)) return false;
       }
       return true;
     case Kind::kDict:
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (const auto& [key, item] : a.dict->items) {
         const Value* other = b.dict->Find(key);
-        if (other == nullptr || !Equal(item, *other)) return false;
+        if (other == nullptr || !EqualAt(item, *other, depth + 1)) return false;
       }
       return true;
     case Kind::kCallable:
@@ -425,6 +478,8 @@ bool Equal(const Value& a, const Value& b) {
       return false;
   }
 }
+
+}  // namespace
 
 absl::StatusOr<bool> Less(const Value& a, const Value& b) {
   if ((a.is_number() || a.kind == Kind::kBool) && (b.is_number() || b.kind == Kind::kBool)) {
@@ -539,9 +594,13 @@ absl::StatusOr<Value> BinaryOp(const std::string& op, const Value& a, const Valu
   // Strings and lists a template builds stay within bounds (a doubling loop would not).
   constexpr size_t kMaxBytes = 64 << 20, kMaxItems = 1 << 20;
   if (op == "~" || op == "+" || op == "*") {
-    const size_t times = op == "*" && (b.kind == Kind::kInt || b.kind == Kind::kBool) && b.i > 0 ? b.i : 1;
+    const int64_t count = b.kind == Kind::kBool ? b.b : b.i;
+    // (checked before multiplying: a count near 2^63 must not wrap the product)
+    const size_t times = op == "*" && (b.kind == Kind::kInt || b.kind == Kind::kBool) && count > 0
+                             ? static_cast<size_t>(std::min<int64_t>(count, kMaxBytes + 1))
+                             : 1;
     const size_t bytes = op == "~"       ? ToString(a).size() + ToString(b).size()
-                         : a.is_string() ? a.s.size() * times + (b.is_string() ? b.s.size() : 0)
+                         : a.is_string() ? (a.s.empty() ? 0 : a.s.size() * times) + (b.is_string() ? b.s.size() : 0)
                                          : 0;
     const size_t items =
         a.kind == Kind::kList ? a.list->size() * times + (b.kind == Kind::kList ? b.list->size() : 0) : 0;
@@ -566,8 +625,12 @@ absl::StatusOr<Value> BinaryOp(const std::string& op, const Value& a, const Valu
   const bool numbers = (a.is_number() || a.kind == Kind::kBool) && (b.is_number() || b.kind == Kind::kBool);
   const bool ints = numbers && a.kind != Kind::kFloat && b.kind != Kind::kFloat;
   const int64_t ai = a.kind == Kind::kBool ? a.b : a.i, bi = b.kind == Kind::kBool ? b.b : b.i;
+  int64_t r = 0;
+  const auto overflow = [&]() -> absl::StatusOr<Value> {
+    return TypeError(absl::StrCat("integer overflow: ", ai, " ", op, " ", bi, " is outside 64 bits"));
+  };
   if (op == "+") {
-    if (ints) return Value::Int(ai + bi);
+    if (ints) return __builtin_add_overflow(ai, bi, &r) ? overflow() : Value::Int(r);
     if (numbers) return Value::Float(a.number() + b.number());
     if (a.is_string() && b.is_string()) return Value::String(a.s + b.s);
     if (a.kind == Kind::kList && b.kind == Kind::kList) {
@@ -576,10 +639,10 @@ absl::StatusOr<Value> BinaryOp(const std::string& op, const Value& a, const Valu
       return Value::List(std::move(items));
     }
   } else if (op == "-") {
-    if (ints) return Value::Int(ai - bi);
+    if (ints) return __builtin_sub_overflow(ai, bi, &r) ? overflow() : Value::Int(r);
     if (numbers) return Value::Float(a.number() - b.number());
   } else if (op == "*") {
-    if (ints) return Value::Int(ai * bi);
+    if (ints) return __builtin_mul_overflow(ai, bi, &r) ? overflow() : Value::Int(r);
     if (numbers) return Value::Float(a.number() * b.number());
     if (a.is_string() && (b.kind == Kind::kInt || b.kind == Kind::kBool)) {
       std::string out;
@@ -591,18 +654,31 @@ absl::StatusOr<Value> BinaryOp(const std::string& op, const Value& a, const Valu
       if (b.number() == 0) return TypeError("division by zero");
       if (op == "/") return Value::Float(a.number() / b.number());
       if (ints) {
-        int64_t q = ai / bi, r = ai % bi;
-        if (r != 0 && ((r < 0) != (bi < 0))) --q, r += bi;
-        return Value::Int(op == "//" ? q : r);
+        if (ai == std::numeric_limits<int64_t>::min() && bi == -1) {  // (the one quotient past 64 bits: a trap)
+          if (op == "%") return Value::Int(0);
+          return overflow();
+        }
+        int64_t q = ai / bi, m = ai % bi;
+        if (m != 0 && ((m < 0) != (bi < 0))) --q, m += bi;
+        return Value::Int(op == "//" ? q : m);
       }
       const double q = std::floor(a.number() / b.number());
       return Value::Float(op == "//" ? q : a.number() - q * b.number());
     }
   } else if (op == "**") {
-    if (ints && bi >= 0) {
-      int64_t r = 1;
-      for (int64_t k = 0; k < bi; ++k) r *= ai;
-      return Value::Int(r);
+    if (ints && bi >= 0) {  // by squaring: 64 multiplications at most, each checked
+      int64_t result = 1, base = ai;
+      for (int64_t e = bi; e > 0; e >>= 1) {
+        if ((e & 1) && __builtin_mul_overflow(result, base, &result)) return overflow();
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) {
+          if (ai == 0 || ai == 1 || ai == -1) break;  // (the result cannot grow: not an overflow)
+          return overflow();
+        }
+      }
+      if (ai == 0) return Value::Int(bi == 0 ? 1 : 0);
+      if (ai == 1) return Value::Int(1);
+      if (ai == -1) return Value::Int(bi % 2 == 0 ? 1 : -1);
+      return Value::Int(result);
     }
     if (numbers) return Value::Float(std::pow(a.number(), b.number()));
   }

@@ -87,6 +87,48 @@ TEST(Jinja, ErrorsNameTheTemplateTheLineAndTheFeature) {
   EXPECT_EQ(Render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", Json::object()).rfind("RENDER ERROR", 0), 0u);
 }
 
+// What a hostile or broken template can do to the engine: integer edge cases, huge
+// repeats, self-holding namespaces, values nested without bound. Each is a render
+// error naming the template's line, never a trap, a hang or a crash.
+TEST(Jinja, ArithmeticAllocationAndNestingStayInBounds) {
+  const auto error = [](absl::string_view source) {
+    const std::string out = Render(source, Json::object());
+    EXPECT_EQ(out.rfind("RENDER ERROR", 0), 0u) << source << " -> " << out.substr(0, 200);
+    return out;
+  };
+  EXPECT_TRUE(absl::StrContains(error("{{ 9223372036854775807 + 1 }}"), "integer overflow"));
+  EXPECT_TRUE(absl::StrContains(error("{{ -9223372036854775807 - 2 }}"), "integer overflow"));
+  EXPECT_TRUE(absl::StrContains(error("{{ 4294967296 * 4294967296 }}"), "integer overflow"));
+  EXPECT_TRUE(absl::StrContains(error("{{ (-9223372036854775807 - 1) // -1 }}"), "integer overflow"));
+  EXPECT_EQ(Render("{{ (-9223372036854775807 - 1) % -1 }}", Json::object()), "0");
+  EXPECT_EQ(
+      Render("{{ -7 // 2 }} {{ -7 % 2 }} {{ 2 ** 62 }} {{ (-1) ** 9223372036854775807 }} {{ 0 ** 0 }}", Json::object()),
+      "-4 1 4611686018427387904 -1 1");
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(absl::StrContains(error("{{ 2 ** 1000000000000000000 }}"), "integer overflow"));
+  EXPECT_TRUE(absl::StrContains(error("{{ 'ab' * 9223372036854775807 }}"), "bounds"));
+  EXPECT_TRUE(absl::StrContains(error("{{ [1, 2] * 4611686018427387904 }}"), "bounds"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(
+      Render("{% for i in range(9223372036854775800, 9223372036854775807, 4) %}{{ i }},{% endfor %}", Json::object()),
+      "9223372036854775800,9223372036854775804,");
+  // A namespace that would hold itself; a list wrapped in a list for every step.
+  EXPECT_TRUE(absl::StrContains(error("{% set ns = namespace(x=0) %}{% set ns.x = ns %}{{ ns }}"), "itself"));
+  EXPECT_TRUE(absl::StrContains(error("{% set ns = namespace(x=0) %}{% set ns.x = [[ns]] %}{{ ns }}"), "itself"));
+  EXPECT_TRUE(absl::StrContains(
+      error("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}"),
+      "deeper than"));
+  // JSON variables nested deeper than the engine's bound are undefined, not a crash.
+  Json deep = Json::array();
+  for (int i = 0; i < 1000; ++i) deep = Json::array({deep});
+  EXPECT_EQ(Render("{{ d | tojson }}", Json{{"d", deep}}).rfind("RENDER ERROR", 0), 0u);
+  EXPECT_EQ(Render("{{ d }}", Json{{"d", deep}}).substr(0, 3), "[[[");
+  // Ordinary nesting still works.
+  EXPECT_EQ(Render("{% set ns = namespace(x=[]) %}{% for i in range(3) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}",
+                   Json::object()),
+            "[[[[]]]]");
+}
+
 TEST(Jinja, StrftimeNowFormatsTheGivenTime) {
   auto t = JinjaTemplate::Parse("{{ strftime_now('%d %b %Y') }}", "t");
   ASSERT_TRUE(t.ok());
