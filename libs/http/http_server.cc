@@ -41,11 +41,12 @@ class ConnectionThreads : public httplib::TaskQueue {
   void enqueue(std::function<void()> fn) override {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back(std::move(fn));
-    if (idle_ == 0 && static_cast<int>(threads_.size()) < 2 * limit_) {
+    // (an idle thread already woken for an earlier connection still counts in idle_:
+    // a thread is made whenever the connections waiting outnumber the idle threads)
+    if (static_cast<int>(pending_.size()) > idle_ && static_cast<int>(threads_.size()) < 2 * limit_) {
       threads_.emplace_back([this] { Work(); });
-    } else {
-      wake_.notify_one();
     }
+    wake_.notify_one();
   }
 
   void shutdown() override {

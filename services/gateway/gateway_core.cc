@@ -1,7 +1,10 @@
 #include "services/gateway/gateway_core.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
+#include <optional>
+#include <thread>
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
@@ -130,12 +133,89 @@ struct Gateway::Slot {
   }
 };
 
+// A generation on a thread of its own, its messages queued for the stream's writer
+// (at most kMaxQueued: a client that reads slowly slows the generation). Destroying it
+// cancels the generation (at its next message) and waits for the thread.
+class Gateway::Feed {
+ public:
+  Feed(GenerateBackend* backend, const v1::GenerateRequest& request, absl::Time deadline) {
+    thread_ = std::thread([this, backend, request, deadline] {
+      const absl::Status status = backend->Generate(request, deadline, [this](const v1::GenerateResponse& m) {
+        absl::MutexLock lock(&mu_);
+        auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_ || messages_.size() < kMaxQueued; };
+        mu_.Await(absl::Condition(&room));
+        if (cancelled_) return false;
+        messages_.push_back(m);
+        return true;
+      });
+      absl::MutexLock lock(&mu_);
+      done_ = status;
+    });
+  }
+  ~Feed() {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    thread_.join();
+  }
+  // Waits until the first message or the end: the end's status when the generation
+  // ended before any message, nullopt once a message is there. `connected` is asked
+  // every second (false: cancelled, CANCELLED).
+  std::optional<absl::Status> WaitForFirst(const std::function<bool()>& connected) {
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !messages_.empty() || done_.has_value(); };
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1))) {
+          if (!messages_.empty()) return std::nullopt;
+          return *done_;
+        }
+      }
+      if (!connected()) {
+        absl::MutexLock lock(&mu_);
+        cancelled_ = true;
+        return absl::CancelledError("the client closed the request");
+      }
+    }
+  }
+  // GenerateBackend::Generate over the queued messages.
+  absl::Status Drain(const std::function<bool(const v1::GenerateResponse&)>& on_message) {
+    for (;;) {
+      v1::GenerateResponse m;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !messages_.empty() || done_.has_value(); };
+        mu_.Await(absl::Condition(&ready));
+        if (messages_.empty()) return *done_;
+        m = std::move(messages_.front());
+        messages_.pop_front();
+      }
+      if (!on_message(m)) {
+        absl::MutexLock lock(&mu_);
+        cancelled_ = true;
+        return absl::OkStatus();
+      }
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxQueued = 4096;
+  absl::Mutex mu_;
+  std::deque<v1::GenerateResponse> messages_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> done_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 // One generation request as it runs.
 struct Gateway::Job {
   GenerationRequest request;
   ResponseMeta meta;
   v1::GenerateRequest generate;
+  std::unique_ptr<Feed> feed;  // a streamed request's generation (destroyed before the slot)
   std::shared_ptr<Slot> slot;
+  ~Job() { feed.reset(); }
 };
 
 Gateway::Gateway(GatewayOptions options, std::unique_ptr<TextCodec> codec, GenerateBackend* backend)
@@ -287,6 +367,15 @@ http::Reply Gateway::Generate(Endpoint endpoint, const http::Request& http) {
   g.set_chunk_tokens(request.stream ? 1 : 64);
 
   if (!request.stream) return Run(*job, nullptr, http.connected);
+  return StartStream(std::move(job), http.connected);
+}
+
+http::Reply Gateway::StartStream(std::shared_ptr<Job> job, const std::function<bool()>& connected) {
+  job->feed = std::make_unique<Feed>(backend_, job->generate, absl::Now() + options_.request_timeout);
+  if (std::optional<absl::Status> ended = job->feed->WaitForFirst(connected); ended.has_value()) {
+    return ErrorReply(ApiErrorFromStatus(
+        ended->ok() ? absl::UnavailableError("the replica ended the generation before its first token") : *ended));
+  }
   http::Reply reply;
   reply.content_type = "text/event-stream";
   reply.stream = [this, job](http::StreamWriter& out) { Run(*job, &out, [] { return true; }); };
@@ -328,35 +417,38 @@ http::Reply Gateway::Run(Job& job, http::StreamWriter* out, const std::function<
       if (!out->Write(SseEvent(ChatRoleChunk(meta, i)))) client_gone = true;
     }
   }
-  const absl::Status status =
-      backend_->Generate(job.generate, absl::Now() + options_.request_timeout, [&](const v1::GenerateResponse& m) {
-        if (m.has_chunk()) {
-          const v1::TokenChunk& chunk = m.chunk();
-          if (chunk.sample_index() >= choices.size()) return !client_gone;
-          ChoiceState& c = choices[chunk.sample_index()];
-          if (!c.finish_reason.empty()) return !client_gone;  // (cut at a stop string)
-          for (int i = 0; i < chunk.token_ids_size(); ++i) {
-            c.token_ids.push_back(chunk.token_ids(i));
-            c.logprobs.push_back(i < chunk.logprobs_size() ? chunk.logprobs(i) : 0.0f);
-            c.versions.push_back(i < chunk.policy_versions_size() ? chunk.policy_versions(i) : 0);
-          }
-          emit(chunk.sample_index(), false);
-          if (c.stopped) {
-            c.finish_reason = "stop";
-            ++finished;
-            emit(chunk.sample_index(), true);
-          }
-        } else if (m.has_finished()) {
-          const uint32_t index = m.finished().sample_index();
-          if (index < choices.size() && choices[index].finish_reason.empty()) {
-            const std::string reason = FinishReasonName(m.finished().finish_reason());
-            choices[index].finish_reason = reason.empty() ? "abort" : reason;
-            ++finished;
-            emit(index, true);
-          }
-        }
-        return !client_gone && finished < request.n;
-      });
+  const auto generate = [&](const std::function<bool(const v1::GenerateResponse&)>& on_message) {
+    if (job.feed != nullptr) return job.feed->Drain(on_message);
+    return backend_->Generate(job.generate, absl::Now() + options_.request_timeout, on_message);
+  };
+  const absl::Status status = generate([&](const v1::GenerateResponse& m) {
+    if (m.has_chunk()) {
+      const v1::TokenChunk& chunk = m.chunk();
+      if (chunk.sample_index() >= choices.size()) return !client_gone;
+      ChoiceState& c = choices[chunk.sample_index()];
+      if (!c.finish_reason.empty()) return !client_gone;  // (cut at a stop string)
+      for (int i = 0; i < chunk.token_ids_size(); ++i) {
+        c.token_ids.push_back(chunk.token_ids(i));
+        c.logprobs.push_back(i < chunk.logprobs_size() ? chunk.logprobs(i) : 0.0f);
+        c.versions.push_back(i < chunk.policy_versions_size() ? chunk.policy_versions(i) : 0);
+      }
+      emit(chunk.sample_index(), false);
+      if (c.stopped) {
+        c.finish_reason = "stop";
+        ++finished;
+        emit(chunk.sample_index(), true);
+      }
+    } else if (m.has_finished()) {
+      const uint32_t index = m.finished().sample_index();
+      if (index < choices.size() && choices[index].finish_reason.empty()) {
+        const std::string reason = FinishReasonName(m.finished().finish_reason());
+        choices[index].finish_reason = reason.empty() ? "abort" : reason;
+        ++finished;
+        emit(index, true);
+      }
+    }
+    return !client_gone && finished < request.n;
+  });
   if (client_gone) return ErrorReply(Simple(499, "the client closed the request"));
   const bool complete = finished == request.n;
   std::optional<ApiError> failure;

@@ -98,6 +98,7 @@ class Gateway {
  private:
   struct Slot;
   struct Job;
+  class Feed;
   http::Reply Generate(Endpoint endpoint, const http::Request& request);
   absl::StatusOr<std::vector<int32_t>> PromptIds(const GenerationRequest& request, ApiError* error) const;
   // A slot for one generation of `client`, or the 429 that refuses it.
@@ -105,6 +106,10 @@ class Gateway {
   // Runs `job`: chunks to `out` when streaming (nullptr: whole); `connected` false
   // cancels. Returns the whole reply when not streaming.
   http::Reply Run(Job& job, http::StreamWriter* out, const std::function<bool()>& connected);
+  // A streamed request: the generation starts on a thread of its own (job.feed), and the
+  // reply waits for its first message, so that a generation that fails before it (a full
+  // queue, no replica) is an HTTP error (429, 503), not a stream that begins and fails.
+  http::Reply StartStream(std::shared_ptr<Job> job, const std::function<bool()>& connected);
 
   const GatewayOptions options_;
   const std::unique_ptr<TextCodec> codec_;

@@ -18,7 +18,7 @@ namespace {
 class HttpServerTest : public ::testing::Test {
  protected:
   void Start(Server::Options options = {}, Server::HeadCheck check = nullptr) {
-    options.paths = {"/echo", "/throw", "/stream", "/wait"};
+    options.paths = {"/echo", "/throw", "/stream", "/wait", "/gather"};
     auto server = Server::Start(
         "127.0.0.1", 0, options, [this](const Request& r) { return Handle(r); }, check);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -43,6 +43,14 @@ class HttpServerTest : public ::testing::Test {
       };
       return reply;
     }
+    if (r.path == "/gather") {  // answers 200 once kGather requests are in at once
+      gathered_.fetch_add(1);
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      while (gathered_.load() < kGather && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+      Reply reply;
+      reply.status = gathered_.load() >= kGather ? 200 : 500;
+      return reply;
+    }
     if (r.path == "/wait") {  // a long non-streamed request: until the client goes away
       entered_.Notify();
       const absl::Time deadline = absl::Now() + absl::Seconds(20);
@@ -56,6 +64,8 @@ class HttpServerTest : public ::testing::Test {
   }
   int port() const { return server_->port(); }
 
+  static constexpr int kGather = 24;
+  std::atomic<int> gathered_{0};
   bool endless_ = false;
   absl::Notification entered_, saw_gone_, stream_ended_;
   std::unique_ptr<Server> server_;
@@ -145,6 +155,30 @@ TEST_F(HttpServerTest, AHandlerSeesItsClientGoAway) {
   ASSERT_TRUE(entered_.WaitForNotificationWithTimeout(absl::Seconds(10)));
   close(fd);
   EXPECT_TRUE(saw_gone_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+// Connections arriving together are served together (each its own thread at once),
+// even while others hold theirs with a head they never finish.
+TEST_F(HttpServerTest, ConnectionsArrivingTogetherAreServedTogether) {
+  Start();
+  std::vector<int> stalled;
+  for (int i = 0; i < 8; ++i) {
+    stalled.push_back(ConnectLoopback(port()));
+    ASSERT_TRUE(SendAll(stalled.back(), "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Le"));
+  }
+  std::vector<int> fds;
+  for (int i = 0; i < kGather; ++i) {
+    fds.push_back(ConnectLoopback(port()));
+    ASSERT_TRUE(SendAll(fds.back(), RawRequest("GET", "/gather", "")));
+  }
+  for (int fd : fds) {
+    EXPECT_EQ(ReadReply(fd).status, 200);
+    close(fd);
+  }
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Exchange(port(), RawRequest("POST", "/echo", "x")).status, 200);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  for (int fd : stalled) close(fd);
 }
 
 TEST_F(HttpServerTest, AConnectionPastTheLimitIsAnswered503) {

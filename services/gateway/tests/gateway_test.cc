@@ -208,6 +208,14 @@ TEST_F(GatewayTest, BackendErrorsBeforeAndDuringAStream) {
   backend_.fail_before = absl::ResourceExhaustedError("queue full");
   r = Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":"reverse:1"})"));
   EXPECT_EQ(r.status, 429);
+  // A stream that fails before its first token is an HTTP error too (clients retry 429).
+  r = Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":"reverse:1","stream":true})"));
+  EXPECT_EQ(r.status, 429);
+  EXPECT_NE(r.head.find("Retry-After"), std::string::npos);
+  backend_.fail_before = absl::InvalidArgumentError("max_new_tokens 2048 exceeds max_seq_len 64");
+  r = Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":"reverse:1","stream":true})"));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("max_seq_len"), std::string::npos) << r.body;
   backend_.fail_before = absl::OkStatus();
   backend_.fail_after = 2;
   r = Exchange(port(), Request("POST", "/v1/completions", R"({"model":"rlfleet","prompt":"reverse:1","stream":true})"));
