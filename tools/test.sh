@@ -75,6 +75,9 @@ fi
 #                   under ASan + UBSan, counted per test case
 #   soak            bench/soak.sh --ci: the local fleet busy for 3 minutes, every
 #                   service's RSS and open fds flat after a minute's warm-up
+#   gateway-battery tests/battery/gateway_fleet.sh: ~48 hostile HTTP cases and 70
+#                   concurrent streams against the gateway of a fleet training a run,
+#                   then the gateway killed with streams open (replica gauges back to 0)
 #   openai/<check>  the official OpenAI client library (npm `openai`) against
 #                   rlfleet-gateway and a rollout replica, one result per check
 #                   (tools/check_openai.sh, tests/openai/check.mjs)
@@ -106,6 +109,11 @@ if [[ $# -eq 0 && -z "${RLFLEET_QUICK:-}" ]]; then
   # (first: the binaries bazel test built are where bazel-bin points until another config runs)
   echo "== soak, CI form (bench/soak.sh --ci)"
   extra soak env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash bench/soak.sh --ci --out="$(mktemp -d)"
+  echo "== the gateway battery against a launched fleet training a run (tests/battery/gateway_fleet.sh)"
+  GW_START=$(date +%s)
+  extra gateway-battery env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash tests/battery/gateway_fleet.sh \
+    --out="$(mktemp -d)/gateway_battery.md"
+  echo "gateway battery: $(( $(date +%s) - GW_START )) s"
   echo "== deploy/k8s: kustomize builds against the Kubernetes schemas (tools/check_k8s.sh)"
   extra k8s env RLFLEET_BIN="$(bazel info bazel-bin 2>/dev/null)/services" bash tools/check_k8s.sh
   echo "== the OpenAI client library against rlfleet-gateway (tools/check_openai.sh)"
