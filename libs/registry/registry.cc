@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "libs/common/checks.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
 #include "libs/redis/redis_client.h"
@@ -9,6 +10,58 @@
 #include "libs/registry/redis/redis_registry.h"
 
 namespace rlfleet::registry {
+namespace {
+
+absl::Status ValidateLabels(const v1::ReplicaInfo& replica) {
+  if (replica.labels_size() > kMaxLabels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica.labels has ", replica.labels_size(), " entries; at most ", kMaxLabels));
+  }
+  size_t total = 0;
+  for (const auto& [key, value] : replica.labels()) {
+    if (key.empty() || key.size() > kMaxLabelKeyBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("replica.labels key of ", key.size(), " bytes; keys are 1..", kMaxLabelKeyBytes, " bytes"));
+    }
+    if (value.size() > kMaxLabelValueBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("replica.labels[", key, "] is ", value.size(), " bytes; at most ", kMaxLabelValueBytes));
+    }
+    total += key.size() + value.size();
+  }
+  if (total > kMaxLabelBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica.labels hold ", total, " bytes in all; at most ", kMaxLabelBytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateLoad(const v1::LoadStats& load, absl::string_view prefix) {
+  auto field = [&](absl::string_view name) { return absl::StrCat(prefix, ".", name); };
+  RETURN_IF_ERROR(
+      common::CheckInRange<uint32_t>(field("inflight_requests"), load.inflight_requests(), 0, kMaxLoadCount));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>(field("queued_requests"), load.queued_requests(), 0, kMaxLoadCount));
+  RETURN_IF_ERROR(common::CheckInRange<uint32_t>(field("active_sequences"), load.active_sequences(), 0, kMaxLoadCount));
+  RETURN_IF_ERROR(common::CheckFiniteInRange(field("tokens_per_s"), load.tokens_per_s(), 0, kMaxTokensPerS));
+  RETURN_IF_ERROR(
+      common::CheckInRange<uint64_t>(field("memory_used_bytes"), load.memory_used_bytes(), 0, kMaxMemoryBytes));
+  RETURN_IF_ERROR(
+      common::CheckInRange<uint64_t>(field("memory_capacity_bytes"), load.memory_capacity_bytes(), 0, kMaxMemoryBytes));
+  RETURN_IF_ERROR(common::CheckFiniteInRange(field("utilization"), load.utilization(), 0, 1));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateVersion(const v1::PolicyVersion& version, absl::string_view prefix) {
+  if (version.run_id().size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ".run_id is over 128 bytes"));
+  }
+  if (version.digest().size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ".digest is over 256 bytes"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateRegistration(const v1::ReplicaInfo& replica, absl::Duration ttl) {
   RETURN_IF_ERROR(common::ValidateId("replica.replica_id", replica.replica_id()));
@@ -23,6 +76,24 @@ absl::Status ValidateRegistration(const v1::ReplicaInfo& replica, absl::Duration
     return absl::InvalidArgumentError(
         absl::StrCat("replica.grpc_address `", address, "` is not host:port or unix:/path"));
   }
+  RETURN_IF_ERROR(ValidateLabels(replica));
+  if (replica.data_plane_endpoints_size() > kMaxDataPlaneEndpoints) {
+    return absl::InvalidArgumentError(absl::StrCat("replica.data_plane_endpoints has ",
+                                                   replica.data_plane_endpoints_size(), " entries; at most ",
+                                                   kMaxDataPlaneEndpoints));
+  }
+  for (int i = 0; i < replica.data_plane_endpoints_size(); ++i) {
+    const v1::Endpoint& e = replica.data_plane_endpoints(i);
+    const std::string field = absl::StrCat("replica.data_plane_endpoints[", i, "]");
+    if (e.host().size() > 512) return absl::InvalidArgumentError(absl::StrCat(field, ".host is over 512 bytes"));
+    RETURN_IF_ERROR(common::CheckInRange<uint32_t>(absl::StrCat(field, ".port"), e.port(), 0, 65535));
+    if (e.worker_address().size() > 4096) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".worker_address is over 4096 bytes"));
+    }
+  }
+  if (replica.run_id().size() > 128) return absl::InvalidArgumentError("replica.run_id is over 128 bytes");
+  RETURN_IF_ERROR(ValidateLoad(replica.load(), "replica.load"));
+  RETURN_IF_ERROR(ValidateVersion(replica.policy_version(), "replica.policy_version"));
   if (ttl < kMinTtl || ttl > kMaxTtl) {
     return absl::InvalidArgumentError(absl::StrCat("ttl_ms ", absl::ToInt64Milliseconds(ttl), " is outside [",
                                                    absl::ToInt64Milliseconds(kMinTtl), ", ",
@@ -31,18 +102,35 @@ absl::Status ValidateRegistration(const v1::ReplicaInfo& replica, absl::Duration
   return absl::OkStatus();
 }
 
+absl::Status IdHeldError(absl::string_view replica_id, absl::string_view holder_address,
+                         absl::string_view requested_address) {
+  return absl::AlreadyExistsError(
+      absl::StrCat("replica id ", replica_id, " is registered from ", holder_address,
+                   " under a live lease; a registration from ", requested_address,
+                   " cannot replace it (a replica id is unique per process: wait for the lease to expire or "
+                   "register under a new id)"));
+}
+
+absl::Status RoleFullError(v1::ReplicaRole role, int max_live_per_role) {
+  return absl::ResourceExhaustedError(absl::StrCat("role ", v1::ReplicaRole_Name(role), " already has ",
+                                                   max_live_per_role, " live registrations (the registry's cap)"));
+}
+
 bool IsAdmitted(v1::ReplicaRole role, const v1::PolicyVersion& version) {
   if (role == v1::REPLICA_ROLE_ROLLOUT) return version.version() > 0;
   return true;
 }
 
-absl::StatusOr<std::unique_ptr<Registry>> OpenRegistry(absl::string_view connection, common::Clock* clock) {
+absl::StatusOr<std::unique_ptr<Registry>> OpenRegistry(absl::string_view connection, common::Clock* clock,
+                                                       RegistryLimits limits) {
+  if (limits.max_live_per_role < 1) return absl::InvalidArgumentError("max_live_per_role must be at least 1");
   if (connection == "memory://" || connection == "memory") {
-    return std::unique_ptr<Registry>(new InMemoryRegistry(clock));
+    return std::unique_ptr<Registry>(new InMemoryRegistry(clock, limits));
   }
   if (absl::StartsWith(connection, "redis://")) {
     ASSIGN_OR_RETURN(redis::Url url, redis::ParseUrl(connection, "rlfleet:"));
-    ASSIGN_OR_RETURN(auto registry, RedisRegistry::Connect(url.host, url.port, clock, absl::Seconds(2), url.prefix));
+    ASSIGN_OR_RETURN(auto registry,
+                     RedisRegistry::Connect(url.host, url.port, clock, absl::Seconds(2), url.prefix, limits));
     return std::unique_ptr<Registry>(std::move(registry));
   }
   return absl::InvalidArgumentError(

@@ -26,6 +26,26 @@ inline constexpr absl::Duration kMinTtl = absl::Seconds(1);
 inline constexpr absl::Duration kMaxTtl = absl::Minutes(5);
 inline constexpr absl::Duration kDefaultTtl = absl::Seconds(10);
 
+// What one registration may carry (controller.proto's limits). Labels: at most
+// kMaxLabels entries, keys 1..kMaxLabelKeyBytes, values up to kMaxLabelValueBytes,
+// kMaxLabelBytes in all.
+inline constexpr int kMaxLabels = 32;
+inline constexpr size_t kMaxLabelKeyBytes = 128;
+inline constexpr size_t kMaxLabelValueBytes = 1024;
+inline constexpr size_t kMaxLabelBytes = 8192;
+inline constexpr int kMaxDataPlaneEndpoints = 64;
+// Load a replica may report: queue lengths and counts up to kMaxLoadCount, throughput
+// up to kMaxTokensPerS, memory up to kMaxMemoryBytes (1 PiB), utilization in [0, 1].
+inline constexpr uint32_t kMaxLoadCount = 1u << 20;
+inline constexpr double kMaxTokensPerS = 1e9;
+inline constexpr uint64_t kMaxMemoryBytes = uint64_t{1} << 50;
+
+// Bounds a registry holds every registration to.
+struct RegistryLimits {
+  // Live registrations of one role at most (a new id past it: RESOURCE_EXHAUSTED).
+  int max_live_per_role = 10000;
+};
+
 struct Lease {
   std::string lease_id;
   absl::Duration ttl;
@@ -42,13 +62,19 @@ class Registry {
  public:
   virtual ~Registry() = default;
 
-  // Registers `replica` (replacing any earlier registration of the same id) under a new
-  // lease of `ttl` (zero = kDefaultTtl). INVALID_ARGUMENT naming the field for a bad id,
-  // role, address or a ttl outside [kMinTtl, kMaxTtl]; UNAVAILABLE if the store is down.
+  // Registers `replica` under a new lease of `ttl` (zero = kDefaultTtl). An earlier
+  // registration of the same id is replaced when its lease has expired or it was made
+  // from the same grpc_address (a restarted replica, or a retried call); while it is
+  // live under another address the call is ALREADY_EXISTS naming the id and the holder's
+  // address, and the holder keeps its lease. INVALID_ARGUMENT naming the field for a bad
+  // id, role, address, labels, load or a ttl outside [kMinTtl, kMaxTtl]
+  // (ValidateRegistration); RESOURCE_EXHAUSTED for a new id when its role already has
+  // RegistryLimits::max_live_per_role live registrations; UNAVAILABLE if the store is down.
   virtual absl::StatusOr<Lease> Register(const v1::ReplicaInfo& replica, absl::Duration ttl) = 0;
 
   // Renews the lease and records load and policy version. NOT_FOUND if the lease is
-  // unknown or expired (the replica must register again); INVALID_ARGUMENT for bad ids.
+  // unknown or expired (the replica must register again); INVALID_ARGUMENT naming the
+  // field for bad ids, load or version (ValidateHeartbeat).
   virtual absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
                                                     const v1::LoadStats& load, const v1::PolicyVersion& version) = 0;
 
@@ -71,10 +97,24 @@ class Registry {
 
 // Opens a registry from a connection string. INVALID_ARGUMENT for an unknown scheme or
 // a malformed address; UNAVAILABLE if Redis cannot be reached. `clock` is not owned.
-absl::StatusOr<std::unique_ptr<Registry>> OpenRegistry(absl::string_view connection, common::Clock* clock);
+absl::StatusOr<std::unique_ptr<Registry>> OpenRegistry(absl::string_view connection, common::Clock* clock,
+                                                       RegistryLimits limits = {});
 
-// Shared validation of a registration: INVALID_ARGUMENT naming the field.
+// Shared validation of a registration: INVALID_ARGUMENT naming the field (id, role,
+// address, ttl, labels, data-plane endpoints, run id, load, policy version).
 absl::Status ValidateRegistration(const v1::ReplicaInfo& replica, absl::Duration ttl);
+
+// Load and version as a heartbeat reports them: INVALID_ARGUMENT naming the field
+// (`prefix` + "." + field) for a count over kMaxLoadCount, a throughput, utilization or
+// memory that is not finite or out of range, an oversized run id or digest.
+absl::Status ValidateLoad(const v1::LoadStats& load, absl::string_view prefix);
+absl::Status ValidateVersion(const v1::PolicyVersion& version, absl::string_view prefix);
+
+// The errors both backends return: ALREADY_EXISTS for an id whose live lease is held
+// from `holder_address`; RESOURCE_EXHAUSTED for a role at its live-registration cap.
+absl::Status IdHeldError(absl::string_view replica_id, absl::string_view holder_address,
+                         absl::string_view requested_address);
+absl::Status RoleFullError(v1::ReplicaRole role, int max_live_per_role);
 
 // Whether a replica of this role with this version may receive work: rollout replicas
 // need a verified weight version (> 0); other roles are admitted when registered.

@@ -1,6 +1,7 @@
 // Typed client of the controller's RegistryService (Register, Heartbeat, Deregister,
 // ListReplicas), with the client base's deadlines and retries: every registry call is
-// idempotent by replica id (a second Register of the same id replaces the first lease).
+// idempotent by replica id (a second Register of the same id from the same address
+// replaces the first lease).
 // The registrar and the controller's own client build on it. Thread-safe.
 #ifndef RLFLEET_LIBS_REGISTRY_REGISTRY_CLIENT_H_
 #define RLFLEET_LIBS_REGISTRY_REGISTRY_CLIENT_H_

@@ -46,6 +46,22 @@ absl::Status ParseReplicaBounds(const std::string& text, AutoscaleConfig* config
   return ValidateAutoscaleConfig(*config);
 }
 
+void FillRolloutLoad(const std::vector<v1::ReplicaInfo>& replicas, absl::Time now, absl::Duration max_silence,
+                     LoadSample* sample) {
+  int counted = 0;
+  double busy = 0;
+  for (const v1::ReplicaInfo& r : replicas) {
+    if (r.role() != v1::REPLICA_ROLE_ROLLOUT || !r.admitted()) continue;
+    if (now - absl::FromUnixMillis(r.last_heartbeat_unix_ms()) > max_silence) continue;
+    const double u = r.load().utilization();
+    if (!std::isfinite(u) || u < 0 || u > 1) continue;
+    busy += u;
+    ++counted;
+  }
+  sample->replicas = counted;
+  sample->utilization = counted > 0 ? busy / counted : 0;
+}
+
 int AutoscalePolicy::Next(const LoadSample& s, absl::Time now) {
   const AutoscaleConfig& c = config_;
   if (!desired_) {

@@ -11,12 +11,14 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "rlfleet/v1/common.pb.h"
 
 namespace rlfleet::controller {
 
@@ -47,10 +49,22 @@ absl::Status ParseReplicaBounds(const std::string& text, AutoscaleConfig* config
 // One sample of the load.
 struct LoadSample {
   bool run_active = false;
-  int replicas = 0;                  // rollout replicas registered now
+  int replicas = 0;                  // rollout replicas registered, admitted and heartbeating now
   double utilization = 0;            // their mean busy fraction, 0..1 (LoadStats.utilization)
   double trainer_wait_fraction = 0;  // of the run's last step: the wait for rollouts / the step's time
 };
+
+// A replica whose last heartbeat is older than this is not counted (at the registrar's
+// 10 s lease it heartbeats every ~3.3 s: two missed beats and more).
+inline constexpr absl::Duration kMaxHeartbeatSilence = absl::Seconds(8);
+
+// Sets sample->replicas and sample->utilization from the registered rollout replicas:
+// only those admitted (a verified weight version), whose last heartbeat is within
+// `max_silence` of `now` and whose utilization is a finite number in [0, 1] count;
+// the others neither count nor move the mean. (The registry refuses such load already;
+// this keeps a record it did not check out of the policy.)
+void FillRolloutLoad(const std::vector<v1::ReplicaInfo>& replicas, absl::Time now, absl::Duration max_silence,
+                     LoadSample* sample);
 
 class AutoscalePolicy {
  public:

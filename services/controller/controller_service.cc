@@ -3,9 +3,11 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "libs/common/checks.h"
 #include "libs/common/status_macros.h"
 #include "libs/rpc/status_conversion.h"
+#include "services/controller/reward_routes.h"
 
 namespace rlfleet::controller {
 namespace {
@@ -92,6 +94,14 @@ grpc::ServerWriteReactor<v1::ReplicaEvent>* RegistryServiceImpl::WatchReplicas(
 grpc::ServerUnaryReactor* RegistryServiceImpl::Register(grpc::CallbackServerContext* context,
                                                         const v1::RegisterRequest* request,
                                                         v1::RegisterResponse* response) {
+  // A reward replica that names tasks takes those tasks' items from every run
+  // (reward_routes.h): only the controller role may register one, so a fleet member's
+  // token cannot route a run's rewards to itself.
+  if (request->replica().labels().contains(kRewardTasksLabel)) {
+    return rpc::HandleUnary(context, auth_, rpc::Role::kController,
+                            absl::StrCat("Register with label ", kRewardTasksLabel),
+                            [&] { return core_->Register(*request, response); });
+  }
   return rpc::HandleUnary(context, auth_, [&] { return core_->Register(*request, response); });
 }
 

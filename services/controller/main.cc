@@ -126,19 +126,17 @@ int main(int argc, char** argv) {
       rlfleet::controller::LoadSample s;
       rlfleet::v1::ListReplicasRequest list;
       list.set_role(rlfleet::v1::REPLICA_ROLE_ROLLOUT);
+      list.set_only_admitted(true);
       list.mutable_page()->set_page_size(rlfleet::controller::kMaxPageSize);
-      double busy = 0;
+      std::vector<rlfleet::v1::ReplicaInfo> replicas;
       while (true) {
         rlfleet::v1::ListReplicasResponse page;
         if (absl::Status st = core.ListReplicas(list, &page); !st.ok()) return st;
-        for (const auto& r : page.replicas()) {
-          busy += r.load().utilization();
-          ++s.replicas;
-        }
+        replicas.insert(replicas.end(), page.replicas().begin(), page.replicas().end());
         if (page.next_page_token().empty()) break;
         list.mutable_page()->set_page_token(page.next_page_token());
       }
-      s.utilization = s.replicas > 0 ? busy / s.replicas : 0;
+      rlfleet::controller::FillRolloutLoad(replicas, absl::Now(), rlfleet::controller::kMaxHeartbeatSilence, &s);
       s.run_active = runs.HasActiveRun();
       if (std::optional<rlfleet::controller::LoopProgress> p = runs.ActiveProgress()) {
         const double step = p->generate_seconds + p->train_seconds + p->sync_seconds;

@@ -117,6 +117,9 @@ class Fleet:
         self._options = options
         bearer = admin_token or token
         self.metadata = [("authorization", "Bearer " + bearer)] if bearer else None
+        # a fleet member's credential, for the cases that check a controller-only path
+        self.fleet_metadata = [("authorization", "Bearer " + token)] if token else None
+        self.roles = bool(admin_token)
 
     def channel(self, address):
         if address not in self.channels:
@@ -126,8 +129,10 @@ class Fleet:
     def address(self, service):
         return self.addresses.get(ADDRESS_OF.get(service, service))
 
-    def call(self, service, method, request, timeout=DEADLINE_S):
-        """Sends request (a message, or raw bytes); returns the response (a list for streams)."""
+    def call(self, service, method, request, timeout=DEADLINE_S, as_fleet=False):
+        """Sends request (a message, or raw bytes); returns the response (a list for streams).
+        as_fleet: with the fleet token instead of the admin token."""
+        metadata = self.fleet_metadata if as_fleet else self.metadata
         address = self.address(service)
         path = "/rlfleet.v1.%s/%s" % (SERVICE_NAME[service], method)
         response_type = RESPONSE[(service, method)]
@@ -136,10 +141,10 @@ class Fleet:
         if (service, method) in STREAMING:
             rpc = channel.unary_stream(path, request_serializer=serializer,
                                        response_deserializer=response_type.FromString)
-            return list(rpc(request, timeout=timeout, metadata=self.metadata))
+            return list(rpc(request, timeout=timeout, metadata=metadata))
         rpc = channel.unary_unary(path, request_serializer=serializer,
                                   response_deserializer=response_type.FromString)
-        return rpc(request, timeout=timeout, metadata=self.metadata)
+        return rpc(request, timeout=timeout, metadata=metadata)
 
     def health(self, address):
         """None if the server answers grpc.health.v1.Health/Check (any serving status), else why not."""
@@ -262,8 +267,11 @@ def make_fifo(ctx):
 
 
 class Case:
-    def __init__(self, service, method, name, build, expect="refused", on_ok=None, cleanup=None):
+    def __init__(self, service, method, name, build, expect="refused", on_ok=None, cleanup=None, as_fleet=False):
         self.service, self.method, self.name = service, method, name
+        # sent with the fleet token (--token), not the admin token: a controller-only path
+        # must refuse it; run only when the fleet has roles (--admin_token given)
+        self.as_fleet = as_fleet
         self.build = build  # ctx -> request (message or bytes)
         self.expect = expect  # "refused" or "ok"
         self.on_ok = on_ok  # response -> None, or ("refused", detail) for per-item rejections
@@ -512,10 +520,57 @@ def controller_cases():
     reg("role-unspecified", lambda r, ctx: setattr(r.replica, "role", common_pb2.REPLICA_ROLE_UNSPECIFIED))
     reg("role-unknown-enum-99", lambda r, ctx: setattr(r.replica, "role", 99))
     reg("grpc_address-empty", lambda r, ctx: setattr(r.replica, "grpc_address", ""))
-    # (labels and endpoints have no documented bound beyond the message limit)
-    reg("labels-33", expect="ok", mutate=lambda r, ctx: r.replica.labels.update({"k%d" % i: "v" for i in range(33)}))
-    reg("data_plane_endpoints-65", expect="ok", mutate=lambda r, ctx: [r.replica.data_plane_endpoints.add(host="127.0.0.1", port=1)
+    # labels and endpoints: controller.proto / libs/registry/registry.h bounds
+    reg("labels-33", lambda r, ctx: r.replica.labels.update({"k%d" % i: "v" for i in range(33)}))
+    reg("labels-key-empty", lambda r, ctx: r.replica.labels.update({"": "v"}))
+    reg("labels-key-129-bytes", lambda r, ctx: r.replica.labels.update({"k" * 129: "v"}))
+    reg("labels-value-1025-bytes", lambda r, ctx: r.replica.labels.update({"pool": "v" * 1025}))
+    reg("labels-9KiB-in-all", lambda r, ctx: r.replica.labels.update({"k%d" % i: "v" * 1024 for i in range(9)}))
+    reg("data_plane_endpoints-65", lambda r, ctx: [r.replica.data_plane_endpoints.add(host="127.0.0.1", port=1)
                                                    for _ in range(65)])
+    reg("data_plane_endpoints-port-70000",
+        lambda r, ctx: r.replica.data_plane_endpoints.add(host="127.0.0.1", port=70000))
+    reg("run_id-129-bytes", lambda r, ctx: setattr(r.replica, "run_id", "r" * 129))
+    # load stats feed the autoscaler and routing: finite and in range
+    reg("load-utilization-nan", lambda r, ctx: setattr(r.replica.load, "utilization", float("nan")))
+    reg("load-utilization-2", lambda r, ctx: setattr(r.replica.load, "utilization", 2.0))
+    reg("load-utilization-negative", lambda r, ctx: setattr(r.replica.load, "utilization", -0.5))
+    reg("load-tokens_per_s-inf", lambda r, ctx: setattr(r.replica.load, "tokens_per_s", float("inf")))
+    reg("load-tokens_per_s-negative", lambda r, ctx: setattr(r.replica.load, "tokens_per_s", -1.0))
+    reg("load-queued_requests-u32max", lambda r, ctx: setattr(r.replica.load, "queued_requests", U32_MAX))
+    reg("load-inflight_requests-2^21", lambda r, ctx: setattr(r.replica.load, "inflight_requests", 1 << 21))
+    reg("load-memory_used_bytes-u64max", lambda r, ctx: setattr(r.replica.load, "memory_used_bytes", U64_MAX))
+    reg("policy_version-digest-300-bytes", lambda r, ctx: setattr(r.replica.policy_version, "digest", "d" * 300))
+
+    # a live replica's id, from another address: ALREADY_EXISTS naming the holder (its
+    # lease is not replaced; the cleanup deregisters only if it was)
+    def hijack(r, ctx):
+        r.replica.replica_id = ctx.rollout_replica_id or "battery-no-live-rollout"
+        r.replica.role = common_pb2.REPLICA_ROLE_ROLLOUT
+        r.replica.grpc_address = "127.0.0.1:1"
+        r.replica.run_id = ""
+    reg("live-rollout-id-from-another-address", hijack)
+    # reward task routes are the controller role's (a fleet token must not route a run's
+    # rewards to itself); run only when the fleet has roles (--admin_token)
+    cases.append(Case("registry", "Register", "labels-reward.tasks-with-fleet-token",
+                      mutated(reg_base, lambda r, ctx: r.replica.labels.update({"reward.tasks": "reverse"})),
+                      cleanup=deregister, as_fleet=True))
+    cases.append(Case("controller", "Scale", "with-fleet-token",
+                      lambda ctx: controller_pb2.ScaleRequest(role=common_pb2.REPLICA_ROLE_ROLLOUT, target_count=1),
+                      cleanup=restore_scale, as_fleet=True))
+
+    def beat(name, **load):
+        def build(ctx):
+            r = controller_pb2.HeartbeatRequest(replica_id="battery-no-such-replica", lease_id="no-such-lease")
+            for field, value in load.items():
+                setattr(r.load, field, value)
+            return r
+        cases.append(Case("registry", "Heartbeat", name, build))
+
+    beat("load-utilization-nan", utilization=float("nan"))
+    beat("load-tokens_per_s-minus-inf", tokens_per_s=float("-inf"))
+    beat("load-queued_requests-u32max", queued_requests=U32_MAX)
+    beat("load-memory_capacity_bytes-u64max", memory_capacity_bytes=U64_MAX)
     cases.append(Case("registry", "ListReplicas", "page_size-1001",
                       lambda ctx: controller_pb2.ListReplicasRequest(page=common_pb2.PageRequest(page_size=1001))))
     cases.append(Case("registry", "ListReplicas", "page_size-u32max",
@@ -1200,7 +1255,7 @@ def run_case(fleet, ctx, case):
     except Exception as e:  # noqa: BLE001 - a bug in this script: report it, go on
         return "script-error", "%s: %s" % (type(e).__name__, short(e))
     try:
-        response = fleet.call(case.service, case.method, request)
+        response = fleet.call(case.service, case.method, request, as_fleet=case.as_fleet)
     except fleet.grpc.RpcError as e:
         response = e
     except Exception as e:  # noqa: BLE001
@@ -1371,6 +1426,8 @@ def main():
         target = ADDRESS_OF.get(case.service, case.service)
         if not fleet.addresses.get(target):
             continue
+        if case.as_fleet and not fleet.roles:
+            continue  # (one trust domain: the fleet token may do everything)
         if target in dead:
             case.result, case.detail = "crashed", "not run: %s is down (%s)" % (target, dead[target])
             ran.append(case)

@@ -30,6 +30,15 @@ absl::StatusOr<Lease> InMemoryRegistry::Register(const v1::ReplicaInfo& replica,
   Lease lease{entry.lease_id, ttl, entry.replica};
   absl::MutexLock lock(&mu_);
   ExpireLocked(now);
+  auto held = entries_.find(replica.replica_id());
+  if (held != entries_.end() && held->second.replica.grpc_address() != replica.grpc_address()) {
+    return IdHeldError(replica.replica_id(), held->second.replica.grpc_address(), replica.grpc_address());
+  }
+  if (held == entries_.end()) {
+    int live = 0;
+    for (const auto& [id, e] : entries_) live += e.replica.role() == replica.role() ? 1 : 0;
+    if (live >= limits_.max_live_per_role) return RoleFullError(replica.role(), limits_.max_live_per_role);
+  }
   entries_[replica.replica_id()] = std::move(entry);
   return lease;
 }
@@ -39,6 +48,8 @@ absl::StatusOr<HeartbeatResult> InMemoryRegistry::Heartbeat(absl::string_view re
                                                             const v1::PolicyVersion& version) {
   RETURN_IF_ERROR(common::ValidateId("replica_id", replica_id));
   RETURN_IF_ERROR(common::ValidateId("lease_id", lease_id));
+  RETURN_IF_ERROR(ValidateLoad(load, "load"));
+  RETURN_IF_ERROR(ValidateVersion(version, "policy_version"));
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   ExpireLocked(now);

@@ -15,7 +15,7 @@ namespace rlfleet::registry {
 
 class InMemoryRegistry : public Registry {
  public:
-  explicit InMemoryRegistry(common::Clock* clock) : clock_(clock) {}
+  explicit InMemoryRegistry(common::Clock* clock, RegistryLimits limits = {}) : clock_(clock), limits_(limits) {}
 
   absl::StatusOr<Lease> Register(const v1::ReplicaInfo& replica, absl::Duration ttl) override;
   absl::StatusOr<HeartbeatResult> Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
@@ -35,6 +35,7 @@ class InMemoryRegistry : public Registry {
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   common::Clock* const clock_;
+  const RegistryLimits limits_;
   absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);  // by replica id
 };

@@ -14,16 +14,33 @@ namespace {
 
 using redis::Reply;
 
-// KEYS[1] replica key, KEYS[2] index set. ARGV: id, info, lease, ttl_ms, expires_ms,
-// admitted, load, version, now_ms.
+// KEYS[1] replica key, KEYS[2] index set, KEYS[3] the role's index set. ARGV: id, info,
+// lease, ttl_ms, expires_ms, admitted, load, version, now_ms, address, role,
+// max_live_per_role, replica key prefix.
+// Returns {1} when registered; {0, holder address} when the id's live lease was taken
+// from another address (nothing changes); {2} when the role is at its cap. The role's
+// set is pruned of expired, removed and re-roled ids only when it looks full.
 constexpr char kRegisterScript[] = R"lua(
+local now = tonumber(ARGV[9])
+local h = redis.call('HMGET', KEYS[1], 'addr', 'expires_ms')
+local live = h[2] and tonumber(h[2]) > now
+if live and h[1] and h[1] ~= ARGV[10] then return {0, h[1]} end
+if not live and redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 0 and
+   redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[12]) then
+  for _, m in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+    local r = redis.call('HMGET', ARGV[13] .. m, 'expires_ms', 'role')
+    if not r[1] or tonumber(r[1]) <= now or r[2] ~= ARGV[11] then redis.call('SREM', KEYS[3], m) end
+  end
+  if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[12]) then return {2} end
+end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'info', ARGV[2], 'lease', ARGV[3], 'ttl_ms', ARGV[4],
            'expires_ms', ARGV[5], 'admitted', ARGV[6], 'load', ARGV[7], 'version', ARGV[8],
-           'last_ms', ARGV[9])
+           'last_ms', ARGV[9], 'addr', ARGV[10], 'role', ARGV[11])
 redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[4]))
 redis.call('SADD', KEYS[2], ARGV[1])
-return 1
+redis.call('SADD', KEYS[3], ARGV[1])
+return {1}
 )lua";
 
 // KEYS[1] replica key. ARGV: lease, now_ms, load, version, admitted_now.
@@ -53,19 +70,20 @@ return 1
 
 absl::StatusOr<std::unique_ptr<RedisRegistry>> RedisRegistry::Connect(const std::string& host, int port,
                                                                       common::Clock* clock, absl::Duration timeout,
-                                                                      std::string key_prefix) {
+                                                                      std::string key_prefix, RegistryLimits limits) {
   ASSIGN_OR_RETURN(auto client, redis::Client::Connect(host, port, timeout));
   // Heartbeats name the script by its SHA1 (EVALSHA) instead of sending its text for
   // Redis to hash on every call.
   ASSIGN_OR_RETURN(Reply sha, client->Command({"SCRIPT", "LOAD", kHeartbeatScript}));
   return std::unique_ptr<RedisRegistry>(
-      new RedisRegistry(std::move(client), clock, std::move(key_prefix), std::move(sha.str)));
+      new RedisRegistry(std::move(client), clock, std::move(key_prefix), std::move(sha.str), limits));
 }
 
 RedisRegistry::RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock, std::string key_prefix,
-                             std::string heartbeat_sha)
+                             std::string heartbeat_sha, RegistryLimits limits)
     : client_(std::move(client)),
       clock_(clock),
+      limits_(limits),
       prefix_(std::move(key_prefix)),
       heartbeat_sha_(std::move(heartbeat_sha)) {}
 
@@ -88,13 +106,27 @@ absl::StatusOr<Lease> RedisRegistry::Register(const v1::ReplicaInfo& replica, ab
   v1::ReplicaInfo info = stored;  // load and version live in their own fields
   info.clear_load();
   info.clear_policy_version();
-  ASSIGN_OR_RETURN(Reply reply, client_->Command({"EVAL", kRegisterScript, "2", Key(replica.replica_id()),
-                                                  prefix_ + "replicas", replica.replica_id(), info.SerializeAsString(),
-                                                  lease.lease_id, absl::StrCat(ttl_ms), absl::StrCat(now + ttl_ms),
-                                                  admitted ? "1" : "0", replica.load().SerializeAsString(),
-                                                  replica.policy_version().SerializeAsString(), absl::StrCat(now)}));
-  (void)reply;
-  return lease;
+  const std::string role = absl::StrCat(static_cast<int>(replica.role()));
+  ASSIGN_OR_RETURN(
+      Reply reply,
+      client_->Command({"EVAL", kRegisterScript, "3", Key(replica.replica_id()), prefix_ + "replicas",
+                        absl::StrCat(prefix_, "replicas:role:", role), replica.replica_id(), info.SerializeAsString(),
+                        lease.lease_id, absl::StrCat(ttl_ms), absl::StrCat(now + ttl_ms), admitted ? "1" : "0",
+                        replica.load().SerializeAsString(), replica.policy_version().SerializeAsString(),
+                        absl::StrCat(now), replica.grpc_address(), role, absl::StrCat(limits_.max_live_per_role),
+                        Key("")}));
+  if (reply.type != Reply::Type::kArray || reply.elements.empty()) {
+    return absl::InternalError("registry: unexpected reply to the register script");
+  }
+  switch (reply.elements[0].integer) {
+    case 1:
+      return lease;
+    case 0:
+      return IdHeldError(replica.replica_id(), reply.elements.size() > 1 ? reply.elements[1].str : "",
+                         replica.grpc_address());
+    default:
+      return RoleFullError(replica.role(), limits_.max_live_per_role);
+  }
 }
 
 absl::StatusOr<HeartbeatResult> RedisRegistry::Heartbeat(absl::string_view replica_id, absl::string_view lease_id,
@@ -109,6 +141,8 @@ void RedisRegistry::HeartbeatAsync(absl::string_view replica_id, absl::string_vi
   for (const auto& [field, id] : {std::pair{"replica_id", replica_id}, std::pair{"lease_id", lease_id}}) {
     if (absl::Status s = common::ValidateId(field, id); !s.ok()) return done(s);
   }
+  if (absl::Status s = ValidateLoad(load, "load"); !s.ok()) return done(s);
+  if (absl::Status s = ValidateVersion(version, "policy_version"); !s.ok()) return done(s);
   const int64_t now = absl::ToUnixMillis(clock_->Now());
   // Admission depends on the role, which the script does not know: rollout replicas
   // need a version > 0, others were admitted at registration already.

@@ -3,7 +3,8 @@
 // Each replica is a hash `rlfleet:replica:<id>` with its ReplicaInfo (protobuf bytes),
 // lease id, TTL, admission flag and absolute expiry (ms, from the injected clock, so
 // that every process agrees and tests can drive time by hand); the set
-// `rlfleet:replicas` indexes them. Lease checks are Lua scripts, so a stale lease
+// `rlfleet:replicas` indexes them, and `rlfleet:replicas:role:<n>` each role's (for the
+// per-role cap). Lease checks are Lua scripts, so a stale lease
 // never renews or removes a newer registration. Redis's own PEXPIRE (twice the TTL)
 // collects records of replicas that vanished.
 //
@@ -30,7 +31,8 @@ class RedisRegistry : public Registry {
   // Connects to host:port. UNAVAILABLE if Redis does not answer within `timeout`.
   static absl::StatusOr<std::unique_ptr<RedisRegistry>> Connect(const std::string& host, int port, common::Clock* clock,
                                                                 absl::Duration timeout = absl::Seconds(2),
-                                                                std::string key_prefix = "rlfleet:");
+                                                                std::string key_prefix = "rlfleet:",
+                                                                RegistryLimits limits = {});
   ~RedisRegistry() override;
 
   absl::StatusOr<Lease> Register(const v1::ReplicaInfo& replica, absl::Duration ttl) override;
@@ -43,7 +45,7 @@ class RedisRegistry : public Registry {
 
  private:
   RedisRegistry(std::unique_ptr<redis::Client> client, common::Clock* clock, std::string key_prefix,
-                std::string heartbeat_sha);
+                std::string heartbeat_sha, RegistryLimits limits);
   std::string Key(absl::string_view replica_id) const;
   // The heartbeat script's reply as HeartbeatAsync's result.
   static void HeartbeatDoneWith(absl::StatusOr<redis::Reply> reply, const std::string& replica,
@@ -51,6 +53,7 @@ class RedisRegistry : public Registry {
 
   const std::unique_ptr<redis::Client> client_;
   common::Clock* const clock_;
+  const RegistryLimits limits_;
   const std::string prefix_;
   const std::string heartbeat_sha_;  // SCRIPT LOAD's name for the heartbeat script
 };

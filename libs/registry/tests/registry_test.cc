@@ -10,7 +10,10 @@
 
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -188,6 +191,138 @@ TEST_P(RegistryTest, BadRegistrationsNameTheField) {
   auto short_ttl = registry_->Register(Replica("x", v1::REPLICA_ROLE_REWARD), absl::Milliseconds(10));
   EXPECT_EQ(short_ttl.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(short_ttl.status().message(), "ttl_ms"));
+}
+
+TEST_P(RegistryTest, ALiveIdCannotBeTakenFromAnotherAddress) {
+  auto holder = registry_->Register(Replica("rollout-7", v1::REPLICA_ROLE_ROLLOUT), absl::Seconds(3));
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  v1::ReplicaInfo thief = Replica("rollout-7", v1::REPLICA_ROLE_ROLLOUT);
+  thief.set_grpc_address("10.9.9.9:7000");
+  auto taken = registry_->Register(thief, {});
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists) << taken.status();
+  EXPECT_TRUE(absl::StrContains(taken.status().message(), "rollout-7")) << taken.status();
+  EXPECT_TRUE(absl::StrContains(taken.status().message(), "127.0.0.1:7000")) << taken.status();
+  // The holder keeps its lease and its address.
+  EXPECT_TRUE(registry_->Heartbeat("rollout-7", holder->lease_id, {}, {}).ok());
+  auto listed = registry_->List(v1::REPLICA_ROLE_ROLLOUT, false);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].grpc_address(), "127.0.0.1:7000");
+
+  // The same address may register again (a restarted replica, a retried call).
+  auto again = registry_->Register(Replica("rollout-7", v1::REPLICA_ROLE_ROLLOUT), absl::Seconds(3));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->lease_id, holder->lease_id);
+
+  // Once the lease has expired, another address may take the id.
+  clock_.Advance(absl::Seconds(4));
+  auto later = registry_->Register(thief, {});
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(registry_->List(v1::REPLICA_ROLE_ROLLOUT, false)->at(0).grpc_address(), "10.9.9.9:7000");
+}
+
+TEST_P(RegistryTest, LoadOutOfRangeIsRefusedNamingTheField) {
+  auto lease = registry_->Register(Replica("rollout-1", v1::REPLICA_ROLE_ROLLOUT), {});
+  ASSERT_TRUE(lease.ok());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<std::function<void(v1::LoadStats*)>, std::string>> cases = {
+      {[&](v1::LoadStats* l) { l->set_utilization(nan); }, "load.utilization"},
+      {[&](v1::LoadStats* l) { l->set_utilization(1.5); }, "load.utilization"},
+      {[&](v1::LoadStats* l) { l->set_utilization(-0.1); }, "load.utilization"},
+      {[&](v1::LoadStats* l) { l->set_tokens_per_s(inf); }, "load.tokens_per_s"},
+      {[&](v1::LoadStats* l) { l->set_tokens_per_s(-1); }, "load.tokens_per_s"},
+      {[&](v1::LoadStats* l) { l->set_queued_requests(4000000000u); }, "load.queued_requests"},
+      {[&](v1::LoadStats* l) { l->set_inflight_requests(kMaxLoadCount + 1); }, "load.inflight_requests"},
+      {[&](v1::LoadStats* l) { l->set_active_sequences(kMaxLoadCount + 1); }, "load.active_sequences"},
+      {[&](v1::LoadStats* l) { l->set_memory_used_bytes(~uint64_t{0}); }, "load.memory_used_bytes"},
+  };
+  for (const auto& [make, field] : cases) {
+    v1::LoadStats load;
+    make(&load);
+    auto beat = registry_->Heartbeat("rollout-1", lease->lease_id, load, {});
+    EXPECT_EQ(beat.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_TRUE(absl::StrContains(beat.status().message(), field)) << beat.status();
+    v1::ReplicaInfo replica = Replica("rollout-2", v1::REPLICA_ROLE_ROLLOUT);
+    *replica.mutable_load() = load;
+    auto reg = registry_->Register(replica, {});
+    EXPECT_EQ(reg.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_TRUE(absl::StrContains(reg.status().message(), "replica." + field)) << reg.status();
+  }
+  // Nothing refused was recorded; a load in range is.
+  v1::LoadStats fine;
+  fine.set_utilization(1.0);
+  fine.set_queued_requests(kMaxLoadCount);
+  ASSERT_TRUE(registry_->Heartbeat("rollout-1", lease->lease_id, fine, {}).ok());
+  auto listed = registry_->List(v1::REPLICA_ROLE_ROLLOUT, false);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].load().utilization(), 1.0);
+
+  v1::PolicyVersion long_digest;
+  long_digest.set_digest(std::string(300, 'a'));
+  auto beat = registry_->Heartbeat("rollout-1", lease->lease_id, {}, long_digest);
+  EXPECT_TRUE(absl::StrContains(beat.status().message(), "policy_version.digest")) << beat.status();
+}
+
+TEST_P(RegistryTest, LabelsAndEndpointsAreCapped) {
+  auto refused = [&](const std::function<void(v1::ReplicaInfo*)>& make) {
+    v1::ReplicaInfo replica = Replica("reward-1", v1::REPLICA_ROLE_REWARD);
+    make(&replica);
+    return registry_->Register(replica, {}).status();
+  };
+  absl::Status many = refused([](v1::ReplicaInfo* r) {
+    for (int i = 0; i <= kMaxLabels; ++i) (*r->mutable_labels())[absl::StrCat("k", i)] = "v";
+  });
+  EXPECT_EQ(many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(many.message(), "replica.labels has 33 entries")) << many;
+  absl::Status long_key =
+      refused([](v1::ReplicaInfo* r) { (*r->mutable_labels())[std::string(kMaxLabelKeyBytes + 1, 'k')] = "v"; });
+  EXPECT_TRUE(absl::StrContains(long_key.message(), "replica.labels key")) << long_key;
+  absl::Status empty_key = refused([](v1::ReplicaInfo* r) { (*r->mutable_labels())[""] = "v"; });
+  EXPECT_TRUE(absl::StrContains(empty_key.message(), "replica.labels key")) << empty_key;
+  absl::Status long_value =
+      refused([](v1::ReplicaInfo* r) { (*r->mutable_labels())["pool"] = std::string(kMaxLabelValueBytes + 1, 'v'); });
+  EXPECT_TRUE(absl::StrContains(long_value.message(), "replica.labels[pool]")) << long_value;
+  absl::Status total = refused([](v1::ReplicaInfo* r) {
+    for (int i = 0; i < 9; ++i) (*r->mutable_labels())[absl::StrCat("k", i)] = std::string(kMaxLabelValueBytes, 'v');
+  });
+  EXPECT_TRUE(absl::StrContains(total.message(), "bytes in all")) << total;
+  absl::Status endpoints = refused([](v1::ReplicaInfo* r) {
+    for (int i = 0; i <= kMaxDataPlaneEndpoints; ++i) r->add_data_plane_endpoints()->set_host("h");
+  });
+  EXPECT_TRUE(absl::StrContains(endpoints.message(), "replica.data_plane_endpoints")) << endpoints;
+  absl::Status port = refused([](v1::ReplicaInfo* r) { r->add_data_plane_endpoints()->set_port(70000); });
+  EXPECT_TRUE(absl::StrContains(port.message(), "replica.data_plane_endpoints[0].port")) << port;
+  EXPECT_TRUE(registry_->List(v1::REPLICA_ROLE_UNSPECIFIED, false)->empty());
+}
+
+TEST_P(RegistryTest, LiveRegistrationsPerRoleAreCapped) {
+  absl::StatusOr<std::string> connection = Connection(GetParam());
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  RegistryLimits limits;
+  limits.max_live_per_role = 3;
+  auto capped = OpenRegistry(*connection, &clock_, limits);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  Registry& registry = **capped;
+  std::vector<Lease> leases;
+  for (int i = 0; i < 3; ++i) {
+    auto lease = registry.Register(Replica(absl::StrCat("rollout-", i), v1::REPLICA_ROLE_ROLLOUT), absl::Seconds(3));
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    leases.push_back(*lease);
+  }
+  auto full = registry.Register(Replica("rollout-3", v1::REPLICA_ROLE_ROLLOUT), {});
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
+  EXPECT_TRUE(absl::StrContains(full.status().message(), "REPLICA_ROLE_ROLLOUT")) << full.status();
+  // Another role has its own count; a registered id may register again.
+  EXPECT_TRUE(registry.Register(Replica("reward-0", v1::REPLICA_ROLE_REWARD), {}).ok());
+  EXPECT_TRUE(registry.Register(Replica("rollout-0", v1::REPLICA_ROLE_ROLLOUT), absl::Seconds(3)).ok());
+  // A deregistered or expired id frees its place.
+  ASSERT_TRUE(registry.Deregister("rollout-1", leases[1].lease_id).value());
+  EXPECT_TRUE(registry.Register(Replica("rollout-3", v1::REPLICA_ROLE_ROLLOUT), {}).ok());
+  EXPECT_EQ(registry.Register(Replica("rollout-4", v1::REPLICA_ROLE_ROLLOUT), {}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  clock_.Advance(absl::Seconds(4));  // rollout-2's lease (3 s) has expired; rollout-0's too
+  EXPECT_TRUE(registry.Register(Replica("rollout-4", v1::REPLICA_ROLE_ROLLOUT), {}).ok());
+  EXPECT_EQ(registry.List(v1::REPLICA_ROLE_ROLLOUT, false)->size(), 2u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RegistryTest, ::testing::Values("memory://", "redis"),

@@ -4,6 +4,7 @@
 // the policy decides.
 #include "services/controller/autoscaler.h"
 
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -25,6 +26,40 @@ AutoscaleConfig Config() {
 
 LoadSample Busy(int replicas, double wait = 0.5) { return {true, replicas, 0.9, wait}; }
 LoadSample Idle(int replicas) { return {true, replicas, 0.1, 0.0}; }
+
+v1::ReplicaInfo Rollout(bool admitted, absl::Time heartbeat, double utilization) {
+  v1::ReplicaInfo r;
+  r.set_role(v1::REPLICA_ROLE_ROLLOUT);
+  r.set_admitted(admitted);
+  r.set_last_heartbeat_unix_ms(absl::ToUnixMillis(heartbeat));
+  r.mutable_load()->set_utilization(utilization);
+  return r;
+}
+
+TEST(FillRolloutLoad, CountsOnlyAdmittedHeartbeatingReplicasWithSaneLoad) {
+  const absl::Time now = absl::FromUnixSeconds(1000000);
+  v1::ReplicaInfo reward = Rollout(true, now, 1.0);
+  reward.set_role(v1::REPLICA_ROLE_REWARD);
+  const std::vector<v1::ReplicaInfo> replicas = {
+      Rollout(true, now, 0.8),                      // counted
+      Rollout(true, now - absl::Seconds(2), 0.4),   // counted
+      Rollout(false, now, 1.0),                     // no verified weights yet
+      Rollout(true, now - absl::Seconds(30), 1.0),  // silent for 30 s
+      Rollout(true, now, std::nan("")),             // NaN load
+      Rollout(true, now, 7.0),                      // out of range
+      Rollout(true, now, -1.0),                     // out of range
+      reward,                                       // another role
+  };
+  LoadSample sample;
+  FillRolloutLoad(replicas, now, kMaxHeartbeatSilence, &sample);
+  EXPECT_EQ(sample.replicas, 2);
+  EXPECT_DOUBLE_EQ(sample.utilization, 0.6);
+
+  LoadSample none;
+  FillRolloutLoad({Rollout(false, now, 1.0)}, now, kMaxHeartbeatSilence, &none);
+  EXPECT_EQ(none.replicas, 0);
+  EXPECT_EQ(none.utilization, 0);
+}
 
 TEST(AutoscalePolicy, ARampGoesUpToTheMaximumAndBackToTheMinimum) {
   AutoscalePolicy policy(Config());

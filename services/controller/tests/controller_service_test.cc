@@ -307,5 +307,42 @@ TEST_F(ControllerServiceTest, RunRpcsNeedTheControllerRoleWhenRolesAreOn) {
   runner.Shutdown();
 }
 
+// A reward replica that names its tasks takes every run's items of them: with roles on,
+// only the controller role may register one; a plain registration needs the fleet token.
+TEST_F(ControllerServiceTest, RewardTaskRoutesNeedTheControllerRoleWhenRolesAreOn) {
+  RegistryServiceImpl guarded(core_.get(), rpc::CallAuth{"fleet", "admin", {}});
+  rpc::ServerRunner runner{rpc::ServerOptions{}};
+  runner.AddService(&guarded);
+  ASSERT_TRUE(runner.Start().ok());
+  auto stub = v1::RegistryService::NewStub(grpc::CreateChannel(runner.address(), grpc::InsecureChannelCredentials()));
+  auto context = [](const std::string& token) {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    c->AddMetadata(rpc::kAuthorizationKey, "Bearer " + token);
+    return c;
+  };
+  v1::RegisterRequest route;
+  route.mutable_replica()->set_replica_id("reward-worker-1");
+  route.mutable_replica()->set_role(v1::REPLICA_ROLE_REWARD);
+  route.mutable_replica()->set_grpc_address("127.0.0.1:7100");
+  (*route.mutable_replica()->mutable_labels())["reward.tasks"] = "reverse";
+  v1::RegisterResponse registered;
+  grpc::Status denied = stub->Register(context("fleet").get(), route, &registered);
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED) << denied.error_message();
+  EXPECT_TRUE(absl::StrContains(denied.error_message(), "reward.tasks")) << denied.error_message();
+  v1::ListReplicasResponse listed;
+  ASSERT_TRUE(stub->ListReplicas(context("fleet").get(), v1::ListReplicasRequest(), &listed).ok());
+  EXPECT_EQ(listed.replicas_size(), 0);
+
+  grpc::Status ok = stub->Register(context("admin").get(), route, &registered);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  v1::RegisterRequest plain = route;
+  plain.mutable_replica()->set_replica_id("reward-2");
+  plain.mutable_replica()->clear_labels();
+  ok = stub->Register(context("fleet").get(), plain, &registered);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  runner.Shutdown();
+}
+
 }  // namespace
 }  // namespace rlfleet::controller
