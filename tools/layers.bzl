@@ -16,8 +16,8 @@ package declares its layer and that a dependency that reaches up is refused.
 
 # Lowest first. A library may depend only on libraries of lower layers.
 LAYERS = [
-    ["common", "http", "metrics", "rl", "tasks", "nccl_tuning"],
-    ["redis", "gpu", "transport", "rpc"],
+    ["common", "http", "metrics", "rl", "nccl_tuning"],
+    ["redis", "gpu", "transport", "rpc", "tasks"],
     ["dist", "reshard", "registry"],
     ["model"],
     ["service"],

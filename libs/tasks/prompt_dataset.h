@@ -35,6 +35,11 @@ struct PromptFields {
   std::string answer = "answer";      // a string or number; "" = the records have no answer
 };
 
+// A record (one line) longer than this is refused, naming its line; so is one whose
+// JSON nests deeper than kMaxPromptRecordDepth.
+inline constexpr size_t kMaxPromptRecordBytes = 4 << 20;
+inline constexpr int kMaxPromptRecordDepth = 32;
+
 // The records of a JSONL text (`name` names it in errors): blank lines skipped; each
 // other line an object with the prompt field or the messages field, and the answer
 // field unless `fields.answer` is empty. INVALID_ARGUMENT naming the line for a line
@@ -42,7 +47,8 @@ struct PromptFields {
 // the wrong type; INVALID_ARGUMENT for a file without records.
 absl::StatusOr<std::vector<PromptRecord>> ParsePromptJsonl(absl::string_view text, const std::string& name,
                                                            const PromptFields& fields = {});
-// The same from a file (NOT_FOUND when absent).
+// The same from a file (NOT_FOUND when absent), read a block at a time (a file of up to
+// 4 GiB; a line past kMaxPromptRecordBytes is refused when it gets there).
 absl::StatusOr<std::vector<PromptRecord>> ReadPromptJsonl(const std::string& path, const PromptFields& fields = {});
 
 struct PromptSplit {

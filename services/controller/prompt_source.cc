@@ -6,6 +6,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "libs/common/json_depth.h"
 #include "libs/common/status_macros.h"
 #include "libs/model/chat_template.h"
 #include "libs/model/hf_tokenizer.h"
@@ -148,6 +149,13 @@ absl::StatusOr<std::unique_ptr<PromptSource>> NewPromptSource(const LoopConfig& 
     chat = *std::move(loaded);
   }
   if (!config.chat_template_kwargs.empty()) {
+    // (variables for every prompt's render: small and shallow, as the templates' own are)
+    constexpr size_t kMaxKwargsBytes = 64 << 10;
+    if (config.chat_template_kwargs.size() > kMaxKwargsBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("chat_template_kwargs: ", config.chat_template_kwargs.size(),
+                                                     " bytes, more than the limit of ", kMaxKwargsBytes));
+    }
+    RETURN_IF_ERROR(common::CheckJsonDepth(config.chat_template_kwargs, "chat_template_kwargs", 16));
     chat_kwargs = nlohmann::ordered_json::parse(config.chat_template_kwargs, nullptr, /*allow_exceptions=*/false);
     if (chat_kwargs.is_discarded() || !chat_kwargs.is_object()) {
       return absl::InvalidArgumentError("chat_template_kwargs: not a JSON object");

@@ -1,5 +1,6 @@
 #include "libs/tasks/prompt_dataset.h"
 
+#include <fstream>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -73,6 +74,46 @@ TEST(PromptDataset, TheSplitIsASeededShuffleThatLosesNothing) {
   EXPECT_NE(order_a, order_c);
   // This seed's order is the same on every machine (splitmix64, no std:: distribution).
   EXPECT_EQ(SplitPrompts(*records, 7, 200).heldout.size(), 99u);
+}
+
+// A file is read a block at a time; a record past the size limit, or nested too deep,
+// is refused naming its line, and the reading stops there.
+TEST(PromptDataset, FilesAreStreamedAndOversizedOrDeepRecordsRefusedByLine) {
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/prompts.jsonl";
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += absl::StrCat("{\"prompt\": \"reverse:", i, "\", \"answer\": \"", i, "\"}\n");
+  text += "{\"prompt\": \"last, no newline\", \"answer\": 1}";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+  }
+  auto from_file = ReadPromptJsonl(path);
+  auto from_text = ParsePromptJsonl(text, path);
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  ASSERT_TRUE(from_text.ok()) << from_text.status();
+  ASSERT_EQ(from_file->size(), 20001u);
+  for (size_t i = 0; i < from_file->size(); ++i) {
+    EXPECT_EQ((*from_file)[i].prompt, (*from_text)[i].prompt);
+    EXPECT_EQ((*from_file)[i].line, static_cast<int64_t>(i + 1));
+  }
+  // Line 2 is one record of more than the limit (it never ends: the file is 3x it).
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "{\"prompt\": \"a\", \"answer\": 1}\n{\"prompt\": \"" << std::string(3 * kMaxPromptRecordBytes, 'x');
+  }
+  absl::Status s = ReadPromptJsonl(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), ":2: a record of")) << s;
+  // Nested 100k deep: refused before it is parsed.
+  s = ParsePromptJsonl("{\"prompt\": \"a\", \"answer\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+                       "d.jsonl")
+          .status();
+  EXPECT_TRUE(absl::StrContains(s.message(), "d.jsonl:1: the record: JSON nested deeper than")) << s;
+  // A large unsigned answer is read as it is written.
+  auto big = ParsePromptJsonl("{\"prompt\": \"a\", \"answer\": 18446744073709551615}", "d.jsonl");
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ((*big)[0].answer, "18446744073709551615");
 }
 
 }  // namespace

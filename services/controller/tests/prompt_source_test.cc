@@ -173,6 +173,11 @@ TEST(PromptSource, ChatRecordsAndStringsGoThroughTheChatTemplate) {
 
   config.chat_template_kwargs = "[1]";
   EXPECT_TRUE(absl::StrContains(NewPromptSource(config).status().message(), "chat_template_kwargs"));
+  config.chat_template_kwargs = "{\"x\": " + std::string(1000, '[') + std::string(1000, ']') + "}";
+  EXPECT_TRUE(absl::StrContains(NewPromptSource(config).status().message(), "chat_template_kwargs: JSON nested deeper"))
+      << NewPromptSource(config).status();
+  config.chat_template_kwargs = "{\"x\": \"" + std::string(100000, 'a') + "\"}";
+  EXPECT_TRUE(absl::StrContains(NewPromptSource(config).status().message(), "more than the limit"));
   // A directory without a template, for chat records: named.
   config.chat_template_kwargs = "";
   config.tokenizer_dir = TokenizerDir();
