@@ -226,9 +226,39 @@ int Gateway::generations() const {
   return running_;
 }
 
+std::optional<http::Reply> Gateway::CheckRate(const http::Request& request) const {
+  const int per_minute = options_.max_requests_per_minute_per_client;
+  if (per_minute <= 0) return std::nullopt;
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (buckets_.size() > kMaxBuckets) {  // (drop idle clients: their buckets have refilled)
+    absl::erase_if(buckets_, [&](const auto& entry) {
+      return entry.second.tokens + absl::ToDoubleMinutes(now - entry.second.last) * per_minute >= per_minute;
+    });
+  }
+  auto [it, fresh] = buckets_.try_emplace(ClientOf(request));
+  Bucket& b = it->second;
+  b.tokens =
+      fresh ? per_minute : std::min<double>(per_minute, b.tokens + absl::ToDoubleMinutes(now - b.last) * per_minute);
+  b.last = now;
+  if (b.tokens < 1) {
+    ApiError e = Simple(
+        429, absl::StrCat("this client is over its limit of ", per_minute, " requests a minute; retry in a second"),
+        "rate_limit_error");
+    e.code = "rate_limit_exceeded";
+    return ErrorReply(e);
+  }
+  b.tokens -= 1;
+  return std::nullopt;
+}
+
+std::string Gateway::ClientOf(const http::Request& request) const {
+  return options_.api_key.empty() ? request.remote_addr : request.Header("authorization").value_or("");
+}
+
 std::optional<http::Reply> Gateway::CheckHead(const http::Request& request) const {
   if (request.path == "/health") return std::nullopt;
-  if (!options_.api_key.empty()) {
+  if (!options_.api_key.empty()) {  // (the key first: only a client that holds it gets a rate bucket)
     const std::optional<std::string> auth = request.Header("authorization");
     if (!auth.has_value() || !absl::StartsWith(*auth, "Bearer ") ||
         !http::ConstantTimeEquals(absl::string_view(*auth).substr(7), options_.api_key)) {
@@ -237,8 +267,9 @@ std::optional<http::Reply> Gateway::CheckHead(const http::Request& request) cons
       e.code = "invalid_api_key";
       return ErrorReply(e);
     }
-    return std::nullopt;
+    return CheckRate(request);
   }
+  if (std::optional<http::Reply> limited = CheckRate(request); limited.has_value()) return limited;
   if (options_.local_origin_only) {
     const std::optional<std::string> host = request.Header("host");
     if (!host.has_value() || !LocalHost(*host)) {
@@ -326,8 +357,7 @@ http::Reply Gateway::Generate(Endpoint endpoint, const http::Request& http) {
   if (std::optional<ApiError> e = ParseGenerationRequest(endpoint, http.body, options_.model_name, &request)) {
     return ErrorReply(*e);
   }
-  // (the key when there is one: it names the client; else the peer's address)
-  const std::string client = options_.api_key.empty() ? http.remote_addr : http.Header("authorization").value_or("");
+  const std::string client = ClientOf(http);
   absl::StatusOr<std::shared_ptr<Slot>> slot = TakeSlot(client);
   if (!slot.ok()) {
     ApiError e = ApiErrorFromStatus(slot.status());

@@ -77,6 +77,9 @@ struct GatewayOptions {
   absl::Duration request_timeout = absl::Minutes(5);
   int max_generations = 192;            // generation requests at once, all clients
   int max_generations_per_client = 64;  // at once, per API key (or per address without a key)
+  // Requests per minute per client (a token bucket holding a minute's worth: bursts up to
+  // it); past it 429 before the body is read. 0: no rate bound. /health is not counted.
+  int max_requests_per_minute_per_client = 6000;
   // Without a key: refuse a Host that does not name this machine and a POST body that
   // is not application/json (DNS rebinding and cross-site posts from a browser).
   bool local_origin_only = false;
@@ -117,6 +120,18 @@ class Gateway {
   mutable absl::Mutex mu_;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int> per_client_ ABSL_GUARDED_BY(mu_);
+  struct Bucket {
+    double tokens = 0;
+    absl::Time last;
+  };
+  // Request-rate buckets by client; full (idle) ones are dropped past kMaxBuckets.
+  static constexpr size_t kMaxBuckets = 10000;
+  mutable absl::flat_hash_map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+  // The client a request counts against: its Authorization header with a key, else its
+  // address.
+  std::string ClientOf(const http::Request& request) const;
+  // The request-rate bound: the 429 that refuses `request`, or nullopt (one token taken).
+  std::optional<http::Reply> CheckRate(const http::Request& request) const;
 };
 
 }  // namespace rlfleet::gateway

@@ -40,6 +40,9 @@ ABSL_FLAG(int, max_generations, 0,
           "and /v1/models).");
 ABSL_FLAG(int, max_generations_per_client, 64,
           "Generation requests at once per API key (per client address without a key); past it 429.");
+ABSL_FLAG(int, max_requests_per_minute_per_client, 6000,
+          "Requests a minute per API key (per client address without a key), bursts up to that; past it 429. 0: no "
+          "bound.");
 ABSL_FLAG(bool, insecure, false,
           "Serve on a non-loopback --http_host without --api_key_file (anyone who reaches the port may generate).");
 
@@ -89,6 +92,11 @@ int main(int argc, char** argv) {
   if (gateway.max_generations <= 0) gateway.max_generations = std::max(1, max_connections - 16);
   if (gateway.max_generations >= max_connections) {
     std::cerr << "rlfleet-gateway: --max_generations must be below --max_connections (room for /health)\n";
+    return 2;
+  }
+  gateway.max_requests_per_minute_per_client = absl::GetFlag(FLAGS_max_requests_per_minute_per_client);
+  if (gateway.max_requests_per_minute_per_client < 0) {
+    std::cerr << "rlfleet-gateway: --max_requests_per_minute_per_client must be 0 (no bound) or more\n";
     return 2;
   }
   gateway.max_generations_per_client = absl::GetFlag(FLAGS_max_generations_per_client);

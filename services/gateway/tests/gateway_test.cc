@@ -440,5 +440,23 @@ TEST_F(GatewayTest, AKeylessLocalGatewayRefusesForeignHostsAndFormPosts) {
   EXPECT_EQ(Exchange(port(), "GET /health HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n").status, 200);
 }
 
+// Requests a minute per client: a burst up to the bound passes, the next is 429 before
+// its body is read; another client (key) has its own bucket; /health is never counted.
+TEST_F(GatewayTest, RequestsPastTheRatePerClientAre429) {
+  GatewayOptions options;
+  options.api_key = "k1";
+  options.max_requests_per_minute_per_client = 5;
+  Start(options);
+  const std::string auth = "Authorization: Bearer k1\r\n";
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(Exchange(port(), Request("GET", "/v1/models", "", auth)).status, 200);
+  const Reply r = Exchange(port(), Request("GET", "/v1/models", "", auth));
+  EXPECT_EQ(r.status, 429);
+  EXPECT_NE(r.body.find("requests a minute"), std::string::npos) << r.body;
+  EXPECT_NE(r.head.find("Retry-After"), std::string::npos);
+  EXPECT_EQ(Exchange(port(), Request("GET", "/health", "")).status, 200);
+  // A wrong key is 401, not counted against anyone.
+  EXPECT_EQ(Exchange(port(), Request("GET", "/v1/models", "", "Authorization: Bearer nope\r\n")).status, 401);
+}
+
 }  // namespace
 }  // namespace rlfleet::gateway
