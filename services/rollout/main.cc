@@ -42,6 +42,9 @@ ABSL_FLAG(std::string, weights, "",
           "(or serve the random init with --serve_initial_weights).");
 ABSL_FLAG(uint64_t, weights_version, 1, "Policy version of --weights / the initial weights.");
 ABSL_FLAG(int, max_batch, 256, "Sequences decoded together at most (continuous batching).");
+ABSL_FLAG(int, max_queued_generate, 0,
+          "Generate (inference, e.g. the gateway's) sequences queued at most, of the 4096 the queue holds; the rest "
+          "is kept for GenerateBatch (the run's rollouts). 0: half the queue.");
 ABSL_FLAG(int, join_group, 0,
           "While the batch decodes, queued sequences join it in groups of at least this many (or as many as there "
           "are free rows), one prefill pass per group; 0: --max_batch / 8; 1: each as soon as it arrives.");
@@ -100,6 +103,12 @@ int main(int argc, char** argv) {
   limits.max_batch = absl::GetFlag(FLAGS_max_batch);
   limits.join_group = absl::GetFlag(FLAGS_join_group);
   limits.join_wait_steps = absl::GetFlag(FLAGS_join_wait_steps);
+  limits.max_queued_generate = absl::GetFlag(FLAGS_max_queued_generate);
+  if (limits.max_queued_generate < 0 || limits.max_queued_generate > limits.max_queued) {
+    std::cerr << "rlfleet-rollout: --max_queued_generate wants 0..." << limits.max_queued << ", got "
+              << limits.max_queued_generate << "\n";
+    return 2;
+  }
   if (limits.join_group < 0 || limits.join_group > limits.max_batch || limits.join_wait_steps < 0 ||
       limits.join_wait_steps > 1000) {
     std::cerr << "rlfleet-rollout: --join_group wants 0..--max_batch (" << limits.max_batch << "), got "

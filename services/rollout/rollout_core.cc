@@ -253,7 +253,14 @@ absl::StatusOr<std::shared_ptr<RolloutCore::Job>> RolloutCore::Submit(std::vecto
                                                      " more would pass the limit of ", limits_.max_queued,
                                                      ": retry later or on another replica"));
   }
+  const int generate_limit = limits_.max_queued_generate > 0 ? limits_.max_queued_generate : limits_.max_queued / 2;
+  if (!whole && queued_generate_ + n > generate_limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        queued_generate_, " inference sequences are queued; ", n, " more would pass their limit of ", generate_limit,
+        " (the rest of the queue is kept for training): retry later or on another replica"));
+  }
   queued_.Add(n);
+  if (!whole) queued_generate_ += n;
   job->queued_at_step = steps_;
   waiting_.push_back(job);
   jobs_[job.get()] = job;
@@ -484,6 +491,7 @@ void RolloutCore::Dispatch(const std::vector<model::DecodeBatch::Token>& tokens)
 void RolloutCore::LeaveQueueLocked(Job* job, size_t next) {
   if (next <= job->next_sample) return;  // (already retired: a cancel seen by the admission loop, then Abort)
   queued_.Remove(next - job->next_sample);
+  if (!job->whole) queued_generate_ -= static_cast<int>(next - job->next_sample);
   job->next_sample = next;
 }
 

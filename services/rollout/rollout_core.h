@@ -46,7 +46,11 @@ struct RolloutLimits {
   int max_new_tokens = 512;
   int max_batch = 256;    // sequences decoded together
   int max_queued = 4096;  // sequences waiting to join the batch (RESOURCE_EXHAUSTED beyond)
-  int max_samples = 64;   // Generate num_samples
+  // Of those, Generate's (inference: the gateway) at most this many, so that a flood of
+  // inference never takes the queue from GenerateBatch (the run's rollouts), which may
+  // use all of max_queued. 0: max_queued / 2.
+  int max_queued_generate = 0;
+  int max_samples = 64;  // Generate num_samples
   // While the batch is decoding, queued sequences join it in groups of at least this
   // many (or as many as there are free rows, if fewer), or once the oldest has waited
   // join_wait_steps decode steps: a joiner's prompt is prefilled in a forward pass of
@@ -218,6 +222,7 @@ class RolloutCore {
   // each: queued_ rises in Submit and falls only in LeaveQueueLocked (both under mu_);
   // active_ follows the batch's size after every change to the batch.
   metrics::InflightGauge queued_;
+  int queued_generate_ ABSL_GUARDED_BY(mu_) = 0;  // of queued_, Generate's (jobs not `whole`)
   metrics::InflightGauge active_;
   uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t finished_sequences_ ABSL_GUARDED_BY(mu_) = 0;

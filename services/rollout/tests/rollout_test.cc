@@ -417,6 +417,44 @@ TEST(RolloutCore, DrainAbortsWhatOutlivesTheGraceAndDeadlinesAndQueueLimitsHold)
   EXPECT_EQ((*core)->Drain(bad, &drained).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Inference (Generate) may hold only part of the queue: past it, RESOURCE_EXHAUSTED
+// while the run's GenerateBatch still finds room (the queue is held still here by a
+// sink that blocks the scheduler).
+TEST(RolloutCore, InferenceLeavesQueueRoomForTraining) {
+  RolloutLimits limits;
+  limits.max_queued = 8;
+  limits.max_queued_generate = 4;
+  auto core = RolloutCore::Create(Long(), model::TestDevice(), limits);
+  ASSERT_TRUE((*core)->InstallInitial(1).ok());
+  absl::Notification running, release;
+  auto rec = std::make_shared<Recorded>();
+  auto holder = (*core)->Generate(Stream("hold", 1, 40), Record(rec, [&] {
+                                    if (!running.HasBeenNotified()) {
+                                      running.Notify();
+                                      release.WaitForNotificationWithTimeout(absl::Seconds(30));
+                                    }
+                                  }));
+  ASSERT_TRUE(holder.ok());
+  ASSERT_TRUE(running.WaitForNotificationWithTimeout(absl::Seconds(20)));  // the scheduler waits in the sink
+  auto noop = [](auto, bool, absl::Status) {};
+  auto queued = (*core)->Generate(Stream("a", 3, 4), noop);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  const auto refused = (*core)->Generate(Stream("b", 2, 4), noop);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("kept for training"), std::string::npos) << refused.status();
+  // The run's batch (2 prompts x 2 samples) still fits: 3 + 4 <= 8.
+  v1::GenerateBatchResponse batch;
+  absl::Status batch_status = absl::UnknownError("not run");
+  std::thread trainer(
+      [&] { batch_status = (*core)->GenerateBatch(Request(2), &batch, absl::Now() + absl::Seconds(60)); });
+  EXPECT_TRUE(AwaitInfo(core->get(), [](const auto& i) { return i.load().queued_requests() >= 2; }));
+  release.Notify();
+  trainer.join();
+  EXPECT_TRUE(batch_status.ok()) << batch_status;
+  EXPECT_EQ(batch.completions_size(), 4);
+  ASSERT_TRUE(rec->finished.WaitForNotificationWithTimeout(absl::Seconds(20)));
+}
+
 TEST(RolloutService, GenerateStreamsChunksAndEndsEachSample) {
   auto core = RolloutCore::Create(Long(), model::TestDevice());
   ASSERT_TRUE((*core)->InstallInitial(1).ok());
