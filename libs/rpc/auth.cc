@@ -26,6 +26,10 @@ ABSL_FLAG(std::string, admin_token, "",
 ABSL_FLAG(std::string, admin_token_file, "", "File holding --admin_token (preferred: not shown in `ps`).");
 ABSL_FLAG(std::vector<std::string>, admin_identities, {},
           "Servers: client-certificate names (CN or SAN, verified by mutual TLS) that hold the controller role.");
+ABSL_FLAG(std::string, inference_token, "",
+          "Servers: a bearer token that grants only Generate, ListReplicas and WatchReplicas (the "
+          "OpenAI gateway's credential; the gateway sends it as its --auth_token). Empty: none.");
+ABSL_FLAG(std::string, inference_token_file, "", "File holding --inference_token (preferred: not shown in `ps`).");
 
 namespace rlfleet::rpc {
 namespace {
@@ -95,6 +99,14 @@ absl::StatusOr<AuthOptions> AuthOptionsFromFlags() {
   if (!options.admin_token.empty() && options.admin_token == options.token) {
     return absl::InvalidArgumentError("--admin_token must differ from --auth_token (it is a separate role)");
   }
+  ASSIGN_OR_RETURN(options.inference_token,
+                   TokenFromFlags(absl::GetFlag(FLAGS_inference_token), absl::GetFlag(FLAGS_inference_token_file),
+                                  "inference_token"));
+  if (!options.inference_token.empty() &&
+      (options.inference_token == options.token || options.inference_token == options.admin_token)) {
+    return absl::InvalidArgumentError(
+        "--inference_token must differ from --auth_token and --admin_token (it is a separate role)");
+  }
   options.admin_identities = absl::GetFlag(FLAGS_admin_identities);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
@@ -150,11 +162,16 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 }
 
 CallAuth CallAuthFrom(const AuthOptions& options) {
-  return CallAuth{options.token, options.admin_token, options.admin_identities};
+  return CallAuth{options.token, options.admin_token, options.admin_identities, options.inference_token};
 }
 
 absl::Status Authorize(const grpc::ServerContextBase& context, const CallAuth& auth, Role role,
                        absl::string_view method) {
+  if (!auth.inference_token.empty() && ConstantTimeEquals(BearerOf(context), auth.inference_token)) {
+    if (role == Role::kInference) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrCat(
+        method, " is not open to the inference token (it grants Generate, ListReplicas and WatchReplicas only)"));
+  }
   if (role == Role::kController && auth.roles_enabled()) {
     const absl::string_view bearer = BearerOf(context);
     if (!auth.admin_token.empty() && ConstantTimeEquals(bearer, auth.admin_token)) return absl::OkStatus();

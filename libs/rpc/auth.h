@@ -19,6 +19,14 @@
 // Clients that hold the admin token (the controller, the rlfleet CLI) send it instead of
 // the fleet token; it grants fleet RPCs too. Without any of these flags the fleet token
 // grants every RPC (a single trust domain, as before roles existed).
+//
+// Inference RPCs (rollout's Generate; the registry's ListReplicas and WatchReplicas,
+// which read the replicas' addresses) are also open to
+//   --inference_token=SECRET or --inference_token_file=PATH   a third bearer token
+// that grants nothing else (PERMISSION_DENIED naming the RPC): the OpenAI gateway's
+// credential, so that a gateway exposed to clients cannot train, publish weights, score
+// or run. The gateway presents it as its --auth_token_file; servers that hold it accept
+// it; no client sends it in place of its own token.
 #ifndef RLFLEET_LIBS_RPC_AUTH_H_
 #define RLFLEET_LIBS_RPC_AUTH_H_
 
@@ -43,6 +51,8 @@ ABSL_DECLARE_FLAG(bool, tls_require_client_cert);
 ABSL_DECLARE_FLAG(std::string, admin_token);
 ABSL_DECLARE_FLAG(std::string, admin_token_file);
 ABSL_DECLARE_FLAG(std::vector<std::string>, admin_identities);
+ABSL_DECLARE_FLAG(std::string, inference_token);
+ABSL_DECLARE_FLAG(std::string, inference_token_file);
 
 namespace rlfleet::rpc {
 
@@ -66,14 +76,17 @@ struct AuthOptions {
   std::string admin_token;
   // Servers: verified client-certificate names (CN or SAN) that hold the controller role.
   std::vector<std::string> admin_identities;
+  // Servers: a bearer token that grants Role::kInference RPCs only. Empty: none.
+  std::string inference_token;
 
   bool tls_enabled_for_server() const { return !tls_cert_file.empty(); }
   bool tls_enabled_for_client() const { return !tls_ca_file.empty(); }
 };
 
 // Reads the auth flags. INVALID_ARGUMENT if both --auth_token and --auth_token_file
-// (or --admin_token and --admin_token_file) are set, or if the admin token equals the
-// fleet token; NOT_FOUND if a token file cannot be read, INVALID_ARGUMENT if it is empty.
+// (or --admin_token and --admin_token_file, or the inference pair) are set, or if any two
+// of the fleet, admin and inference tokens are equal; NOT_FOUND if a token file cannot be read, INVALID_ARGUMENT if it
+// is empty.
 absl::StatusOr<AuthOptions> AuthOptionsFromFlags();
 
 // Server credentials for `options`: insecure, TLS, or mutual TLS. NOT_FOUND naming the
@@ -93,6 +106,7 @@ absl::Status CheckBearerToken(const grpc::ServerContextBase& context, const std:
 enum class Role {
   kFleet,       // any fleet member
   kController,  // the controller (admin token or admin identity)
+  kInference,   // any fleet member, or the inference token (Generate, reading the registry)
 };
 
 // What every handler needs to authorise a call. Copyable; immutable after start.
@@ -100,6 +114,7 @@ struct CallAuth {
   std::string token;                          // fleet bearer token; empty: fleet RPCs need no token
   std::string admin_token;                    // controller role's bearer token; empty: none
   std::vector<std::string> admin_identities;  // controller role's certificate names
+  std::string inference_token;                // grants kInference RPCs only; empty: none
 
   // True when controller-only RPCs need more than the fleet check.
   bool roles_enabled() const { return !admin_token.empty() || !admin_identities.empty(); }
@@ -112,6 +127,8 @@ CallAuth CallAuthFrom(const AuthOptions& options);
 // fleet or admin bearer token (UNAUTHENTICATED otherwise). Controller: when roles are
 // enabled, the admin bearer token or a verified client certificate named in
 // admin_identities (PERMISSION_DENIED naming `method` otherwise); when not, as fleet.
+// Inference: as fleet, or the inference token. The inference token on a fleet or
+// controller RPC: PERMISSION_DENIED naming `method`.
 absl::Status Authorize(const grpc::ServerContextBase& context, const CallAuth& auth, Role role,
                        absl::string_view method);
 

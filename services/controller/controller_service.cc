@@ -83,7 +83,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::ReplicaEvent> {
 grpc::ServerWriteReactor<v1::ReplicaEvent>* RegistryServiceImpl::WatchReplicas(
     grpc::CallbackServerContext* context, const v1::WatchReplicasRequest* request) {
   using Failed = rpc::FinishedStream<grpc::ServerWriteReactor<v1::ReplicaEvent>>;
-  if (absl::Status s = rpc::Authorize(*context, auth_, rpc::Role::kFleet, "WatchReplicas"); !s.ok()) {
+  if (absl::Status s = rpc::Authorize(*context, auth_, rpc::Role::kInference, "WatchReplicas"); !s.ok()) {
     return new Failed(rpc::ToGrpcStatus(s));
   }
   absl::StatusOr<std::shared_ptr<registry::Subscription>> sub = core_->Watch(*request);
@@ -122,7 +122,8 @@ grpc::ServerUnaryReactor* RegistryServiceImpl::Deregister(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* RegistryServiceImpl::ListReplicas(grpc::CallbackServerContext* context,
                                                             const v1::ListReplicasRequest* request,
                                                             v1::ListReplicasResponse* response) {
-  return rpc::HandleUnary(context, auth_, [&] { return core_->ListReplicas(*request, response); });
+  return rpc::HandleUnary(context, auth_, rpc::Role::kInference, "ListReplicas",
+                          [&] { return core_->ListReplicas(*request, response); });
 }
 
 grpc::ServerUnaryReactor* ControllerServiceImpl::GetStatus(grpc::CallbackServerContext* context,

@@ -181,7 +181,7 @@ class RolloutServiceImpl final : public v1::RolloutService::CallbackService {
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* c,
                                                            const v1::GenerateRequest* req) override {
     using Failed = rpc::FinishedStream<grpc::ServerWriteReactor<v1::GenerateResponse>>;
-    if (absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kFleet, "Generate"); !s.ok()) {
+    if (absl::Status s = rpc::Authorize(*c, auth_, rpc::Role::kInference, "Generate"); !s.ok()) {
       return new Failed(rpc::ToGrpcStatus(s));
     }
     auto shared = std::make_shared<GenerateStream::Shared>();

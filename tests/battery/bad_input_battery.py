@@ -4,7 +4,7 @@ and classifies what each one gets back (STYLE.md, "Input from the network"; issu
 
   mkdir -p /tmp/rlfleet_py && protoc -I proto --python_out=/tmp/rlfleet_py proto/rlfleet/v1/*.proto
   PYTHONPATH=/tmp/rlfleet_py /usr/bin/python3 tests/battery/bad_input_battery.py \
-      --controller=HOST:PORT [--out=FILE] [--token=T] [--admin_token=T]
+      --controller=HOST:PORT [--out=FILE] [--token=T] [--admin_token=T] [--inference_token=T]
 
 The other services are found through the controller's RegistryService.ListReplicas
 (override any with --rollout= --reward= --buffer= --trainer= --weights=).
@@ -107,7 +107,7 @@ def short(text, n=160):
 class Fleet:
     """Channels to every service through generic stubs (no generated _grpc modules)."""
 
-    def __init__(self, grpc_module, addresses, token=None, admin_token=None):
+    def __init__(self, grpc_module, addresses, token=None, admin_token=None, inference_token=None):
         self.grpc = grpc_module
         self.addresses = addresses  # name -> "host:port" (rollout: the replica under test)
         self.extra_health = {}  # name -> address: every other replica, health-checked too
@@ -120,6 +120,8 @@ class Fleet:
         # a fleet member's credential, for the cases that check a controller-only path
         self.fleet_metadata = [("authorization", "Bearer " + token)] if token else None
         self.roles = bool(admin_token)
+        # the gateway's credential (Generate and reading the registry only)
+        self.inference_metadata = [("authorization", "Bearer " + inference_token)] if inference_token else None
 
     def channel(self, address):
         if address not in self.channels:
@@ -129,10 +131,11 @@ class Fleet:
     def address(self, service):
         return self.addresses.get(ADDRESS_OF.get(service, service))
 
-    def call(self, service, method, request, timeout=DEADLINE_S, as_fleet=False):
+    def call(self, service, method, request, timeout=DEADLINE_S, as_fleet=False, as_inference=False):
         """Sends request (a message, or raw bytes); returns the response (a list for streams).
-        as_fleet: with the fleet token instead of the admin token."""
-        metadata = self.fleet_metadata if as_fleet else self.metadata
+        as_fleet: with the fleet token instead of the admin token; as_inference: with the
+        inference token."""
+        metadata = self.inference_metadata if as_inference else self.fleet_metadata if as_fleet else self.metadata
         address = self.address(service)
         path = "/rlfleet.v1.%s/%s" % (SERVICE_NAME[service], method)
         response_type = RESPONSE[(service, method)]
@@ -267,11 +270,15 @@ def make_fifo(ctx):
 
 
 class Case:
-    def __init__(self, service, method, name, build, expect="refused", on_ok=None, cleanup=None, as_fleet=False):
+    def __init__(self, service, method, name, build, expect="refused", on_ok=None, cleanup=None, as_fleet=False,
+                 as_inference=False):
         self.service, self.method, self.name = service, method, name
         # sent with the fleet token (--token), not the admin token: a controller-only path
         # must refuse it; run only when the fleet has roles (--admin_token given)
         self.as_fleet = as_fleet
+        # sent with the inference token (--inference_token): anything but Generate and
+        # reading the registry must refuse it; run only when that token is given
+        self.as_inference = as_inference
         self.build = build  # ctx -> request (message or bytes)
         self.expect = expect  # "refused" or "ok"
         self.on_ok = on_ok  # response -> None, or ("refused", detail) for per-item rejections
@@ -558,6 +565,15 @@ def controller_cases():
     cases.append(Case("controller", "Scale", "with-fleet-token",
                       lambda ctx: controller_pb2.ScaleRequest(role=common_pb2.REPLICA_ROLE_ROLLOUT, target_count=1),
                       cleanup=restore_scale, as_fleet=True))
+
+    # the gateway's inference token reads the registry and generates, nothing else
+    cases.append(Case("registry", "Register", "with-inference-token", reg_base, cleanup=deregister,
+                      as_inference=True))
+    cases.append(Case("controller", "Scale", "with-inference-token",
+                      lambda ctx: controller_pb2.ScaleRequest(role=common_pb2.REPLICA_ROLE_ROLLOUT, target_count=1),
+                      cleanup=restore_scale, as_inference=True))
+    cases.append(Case("registry", "ListReplicas", "with-inference-token", lambda ctx: controller_pb2.ListReplicasRequest(),
+                      expect="ok", as_inference=True))
 
     def beat(name, **load):
         def build(ctx):
@@ -1255,7 +1271,8 @@ def run_case(fleet, ctx, case):
     except Exception as e:  # noqa: BLE001 - a bug in this script: report it, go on
         return "script-error", "%s: %s" % (type(e).__name__, short(e))
     try:
-        response = fleet.call(case.service, case.method, request, as_fleet=case.as_fleet)
+        response = fleet.call(case.service, case.method, request, as_fleet=case.as_fleet,
+                              as_inference=case.as_inference)
     except fleet.grpc.RpcError as e:
         response = e
     except Exception as e:  # noqa: BLE001
@@ -1317,7 +1334,7 @@ def restore_state(fleet, ctx, results, log):
 def discover(grpc_module, args, log):
     addresses = {"controller": args.controller}
     extra = {}
-    fleet = Fleet(grpc_module, addresses, args.token, args.admin_token)
+    fleet = Fleet(grpc_module, addresses, args.token, args.admin_token, args.inference_token)
     try:
         replicas, token = [], ""
         while True:
@@ -1376,6 +1393,9 @@ def main():
         parser.add_argument("--" + name, default=None, help="host:port of %s (default: from the registry)" % name)
     parser.add_argument("--token", default=None, help="fleet bearer token, if the fleet requires one")
     parser.add_argument("--admin_token", default=None, help="controller-role token (sent instead of --token)")
+    parser.add_argument("--inference_token", default=None,
+                        help="the gateway's inference token, if the fleet has one: its cases check it is refused "
+                             "everywhere but Generate and ListReplicas")
     parser.add_argument("--only", default=None, help="run only cases whose label contains this text")
     parser.add_argument("--dry_run", action="store_true", help="build every request, send nothing")
     args = parser.parse_args()
@@ -1428,6 +1448,8 @@ def main():
             continue
         if case.as_fleet and not fleet.roles:
             continue  # (one trust domain: the fleet token may do everything)
+        if case.as_inference and fleet.inference_metadata is None:
+            continue
         if target in dead:
             case.result, case.detail = "crashed", "not run: %s is down (%s)" % (target, dead[target])
             ran.append(case)

@@ -34,15 +34,42 @@ async function validate(object) {
 
 const WORKLOADS = new Set(["Deployment", "StatefulSet"]);
 
+// Every container: not root (a non-zero uid and gid), no privilege escalation, every
+// capability dropped, a read-only root filesystem, the runtime's default seccomp profile
+// (the container's setting or the pod's).
+function securityProblems(c, spec) {
+  const problems = [];
+  const sc = c.securityContext ?? {};
+  const pod = spec.securityContext ?? {};
+  const pick = (key) => sc[key] ?? pod[key];
+  if (pick("runAsNonRoot") !== true) problems.push(`container ${c.name}: runAsNonRoot is not true`);
+  if (!(pick("runAsUser") > 0)) problems.push(`container ${c.name}: runAsUser is not a non-zero uid`);
+  if (!(pick("runAsGroup") > 0)) problems.push(`container ${c.name}: runAsGroup is not a non-zero gid`);
+  if (sc.readOnlyRootFilesystem !== true) problems.push(`container ${c.name}: root filesystem not read-only`);
+  if (sc.allowPrivilegeEscalation !== false) problems.push(`container ${c.name}: allowPrivilegeEscalation is not false`);
+  if (sc.privileged) problems.push(`container ${c.name}: privileged`);
+  const drop = sc.capabilities?.drop ?? [];
+  if (!drop.includes("ALL")) problems.push(`container ${c.name}: capabilities do not drop ALL`);
+  if ((sc.capabilities?.add ?? []).length) problems.push(`container ${c.name}: adds capabilities`);
+  if (pick("seccompProfile")?.type !== "RuntimeDefault") {
+    problems.push(`container ${c.name}: seccompProfile is not RuntimeDefault`);
+  }
+  return problems;
+}
+
 function fleetChecks(object, wantGpus) {
   const problems = [];
   const labels = object.metadata?.labels ?? {};
   if (labels["app.kubernetes.io/part-of"] !== "rlfleet") problems.push("lacks label app.kubernetes.io/part-of=rlfleet");
   if (WORKLOADS.has(object.kind)) {
     const spec = object.spec.template.spec;
-    for (const c of spec.containers) {
-      if (!c.readinessProbe) problems.push(`container ${c.name} has no readinessProbe`);
+    for (const c of [...spec.containers, ...(spec.initContainers ?? [])]) {
+      if (!c.readinessProbe && !(spec.initContainers ?? []).includes(c)) {
+        problems.push(`container ${c.name} has no readinessProbe`);
+      }
+      problems.push(...securityProblems(c, spec));
     }
+    if (spec.automountServiceAccountToken !== false) problems.push("mounts a service-account token");
     const pool = object.spec.template.metadata?.labels?.["rlfleet.io/pool"] ?? "";
     if (wantGpus && pool.endsWith("-gpu")) {
       const gpus = spec.containers[0].resources?.limits?.["nvidia.com/gpu"];
@@ -64,8 +91,14 @@ async function selfTest() {
   throw new Error("self-test: a Deployment with replicas \"two\" validated");
 }
 
+function securitySelfTest() {
+  const root = { name: "c", securityContext: { runAsUser: 0 } };
+  if (securityProblems(root, {}).length < 6) throw new Error("self-test: a root container passed the security checks");
+}
+
 let failed = false;
 await selfTest();
+securitySelfTest();
 for (const arg of process.argv.slice(2)) {
   const [name, file] = arg.split("=");
   const docs = parseAllDocuments(readFileSync(file, "utf8"));

@@ -6,8 +6,10 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -163,6 +165,44 @@ TEST(ServerRunner, TheAdminTokenAlsoGrantsFleetRpcs) {
   AuthOptions wrong;
   wrong.token = "guess";
   EXPECT_EQ(MakeClient(runner.address(), wrong).Echo(Payload("x")).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+// The gateway's credential: inference RPCs (Generate, reading the registry) take it;
+// fleet and controller-only RPCs refuse it by name; fleet and admin tokens still work.
+TEST(ServerRunner, TheInferenceTokenGrantsInferenceRpcsOnly) {
+  const CallAuth auth{"fleet-token", "admin-token", {}, "inference-token"};
+  EchoServiceImpl inference_rpc(auth, Role::kInference);
+  EchoServiceImpl fleet_rpc(auth, Role::kFleet);
+  EchoServiceImpl admin_rpc(auth, Role::kController);
+  AuthOptions inference;
+  inference.token = "inference-token";  // (the gateway sends it as its --auth_token)
+  AuthOptions fleet;
+  fleet.token = "fleet-token";
+  AuthOptions wrong;
+  wrong.token = "guess";
+  std::vector<std::unique_ptr<ServerRunner>> runners;  // (one server per service, all alive to the end)
+  for (EchoServiceImpl* service : {&inference_rpc, &fleet_rpc, &admin_rpc}) {
+    auto runner = std::make_unique<ServerRunner>(ServerOptions{});
+    runner->AddService(service);
+    ASSERT_TRUE(runner->Start().ok());
+    const std::string address = runner->address();
+    auto by_gateway = MakeClient(address, inference).Echo(Payload("x"));
+    if (service == &inference_rpc) {
+      EXPECT_TRUE(by_gateway.ok()) << by_gateway.status();
+      EXPECT_TRUE(MakeClient(address, fleet).Echo(Payload("x")).ok());
+    } else {
+      EXPECT_EQ(by_gateway.status().code(), absl::StatusCode::kPermissionDenied) << by_gateway.status();
+      EXPECT_TRUE(absl::StrContains(by_gateway.status().message(), "Echo is not open to the inference token"))
+          << by_gateway.status();
+    }
+    // (a controller-only RPC answers any token but the admin's PERMISSION_DENIED, as before)
+    EXPECT_EQ(MakeClient(address, wrong).Echo(Payload("x")).status().code(),
+              service == &admin_rpc ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kUnauthenticated);
+    runners.push_back(std::move(runner));
+  }
+  EXPECT_EQ(inference_rpc.calls(), 2);
+  EXPECT_EQ(fleet_rpc.calls(), 0);
+  EXPECT_EQ(admin_rpc.calls(), 0);
 }
 
 TEST(ServerRunner, ShutdownDrainsInFlightCallsAndRefusesNewOnes) {

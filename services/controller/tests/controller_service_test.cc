@@ -310,7 +310,7 @@ TEST_F(ControllerServiceTest, RunRpcsNeedTheControllerRoleWhenRolesAreOn) {
 // A reward replica that names its tasks takes every run's items of them: with roles on,
 // only the controller role may register one; a plain registration needs the fleet token.
 TEST_F(ControllerServiceTest, RewardTaskRoutesNeedTheControllerRoleWhenRolesAreOn) {
-  RegistryServiceImpl guarded(core_.get(), rpc::CallAuth{"fleet", "admin", {}});
+  RegistryServiceImpl guarded(core_.get(), rpc::CallAuth{"fleet", "admin", {}, "gateway"});
   rpc::ServerRunner runner{rpc::ServerOptions{}};
   runner.AddService(&guarded);
   ASSERT_TRUE(runner.Start().ok());
@@ -341,6 +341,13 @@ TEST_F(ControllerServiceTest, RewardTaskRoutesNeedTheControllerRoleWhenRolesAreO
   plain.mutable_replica()->clear_labels();
   ok = stub->Register(context("fleet").get(), plain, &registered);
   EXPECT_TRUE(ok.ok()) << ok.error_message();
+
+  // The gateway's inference token reads the registry and does nothing else.
+  ASSERT_TRUE(stub->ListReplicas(context("gateway").get(), v1::ListReplicasRequest(), &listed).ok());
+  EXPECT_EQ(listed.replicas_size(), 2);
+  plain.mutable_replica()->set_replica_id("reward-3");
+  denied = stub->Register(context("gateway").get(), plain, &registered);
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED) << denied.error_message();
   runner.Shutdown();
 }
 
