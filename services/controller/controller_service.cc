@@ -102,7 +102,8 @@ grpc::ServerUnaryReactor* RegistryServiceImpl::Register(grpc::CallbackServerCont
                             absl::StrCat("Register with label ", kRewardTasksLabel),
                             [&] { return core_->Register(*request, response); });
   }
-  return rpc::HandleUnary(context, auth_, [&] { return core_->Register(*request, response); });
+  return rpc::HandleUnary(context, auth_, rpc::Role::kFleet, "Register",
+                          [&] { return core_->Register(*request, response); });
 }
 
 grpc::ServerUnaryReactor* RegistryServiceImpl::Heartbeat(grpc::CallbackServerContext* context,
@@ -116,7 +117,8 @@ grpc::ServerUnaryReactor* RegistryServiceImpl::Heartbeat(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* RegistryServiceImpl::Deregister(grpc::CallbackServerContext* context,
                                                           const v1::DeregisterRequest* request,
                                                           v1::DeregisterResponse* response) {
-  return rpc::HandleUnary(context, auth_, [&] { return core_->Deregister(*request, response); });
+  return rpc::HandleUnary(context, auth_, rpc::Role::kFleet, "Deregister",
+                          [&] { return core_->Deregister(*request, response); });
 }
 
 grpc::ServerUnaryReactor* RegistryServiceImpl::ListReplicas(grpc::CallbackServerContext* context,

@@ -271,7 +271,7 @@ def make_fifo(ctx):
 
 class Case:
     def __init__(self, service, method, name, build, expect="refused", on_ok=None, cleanup=None, as_fleet=False,
-                 as_inference=False):
+                 as_inference=False, setup=None):
         self.service, self.method, self.name = service, method, name
         # sent with the fleet token (--token), not the admin token: a controller-only path
         # must refuse it; run only when the fleet has roles (--admin_token given)
@@ -279,6 +279,7 @@ class Case:
         # sent with the inference token (--inference_token): anything but Generate and
         # reading the registry must refuse it; run only when that token is given
         self.as_inference = as_inference
+        self.setup = setup  # (fleet, ctx) -> None, run before the call (e.g. a replica to collide with)
         self.build = build  # ctx -> request (message or bytes)
         self.expect = expect  # "refused" or "ok"
         self.on_ok = on_ok  # response -> None, or ("refused", detail) for per-item rejections
@@ -550,13 +551,24 @@ def controller_cases():
     reg("policy_version-digest-300-bytes", lambda r, ctx: setattr(r.replica.policy_version, "digest", "d" * 300))
 
     # a live replica's id, from another address: ALREADY_EXISTS naming the holder (its
-    # lease is not replaced; the cleanup deregisters only if it was)
+    # lease is not replaced; the cleanup deregisters only if it was). The holder is the
+    # battery's own replica, registered first from 127.0.0.1:2 (a real replica's id would
+    # do as well, but its lease would be lost if the check failed)
+    def register_holder(fleet, ctx):
+        ctx.holder_id = ctx.uid("battery-holder")
+        holder = controller_pb2.RegisterRequest(ttl_ms=2000)  # (it expires by itself 2 s later)
+        holder.replica.replica_id = ctx.holder_id
+        holder.replica.role = common_pb2.REPLICA_ROLE_ROLLOUT
+        holder.replica.grpc_address = "127.0.0.1:2"
+        fleet.call("registry", "Register", holder)
+
     def hijack(r, ctx):
-        r.replica.replica_id = ctx.rollout_replica_id or "battery-no-live-rollout"
+        r.replica.replica_id = getattr(ctx, "holder_id", "") or "battery-holder-dry-run"
         r.replica.role = common_pb2.REPLICA_ROLE_ROLLOUT
         r.replica.grpc_address = "127.0.0.1:1"
         r.replica.run_id = ""
-    reg("live-rollout-id-from-another-address", hijack)
+    cases.append(Case("registry", "Register", "live-id-from-another-address", mutated(reg_base, hijack),
+                      cleanup=deregister, setup=register_holder))
     # reward task routes are the controller role's (a fleet token must not route a run's
     # rewards to itself); run only when the fleet has roles (--admin_token)
     cases.append(Case("registry", "Register", "labels-reward.tasks-with-fleet-token",
@@ -1264,6 +1276,11 @@ def classify(fleet, case, response_or_error):
 
 
 def run_case(fleet, ctx, case):
+    if case.setup is not None:
+        try:
+            case.setup(fleet, ctx)
+        except Exception as e:  # noqa: BLE001 - a bug or a refusal in the setup: report it, go on
+            return "script-error", "setup: %s: %s" % (type(e).__name__, short(e))
     try:
         request = case.build(ctx)
         if not isinstance(request, bytes):
