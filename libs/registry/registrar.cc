@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "libs/common/ids.h"
 #include "libs/common/status_macros.h"
+#include "libs/registry/load.h"
 
 extern char** environ;
 
@@ -90,6 +91,7 @@ absl::Status Registrar::RegisterNow() {
   v1::RegisterRequest request;
   *request.mutable_replica() = options_.replica;
   if (fill_) fill_(request.mutable_replica());
+  ClampLoad(request.mutable_replica()->mutable_load());
   request.set_ttl_ms(absl::ToInt64Milliseconds(options_.ttl));
   ASSIGN_OR_RETURN(const v1::RegisterResponse response, client_->Register(request));
   absl::MutexLock lock(&mu_);
@@ -113,6 +115,7 @@ void Registrar::Loop() {
     request.set_replica_id(now.replica_id());
     request.set_lease_id(lease);
     *request.mutable_load() = now.load();
+    ClampLoad(request.mutable_load());
     *request.mutable_policy_version() = now.policy_version();
     absl::StatusOr<v1::HeartbeatResponse> response = client_->Heartbeat(request);
     absl::Status s = response.status();

@@ -38,31 +38,6 @@ absl::Status ValidateLabels(const v1::ReplicaInfo& replica) {
 
 }  // namespace
 
-absl::Status ValidateLoad(const v1::LoadStats& load, absl::string_view prefix) {
-  auto field = [&](absl::string_view name) { return absl::StrCat(prefix, ".", name); };
-  RETURN_IF_ERROR(
-      common::CheckInRange<uint32_t>(field("inflight_requests"), load.inflight_requests(), 0, kMaxLoadCount));
-  RETURN_IF_ERROR(common::CheckInRange<uint32_t>(field("queued_requests"), load.queued_requests(), 0, kMaxLoadCount));
-  RETURN_IF_ERROR(common::CheckInRange<uint32_t>(field("active_sequences"), load.active_sequences(), 0, kMaxLoadCount));
-  RETURN_IF_ERROR(common::CheckFiniteInRange(field("tokens_per_s"), load.tokens_per_s(), 0, kMaxTokensPerS));
-  RETURN_IF_ERROR(
-      common::CheckInRange<uint64_t>(field("memory_used_bytes"), load.memory_used_bytes(), 0, kMaxMemoryBytes));
-  RETURN_IF_ERROR(
-      common::CheckInRange<uint64_t>(field("memory_capacity_bytes"), load.memory_capacity_bytes(), 0, kMaxMemoryBytes));
-  RETURN_IF_ERROR(common::CheckFiniteInRange(field("utilization"), load.utilization(), 0, 1));
-  return absl::OkStatus();
-}
-
-absl::Status ValidateVersion(const v1::PolicyVersion& version, absl::string_view prefix) {
-  if (version.run_id().size() > 128) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, ".run_id is over 128 bytes"));
-  }
-  if (version.digest().size() > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, ".digest is over 256 bytes"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ValidateRegistration(const v1::ReplicaInfo& replica, absl::Duration ttl) {
   RETURN_IF_ERROR(common::ValidateId("replica.replica_id", replica.replica_id()));
   if (replica.role() == v1::REPLICA_ROLE_UNSPECIFIED || !v1::ReplicaRole_IsValid(replica.role())) {

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "libs/common/clock.h"
+#include "libs/registry/load.h"
 #include "rlfleet/v1/common.pb.h"
 
 namespace rlfleet::registry {
@@ -34,11 +35,6 @@ inline constexpr size_t kMaxLabelKeyBytes = 128;
 inline constexpr size_t kMaxLabelValueBytes = 1024;
 inline constexpr size_t kMaxLabelBytes = 8192;
 inline constexpr int kMaxDataPlaneEndpoints = 64;
-// Load a replica may report: queue lengths and counts up to kMaxLoadCount, throughput
-// up to kMaxTokensPerS, memory up to kMaxMemoryBytes (1 PiB), utilization in [0, 1].
-inline constexpr uint32_t kMaxLoadCount = 1u << 20;
-inline constexpr double kMaxTokensPerS = 1e9;
-inline constexpr uint64_t kMaxMemoryBytes = uint64_t{1} << 50;
 
 // Bounds a registry holds every registration to.
 struct RegistryLimits {
@@ -103,12 +99,6 @@ absl::StatusOr<std::unique_ptr<Registry>> OpenRegistry(absl::string_view connect
 // Shared validation of a registration: INVALID_ARGUMENT naming the field (id, role,
 // address, ttl, labels, data-plane endpoints, run id, load, policy version).
 absl::Status ValidateRegistration(const v1::ReplicaInfo& replica, absl::Duration ttl);
-
-// Load and version as a heartbeat reports them: INVALID_ARGUMENT naming the field
-// (`prefix` + "." + field) for a count over kMaxLoadCount, a throughput, utilization or
-// memory that is not finite or out of range, an oversized run id or digest.
-absl::Status ValidateLoad(const v1::LoadStats& load, absl::string_view prefix);
-absl::Status ValidateVersion(const v1::PolicyVersion& version, absl::string_view prefix);
 
 // The errors both backends return: ALREADY_EXISTS for an id whose live lease is held
 // from `holder_address`; RESOURCE_EXHAUSTED for a role at its live-registration cap.

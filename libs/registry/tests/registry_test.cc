@@ -392,6 +392,26 @@ TEST(RedisRegistry, ReconnectsAfterARedisRestart) {
   EXPECT_TRUE(beat->admitted);
 }
 
+TEST(ClampLoad, BringsAnyLoadIntoTheAcceptedRanges) {
+  v1::LoadStats load;
+  load.set_utilization(std::numeric_limits<double>::quiet_NaN());
+  load.set_tokens_per_s(std::numeric_limits<double>::infinity());
+  load.set_queued_requests(~uint32_t{0});
+  load.set_memory_used_bytes(~uint64_t{0});
+  load.set_active_sequences(7);
+  EXPECT_FALSE(ValidateLoad(load, "load").ok());
+  ClampLoad(&load);
+  EXPECT_TRUE(ValidateLoad(load, "load").ok());
+  EXPECT_EQ(load.utilization(), 0);
+  EXPECT_EQ(load.tokens_per_s(), 0);
+  EXPECT_EQ(load.queued_requests(), kMaxLoadCount);
+  EXPECT_EQ(load.memory_used_bytes(), kMaxMemoryBytes);
+  EXPECT_EQ(load.active_sequences(), 7u);
+  load.set_utilization(1.7);
+  ClampLoad(&load);
+  EXPECT_EQ(load.utilization(), 1.0);
+}
+
 TEST(OpenRegistry, UnknownSchemeIsInvalidArgument) {
   common::FakeClock clock;
   auto r = OpenRegistry("etcd://x", &clock);
