@@ -39,7 +39,7 @@ inline constexpr int kMaxDataPlaneEndpoints = 64;
 // Bounds a registry holds every registration to.
 struct RegistryLimits {
   // Live registrations of one role at most (a new id past it: RESOURCE_EXHAUSTED).
-  int max_live_per_role = 10000;
+  int max_live_per_role = 16384;
 };
 
 struct Lease {
