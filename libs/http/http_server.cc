@@ -166,7 +166,7 @@ void ToLibrary(Reply reply, httplib::Response& res) {
   res.status = reply.status;
   for (const auto& [name, value] : reply.headers) res.set_header(name, value);
   if (!reply.stream) {
-    res.set_content(std::move(reply.body), reply.content_type);
+    res.set_content(reply.body, reply.content_type);  // (0.11 takes a const reference)
     return;
   }
   res.set_header("Cache-Control", "no-cache");
