@@ -68,10 +68,9 @@ ABSL_FLAG(uint64_t, seed, 0,
 ABSL_FLAG(int, held_out, 0,
           "loop / run: held-out prompts (greedy exact match), drawn by the seed, never trained on; 0 = 256 for a "
           "built-in task, a quarter of a dataset's records up to 256.");
-ABSL_FLAG(
-    double, entropy_floor, 0.15,
-    "loop / run: entropy (nats/token) under which, as the mean of 10 steps with most groups without a reward "
-    "spread, while held-out is under --stop_at and has not risen for 30 steps, the policy is reported collapsed.");
+ABSL_FLAG(double, entropy_floor, 0.15,
+          "loop / run: entropy (nats/token) under which, as the mean of 10 steps with most groups without a reward "
+          "spread, while held-out is under --stop_at, the policy is reported collapsed.");
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "run: folder on the trainer's machine (under its checkpoint root) for the run's checkpoints; empty: none.");

@@ -9,10 +9,6 @@ std::optional<std::string> LearningWatch::Observe(LoopProgress* p) {
     p->best_exact = *p->held_out_exact;
     p->best_step = p->step;
   }
-  if (p->held_out_exact && *p->held_out_exact >= level_ + kProgressExact) {
-    level_ = *p->held_out_exact;
-    level_step_ = p->step;
-  }
   if (p->held_out_exact && *p->held_out_exact >= target_ && !p->reached_target) {
     p->reached_target = true;
     p->goal_step = p->step;
@@ -22,8 +18,7 @@ std::optional<std::string> LearningWatch::Observe(LoopProgress* p) {
   if (!window_.empty() && window_.back().first == p->step) window_.pop_back();  // (a step reported again)
   window_.push_back({p->step, {p->entropy, p->zero_variance_share}});
   while (window_.size() > static_cast<size_t>(kCollapseSteps)) window_.pop_front();
-  if (window_.size() < static_cast<size_t>(kCollapseSteps) || p->reached_target || p->best_exact >= target_ ||
-      p->step - level_step_ < kStallSteps) {
+  if (window_.size() < static_cast<size_t>(kCollapseSteps) || p->reached_target || p->best_exact >= target_) {
     return std::nullopt;
   }
   double entropy = 0, zero_variance = 0;

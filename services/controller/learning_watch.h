@@ -2,14 +2,11 @@
 // whether the run reached its target (LoopConfig::stop_at) and at which step, and
 // whether the policy collapsed: over the last kCollapseSteps steps its entropy averaged
 // under LoopConfig::entropy_floor and most groups (kCollapseZeroVariance on average) had
-// no reward spread, while held-out had never reached the target and had not risen by
-// kProgressExact for kStallSteps steps: a confident policy
+// no reward spread, while held-out had never reached the target: a confident policy
 // whose groups all score alike, so the zero-variance filter leaves little to learn
 // from. (Measured on the demo: a run that stalled at held-out 0.02-0.19 had entropy
 // 0.01-0.16 and 75-97% zero-variance groups from step ~140; one that reached 1.0 at
-// step 100 went under 0.25 nats only from step ~90, with 35-65% zero-variance groups;
-// one that reached 0.96 at step 140 had entropy 0.03-0.12 and 70-90% zero-variance
-// groups from step 105, but its held-out rose 0.55, 0.68, 0.79: converging, not stuck.)
+// step 100 went under 0.25 nats only from step ~90, with 35-65% zero-variance groups.)
 // RunLoop runs every step's progress through one before on_progress. Not thread-safe.
 #ifndef RLFLEET_SERVICES_CONTROLLER_LEARNING_WATCH_H_
 #define RLFLEET_SERVICES_CONTROLLER_LEARNING_WATCH_H_
@@ -27,9 +24,6 @@ namespace rlfleet::controller {
 // groups it needs on average.
 inline constexpr int kCollapseSteps = 10;
 inline constexpr double kCollapseZeroVariance = 0.6;
-// Held-out rising by kProgressExact within kStallSteps steps is progress: no collapse.
-inline constexpr int kStallSteps = 30;
-inline constexpr double kProgressExact = 0.02;
 
 class LearningWatch {
  public:
@@ -48,8 +42,6 @@ class LearningWatch {
   const double floor_;
   std::deque<std::pair<int, std::pair<double, double>>> window_;  // step -> (entropy, zero-variance share)
   bool warned_ = false;
-  double level_ = 0;    // held-out at the last step it rose by kProgressExact
-  int level_step_ = 0;  // that step
 };
 
 // "policy collapsed at step N: entropy E nats/token (mean of K steps) under the floor F,

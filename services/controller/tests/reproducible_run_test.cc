@@ -135,13 +135,12 @@ LoopProgress Step(int step, float entropy, std::optional<double> exact = std::nu
 }
 
 // Entropy 0.5, then 0.01 from step 5, with 90% of the groups without a reward spread:
-// the 10-step mean goes under the floor (0.15) at step 12, but held-out rose at step 10
-// (0 to 0.6): reported once held-out has not risen for 30 steps (step 40).
+// the 10-step mean goes under the floor (0.15) at step 12; reported once, from step 5.
 TEST(LearningWatch, ACollapseIsReportedOnceWhenTheWindowIsUnderTheFloorBelowTarget) {
   LearningWatch watch(0.8, 0.15);
   LoopProgress p;
   std::vector<std::pair<int, std::string>> warnings;
-  for (int step = 1; step <= 50; ++step) {
+  for (int step = 1; step <= 30; ++step) {
     const LoopProgress carried = p;
     p = Step(step, step < 5 ? 0.5f : 0.01f, step % 10 == 0 ? std::optional<double>(0.6) : std::nullopt);
     p.best_exact = carried.best_exact;
@@ -150,21 +149,15 @@ TEST(LearningWatch, ACollapseIsReportedOnceWhenTheWindowIsUnderTheFloorBelowTarg
     if (auto w = watch.Observe(&p)) warnings.push_back({step, *w});
   }
   ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_EQ(warnings[0].first, 40);
-  EXPECT_TRUE(absl::StartsWith(warnings[0].second, "policy collapsed at step 31: entropy 0.010 nats/token (mean of 10"))
+  EXPECT_EQ(warnings[0].first, 12);
+  EXPECT_TRUE(absl::StartsWith(warnings[0].second, "policy collapsed at step 5: entropy 0.108 nats/token (mean of 10"))
       << warnings[0].second;
   EXPECT_TRUE(absl::StrContains(warnings[0].second, "90% of the groups had no reward spread")) << warnings[0].second;
-  EXPECT_EQ(p.collapsed_at_step, 31);  // (the window's first step: all under the floor)
+  EXPECT_EQ(p.collapsed_at_step, 5);
   EXPECT_FALSE(p.reached_target);
   EXPECT_DOUBLE_EQ(p.best_exact, 0.6);
   EXPECT_EQ(p.best_step, 10);
-  // Low entropy with most groups still varying is no collapse; nor is a low, uniform
-  // policy whose held-out keeps rising (one converging on the answers).
-  LearningWatch converging(0.8, 0.15);
-  for (int step = 1; step <= 60; ++step) {
-    LoopProgress q = Step(step, 0.03f, step % 10 == 0 ? std::optional<double>(0.5 + 0.003 * step) : std::nullopt);
-    EXPECT_FALSE(converging.Observe(&q).has_value()) << step;
-  }
+  // Low entropy with most groups still varying (a policy on its way up) is no collapse.
   LearningWatch learning(0.8, 0.15);
   for (int step = 1; step <= 30; ++step) {
     LoopProgress q = Step(step, 0.05f);
