@@ -65,12 +65,11 @@ ABSL_FLAG(uint64_t, seed, 0,
           "loop / run: the run's one seed: the prompt stream, the held-out set, the rollouts' sampling and a fresh "
           "trainer's initial weights; 0 = 11. With --max_staleness=0 the same seed and fleet shape give the same "
           "curve.");
-ABSL_FLAG(int, held_out, 0,
-          "loop / run: held-out prompts (greedy exact match), drawn by the seed, never trained on; 0 = 256 for a "
-          "built-in task, a quarter of a dataset's records up to 256.");
-ABSL_FLAG(double, entropy_floor, 0.15,
-          "loop / run: entropy (nats/token) under which, as the mean of 10 steps with most groups without a reward "
-          "spread, while held-out is under --stop_at, the policy is reported collapsed.");
+ABSL_FLAG(int, held_out, 256,
+          "loop / run: held-out prompts (greedy exact match), drawn by the seed, never trained on.");
+ABSL_FLAG(double, entropy_floor, 0.05,
+          "loop / run: entropy (nats/token) under which, for 10 steps while held-out is under --stop_at, the policy is "
+          "reported collapsed.");
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "run: folder on the trainer's machine (under its checkpoint root) for the run's checkpoints; empty: none.");
@@ -209,7 +208,7 @@ int StartRunAndWatch(ControllerClient& client) {
       // The seed in effect (the controller's record of it) and where the model started.
       said_start = true;
       std::cout << (live ? "\r\033[K" : "") << "seed " << status->config().seed() << "; model " << status->model_init()
-                << "; held-out " << m.held_out_size() << " prompts\n"
+                << "; held-out " << status->config().held_out_prompts() << " prompts\n"
                 << std::flush;
     }
     const std::string line = absl::StrFormat(
@@ -222,8 +221,8 @@ int StartRunAndWatch(ControllerClient& client) {
       said_collapse = true;
       std::cout << (live ? "\r\033[K" : "") << "warning: "
                 << CollapseLine(static_cast<int>(m.collapsed_at_step()), m.entropy(), status->config().entropy_floor(),
-                                kCollapseSteps, m.best_eval_exact_match(), status->config().stop_at_exact_match(),
-                                m.zero_variance_share())
+                                static_cast<int>(step - m.collapsed_at_step() + 1), m.best_eval_exact_match(),
+                                status->config().stop_at_exact_match(), m.zero_variance_share())
                 << "\n"
                 << std::flush;
     }
@@ -324,7 +323,7 @@ int RunLoop(const rpc::ClientOptions& base) {
             << (config.dataset.empty() ? absl::StrCat(config.task, " n=", config.min_len, "..", config.max_len)
                                        : config.dataset)
             << ", " << config.prompts << " prompts x " << config.samples << " samples per step, seed " << config.seed
-            << (config.held_out > 0 ? absl::StrCat(", ", config.held_out, " held-out prompts") : "") << "\n";
+            << ", " << config.held_out << " held-out prompts\n";
   LoopProgress last;
   auto on_progress = [&](const LoopProgress& p) {
     metrics.Add(p);

@@ -1,29 +1,21 @@
 // What a run's user needs to read its learning: the best held-out score so far,
 // whether the run reached its target (LoopConfig::stop_at) and at which step, and
-// whether the policy collapsed: over the last kCollapseSteps steps its entropy averaged
-// under LoopConfig::entropy_floor and most groups (kCollapseZeroVariance on average) had
-// no reward spread, while held-out had never reached the target: a confident policy
-// whose groups all score alike, so the zero-variance filter leaves little to learn
-// from. (Measured on the demo: a run that stalled at held-out 0.02-0.19 had entropy
-// 0.01-0.16 and 75-97% zero-variance groups from step ~140; one that reached 1.0 at
-// step 100 went under 0.25 nats only from step ~90, with 35-65% zero-variance groups.)
+// whether the policy collapsed: its entropy stayed under LoopConfig::entropy_floor for
+// kCollapseSteps steps while held-out was under the target (a confident policy whose
+// groups all score alike, so the zero-variance filter leaves nothing to learn from).
 // RunLoop runs every step's progress through one before on_progress. Not thread-safe.
 #ifndef RLFLEET_SERVICES_CONTROLLER_LEARNING_WATCH_H_
 #define RLFLEET_SERVICES_CONTROLLER_LEARNING_WATCH_H_
 
-#include <deque>
 #include <optional>
 #include <string>
-#include <utility>
 
 #include "services/controller/run_loop.h"
 
 namespace rlfleet::controller {
 
-// The window of steps the collapse check averages over, and the share of zero-variance
-// groups it needs on average.
+// Steps the entropy must stay under the floor before the policy counts as collapsed.
 inline constexpr int kCollapseSteps = 10;
-inline constexpr double kCollapseZeroVariance = 0.6;
 
 class LearningWatch {
  public:
@@ -40,14 +32,14 @@ class LearningWatch {
  private:
   const double target_;
   const double floor_;
-  std::deque<std::pair<int, std::pair<double, double>>> window_;  // step -> (entropy, zero-variance share)
+  int below_since_ = 0;  // first step of the current streak under the floor; 0 = none
   bool warned_ = false;
 };
 
-// "policy collapsed at step N: entropy E nats/token (mean of K steps) under the floor F,
-// Z% of the groups with no reward spread, while held-out exact match (best B) is under
-// the target T; try ..." (shared by the controller's log and `rlfleet run`).
-std::string CollapseLine(int collapsed_at_step, double entropy, double floor, int steps, double best_exact,
+// "policy collapsed at step N: entropy E nats/token under the floor F for K steps while
+// held-out exact match is B (best), under the target T; Z% of the groups had no
+// reward spread; try ..." (shared by the controller's log and `rlfleet run`).
+std::string CollapseLine(int collapsed_at_step, double entropy, double floor, int steps_below, double best_exact,
                          double target, double zero_variance_share);
 
 }  // namespace rlfleet::controller

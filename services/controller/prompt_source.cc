@@ -34,10 +34,9 @@ class TaskSource : public PromptSource {
     // trained on (a training prompt that is one of them is drawn again). Where the task
     // has fewer distinct prompts than asked for, duplicates fill the rest.
     std::mt19937_64 held_gen(config.seed ^ 0x9E3779B97F4A7C15ull);
-    const int size = config.held_out > 0 ? config.held_out : kDefaultHeldOut;
-    for (int tries = 0; static_cast<int>(held_out_.size()) < size; ++tries) {
+    for (int tries = 0; static_cast<int>(held_out_.size()) < config.held_out; ++tries) {
       RunPrompt p = Make(held_gen);
-      if (held_texts_.insert(p.text).second || tries >= 64 * size) held_out_.push_back(std::move(p));
+      if (held_texts_.insert(p.text).second || tries >= 64 * config.held_out) held_out_.push_back(std::move(p));
     }
   }
   const std::string& task() const override { return name_; }
@@ -146,13 +145,9 @@ absl::StatusOr<std::unique_ptr<PromptSource>> NewPromptSource(const LoopConfig& 
   fields.prompt = config.prompt_field;
   fields.answer = config.answer_field;
   ASSIGN_OR_RETURN(std::vector<tasks::PromptRecord> records, tasks::ReadPromptJsonl(config.dataset, fields));
-  // (the default: a quarter of the records, up to kDefaultHeldOut)
-  const int held_count = config.held_out > 0
-                             ? config.held_out
-                             : static_cast<int>(std::clamp<size_t>(records.size() / 4, 1, kDefaultHeldOut));
-  if (records.size() < static_cast<size_t>(held_count) + 1) {
+  if (records.size() < static_cast<size_t>(config.held_out) + 1) {
     return absl::InvalidArgumentError(absl::StrCat("dataset ", config.dataset, ": ", records.size(),
-                                                   " records; held_out ", held_count, " needs more"));
+                                                   " records; held_out ", config.held_out, " needs more"));
   }
   // The chat template, when a record or the config asks for it.
   std::unique_ptr<model::ChatTemplate> chat;
@@ -195,7 +190,7 @@ absl::StatusOr<std::unique_ptr<PromptSource>> NewPromptSource(const LoopConfig& 
     if (!text.ok()) return common::Annotate(text.status(), absl::StrCat(config.dataset, ":", r.line));
     return text;
   };
-  tasks::PromptSplit split = tasks::SplitPrompts(std::move(records), config.seed, held_count);
+  tasks::PromptSplit split = tasks::SplitPrompts(std::move(records), config.seed, config.held_out);
   size_t longest = 0;
   auto encode = [&](const std::vector<tasks::PromptRecord>& from) -> absl::StatusOr<std::vector<RunPrompt>> {
     std::vector<RunPrompt> out;

@@ -533,9 +533,7 @@ absl::Status ValidateLoopConfig(const LoopConfig& c) {
   if (c.samples < 2 || c.samples > 64) return absl::InvalidArgumentError("samples: must be in 2..64 (GRPO groups)");
   if (c.steps < 1) return absl::InvalidArgumentError("steps: must be >= 1");
   if (c.eval_every < 0) return absl::InvalidArgumentError("eval_every: must be >= 0");
-  if (c.held_out < 0 || c.held_out > 4096) {
-    return absl::InvalidArgumentError("held_out: must be in 0..4096 (0: the default)");
-  }
+  if (c.held_out < 1 || c.held_out > 4096) return absl::InvalidArgumentError("held_out: must be in 1..4096");
   if (!std::isfinite(c.lr) || !(c.lr > 0) || c.lr > 1) return absl::InvalidArgumentError("lr: must be in (0, 1]");
   if (c.ppo_epochs < 1 || c.ppo_epochs > 16) return absl::InvalidArgumentError("ppo_epochs: must be in 1..16");
   RETURN_IF_ERROR(common::CheckFiniteInRange("entropy_coef", c.entropy_coef, 0, 10));
@@ -697,7 +695,6 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   }
   progress.tag = tag;
   progress.model_init = model_init;
-  progress.held_out_size = static_cast<int>(source->held_out().size());
   const int first_step = progress.step + 1;
   // (the time a resumed run had run before counts on)
   const absl::Time start = absl::Now() - absl::Seconds(progress.seconds);

@@ -212,8 +212,6 @@ struct LoopProgress {
 inline constexpr int kDefaultCheckpointKeepLast = 3;
 inline constexpr int kMaxCheckpointKeepLast = 100000;
 
-inline constexpr int kDefaultHeldOut = 256;
-
 struct LoopConfig {
   // The run's id, given to the buffer (Configure / PutExperiences run_id); empty = none.
   std::string run_id;
@@ -235,12 +233,10 @@ struct LoopConfig {
   bool apply_chat_template = false;
   std::string chat_template_kwargs;
   int steps = 200;
-  int prompts = 32;     // groups per step
-  int samples = 8;      // group size
-  int eval_every = 10;  // held-out greedy evaluation; 0 = never
-  // Held-out prompts, drawn by `seed` and never trained on; 0 = kDefaultHeldOut for a
-  // built-in task, a quarter of a dataset's records up to kDefaultHeldOut.
-  int held_out = 0;
+  int prompts = 32;      // groups per step
+  int samples = 8;       // group size
+  int eval_every = 10;   // held-out greedy evaluation; 0 = never
+  int held_out = 256;    // held-out prompts, drawn by `seed` and never trained on
   double stop_at = 1.0;  // stop once held-out exact match reaches this
   double lr = 5e-4;
   int ppo_epochs = 2;
@@ -249,10 +245,9 @@ struct LoopConfig {
   // The run's one seed: the prompt stream, the held-out set, the rollouts' sampling
   // seeds and a fresh trainer's initial weights (TrainerPeer::InitWeights).
   uint64_t seed = 11;
-  // Entropy (nats per token) under which, as the mean of kCollapseSteps steps with most
-  // groups without a reward spread, while held-out is under stop_at, the policy is
-  // reported collapsed (learning_watch.h); 0 = no check.
-  double entropy_floor = 0.15;
+  // Entropy (nats per token) under which, held for kCollapseSteps steps while held-out
+  // is under stop_at, the policy is reported collapsed; 0 = no check.
+  double entropy_floor = 0.05;
   // 0: synchronous (generate, then train, then publish). k > 0: the next step's
   // generation overlaps this step's training, and the trainer accepts experiences up to
   // k versions old (the buffer drops older ones).

@@ -312,6 +312,7 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
     config_ = config;
     // (the values in effect where 0 asks for the default: the record and GetStatus show them)
     config_.set_seed(loop->seed);
+    config_.set_held_out_prompts(static_cast<uint32_t>(loop->held_out));
     config_.set_entropy_floor(static_cast<float>(loop->entropy_floor));
     progress_ = LoopProgress();
     last_exact_ = 0;
@@ -328,7 +329,8 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
   Persist();
   thread_ = std::thread([this, l = *loop, p = std::move(*peers)]() mutable { Body(l, std::move(p)); });
   if (log_) {
-    log_(absl::StrCat("run ", id, " started, seed ", loop->seed, ": ", config.ShortDebugString()));
+    log_(absl::StrCat("run ", id, " started, seed ", loop->seed, ", ", loop->held_out,
+                      " held-out prompts: ", config.ShortDebugString()));
   }
   return id;
 }
