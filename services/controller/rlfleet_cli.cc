@@ -42,7 +42,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -127,12 +126,6 @@ int Status(ControllerClient& client) {
             << "  state: " << v1::RunState_Name(status->state()) << "  step: " << status->step()
             << "  policy version: " << status->policy_version().version() << "\n";
   if (!status->run_id().empty()) {
-    const v1::MetricsSummary& m = status->metrics();
-    std::cout << "  seed: " << status->config().seed() << "  goal: " << v1::RunGoal_Name(status->goal())
-              << absl::StrFormat("  best held-out exact: %.3f of %d (step %d)", m.best_eval_exact_match(),
-                                 m.held_out_size(), m.best_eval_step())
-              << (m.collapsed_at_step() > 0 ? absl::StrCat("  policy collapsed at step ", m.collapsed_at_step()) : "")
-              << "\n";
     std::cout << "  experiences accepted: " << status->metrics().experiences_accepted() << "\n";
     if (status->metrics().failed_checkpoints() > 0) {
       std::cout << "  periodic checkpoints failed: " << status->metrics().failed_checkpoints()
