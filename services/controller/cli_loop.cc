@@ -14,7 +14,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "services/controller/learning_watch.h"
 #include "services/controller/run_loop.h"
 #include "services/controller/run_metrics.h"
 #include "services/controller/run_peers_grpc.h"
@@ -61,16 +60,6 @@ ABSL_FLAG(bool, fully_async, false,
           "loop/run: with --max_staleness=k >= 1: rollouts without a step barrier (each group to the buffer as it "
           "finishes, up to k steps ahead of the trainer; new versions install mid-generation).");
 
-ABSL_FLAG(uint64_t, seed, 0,
-          "loop / run: the run's one seed: the prompt stream, the held-out set, the rollouts' sampling and a fresh "
-          "trainer's initial weights; 0 = 11. With --max_staleness=0 the same seed and fleet shape give the same "
-          "curve.");
-ABSL_FLAG(int, held_out, 256,
-          "loop / run: held-out prompts (greedy exact match), drawn by the seed, never trained on.");
-ABSL_FLAG(double, entropy_floor, 0.05,
-          "loop / run: entropy (nats/token) under which, for 10 steps while held-out is under --stop_at, the policy is "
-          "reported collapsed.");
-
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "run: folder on the trainer's machine (under its checkpoint root) for the run's checkpoints; empty: none.");
 ABSL_FLAG(int, checkpoint_every, 0, "run: a checkpoint every this many steps (needs --checkpoint_dir); 0: at the end.");
@@ -88,30 +77,6 @@ constexpr absl::Duration kCallTimeout = absl::Seconds(120);
 int Fail(const absl::Status& s, absl::string_view what) {
   std::cerr << "rlfleet loop: " << what << ": " << s.message() << "\n";
   return 1;
-}
-
-// The run's last line about its target: reached (at which step, in how long) or missed
-// (its best score), and a collapse if there was one. Empty without a target.
-std::string GoalLine(const v1::GetStatusResponse& status) {
-  const v1::MetricsSummary& m = status.metrics();
-  const float target = status.config().stop_at_exact_match();
-  std::string line;
-  if (status.goal() == v1::RUN_GOAL_REACHED) {
-    line =
-        absl::StrFormat("goal reached: held-out exact match %.3f >= %.3f (of %d prompts) at step %d, %.1f s, seed %d",
-                        m.best_eval_exact_match(), target, m.held_out_size(), status.goal_step(),
-                        m.elapsed_ms() / 1000.0, status.config().seed());
-  } else if (status.goal() == v1::RUN_GOAL_MISSED) {
-    line = absl::StrFormat(
-        "goal MISSED: held-out exact match never reached %.3f in %d steps; best %.3f (of %d prompts) at step %d, "
-        "seed %d",
-        target, status.step(), m.best_eval_exact_match(), m.held_out_size(), m.best_eval_step(),
-        status.config().seed());
-  } else {
-    return "";
-  }
-  if (m.collapsed_at_step() > 0) absl::StrAppend(&line, "; the policy collapsed at step ", m.collapsed_at_step());
-  return line + "\n";
 }
 
 }  // namespace
@@ -150,10 +115,6 @@ v1::RunConfig RunConfigFromFlags() {
   c.set_checkpoint_interval_steps(absl::GetFlag(FLAGS_checkpoint_every));
   // (a negative value wraps to one the controller refuses, naming the field)
   c.set_checkpoint_keep_last(static_cast<uint32_t>(absl::GetFlag(FLAGS_checkpoint_keep_last)));
-  c.set_seed(absl::GetFlag(FLAGS_seed));
-  // (a negative value wraps to one the controller refuses, naming the field)
-  c.set_held_out_prompts(static_cast<uint32_t>(absl::GetFlag(FLAGS_held_out)));
-  c.set_entropy_floor(static_cast<float>(absl::GetFlag(FLAGS_entropy_floor)));
   return c;
 }
 
@@ -170,7 +131,6 @@ int StartRunAndWatch(ControllerClient& client) {
   if (!started.ok()) return Fail(started.status(), "StartRun");
   const std::string run_id = started->run_id();
   std::cout << "run " << run_id << " started\n" << std::flush;
-  bool said_start = false, said_collapse = false;
   const int eval_every = absl::GetFlag(FLAGS_eval_every);
   const bool live = isatty(STDOUT_FILENO) != 0;  // plain lines when not a terminal
   uint64_t printed = 0;
@@ -204,28 +164,11 @@ int StartRunAndWatch(ControllerClient& client) {
                        status->state() == v1::RUN_STATE_FAILED;
     const uint64_t step = status->step();
     const v1::MetricsSummary& m = status->metrics();
-    if (!said_start && !status->model_init().empty()) {
-      // The seed in effect (the controller's record of it) and where the model started.
-      said_start = true;
-      std::cout << (live ? "\r\033[K" : "") << "seed " << status->config().seed() << "; model " << status->model_init()
-                << "; held-out " << status->config().held_out_prompts() << " prompts\n"
-                << std::flush;
-    }
     const std::string line = absl::StrFormat(
         "step %4d  %6.1f s  policy v%-4d  train reward %.3f  %5.0f tok/s  staleness %.2f  sync %4.0f ms  "
-        "entropy %.3f  zero-var %3.0f%%  held-out exact %.3f of %d",
+        "held-out exact %.3f",
         step, m.elapsed_ms() / 1000.0, status->policy_version().version(), m.reward_mean(), m.rollout_tokens_per_s(),
-        m.mean_staleness(), m.weight_sync_ms(), m.entropy(), 100 * m.zero_variance_share(), m.eval_exact_match(),
-        m.held_out_size());
-    if (!said_collapse && m.collapsed_at_step() > 0) {
-      said_collapse = true;
-      std::cout << (live ? "\r\033[K" : "") << "warning: "
-                << CollapseLine(static_cast<int>(m.collapsed_at_step()), m.entropy(), status->config().entropy_floor(),
-                                static_cast<int>(step - m.collapsed_at_step() + 1), m.best_eval_exact_match(),
-                                status->config().stop_at_exact_match(), m.zero_variance_share())
-                << "\n"
-                << std::flush;
-    }
+        m.mean_staleness(), m.weight_sync_ms(), m.eval_exact_match());
     if (step != printed && eval_every > 0 && (step % eval_every == 0 || ended)) {
       // A line to keep at every evaluation (and at the end).
       printed = step;
@@ -241,7 +184,6 @@ int StartRunAndWatch(ControllerClient& client) {
       }
       std::cout << "run " << run_id << " " << v1::RunState_Name(status->state())
                 << (status->error().empty() ? "" : ": " + status->error()) << "\n";
-      std::cout << GoalLine(*status) << std::flush;
       return status->state() == v1::RUN_STATE_FAILED ? 1 : 0;
     }
     absl::SleepFor(absl::Milliseconds(300));  // GetStatus is a poll; WatchRun would stream
@@ -284,9 +226,6 @@ int RunLoop(const rpc::ClientOptions& base) {
   config.temperature = absl::GetFlag(FLAGS_temperature);
   config.max_staleness = absl::GetFlag(FLAGS_max_staleness);
   config.fully_async = absl::GetFlag(FLAGS_fully_async);
-  if (absl::GetFlag(FLAGS_seed) != 0) config.seed = absl::GetFlag(FLAGS_seed);
-  config.held_out = absl::GetFlag(FLAGS_held_out);
-  config.entropy_floor = absl::GetFlag(FLAGS_entropy_floor);
   if (absl::Status s = ValidateLoopConfig(config); !s.ok()) {
     std::cerr << "rlfleet loop: " << s.message() << "\n";
     return 2;
@@ -322,20 +261,17 @@ int RunLoop(const rpc::ClientOptions& base) {
   std::cout << "loop: "
             << (config.dataset.empty() ? absl::StrCat(config.task, " n=", config.min_len, "..", config.max_len)
                                        : config.dataset)
-            << ", " << config.prompts << " prompts x " << config.samples << " samples per step, seed " << config.seed
-            << ", " << config.held_out << " held-out prompts\n";
+            << ", " << config.prompts << " prompts x " << config.samples << " samples per step\n";
   LoopProgress last;
   auto on_progress = [&](const LoopProgress& p) {
     metrics.Add(p);
-    if (last.step == 0 && !p.model_init.empty()) std::cout << "model " << p.model_init << "\n";
     last = p;
     if (!p.held_out_exact) return;
     std::cout << absl::StrFormat(
-                     "step %4d  %6.1f s  policy v%-4d  train reward %.3f  %5.0f tok/s  staleness %.2f  sync %4.0f "
-                     "ms  entropy %.3f  zero-var %3.0f%%  idle steps %d  held-out exact %.3f of %d\n",
+                     "step %4d  %6.1f s  policy v%-4d  train reward %.3f  %5.0f tok/s  "
+                     "staleness %.2f  sync %4.0f ms  entropy %.3f  idle steps %d  held-out exact %.3f\n",
                      p.step, p.seconds, p.policy_version, p.train_reward, p.tokens_per_s, p.mean_staleness,
-                     p.sync_seconds * 1e3, p.entropy, 100 * p.zero_variance_share, p.idle_steps, *p.held_out_exact,
-                     p.held_out_size)
+                     p.sync_seconds * 1e3, p.entropy, p.idle_steps, *p.held_out_exact)
               << std::flush;
   };
   std::atomic<bool> stop{false};
@@ -348,14 +284,6 @@ int RunLoop(const rpc::ClientOptions& base) {
                                config.max_staleness == 0 ? "sync"
                                : config.fully_async      ? absl::StrCat("fully async, k=", config.max_staleness)
                                                          : absl::StrCat("async, k=", config.max_staleness));
-  if (config.stop_at <= 1) {
-    std::cout << (last.reached_target
-                      ? absl::StrFormat("goal reached: held-out exact match %.3f >= %.3f at step %d, seed %d\n",
-                                        last.best_exact, config.stop_at, last.goal_step, config.seed)
-                      : absl::StrFormat("goal MISSED: held-out exact match never reached %.3f in %d steps; best %.3f "
-                                        "at step %d, seed %d\n",
-                                        config.stop_at, last.step, last.best_exact, last.best_step, config.seed));
-  }
   PrintCurve(metrics.dir());
   std::cout << files << "\n";
   return 0;

@@ -4,7 +4,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "libs/common/json_depth.h"
@@ -26,29 +25,18 @@ class TaskSource : public PromptSource {
       : task_(task),
         name_(task->name()),
         lengths_{config.min_len, config.max_len},
-        gen_(config.seed),
+        gen_(std::seed_seq{config.seed}),
         // (with the calculator: "[a*b](product)product" and EOS)
         max_new_tokens_(task->UsesCalculator() ? 3 * config.max_len + 9 : config.max_len + 3),
         tools_(task->UsesCalculator() ? CalculatorEnvironment() : nullptr) {
-    // The held-out set: distinct prompts from a generator of its own (the seed's), never
-    // trained on (a training prompt that is one of them is drawn again). Where the task
-    // has fewer distinct prompts than asked for, duplicates fill the rest.
-    std::mt19937_64 held_gen(config.seed ^ 0x9E3779B97F4A7C15ull);
-    for (int tries = 0; static_cast<int>(held_out_.size()) < config.held_out; ++tries) {
-      RunPrompt p = Make(held_gen);
-      if (held_texts_.insert(p.text).second || tries >= 64 * config.held_out) held_out_.push_back(std::move(p));
-    }
+    // (drawn first from the run's generator, then the training prompts: as ever)
+    for (int i = 0; i < config.held_out; ++i) held_out_.push_back(Make());
   }
   const std::string& task() const override { return name_; }
   const std::vector<RunPrompt>& held_out() const override { return held_out_; }
   std::vector<RunPrompt> Next(int n) override {
     std::vector<RunPrompt> prompts;
-    while (static_cast<int>(prompts.size()) < n) {
-      RunPrompt p = Make(gen_);
-      // (bounded: a task whose every prompt is held out still yields prompts)
-      for (int tries = 0; held_texts_.contains(p.text) && tries < 64; ++tries) p = Make(gen_);
-      prompts.push_back(std::move(p));
-    }
+    for (int i = 0; i < n; ++i) prompts.push_back(Make());
     return prompts;
   }
   absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
@@ -62,10 +50,8 @@ class TaskSource : public PromptSource {
   const ToolEnvironment* tools() const override { return tools_.get(); }
 
  private:
-  // std::mt19937_64, not absl::BitGen: a BitGen seeded with a seed sequence salts it
-  // with entropy of the process, so its prompts differed from one controller to the next.
-  RunPrompt Make(std::mt19937_64& gen) {
-    tasks::Example e = task_->Make(gen, lengths_);
+  RunPrompt Make() {
+    tasks::Example e = task_->Make(gen_, lengths_);
     absl::StatusOr<std::vector<int32_t>> ids = model::Tokenizer::EncodePrompt(e.prompt);
     return {e.prompt, ids.ok() ? *ids : std::vector<int32_t>{}, e.answer};  // (a task's prompts always encode)
   }
@@ -73,11 +59,10 @@ class TaskSource : public PromptSource {
   const tasks::Task* task_;
   const std::string name_;
   const tasks::TaskOptions lengths_;
-  std::mt19937_64 gen_;
+  absl::BitGen gen_;
   const int max_new_tokens_;
   const std::unique_ptr<ToolEnvironment> tools_;
   std::vector<RunPrompt> held_out_;
-  absl::flat_hash_set<std::string> held_texts_;
 };
 
 class DatasetSource : public PromptSource {

@@ -52,14 +52,6 @@ absl::Status Installed(RolloutReplica& replica, const absl::Status& s, const v1:
 
 }  // namespace
 
-uint64_t ChunkSeed(uint64_t seed, int first_prompt) {
-  // (splitmix64 of the pair: nearby seeds and indices give unrelated streams)
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(first_prompt) + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 RolloutPool::RolloutPool(std::vector<std::unique_ptr<RolloutReplica>> replicas, Log log) : log_(std::move(log)) {
   absl::MutexLock lock(&mu_);
   for (auto& r : replicas) replicas_.push_back({std::move(r), true});
@@ -111,15 +103,11 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::
   // with less load (or more speed) takes more; each replica has two calls in flight,
   // so its continuous batching always has the next chunk to take in. A chunk whose
   // replica failed goes back on the queue for the others; the replica is dropped.
-  // With whole_calls_ (a synchronous run), one call per replica instead: the prompts in
-  // as many chunks as replicas, so that what a replica decodes together (and so every
-  // logit, to the last bit) does not depend on when calls arrive.
-  const bool whole = whole_calls_.load();
-  const int calls_in_flight = whole ? 1 : 2;
+  constexpr int kCallsInFlight = 2;
   const int prompts = request.prompts_size(), samples = request.num_samples();
-  const int per_call = whole ? 1 : 2 * calls_in_flight;
   const int chunk = std::max<int>(
-      {1, min_prompts_per_call, static_cast<int>((prompts + per_call * live_peers - 1) / (per_call * live_peers))});
+      {1, min_prompts_per_call,
+       static_cast<int>((prompts + 2 * kCallsInFlight * live_peers - 1) / (2 * kCallsInFlight * live_peers))});
   struct Chunk {
     std::vector<int> prompts;
     int decode_failures = 0;
@@ -172,12 +160,6 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::
       }
       part.clear_prompts();
       for (int i : mine.prompts) *part.add_prompts() = request.prompts(i);
-      // Each chunk samples from a seed of its own, fixed by its first prompt: a prompt's
-      // samples do not depend on which replica or which attempt generates it, and no two
-      // chunks share a random stream.
-      if (request.sampling().has_seed()) {
-        part.mutable_sampling()->set_seed(ChunkSeed(request.sampling().seed(), mine.prompts.front()));
-      }
       v1::GenerateBatchResponse reply;
       absl::Status s = peer->GenerateBatch(part, &reply);
       if (s.ok() && reply.completions_size() != static_cast<int>(mine.prompts.size()) * samples) {
@@ -240,7 +222,7 @@ absl::Status RolloutPool::Generate(const v1::GenerateBatchRequest& request, v1::
   };
   std::vector<std::thread> threads;
   for (size_t k = 0; k < live_peers; ++k) {
-    for (int c = 0; c < calls_in_flight; ++c) threads.emplace_back(worker, k, /*starts=*/c == 0);
+    for (int c = 0; c < kCallsInFlight; ++c) threads.emplace_back(worker, k, /*starts=*/c == 0);
   }
   for (auto& t : threads) t.join();
   for (size_t k = 0; k < live_peers; ++k) {

@@ -17,7 +17,6 @@
 #include "libs/common/status_macros.h"
 #include "libs/metrics/metrics.h"
 #include "libs/tasks/tasks.h"
-#include "services/controller/learning_watch.h"
 #include "services/controller/prompt_source.h"
 #include "services/controller/tool_episodes.h"
 
@@ -184,6 +183,8 @@ int SignalGroups(const v1::PutExperiencesRequest& put, int samples) {
   return n;
 }
 
+bool HasLearningSignal(const v1::PutExperiencesRequest& put, int samples) { return SignalGroups(put, samples) > 0; }
+
 // The scored completions as experiences for the buffer; returns their reward sum.
 double ScoredExperiences(const LoopConfig& config, const v1::GenerateBatchResponse& generated,
                          const v1::ScoreResponse& scored, v1::PutExperiencesRequest* put) {
@@ -234,7 +235,6 @@ absl::Status Evaluate(const LoopConfig& config, const std::atomic<bool>& stop, R
   int exact = 0;
   for (const auto& r : eval_scored.results()) exact += r.reward() >= 1.0f;
   progress->held_out_exact = static_cast<double>(exact) / source.held_out().size();
-  progress->held_out_size = static_cast<int>(source.held_out().size());
   progress->policy_version = VersionOf(eval);
   return absl::OkStatus();
 }
@@ -257,7 +257,7 @@ struct StreamContext {
   const std::function<absl::StatusOr<v1::PrepareWeightsRequest>(uint64_t)>& publish_only;
   uint64_t& installed;
   const double& sync_seconds;
-  const std::function<void(LoopProgress&)>& on_progress;  // (LearningWatch first)
+  const std::function<void(const LoopProgress&)>& on_progress;
   absl::Time start;
   int first_step;
 };
@@ -491,8 +491,6 @@ absl::Status StreamSteps(const StreamContext& c, LoopProgress& progress, int& ch
     last_step_end = now;
     progress.step = step;
     progress.train_reward = data.samples > 0 ? data.reward_sum / data.samples : 0;
-    progress.zero_variance_share =
-        data.put_groups > 0 ? 1.0 - static_cast<double>(data.signal_groups) / data.put_groups : 0;
     progress.policy_version = data.oldest_version == std::numeric_limits<uint64_t>::max() ? 0 : data.oldest_version;
     progress.held_out_exact.reset();
     const bool last = step == config.steps || c.stop.load();
@@ -504,7 +502,7 @@ absl::Status StreamSteps(const StreamContext& c, LoopProgress& progress, int& ch
     }
     progress.seconds = absl::ToDoubleSeconds(absl::Now() - c.start);
     progress.published_version = c.installed;
-    c.on_progress(progress);
+    if (c.on_progress) c.on_progress(progress);
     if (progress.held_out_exact && *progress.held_out_exact >= config.stop_at) {
       reached_target = true;
       break;
@@ -583,20 +581,9 @@ absl::StatusOr<std::string> SaveStepCheckpoint(TrainerPeer& trainer, const LoopC
 
 absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer& reward, BufferPeer& buffer,
                      TrainerPeer& trainer, const std::atomic<bool>& stop,
-                     const std::function<void(const LoopProgress&)>& user_progress) {
+                     const std::function<void(const LoopProgress&)>& on_progress) {
   RETURN_IF_ERROR(ValidateLoopConfig(config));
   ASSIGN_OR_RETURN(std::unique_ptr<PromptSource> source, NewPromptSource(config));
-  // A synchronous run's rollouts in whole calls: what each replica decodes together,
-  // and so what it samples, is the same whatever the timing (reproducible runs).
-  rollout.set_whole_calls(config.max_staleness == 0);
-  // Every step's progress goes through the watch (best score, goal, collapse) first.
-  LearningWatch watch(config.stop_at, config.entropy_floor);
-  const std::function<void(LoopProgress&)> on_progress = [&](LoopProgress& p) {
-    if (std::optional<std::string> warning = watch.Observe(&p)) {
-      std::cerr << "warning: " << (config.run_id.empty() ? "" : "run " + config.run_id + ": ") << *warning << std::endl;
-    }
-    if (user_progress) user_progress(p);
-  };
   // New to this call: in every request id, so in every group and experience id. The
   // buffer remembers the ids it has seen (durably, with Redis) and refuses them again:
   // without this a second run on the same buffer sent the first run's ids, every
@@ -665,21 +652,6 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
                                      "PublishWeights"));
     return UpdateFor(published);
   };
-  // The run's seed chooses a fresh trainer's initial weights; a trainer that has trained
-  // or loaded weights keeps them (and a resumed run its trained ones).
-  std::string model_init = config.resume ? config.resume->model_init : "";
-  if (!config.resume) {
-    absl::StatusOr<bool> init = absl::UnavailableError("not tried");
-    const absl::Status s = RetryUnavailable(config, stop, [&] {
-      init = trainer.InitWeights(config.seed);
-      return init.status();
-    });
-    if (!s.ok() && !absl::IsFailedPrecondition(s) && !absl::IsUnimplemented(s)) {
-      return common::Annotate(s, "InitWeights");
-    }
-    model_init = init.ok() ? absl::StrCat("initialised from seed ", config.seed)
-                           : absl::StrCat("the trainer's weights as they were (", init.status().message(), ")");
-  }
   // The rollout replicas start from the trainer's weights (behaviour == policy at step
   // 1). Their number is new unless the replicas' newest is the trainer's own: a number
   // names one set of weights, so then they are the same.
@@ -694,7 +666,6 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     progress.held_out_exact.reset();
   }
   progress.tag = tag;
-  progress.model_init = model_init;
   const int first_step = progress.step + 1;
   // (the time a resumed run had run before counts on)
   const absl::Time start = absl::Now() - absl::Seconds(progress.seconds);
@@ -769,10 +740,8 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     // Whether this step's batch can teach anything: TrainStep's UNAVAILABLE then means
     // the trainer (or its buffer) is unreachable, not "nothing to learn". A resumed
     // step's stored batch may have been trained already: its UNAVAILABLE is idle.
-    const int signal_groups = SignalGroups(put, config.samples);
-    const int put_groups = put.experiences_size() / config.samples;
-    const bool signal =
-        signal_groups > 0 && !(step == first_step && config.resume.has_value() && put_reply.accepted() == 0);
+    const bool signal = HasLearningSignal(put, config.samples) &&
+                        !(step == first_step && config.resume.has_value() && put_reply.accepted() == 0);
     const v1::TrainStepRequest train = TrainRequest(config);
     v1::TrainStepResponse trained;
     const absl::Time train_begin = absl::Now();
@@ -825,7 +794,6 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     progress.tokens_per_s = now->seconds > 0 ? response_tokens / now->seconds : 0;
     progress.step = step;
     progress.train_reward = generated.completions_size() ? reward_sum / generated.completions_size() : 0;
-    progress.zero_variance_share = put_groups > 0 ? 1.0 - static_cast<double>(signal_groups) / put_groups : 0;
     progress.policy_version = VersionOf(generated);
     progress.held_out_exact.reset();
     if (config.eval_every > 0 && step % config.eval_every == 0) {
@@ -833,7 +801,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
     }
     progress.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     progress.published_version = installed;
-    on_progress(progress);
+    if (on_progress) on_progress(progress);
     if (progress.held_out_exact && *progress.held_out_exact >= config.stop_at) {
       reached_target = true;
       break;
@@ -851,7 +819,7 @@ absl::Status RunLoop(const LoopConfig& config, RolloutPool& rollout, RewardPeer&
   // Periodic checkpoints end with the final state (interval 0: only at StopRun).
   if (config.checkpoint_every > 0 && checkpointed_step != progress.step && progress.step > 0) {
     ASSIGN_OR_RETURN(progress.last_checkpoint, SaveStepCheckpoint(trainer, config, stop, name, progress.step));
-    on_progress(progress);
+    if (on_progress) on_progress(progress);
   }
   return absl::OkStatus();
 }

@@ -76,10 +76,6 @@ class TrainerPeer {
   // The version of the trainer's current weights (GetState). UNIMPLEMENTED by default:
   // the loop then asks for a new number at a run's start.
   virtual absl::StatusOr<uint64_t> PolicyVersion() { return absl::UnimplementedError("PolicyVersion"); }
-  // Initialises a fresh trainer's weights from `seed` (InitWeights): true when they
-  // changed. FAILED_PRECONDITION for a trainer that has trained or loaded weights;
-  // UNIMPLEMENTED by default (the run then starts from the trainer's weights).
-  virtual absl::StatusOr<bool> InitWeights(uint64_t /*seed*/) { return absl::UnimplementedError("InitWeights"); }
   // Writes the trainer's model, optimizer and step to request.path (a directory on the
   // trainer's machine, under its checkpoint root).
   virtual absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request,
@@ -110,15 +106,8 @@ class RolloutPool {
   // one GenerateBatch would list them). UNAVAILABLE when no replica is left.
   // Calls carry at least `min_prompts_per_call` prompts (a fully asynchronous run's
   // producers make one call of each of theirs: their concurrency spreads the work).
-  // Each call samples with ChunkSeed(request's seed, its first prompt's index).
   absl::Status Generate(const v1::GenerateBatchRequest& request, v1::GenerateBatchResponse* response,
                         int min_prompts_per_call = 1);
-  // Whole calls (a synchronous run sets it): each Generate makes one call per live
-  // replica, the prompts split in order into that many chunks, instead of smaller
-  // chunks that replicas take as they finish. A replica's batch is then the same
-  // whatever the timing, and so are its logits and samples (the run is reproducible);
-  // a slower replica is not relieved by the others.
-  void set_whole_calls(bool whole) { whole_calls_.store(whole); }
   // Installs a version on every live replica (and on those waiting to be admitted).
   absl::Status UpdateWeights(const v1::PrepareWeightsRequest& request);
 
@@ -150,7 +139,6 @@ class RolloutPool {
   absl::Status JoinedLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Mutex update_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one UpdateWeights at a time
   std::atomic<uint64_t> next_first_{0};              // the replica the next call starts at
-  std::atomic<bool> whole_calls_{false};
   absl::Mutex mu_;
   std::vector<Replica> replicas_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<RolloutReplica>> waiting_ ABSL_GUARDED_BY(mu_);  // for the first weights
@@ -158,34 +146,15 @@ class RolloutPool {
   Log log_;
 };
 
-// The sampling seed of a GenerateBatch call that carries prompts from `first_prompt`
-// on, of a request seeded `seed`.
-uint64_t ChunkSeed(uint64_t seed, int first_prompt);
-
 struct LoopProgress {
   int step = 0;
   double seconds = 0;
-  uint64_t policy_version = 0;  // of the rollouts this step (eval's at eval steps)
-  double train_reward = 0;      // mean over the step's samples
-  float entropy = 0;            // of the last step that trained
-  int idle_steps = 0;           // steps whose every group had zero reward variance
-  // This step's share of groups whose rewards were all equal (no learning signal).
-  double zero_variance_share = 0;
+  uint64_t policy_version = 0;     // of the rollouts this step (eval's at eval steps)
+  double train_reward = 0;         // mean over the step's samples
+  float entropy = 0;               // of the last step that trained
+  int idle_steps = 0;              // steps whose every group had zero reward variance
   uint64_t trained_sequences = 0;  // summed over the steps that trained
   std::optional<double> held_out_exact;
-  int held_out_size = 0;  // prompts held_out_exact is measured on
-  // The run's best held-out score and its step (0: none yet); whether and at which step
-  // it reached LoopConfig::stop_at; the step from which the policy's entropy stayed
-  // under LoopConfig::entropy_floor while held-out was under the target (0: it did
-  // not). Filled by LearningWatch (learning_watch.h).
-  double best_exact = 0;
-  int best_step = 0;
-  bool reached_target = false;
-  int goal_step = 0;
-  int collapsed_at_step = 0;
-  // Where the model started: "initialised from seed S" or the trainer's weights as
-  // they were (a trainer that had trained or loaded weights).
-  std::string model_init;
   // This step's phases: generating and scoring its rollouts (in async mode that
   // overlapped the previous step's training), TrainStep, and the weight sync
   // (PublishWeights + every replica installing the version).
@@ -236,18 +205,13 @@ struct LoopConfig {
   int prompts = 32;      // groups per step
   int samples = 8;       // group size
   int eval_every = 10;   // held-out greedy evaluation; 0 = never
-  int held_out = 256;    // held-out prompts, drawn by `seed` and never trained on
+  int held_out = 64;     // held-out prompts
   double stop_at = 1.0;  // stop once held-out exact match reaches this
   double lr = 5e-4;
   int ppo_epochs = 2;
   double entropy_coef = 0.0;
   double temperature = 1.0;
-  // The run's one seed: the prompt stream, the held-out set, the rollouts' sampling
-  // seeds and a fresh trainer's initial weights (TrainerPeer::InitWeights).
-  uint64_t seed = 11;
-  // Entropy (nats per token) under which, held for kCollapseSteps steps while held-out
-  // is under stop_at, the policy is reported collapsed; 0 = no check.
-  double entropy_floor = 0.05;
+  uint64_t seed = 11;  // prompts and held-out set
   // 0: synchronous (generate, then train, then publish). k > 0: the next step's
   // generation overlaps this step's training, and the trainer accepts experiences up to
   // k versions old (the buffer drops older ones).

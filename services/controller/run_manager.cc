@@ -110,10 +110,6 @@ absl::StatusOr<LoopConfig> LoopConfigFromRun(const v1::RunConfig& c, const std::
       common::CheckInRange<uint32_t>("config.checkpoint_interval_steps", c.checkpoint_interval_steps(), 0, kMaxSteps));
   RETURN_IF_ERROR(common::CheckFiniteInRange("config.entropy_coef", c.entropy_coef(), 0, 10));
   RETURN_IF_ERROR(common::CheckFiniteInRange("config.stop_at_exact_match", c.stop_at_exact_match(), 0, 1));
-  RETURN_IF_ERROR(common::CheckInRange<uint32_t>("config.held_out_prompts", c.held_out_prompts(), 0, 4096));
-  RETURN_IF_ERROR(common::CheckFiniteInRange("config.entropy_floor", c.entropy_floor(), 0, 10));
-  if (c.held_out_prompts() != 0) loop.held_out = static_cast<int>(c.held_out_prompts());
-  if (c.entropy_floor() != 0) loop.entropy_floor = c.entropy_floor();
   if (c.group_size() != 0) loop.samples = static_cast<int>(c.group_size());
   if (c.batch_size() != 0) loop.prompts = static_cast<int>(c.batch_size());
   if (c.learning_rate() != 0) loop.lr = c.learning_rate();
@@ -310,10 +306,6 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
     run_id_ = id;
     state_ = v1::RUN_STATE_STARTING;
     config_ = config;
-    // (the values in effect where 0 asks for the default: the record and GetStatus show them)
-    config_.set_seed(loop->seed);
-    config_.set_held_out_prompts(static_cast<uint32_t>(loop->held_out));
-    config_.set_entropy_floor(static_cast<float>(loop->entropy_floor));
     progress_ = LoopProgress();
     last_exact_ = 0;
     started_ = absl::Now();
@@ -328,10 +320,7 @@ absl::StatusOr<std::string> RunManager::Start(const v1::RunConfig& config, const
   stop_ = false;
   Persist();
   thread_ = std::thread([this, l = *loop, p = std::move(*peers)]() mutable { Body(l, std::move(p)); });
-  if (log_) {
-    log_(absl::StrCat("run ", id, " started, seed ", loop->seed, ", ", loop->held_out,
-                      " held-out prompts: ", config.ShortDebugString()));
-  }
+  if (log_) log_(absl::StrCat("run ", id, " started: ", config.ShortDebugString()));
   return id;
 }
 
@@ -456,17 +445,6 @@ void RunManager::Body(LoopConfig config, RunPeers peers) {
     }
     line = absl::StrCat("run ", run_id_, " ", v1::RunState_Name(state_), " after ", progress_.step, " steps",
                         s.ok() ? "" : ": " + error_);
-    if (config_.stop_at_exact_match() > 0) {
-      absl::StrAppend(
-          &line, progress_.reached_target
-                     ? absl::StrFormat("; target reached: held-out exact %.3f >= %.3f at step %d", progress_.best_exact,
-                                       config_.stop_at_exact_match(), progress_.goal_step)
-                     : absl::StrFormat("; target MISSED: best held-out exact %.3f (step %d) < %.3f",
-                                       progress_.best_exact, progress_.best_step, config_.stop_at_exact_match()));
-    }
-    if (progress_.collapsed_at_step > 0) {
-      absl::StrAppend(&line, "; the policy collapsed at step ", progress_.collapsed_at_step);
-    }
   }
   Persist();
   if (log_) log_(line);
@@ -534,21 +512,6 @@ void RunManager::Fill(v1::GetStatusResponse* response) {
   m->set_trained_sequences(progress_.trained_sequences);
   m->set_idle_steps(static_cast<uint32_t>(progress_.idle_steps));
   m->set_failed_checkpoints(static_cast<uint32_t>(progress_.failed_checkpoints));
-  m->set_entropy(progress_.entropy);
-  m->set_zero_variance_share(static_cast<float>(progress_.zero_variance_share));
-  m->set_held_out_size(static_cast<uint32_t>(progress_.held_out_size));
-  m->set_best_eval_exact_match(static_cast<float>(progress_.best_exact));
-  m->set_best_eval_step(static_cast<uint64_t>(progress_.best_step));
-  m->set_collapsed_at_step(static_cast<uint64_t>(progress_.collapsed_at_step));
-  response->set_model_init(progress_.model_init);
-  if (config_.stop_at_exact_match() <= 0 || state_ == v1::RUN_STATE_IDLE) {
-    response->set_goal(v1::RUN_GOAL_UNSPECIFIED);
-  } else if (progress_.reached_target) {
-    response->set_goal(v1::RUN_GOAL_REACHED);
-    response->set_goal_step(static_cast<uint64_t>(progress_.goal_step));
-  } else {
-    response->set_goal(Terminal(state_) ? v1::RUN_GOAL_MISSED : v1::RUN_GOAL_PENDING);
-  }
   if (progress_.policy_version > response->policy_version().version()) {
     response->mutable_policy_version()->set_version(progress_.policy_version);
   }

@@ -23,7 +23,7 @@ absl::Status RunMetrics::Open(const std::filesystem::path& dir, bool append) {
   if (absl::Status s = events_.Open(dir.string()); !s.ok()) return s;
   if (had_rows) return absl::OkStatus();
   csv_ << "step,seconds,policy_version,train_reward,entropy,idle_steps,heldout_exact,generate_s,train_s,sync_s,"
-          "tokens_per_s,mean_staleness,loss,kl,grad_norm,trained_sequences,zero_variance_share,heldout_size\n"
+          "tokens_per_s,mean_staleness,loss,kl,grad_norm,trained_sequences\n"
        << std::flush;
   return absl::OkStatus();
 }
@@ -33,9 +33,7 @@ void RunMetrics::Add(const LoopProgress& p) {
                           p.train_reward, p.entropy, p.idle_steps,
                           p.held_out_exact ? absl::StrFormat("%.4f", *p.held_out_exact) : "nan", p.generate_seconds,
                           p.train_seconds, p.sync_seconds, p.tokens_per_s, p.mean_staleness)
-       << absl::StrFormat(",%.5f,%.6f,%.4f,%d,%.4f,%d\n", p.loss, p.approx_kl, p.grad_norm, p.trained_sequences,
-                          p.zero_variance_share, p.held_out_size)
-       << std::flush;
+       << absl::StrFormat(",%.5f,%.6f,%.4f,%d\n", p.loss, p.approx_kl, p.grad_norm, p.trained_sequences) << std::flush;
   if (events_.path().empty()) return;
   std::vector<std::pair<std::string, double>> scalars = {{"train/reward", p.train_reward},
                                                          {"train/loss", p.loss},
@@ -44,7 +42,6 @@ void RunMetrics::Add(const LoopProgress& p) {
                                                          {"train/grad_norm", p.grad_norm},
                                                          {"train/mean_staleness", p.mean_staleness},
                                                          {"train/idle_steps", p.idle_steps},
-                                                         {"train/zero_variance_share", p.zero_variance_share},
                                                          {"perf/tokens_per_s", p.tokens_per_s},
                                                          {"perf/generate_s", p.generate_seconds},
                                                          {"perf/train_s", p.train_seconds},

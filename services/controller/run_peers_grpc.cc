@@ -111,13 +111,6 @@ class GrpcTrainerPeer : public TrainerPeer, Peer<v1::TrainerService> {
     RETURN_IF_ERROR(client_.Unary("GetState", &Stub::GetState, v1::GetStateRequest(), &state, Retry::kIdempotent));
     return state.policy_version().version();
   }
-  absl::StatusOr<bool> InitWeights(uint64_t seed) override {
-    v1::InitWeightsRequest request;
-    request.set_seed(seed);
-    v1::InitWeightsResponse response;
-    RETURN_IF_ERROR(client_.Unary("InitWeights", &Stub::InitWeights, request, &response, Retry::kIdempotent));
-    return response.changed();
-  }
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request, v1::SaveCheckpointResponse* response) override {
     return client_.Unary("SaveCheckpoint", &Stub::SaveCheckpoint, request, response, Retry::kOnce);
   }
@@ -201,7 +194,6 @@ class TrainerThroughWeights : public TrainerPeer {
     return common::Annotate(route_->Publish(*response), "weights service PublishVersion");
   }
   absl::StatusOr<uint64_t> PolicyVersion() override { return inner_->PolicyVersion(); }
-  absl::StatusOr<bool> InitWeights(uint64_t seed) override { return inner_->InitWeights(seed); }
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request, v1::SaveCheckpointResponse* response) override {
     return inner_->SaveCheckpoint(request, response);
   }

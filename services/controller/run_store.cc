@@ -1,6 +1,5 @@
 #include "services/controller/run_store.h"
 
-#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -81,13 +80,6 @@ std::map<std::string, std::string> RunRecordFields(const RunRecord& r) {
       {"accepted_experiences", absl::StrCat(p.accepted_experiences)},
       {"tag", p.tag},
       {"published_version", absl::StrCat(p.published_version)},
-      {"best_exact", absl::StrFormat("%.17g", p.best_exact)},
-      {"best_step", absl::StrCat(p.best_step)},
-      {"goal_step", absl::StrCat(p.reached_target ? p.goal_step : -1)},
-      {"collapsed_at_step", absl::StrCat(p.collapsed_at_step)},
-      {"zero_variance_share", absl::StrFormat("%.9g", p.zero_variance_share)},
-      {"held_out_size", absl::StrCat(p.held_out_size)},
-      {"model_init", p.model_init},
   };
 }
 
@@ -123,18 +115,6 @@ absl::StatusOr<RunRecord> RunRecordFromFields(const std::map<std::string, std::s
   p.accepted_experiences = f.Number<uint64_t>("accepted_experiences");
   p.tag = f.Str("tag");
   p.published_version = f.Number<uint64_t>("published_version");
-  // (records stored before these fields were kept have none)
-  if (!f.Str("best_step").empty()) {
-    p.best_exact = f.Number<double>("best_exact");
-    p.best_step = f.Number<int>("best_step");
-    const int goal_step = f.Number<int>("goal_step");
-    p.reached_target = goal_step >= 0;
-    p.goal_step = std::max(goal_step, 0);
-    p.collapsed_at_step = f.Number<int>("collapsed_at_step");
-    p.zero_variance_share = f.Number<double>("zero_variance_share");
-    p.held_out_size = f.Number<int>("held_out_size");
-    p.model_init = f.Str("model_init");
-  }
   if (p.step < 0 || p.idle_steps < 0 || p.idle_steps > p.step) f.Fail("step");
   if (p.failed_checkpoints < 0) f.Fail("failed_checkpoints");
   RETURN_IF_ERROR(f.status());

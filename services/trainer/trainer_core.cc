@@ -69,7 +69,7 @@ absl::StatusOr<std::vector<float>> Advantages(const std::vector<const v1::Experi
 // ---- what rank 0 broadcasts: a tag byte, then the command's fields ----
 namespace {
 
-constexpr char kKeepalive = 'N', kStop = 'S', kLoad = 'L', kTrain = 'T', kInit = 'I';
+constexpr char kKeepalive = 'N', kStop = 'S', kLoad = 'L', kTrain = 'T';
 constexpr absl::Duration kKeepaliveInterval = absl::Seconds(5);
 
 template <typename T>
@@ -197,42 +197,8 @@ absl::StatusOr<std::unique_ptr<TrainerCore>> TrainerCore::Create(const model::Po
     checkpoint_root = fs::absolute(checkpoint_root, ec).lexically_normal();
     if (ec) return absl::InvalidArgumentError(absl::StrCat("checkpoint root: ", ec.message()));
   }
-  auto core = std::unique_ptr<TrainerCore>(new TrainerCore(std::move(policy), buffer, device, group,
-                                                           std::move(checkpoint_root), std::move(checkpoint_owner)));
-  absl::MutexLock lock(&core->mu_);
-  core->init_seed_ = seed;
-  return core;
-}
-
-absl::Status TrainerCore::InitLocked(uint64_t seed, bool* changed) {
-  *changed = false;
-  if (step_ > 0 || loaded_) {
-    return absl::FailedPreconditionError(
-        step_ > 0 ? absl::StrCat("the trainer has taken ", step_, " steps; only a fresh trainer is initialised")
-                  : "the trainer loaded a checkpoint or model directory; only a fresh trainer is initialised");
-  }
-  if (seed == init_seed_) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::unique_ptr<model::Policy> policy, model::Policy::Create(policy_->config(), device_, seed));
-  policy_ = std::move(policy);
-  init_seed_ = seed;
-  ++version_;  // (other weights, another number)
-  version_metric_->Set(static_cast<double>(version_));
-  *changed = true;
-  return absl::OkStatus();
-}
-
-absl::Status TrainerCore::InitWeights(const v1::InitWeightsRequest& request, v1::InitWeightsResponse* response) {
-  absl::MutexLock lock(&mu_);
-  bool changed = false;
-  RETURN_IF_ERROR(InitLocked(request.seed(), &changed));
-  if (changed && group_ != nullptr && group_->world_size() > 1) {
-    std::string command(1, kInit);
-    Put<uint64_t>(&command, request.seed());
-    RETURN_IF_ERROR(BroadcastLocked(std::move(command)));
-  }
-  response->set_changed(changed);
-  response->mutable_policy_version()->set_version(version_);
-  return absl::OkStatus();
+  return std::unique_ptr<TrainerCore>(new TrainerCore(std::move(policy), buffer, device, group,
+                                                      std::move(checkpoint_root), std::move(checkpoint_owner)));
 }
 
 TrainerCore::TrainerCore(std::unique_ptr<model::Policy> policy, BufferSource* buffer, std::string device,
@@ -334,14 +300,6 @@ absl::Status TrainerCore::ServeWorker() {
         break;
       case kStop:
         return absl::OkStatus();
-      case kInit: {
-        Reader in(absl::string_view(command).substr(1));
-        const uint64_t seed = in.Get<uint64_t>();
-        if (!in.ok()) return absl::DataLossError("a malformed init command from rank 0");
-        bool changed = false;
-        RETURN_IF_ERROR(InitLocked(seed, &changed));
-        break;
-      }
       case kTrain: {
         std::vector<model::TrainSequence> seqs;
         model::TrainOptions options;
@@ -562,7 +520,6 @@ absl::Status TrainerCore::GetState(v1::GetStateResponse* response) {
   mc->set_max_seq_len(c.max_seq_len);
   mc->set_num_parameters(num_parameters_);  // (counting walks every parameter: not per call)
   response->mutable_config()->set_device(device_);
-  response->mutable_config()->set_seed(init_seed_);
   *response->mutable_last_metrics() = last_;
   return absl::OkStatus();
 }
@@ -696,7 +653,6 @@ absl::Status TrainerCore::LoadModelDir(const std::string& dir) {
   RETURN_IF_ERROR(model::LoadHfWeights(dir, policy_.get()));
   policy_->ResetOptimizer();
   tokenizer_dir_ = dir;
-  loaded_ = true;
   return absl::OkStatus();
 }
 
@@ -744,7 +700,6 @@ absl::Status TrainerCore::InstallLocked(CheckpointContents contents, v1::LoadChe
   }
   step_ = contents.step;
   version_ = contents.version;
-  loaded_ = true;
   response->set_step(step_);
   response->mutable_policy_version()->set_version(version_);
   return absl::OkStatus();

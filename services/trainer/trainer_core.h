@@ -86,11 +86,6 @@ class TrainerCore {
   absl::Status TrainStep(const v1::TrainStepRequest& request, v1::TrainStepResponse* response);
 
   absl::Status GetState(v1::GetStateResponse* response);
-  // Re-initialises the model from request.seed (as Create's seed), on every rank, while
-  // the trainer is fresh: FAILED_PRECONDITION once it has taken a step or loaded a
-  // checkpoint or model directory. Another seed's weights get the next version number;
-  // the current seed changes nothing (response.changed false).
-  absl::Status InitWeights(const v1::InitWeightsRequest& request, v1::InitWeightsResponse* response);
   // The name this trainer samples the buffer under (SampleBatch consumer_id, with a
   // nonce of this process): stable across restarts, e.g. "trainer@<address>", so that a
   // restarted trainer's first sample frees the groups its predecessor leased.
@@ -171,8 +166,6 @@ class TrainerCore {
   // Trains this rank's part of `seqs` (all of it without a group).
   absl::StatusOr<model::TrainStats> TrainPartLocked(const std::vector<model::TrainSequence>& seqs,
                                                     model::TrainOptions options) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // InitWeights on this rank; *changed: whether the weights were replaced.
-  absl::Status InitLocked(uint64_t seed, bool* changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resolves a request's checkpoint path under the root.
   absl::StatusOr<std::filesystem::path> CheckpointPath(const std::string& path) const;
   // Installs a checkpoint read (and checked) by ReadCheckpoint without the lock.
@@ -233,9 +226,6 @@ class TrainerCore {
   std::deque<UnackedLease> unacked_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::PublishWeightsResponse> last_publish_ ABSL_GUARDED_BY(mu_);  // of the latest publication
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t init_seed_ ABSL_GUARDED_BY(mu_) = 0;  // the seed the current weights were made from
-  bool loaded_ ABSL_GUARDED_BY(mu_) = false;     // a checkpoint or model directory was loaded
-
   std::string consumer_name_ ABSL_GUARDED_BY(mu_) = "trainer-0";
   const std::string incarnation_ = common::NewId("p");  // (this process's)
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;           // the initial weights are version 1

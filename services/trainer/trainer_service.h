@@ -35,12 +35,6 @@ class TrainerServiceImpl final : public v1::TrainerService::CallbackService {
                                      v1::GetStateResponse* resp) override {
     return rpc::HandleUnary(c, auth_, [&] { return core_->GetState(resp); });
   }
-  grpc::ServerUnaryReactor* InitWeights(grpc::CallbackServerContext* c, const v1::InitWeightsRequest* req,
-                                        v1::InitWeightsResponse* resp) override {
-    // Replaces the weights: controller-only when roles are on (libs/rpc/auth.h).
-    return rpc::HandleUnary(c, auth_, rpc::Role::kController, "InitWeights",
-                            [&] { return core_->InitWeights(*req, resp); });
-  }
   grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* c, const v1::SaveCheckpointRequest* req,
                                            v1::SaveCheckpointResponse* resp) override {
     // Names a path: controller-only when roles are on (libs/rpc/auth.h).

@@ -43,9 +43,6 @@ class FakeRollout : public RolloutReplica {
       return next_failure_;
     }
     ++calls_;
-    if (request.prompts_size() > 0) {
-      seeds_[request.prompts(0).prompt_id()] = {request.sampling().seed(), request.prompts_size()};
-    }
     for (int i = 0; i < request.prompts_size(); ++i) {
       const v1::BatchPrompt& p = request.prompts(i);
       ++prompts_;
@@ -122,11 +119,6 @@ class FakeRollout : public RolloutReplica {
     absl::MutexLock lock(&mu_);
     return prompts_;
   }
-  // Each call's sampling seed and prompt count, by the prompt id it started with.
-  std::map<std::string, std::pair<uint64_t, int>> seeds() {
-    absl::MutexLock lock(&mu_);
-    return seeds_;
-  }
 
  private:
   const std::string address_;
@@ -137,7 +129,6 @@ class FakeRollout : public RolloutReplica {
   int calls_ = 0, prompts_ = 0, updates_ = 0, fail_next_ = 0;
   absl::Status next_failure_;
   uint64_t version_ = 0;
-  std::map<std::string, std::pair<uint64_t, int>> seeds_;
   absl::Status update_failure_;
   const std::shared_ptr<std::atomic<bool>> drained_ = std::make_shared<std::atomic<bool>>(false);
 };
@@ -269,12 +260,6 @@ class FakeTrainer : public TrainerPeer {
     return absl::OkStatus();
   }
   absl::StatusOr<uint64_t> PolicyVersion() override { return version; }
-  absl::StatusOr<bool> InitWeights(uint64_t seed) override {
-    init_seeds.push_back(seed);
-    if (!init_failure.ok()) return init_failure;
-    ++version;
-    return true;
-  }
   absl::Status SaveCheckpoint(const v1::SaveCheckpointRequest& request, v1::SaveCheckpointResponse* response) override {
     if (!checkpoint_failure.ok()) return checkpoint_failure;
     if (request.dry_run()) {
@@ -309,9 +294,7 @@ class FakeTrainer : public TrainerPeer {
   std::vector<std::string> failing_checkpoints;
   bool fail_every_save = false;  // (dry runs pass)
   std::vector<std::string> failed_checkpoints;
-  std::vector<uint32_t> keep_last;   // of each save that succeeded
-  std::vector<uint64_t> init_seeds;  // InitWeights calls
-  absl::Status init_failure = absl::UnimplementedError("InitWeights");
+  std::vector<uint32_t> keep_last;  // of each save that succeeded
 
  private:
   FakeBuffer* const buffer_;

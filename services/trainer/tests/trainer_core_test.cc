@@ -88,40 +88,6 @@ TEST(TrainerCore, InlineStepUpdatesStepVersionAndMetrics) {
   EXPECT_EQ(state.last_metrics().sequences(), 4u);
 }
 
-// A run's seed chooses a fresh trainer's weights: InitWeights(s) gives the weights a
-// trainer started with seed s has, under a new version; the same seed again changes
-// nothing; once the trainer has trained it refuses.
-TEST(TrainerCore, InitWeightsMakesTheSeedsWeightsOnlyOnAFreshTrainer) {
-  auto a = TrainerCore::Create(Small(), model::TestDevice(), 1);
-  auto b = TrainerCore::Create(Small(), model::TestDevice(), 7);
-  ASSERT_TRUE(a.ok() && b.ok());
-  const std::string seven = (*b)->policy()->SafetensorsBytes();
-  ASSERT_NE((*a)->policy()->SafetensorsBytes(), seven);
-  v1::InitWeightsRequest init;
-  init.set_seed(7);
-  v1::InitWeightsResponse reply;
-  ASSERT_TRUE((*a)->InitWeights(init, &reply).ok());
-  EXPECT_TRUE(reply.changed());
-  EXPECT_EQ(reply.policy_version().version(), 2u);  // (other weights than version 1's)
-  EXPECT_EQ((*a)->policy()->SafetensorsBytes(), seven);
-  v1::GetStateResponse state;
-  ASSERT_TRUE((*a)->GetState(&state).ok());
-  EXPECT_EQ(state.config().seed(), 7u);
-  ASSERT_TRUE((*a)->InitWeights(init, &reply).ok());  // the same seed: nothing changes
-  EXPECT_FALSE(reply.changed());
-  EXPECT_EQ(reply.policy_version().version(), 2u);
-
-  v1::TrainStepRequest request;
-  for (int i = 0; i < 4; ++i)
-    *request.mutable_inline_batch()->add_experiences() = Exp(absl::StrCat("e", i), "g", i % 2);
-  v1::TrainStepResponse response;
-  ASSERT_TRUE((*a)->TrainStep(request, &response).ok());
-  init.set_seed(8);
-  const absl::Status refused = (*a)->InitWeights(init, &reply);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
-  EXPECT_TRUE(absl::StrContains(refused.message(), "1 steps")) << refused;
-}
-
 TEST(TrainerCore, BufferBatchesAreAckedAndFailedStepsNackedSoNothingIsLost) {
   buffer::BufferCore buffer;
   v1::ConfigureRequest c;
