@@ -8,8 +8,6 @@
 #include <signal.h>
 
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -18,12 +16,11 @@
 #include "gtest/gtest.h"
 #include "libs/rpc/client.h"
 #include "services/controller/run_peers_grpc.h"
+#include "tests/python/python_package.h"
 #include "tests/util/subprocess.h"
 
 namespace rlfleet {
 namespace {
-
-namespace fs = std::filesystem;
 
 // The reward: the response's length in MiB (exact in a float for these sizes), so that
 // each result says which item it scored.
@@ -32,26 +29,8 @@ def reward(prompt, completion, **fields):
     return len(completion) / float(1 << 20)
 )";
 
-// The package with its stubs generated from proto/ (as setup.py does), under TEST_TMPDIR;
-// returns its directory (for PYTHONPATH).
-std::string PreparePackage() {
-  const std::string tmp = std::getenv("TEST_TMPDIR");
-  const std::string src = tmp + "/src";
-  if (fs::exists(src + "/python/rlfleet/v1/reward_pb2.py")) return src + "/python";
-  fs::create_directories(src + "/proto/rlfleet");
-  fs::copy(testing::RunfilePath("python"), src + "/python", fs::copy_options::recursive);
-  fs::copy(testing::RunfilePath("proto/rlfleet/v1"), src + "/proto/rlfleet/v1", fs::copy_options::recursive);
-  std::vector<std::string> argv = {"/usr/bin/protoc", "-I" + src + "/proto", "--python_out=" + src + "/python",
-                                   "--grpc_python_out=" + src + "/python",
-                                   "--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin"};
-  for (const char* p : {"common", "controller", "rollout", "reward", "buffer", "trainer", "weights"}) {
-    argv.push_back(absl::StrCat(src, "/proto/rlfleet/v1/", p, ".proto"));
-  }
-  testing::Exited made = testing::RunToExit(argv);
-  EXPECT_EQ(made.code, 0) << made.output;
-  std::ofstream(src + "/python/batch_reward.py") << kFunction;
-  return src + "/python";
-}
+// The package, with the reward function as a module beside it (for PYTHONPATH).
+std::string PreparePackage() { return testing::PreparePythonPackage("batch_reward", kFunction); }
 
 // Starts a worker for task "long" with `flags`; its address.
 std::string StartWorker(testing::Subprocess& worker, const std::vector<std::string>& flags) {

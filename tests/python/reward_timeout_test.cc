@@ -6,8 +6,6 @@
 #include <signal.h>
 
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -19,12 +17,11 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "rlfleet/v1/reward.grpc.pb.h"
+#include "tests/python/python_package.h"
 #include "tests/util/subprocess.h"
 
 namespace rlfleet {
 namespace {
-
-namespace fs = std::filesystem;
 
 // Hangs on "regex" (a catastrophic backtracking regex: 2^40 steps) and "sleep"; "alloc"
 // asks for 1 GiB; "exit" ends its process; otherwise the response's length / 10.
@@ -42,26 +39,8 @@ def reward(prompt, completion, **fields):
     return len(completion) / 10.0
 )";
 
-// The package with its stubs generated from proto/ (as setup.py does), under TEST_TMPDIR;
-// returns its directory (for PYTHONPATH).
-std::string PreparePackage() {
-  const std::string tmp = std::getenv("TEST_TMPDIR");
-  const std::string src = tmp + "/src";
-  if (fs::exists(src + "/python/rlfleet/v1/reward_pb2.py")) return src + "/python";
-  fs::create_directories(src + "/proto/rlfleet");
-  fs::copy(testing::RunfilePath("python"), src + "/python", fs::copy_options::recursive);
-  fs::copy(testing::RunfilePath("proto/rlfleet/v1"), src + "/proto/rlfleet/v1", fs::copy_options::recursive);
-  std::vector<std::string> argv = {"/usr/bin/protoc", "-I" + src + "/proto", "--python_out=" + src + "/python",
-                                   "--grpc_python_out=" + src + "/python",
-                                   "--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin"};
-  for (const char* p : {"common", "controller", "rollout", "reward", "buffer", "trainer", "weights"}) {
-    argv.push_back(absl::StrCat(src, "/proto/rlfleet/v1/", p, ".proto"));
-  }
-  testing::Exited made = testing::RunToExit(argv);
-  EXPECT_EQ(made.code, 0) << made.output;
-  std::ofstream(src + "/python/hanging_reward.py") << kFunction;
-  return src + "/python";
-}
+// The package, with the reward function as a module beside it (for PYTHONPATH).
+std::string PreparePackage() { return testing::PreparePythonPackage("hanging_reward", kFunction); }
 
 // A worker for task "t" (error reward -1) with `flags`, and a stub to it.
 struct Worker {

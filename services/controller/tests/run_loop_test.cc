@@ -68,20 +68,26 @@ TEST(RunLoop, AReplicaThatDiesLosesNothing) {
   EXPECT_EQ(run.buffer.duplicates, 0);
 }
 
+// `prompts` reverse prompts ("reverse:100", ...; groups "g0", ...), 2 samples each.
+v1::GenerateBatchRequest ReverseBatch(int prompts) {
+  v1::GenerateBatchRequest request;
+  request.set_num_samples(2);
+  for (int i = 0; i < prompts; ++i) {
+    v1::BatchPrompt* p = request.add_prompts();
+    p->set_task("reverse");
+    p->set_prompt_id(absl::StrCat("reverse:", 100 + i));
+    p->set_group_id(absl::StrCat("g", i));
+  }
+  return request;
+}
+
 TEST(RolloutPool, EveryReplicaGetsWorkAndAFasterOneTakesMore) {
   auto fast = std::make_unique<FakeRollout>("fast");
   auto slow = std::make_unique<FakeRollout>("slow", -1, absl::OkStatus(), absl::Milliseconds(50));
   FakeRollout* f = fast.get();
   FakeRollout* s = slow.get();
   RolloutPool pool(Pool(std::move(fast), std::move(slow)), nullptr);
-  v1::GenerateBatchRequest request;
-  request.set_num_samples(2);
-  for (int i = 0; i < 32; ++i) {
-    v1::BatchPrompt* p = request.add_prompts();
-    p->set_task("reverse");
-    p->set_prompt_id(absl::StrCat("reverse:", 100 + i));
-    p->set_group_id(absl::StrCat("g", i));
-  }
+  v1::GenerateBatchRequest request = ReverseBatch(32);
   v1::GenerateBatchResponse response;
   ASSERT_TRUE(pool.Generate(request, &response).ok());
   // All completions, in prompt order.
@@ -108,14 +114,7 @@ TEST(RolloutPool, BusyAndFailedDecodesAreTriedAgainNotFatal) {
     absl::MutexLock lock(&logs_mu);
     logs.push_back(l);
   });
-  v1::GenerateBatchRequest request;
-  request.set_num_samples(2);
-  for (int i = 0; i < 16; ++i) {
-    v1::BatchPrompt* p = request.add_prompts();
-    p->set_task("reverse");
-    p->set_prompt_id(absl::StrCat("reverse:", 100 + i));
-    p->set_group_id(absl::StrCat("g", i));
-  }
+  v1::GenerateBatchRequest request = ReverseBatch(16);
   v1::GenerateBatchResponse response;
   ASSERT_TRUE(pool.Generate(request, &response).ok());
   ASSERT_EQ(response.completions_size(), 32);
