@@ -119,6 +119,30 @@ absl::StatusOr<std::unique_ptr<TextCodec>> ModelDirCodec(const std::string& dir)
   return std::make_unique<ModelDir>(*std::move(tokenizer), chat.ok() ? *std::move(chat) : nullptr);
 }
 
+absl::Status CompleteOptions(const std::string& http_host, int max_connections, bool insecure,
+                             GatewayOptions* options) {
+  const bool loopback = http::IsLoopbackHost(http_host);
+  if (options->api_key.empty() && !loopback && !insecure) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_host ", http_host,
+                     " is reachable from other machines and no --api_key_file is set: give a key, or pass --insecure "
+                     "to serve anyone who reaches the port"));
+  }
+  options->local_origin_only = options->api_key.empty() && loopback;
+  if (max_connections < 2) return absl::InvalidArgumentError("--max_connections must be at least 2");
+  if (options->max_generations <= 0) options->max_generations = std::max(1, max_connections - 16);
+  if (options->max_generations >= max_connections) {
+    return absl::InvalidArgumentError("--max_generations must be below --max_connections (room for /health)");
+  }
+  if (options->max_requests_per_minute_per_client < 0) {
+    return absl::InvalidArgumentError("--max_requests_per_minute_per_client must be 0 (no bound) or more");
+  }
+  if (options->max_generations_per_client < 1) {
+    return absl::InvalidArgumentError("--max_generations_per_client must be at least 1");
+  }
+  return absl::OkStatus();
+}
+
 std::vector<std::string> GatewayPaths() { return {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions"}; }
 
 // One generation's place in the bounds; released when the last holder (the stream

@@ -85,6 +85,13 @@ struct GatewayOptions {
   bool local_origin_only = false;
 };
 
+// Checks `options`' bounds against the HTTP server's and fills what follows from them:
+// max_generations 0 becomes max_connections - 16 (room kept for /health), and
+// local_origin_only is set for a keyless gateway on loopback. INVALID_ARGUMENT naming
+// the flag for a bound out of range, or for a keyless gateway on a host reachable from
+// other machines unless `insecure`.
+absl::Status CompleteOptions(const std::string& http_host, int max_connections, bool insecure, GatewayOptions* options);
+
 // The paths the gateway serves (for http::Server::Options::paths).
 std::vector<std::string> GatewayPaths();
 

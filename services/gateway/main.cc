@@ -75,33 +75,14 @@ int main(int argc, char** argv) {
     }
   }
   const std::string http_host = absl::GetFlag(FLAGS_http_host);
-  const bool loopback = rlfleet::http::IsLoopbackHost(http_host);
-  if (gateway.api_key.empty() && !loopback && !absl::GetFlag(FLAGS_insecure)) {
-    std::cerr << "rlfleet-gateway: --http_host " << http_host
-              << " is reachable from other machines and no --api_key_file is set: give a key, or pass --insecure to "
-                 "serve anyone who reaches the port\n";
-    return 2;
-  }
-  gateway.local_origin_only = gateway.api_key.empty() && loopback;
   const int max_connections = absl::GetFlag(FLAGS_max_connections);
-  if (max_connections < 2) {
-    std::cerr << "rlfleet-gateway: --max_connections must be at least 2\n";
-    return 2;
-  }
   gateway.max_generations = absl::GetFlag(FLAGS_max_generations);
-  if (gateway.max_generations <= 0) gateway.max_generations = std::max(1, max_connections - 16);
-  if (gateway.max_generations >= max_connections) {
-    std::cerr << "rlfleet-gateway: --max_generations must be below --max_connections (room for /health)\n";
-    return 2;
-  }
-  gateway.max_requests_per_minute_per_client = absl::GetFlag(FLAGS_max_requests_per_minute_per_client);
-  if (gateway.max_requests_per_minute_per_client < 0) {
-    std::cerr << "rlfleet-gateway: --max_requests_per_minute_per_client must be 0 (no bound) or more\n";
-    return 2;
-  }
   gateway.max_generations_per_client = absl::GetFlag(FLAGS_max_generations_per_client);
-  if (gateway.max_generations_per_client < 1) {
-    std::cerr << "rlfleet-gateway: --max_generations_per_client must be at least 1\n";
+  gateway.max_requests_per_minute_per_client = absl::GetFlag(FLAGS_max_requests_per_minute_per_client);
+  if (absl::Status s =
+          rlfleet::gateway::CompleteOptions(http_host, max_connections, absl::GetFlag(FLAGS_insecure), &gateway);
+      !s.ok()) {
+    std::cerr << "rlfleet-gateway: " << s.message() << "\n";
     return 2;
   }
   absl::StatusOr<std::unique_ptr<rlfleet::gateway::TextCodec>> codec =

@@ -458,5 +458,24 @@ TEST_F(GatewayTest, RequestsPastTheRatePerClientAre429) {
   EXPECT_EQ(Exchange(port(), Request("GET", "/v1/models", "", "Authorization: Bearer nope\r\n")).status, 401);
 }
 
+TEST(GatewayOptions, CompletedFromTheServersBoundsOrRefusedByFlag) {
+  GatewayOptions o;
+  o.max_generations = 0;
+  ASSERT_TRUE(CompleteOptions("127.0.0.1", 256, false, &o).ok());
+  EXPECT_EQ(o.max_generations, 240);
+  EXPECT_TRUE(o.local_origin_only);
+  GatewayOptions open;
+  EXPECT_NE(CompleteOptions("0.0.0.0", 256, false, &open).message().find("--insecure"), std::string::npos);
+  EXPECT_TRUE(CompleteOptions("0.0.0.0", 256, true, &open).ok());
+  EXPECT_FALSE(open.local_origin_only);
+  GatewayOptions keyed;
+  keyed.api_key = "k";
+  EXPECT_TRUE(CompleteOptions("0.0.0.0", 256, false, &keyed).ok());
+  GatewayOptions bad;
+  bad.max_generations = 300;
+  EXPECT_NE(CompleteOptions("127.0.0.1", 256, false, &bad).message().find("--max_generations"), std::string::npos);
+  EXPECT_FALSE(CompleteOptions("127.0.0.1", 1, false, &o).ok());
+}
+
 }  // namespace
 }  // namespace rlfleet::gateway
